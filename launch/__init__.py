@@ -1,0 +1,1 @@
+"""radiance-launch: spawn one rank per card, pin, supervise, tear down."""

@@ -1,0 +1,1 @@
+"""The engine core: homes, plugin loading, the op vocabulary and row selection."""

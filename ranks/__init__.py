@@ -1,0 +1,1 @@
+"""The rank process: bind one card (or none), probe facts, execute the resolved graph."""
