@@ -1,0 +1,1 @@
+"""Weights: the encoding model (decode, size, slice), the .rad container, conversion."""
