@@ -1,0 +1,129 @@
+"""Load one plugin from its file: import, check the ABI and kind, open, read its tables, and
+validate them. Anything wrong refuses the plugin with one line naming the file and the reason."""
+
+import hashlib
+import importlib.util
+import sys
+import traceback
+
+from radiance.abi import (
+    RAD_ABI_VERSION, RAD_E_UNSUPPORTED, RAD_OK, RAD_PLUGIN_ARCH, RAD_PLUGIN_KERNEL, RAD_PLUGIN_QUANT,
+    KIND_FOLDERS, RadPluginInfo,
+)
+
+from .homes import Candidate
+from .records import Plugin, PluginDeclined, PluginRefused, Row
+from .validate import validate_quantizers, validate_rows, validate_schemas
+
+REQUIRED = {
+    RAD_PLUGIN_KERNEL: ("rad_kernel_schema_count", "rad_kernel_schema_at", "rad_kernel_count", "rad_kernel_at"),
+    RAD_PLUGIN_ARCH: (),
+    RAD_PLUGIN_QUANT: ("rad_quant_count", "rad_quant_at"),
+}
+
+
+def import_module(candidate: Candidate):
+    """Import a plugin file or package folder under a private module name."""
+    path = candidate.path
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    module_name = f"_radiance_plugin_{KIND_FOLDERS[candidate.kind]}_{candidate.name}_{digest}"
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(
+            module_name, path / "__init__.py", submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as error:  # a plugin's import may raise anything; none may stop the engine
+        del sys.modules[module_name]
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        raise PluginRefused(path, f"raised on import: {type(error).__name__}: {error} "
+                                  f"(at {where.filename}:{where.lineno})") from None
+    return module
+
+
+def _call(path, function, *args):
+    try:
+        return function(*args)
+    except Exception as error:
+        raise PluginRefused(path, f"{function.__name__}{args if args else '()'} raised "
+                                  f"{type(error).__name__}: {error}") from None
+
+
+def _table(path, module, count_symbol, at_symbol):
+    count = _call(path, getattr(module, count_symbol))
+    if not isinstance(count, int) or count < 0:
+        raise PluginRefused(path, f"{count_symbol}() returned {count!r}, not a count")
+    return [_call(path, getattr(module, at_symbol), i) for i in range(count)]
+
+
+def _flag(plugin: Plugin, symbol: str, index: int, default):
+    function = plugin.export(symbol)
+    return default if function is None else _call(plugin.path, function, index)
+
+
+def read_identity(candidate: Candidate):
+    """Import and check what every plugin must export: the ABI version and its info."""
+    path = candidate.path
+    if path.suffix == ".so":
+        raise PluginRefused(path, "a compiled plugin needs the C loader, which this build does not have")
+    module = import_module(candidate)
+    for symbol in ("rad_plugin_abi_version", "rad_plugin_info") + REQUIRED[candidate.kind]:
+        if not callable(getattr(module, symbol, None)):
+            raise PluginRefused(path, f"exports no {symbol}()")
+    version = _call(path, module.rad_plugin_abi_version)
+    if version != RAD_ABI_VERSION:
+        raise PluginRefused(path, f"built for ABI {version}, this engine is ABI {RAD_ABI_VERSION}")
+    info = _call(path, module.rad_plugin_info)
+    if not isinstance(info, RadPluginInfo):
+        raise PluginRefused(path, f"rad_plugin_info() returned {type(info).__name__}, not RadPluginInfo")
+    if not info.name:
+        raise PluginRefused(path, "rad_plugin_info() gives no name")
+    if info.kind != candidate.kind:
+        found = KIND_FOLDERS.get(info.kind, f"unknown kind {info.kind}")
+        raise PluginRefused(path, f"declares kind {info.kind} ({found}) but was found in "
+                                  f"{KIND_FOLDERS[candidate.kind]}/")
+    return module, info
+
+
+def load_plugin(candidate: Candidate) -> Plugin:
+    module, info = read_identity(candidate)
+    plugin = Plugin(candidate, info, module)
+    path = candidate.path
+    open_ = plugin.export("rad_plugin_open")
+    if open_ is not None:
+        status = _call(path, open_)
+        if status == RAD_E_UNSUPPORTED:
+            raise PluginDeclined(path)
+        if status != RAD_OK:
+            raise PluginRefused(path, f"rad_plugin_open() returned {status}")
+    try:
+        _read_tables(plugin)
+    except PluginRefused:
+        plugin.close()
+        raise
+    return plugin
+
+
+def _read_tables(plugin: Plugin) -> None:
+    path, module = plugin.path, plugin.module
+    reference = plugin.export("rad_plugin_reference")
+    plugin.reference = bool(_call(path, reference)) if reference else False
+    if plugin.candidate.kind == RAD_PLUGIN_KERNEL:
+        plugin.schemas = _table(path, module, "rad_kernel_schema_count", "rad_kernel_schema_at")
+        validate_schemas(path, plugin.schemas)
+        infos = _table(path, module, "rad_kernel_count", "rad_kernel_at")
+        plugin.rows = [
+            Row(plugin, i, row,
+                reference=bool(_flag(plugin, "rad_kernel_reference", i, plugin.reference)),
+                concurrent=bool(_flag(plugin, "rad_kernel_concurrent", i, 0)),
+                collective=int(_flag(plugin, "rad_kernel_collective", i, 0)),
+                chain=bool(_flag(plugin, "rad_kernel_chain", i, 0)))
+            for i, row in enumerate(infos)]
+        validate_rows(path, plugin.rows)
+    elif plugin.candidate.kind == RAD_PLUGIN_QUANT:
+        plugin.quantizers = _table(path, module, "rad_quant_count", "rad_quant_at")
+        validate_quantizers(path, plugin.quantizers)
+

@@ -1,0 +1,163 @@
+"""Every plugin on the search path, loaded and checked against each other: the op vocabulary
+(the first library in hierarchy order to declare an op fixes its schema), rows against their
+schemas, quantiser names. A plugin that fails is refused with one line; the rest go on."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from radiance.abi import RAD_FACT_PREFIX, RAD_PLUGIN_ARCH, RAD_PLUGIN_KERNEL, RAD_PLUGIN_QUANT, RadOpSchema
+from radiance.log import get_logger
+
+from .hierarchy import entry_matches, order_libraries, parse_kernels
+from .homes import discover, search_path
+from .loader import load_plugin
+from .records import Plugin, PluginDeclined, PluginRefused, Row
+
+log = get_logger("radiance.registry")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    path: Path
+    reason: str
+
+    def __str__(self):
+        return f"{self.path}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    schema: RadOpSchema
+    plugin: Plugin
+
+
+class KernelsError(ValueError):
+    """A library the user named (--kernels) cannot be used."""
+
+
+def schema_difference(fixed: RadOpSchema, other: RadOpSchema) -> str | None:
+    """How `other` differs from the schema that fixed the op, or None when it does not."""
+    def params(schema):
+        return [(p.name, p.type, p.req, p.role) for p in schema.params]
+
+    def operands(schema):
+        return [(o.name, o.role, o.fixed) for o in schema.operands]
+
+    for what, left, right in (("parameter", params(fixed), params(other)),
+                              ("operand", operands(fixed), operands(other))):
+        if left != right:
+            for i in range(max(len(left), len(right))):
+                a = left[i] if i < len(left) else "nothing"
+                b = right[i] if i < len(right) else "nothing"
+                if a != b:
+                    return f"{what} {i} is {a} there, {b} here"
+    return None
+
+
+class Registry:
+    def __init__(self, radiance_home: str | None = None, kernels: str | None = None):
+        self.homes = search_path(radiance_home)
+        self.kernel_entries = parse_kernels(kernels)
+        self.refused: list[Refusal] = []
+        self.declined: list[Path] = []
+        self.shadowed = []
+        self.plugins: dict[int, list[Plugin]] = {}
+        for kind in (RAD_PLUGIN_KERNEL, RAD_PLUGIN_ARCH, RAD_PLUGIN_QUANT):
+            self.plugins[kind] = self._load_kind(kind)
+        self.hierarchy, self.unmatched = order_libraries(self.plugins[RAD_PLUGIN_KERNEL], self.kernel_entries)
+        self._check_named()
+        self.ops: dict[str, OpEntry] = {}
+        self.hierarchy = [lib for lib in self.hierarchy if self._admit_library(lib)]
+        self.plugins[RAD_PLUGIN_KERNEL] = [lib for lib in self.plugins[RAD_PLUGIN_KERNEL] if lib in self.hierarchy]
+        self.quantizers = {}
+        self.plugins[RAD_PLUGIN_QUANT] = [q for q in self.plugins[RAD_PLUGIN_QUANT] if self._admit_quantizers(q)]
+
+    def _load_kind(self, kind: int) -> list[Plugin]:
+        candidates, shadowed = discover(self.homes, kind)
+        self.shadowed += shadowed
+        loaded = []
+        for candidate in candidates:
+            try:
+                loaded.append(load_plugin(candidate))
+            except PluginDeclined as declined:
+                self.declined.append(declined.path)
+                log.info("%s", declined)
+            except PluginRefused as refused:
+                self._refuse(refused.path, refused.reason)
+        return loaded
+
+    def _refuse(self, path, reason: str) -> None:
+        self.refused.append(Refusal(Path(path), reason))
+        log.warning("plugin refused: %s: %s", path, reason)
+
+    def _check_named(self) -> None:
+        for entry in self.unmatched:
+            for refusal in self.refused:
+                if entry_matches(entry, refusal.path, refusal.path.stem):
+                    raise KernelsError(f"--kernels names '{entry}', which was refused: {refusal}")
+            log.warning("--kernels entry '%s' matches no kernel library on the search path", entry)
+
+    def _admit_library(self, library: Plugin) -> bool:
+        """Fix the schemas this library is first to declare, and check its rows against the
+        vocabulary; any disagreement refuses the whole library."""
+        try:
+            fixed_here = {}
+            for schema in library.schemas:
+                entry = self.ops.get(schema.op)
+                if entry is None:
+                    fixed_here[schema.op] = OpEntry(schema, library)
+                    continue
+                difference = schema_difference(entry.schema, schema)
+                if difference:
+                    raise PluginRefused(library.path, f"declares op '{schema.op}' differently from "
+                                                      f"{entry.plugin.name} ({entry.plugin.path}), which fixed it: {difference}")
+            vocabulary = {**self.ops, **fixed_here}
+            for row in library.rows:
+                self._check_row(row, vocabulary)
+        except PluginRefused as refused:
+            library.close()
+            self._refuse(refused.path, refused.reason)
+            return False
+        self.ops.update(fixed_here)
+        return True
+
+    @staticmethod
+    def _check_row(row: Row, vocabulary: dict) -> None:
+        entry = vocabulary.get(row.op)
+        if entry is None:
+            raise PluginRefused(row.plugin.path, f"row '{row.name}' implements op '{row.op}', which no "
+                                                 f"library before it declares")
+        keys = {param.name for param in entry.schema.params}
+        for constraint in row.info.constraints:
+            if constraint.key not in keys and not constraint.key.startswith(RAD_FACT_PREFIX):
+                raise PluginRefused(row.plugin.path, f"row '{row.name}': constraint on '{constraint.key}', "
+                                                     f"which op '{row.op}' does not declare and is no "
+                                                     f"{RAD_FACT_PREFIX}* fact")
+
+    def _admit_quantizers(self, plugin: Plugin) -> bool:
+        for quantizer in plugin.quantizers:
+            if quantizer.name in self.quantizers:
+                other = self.quantizers[quantizer.name][1]
+                plugin.close()
+                self._refuse(plugin.path, f"declares quantiser '{quantizer.name}', already declared by "
+                                          f"{other.name} ({other.path})")
+                return False
+        for quantizer in plugin.quantizers:
+            self.quantizers[quantizer.name] = (quantizer, plugin)
+        return True
+
+    def rows_for(self, op: str) -> list[Row]:
+        """Every row of an op, in hierarchy order then declaration order."""
+        return [row for library in self.hierarchy for row in library.rows if row.op == op]
+
+    @property
+    def architectures(self) -> list[Plugin]:
+        return self.plugins[RAD_PLUGIN_ARCH]
+
+    def close(self) -> None:
+        """rad_plugin_close for every plugin, last loaded first."""
+        for kind in reversed(list(self.plugins)):
+            for plugin in reversed(self.plugins[kind]):
+                plugin.close()
+        self.plugins = {kind: [] for kind in self.plugins}
+        self.hierarchy = []

@@ -1,0 +1,75 @@
+"""Shared fixtures: a temporary home to write small plugins into."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PREAMBLE = """\
+from radiance.abi import *
+
+def rad_plugin_abi_version():
+    return {abi}
+
+def rad_plugin_info():
+    return RadPluginInfo({kind}, {name!r}, "0.1", "a test plugin", "host")
+
+def launch(args):
+    return RAD_OK
+
+def schema(op, params=("M",), operands=(("x", RAD_OPD_IN, 0), ("y", RAD_OPD_OUT, 0)), derived=()):
+    specs = [RadParamSpec(p, RAD_P_INT if p[:1].isupper() or p in derived else RAD_P_STR,
+                          RAD_DERIVED if p in derived else RAD_REQUIRED, RAD_PROLE_SEQ_CHUNK if i == 0 else RAD_PROLE_NONE)
+             for i, p in enumerate(params)]
+    return RadOpSchema(op, specs, 0, [RadOperandSpec(*o) for o in operands], 0, "a test op")
+
+def row(name, op, *constraints, priority=0, domain=RAD_DOMAIN_HOST, **hooks):
+    return RadKernelInfo(name=name, op=op, domain=domain, priority=priority,
+                         constraints=list(constraints), launch=hooks.pop("launch", launch), **hooks)
+"""
+
+KERNEL_TABLES = """
+def rad_kernel_schema_count():
+    return len(SCHEMAS)
+
+def rad_kernel_schema_at(i):
+    return SCHEMAS[i]
+
+def rad_kernel_count():
+    return len(ROWS)
+
+def rad_kernel_at(i):
+    return ROWS[i]
+"""
+
+
+class Home:
+    """A home folder on disk; each call writes one plugin file into its kind folder."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def write(self, folder: str, filename: str, source: str) -> Path:
+        path = self.root / folder / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        return path
+
+    def kernel(self, name: str, body: str, *, filename: str | None = None, abi: str = "RAD_ABI_VERSION",
+               kind: str = "RAD_PLUGIN_KERNEL", folder: str = "kernels") -> Path:
+        source = PREAMBLE.format(abi=abi, kind=kind, name=name) + textwrap.dedent(body) + KERNEL_TABLES
+        return self.write(folder, filename or f"{name}.py", source)
+
+    def quantizer(self, name: str, body: str, *, filename: str | None = None) -> Path:
+        source = PREAMBLE.format(abi="RAD_ABI_VERSION", kind="RAD_PLUGIN_QUANT", name=name) + textwrap.dedent(body)
+        return self.write("quantizers", filename or f"{name}.py", source)
+
+
+@pytest.fixture
+def home(tmp_path) -> Home:
+    return Home(tmp_path / "home")
+
+
+@pytest.fixture
+def second_home(tmp_path) -> Home:
+    return Home(tmp_path / "second")
