@@ -69,7 +69,7 @@ def test_close_runs_at_shutdown(home, tmp_path):
      "duplicate row name 'r' (rows 0 and 1)"),
     ('SCHEMAS = [schema("t_gemm", ("M",))]\nROWS = [row("r", "t_gemm", RAD_CEQ("K", 4))]\n',
      "constraint on 'K', which op 't_gemm' does not declare and is no device.* fact"),
-    ('SCHEMAS = []\nROWS = [row("r", "t_unknown_op")]\n', "implements op 't_unknown_op', which no library"),
+    ('SCHEMAS = []\nROWS = [row("r", "t_unknown_op")]\n', "implements op 't_unknown_op', which no loaded library declares"),
     ('SCHEMAS = [schema("t_gemm", ("M",))]\nROWS = [row("all_reduce_r4dchain", "t_gemm")]\n',
      "rad_kernel_chain is false but the name has 'r4dchain'"),
 ])
@@ -81,6 +81,14 @@ def test_malformed_plugin_refused_while_the_rest_load(home, body, reason):
     assert reason in message and message.startswith(str(home.root / "kernels" / "broken.py"))
     assert names(registry) == ["fine"]
     assert [row.name for row in registry.rows_for("t_gemm")] == ["ok"]
+
+
+def test_a_row_may_implement_an_op_a_later_library_declares(home):
+    home.kernel("fast", 'SCHEMAS = []\nROWS = [row("quick", "t_gemm")]\n')
+    home.kernel("oracle", GEMM.format(row="slow") + "\ndef rad_plugin_reference():\n    return 1\n")
+    registry = Registry(str(home.root))
+    assert [row.name for row in registry.rows_for("t_gemm")] == ["quick", "slow"]
+    assert registry.ops["t_gemm"].plugin.name == "oracle"
 
 
 def test_package_folder_plugin_with_relative_import(home):

@@ -67,7 +67,7 @@ class Registry:
         self.hierarchy, self.unmatched = order_libraries(self.plugins[RAD_PLUGIN_KERNEL], self.kernel_entries)
         self._check_named()
         self.ops: dict[str, OpEntry] = {}
-        self.hierarchy = [lib for lib in self.hierarchy if self._admit_library(lib)]
+        self._fix_vocabulary()
         self.plugins[RAD_PLUGIN_KERNEL] = [lib for lib in self.plugins[RAD_PLUGIN_KERNEL] if lib in self.hierarchy]
         self.quantizers = {}
         self.plugins[RAD_PLUGIN_QUANT] = [q for q in self.plugins[RAD_PLUGIN_QUANT] if self._admit_quantizers(q)]
@@ -97,36 +97,57 @@ class Registry:
                     raise KernelsError(f"--kernels names '{entry}', which was refused: {refusal}")
             log.warning("--kernels entry '%s' matches no kernel library on the search path", entry)
 
-    def _admit_library(self, library: Plugin) -> bool:
-        """Fix the schemas this library is first to declare, and check its rows against the
-        vocabulary; any disagreement refuses the whole library."""
-        try:
-            fixed_here = {}
-            for schema in library.schemas:
-                entry = self.ops.get(schema.op)
-                if entry is None:
-                    fixed_here[schema.op] = OpEntry(schema, library)
-                    continue
-                difference = schema_difference(entry.schema, schema)
-                if difference:
-                    raise PluginRefused(library.path, f"declares op '{schema.op}' differently from "
-                                                      f"{entry.plugin.name} ({entry.plugin.path}), which fixed it: {difference}")
-            vocabulary = {**self.ops, **fixed_here}
-            for row in library.rows:
-                self._check_row(row, vocabulary)
-        except PluginRefused as refused:
-            library.close()
-            self._refuse(refused.path, refused.reason)
-            return False
-        self.ops.update(fixed_here)
-        return True
+    def _fix_vocabulary(self) -> None:
+        """The first library in hierarchy order to declare an op fixes its schema; a library that
+        declares one differently, or whose rows do not fit the vocabulary, is refused whole. A
+        row may implement an op another library declares (libref describes every op)."""
+        while True:
+            ops, conflicts = {}, []
+            for library in self.hierarchy:
+                try:
+                    ops.update(self._schemas_of(library, ops))
+                except PluginRefused as refused:
+                    conflicts.append((library, refused))
+            bad_rows = []
+            for library in self.hierarchy:
+                try:
+                    for row in library.rows:
+                        self._check_row(row, ops)
+                except PluginRefused as refused:
+                    if library not in [conflicting for conflicting, _ in conflicts]:
+                        bad_rows.append((library, refused))
+            # A library with bad rows may have fixed a schema that refused another: drop it first.
+            for library, refused in bad_rows or conflicts:
+                self._drop(library, refused)
+            if not bad_rows:
+                self.ops = ops
+                return
+
+    @staticmethod
+    def _schemas_of(library: Plugin, ops: dict) -> dict:
+        fixed_here = {}
+        for schema in library.schemas:
+            entry = ops.get(schema.op)
+            if entry is None:
+                fixed_here[schema.op] = OpEntry(schema, library)
+                continue
+            difference = schema_difference(entry.schema, schema)
+            if difference:
+                raise PluginRefused(library.path, f"declares op '{schema.op}' differently from "
+                                                  f"{entry.plugin.name} ({entry.plugin.path}), which fixed it: {difference}")
+        return fixed_here
+
+    def _drop(self, library: Plugin, refused: PluginRefused) -> None:
+        library.close()
+        self.hierarchy.remove(library)
+        self._refuse(refused.path, refused.reason)
 
     @staticmethod
     def _check_row(row: Row, vocabulary: dict) -> None:
         entry = vocabulary.get(row.op)
         if entry is None:
             raise PluginRefused(row.plugin.path, f"row '{row.name}' implements op '{row.op}', which no "
-                                                 f"library before it declares")
+                                                 f"loaded library declares")
         keys = {param.name for param in entry.schema.params}
         for constraint in row.info.constraints:
             if constraint.key not in keys and not constraint.key.startswith(RAD_FACT_PREFIX):
