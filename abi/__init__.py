@@ -7,6 +7,7 @@ from pathlib import Path
 from .constants import *  # noqa: F401,F403
 from .dtypes import BITS, BY_NAME, NAMES, NUMPY, UNPACKED, dtype_bits, dtype_from_numpy, row_bytes  # noqa: F401
 from .encoding import RadEncoding, RadPlane  # noqa: F401
+from .packing import pack_bits, unpack_bits  # noqa: F401
 from .plugin import (  # noqa: F401
     rad_arg_in, rad_args_getf, rad_args_getf_or, rad_args_geti, rad_args_geti_or, rad_args_gets,
     rad_args_gets_or, rad_dtype_bits, rad_load_bits, rad_load_f32, rad_store_bits, rad_store_f32,
