@@ -17,13 +17,13 @@ from .quant import RadQuantizerInfo, RadQuantOption  # noqa: F401
 from .types import (  # noqa: F401
     RAD_CDIV, RAD_CEQ, RAD_CEQS, RAD_CGE, RAD_CIN, RAD_CLE, RadArgs, RadChainRec, RadConstraint,
     RadKernelInfo, RadOperandSpec, RadOpSchema, RadParam, RadParamSpec, RadPeers, RadPluginInfo,
-    RadTensor, RadTunable,
+    RadTensor, RadTunable, RadWeightPlanes,
 )
 
 HEADERS_DIR = Path(__file__).resolve().parent
 HEADERS = ("rad_abi.h", "rad_types.h", "rad_encoding.h", "rad_plugin.h", "rad_quant.h")
 STRUCTS = (
     RadPluginInfo, RadConstraint, RadParamSpec, RadOperandSpec, RadOpSchema, RadTensor, RadParam,
-    RadChainRec, RadPeers, RadArgs, RadTunable, RadKernelInfo, RadPlane, RadEncoding,
+    RadWeightPlanes, RadChainRec, RadPeers, RadArgs, RadTunable, RadKernelInfo, RadPlane, RadEncoding,
     RadQuantOption, RadQuantizerInfo,
 )

@@ -86,6 +86,8 @@ struct RadEncoding;
 #define RAD_DT_FP8_E5M2 19
 #define RAD_DT_I4       20
 
+#define RAD_DT_ENCODED  255 /* a weight operand whose RadTensor.data is a RadWeightPlanes */
+
 #define RAD_MAX_DIMS 4
 
 /* Chained launches: a record of RAD_CHAIN_REC_BYTES at RAD_CHAIN_KARG_OFF of a r4dchain row's
@@ -144,6 +146,16 @@ typedef struct RadTensor {
     int64_t shape[RAD_MAX_DIMS];   /* the extent the caller narrowed it to */
     int64_t pitch[RAD_MAX_DIMS];   /* bytes between consecutive indices of each dim */
 } RadTensor;
+
+/* A weight operand stored as the container holds it (layout() said RAD_E_UNSUPPORTED): its
+ * encoding and every plane, each a RadTensor of the plane's raw bytes [plane rows, row bytes]. */
+typedef struct RadWeightPlanes {
+    const struct RadEncoding* encoding;
+    int64_t                   rows;
+    int64_t                   cols;
+    int32_t                   n_planes;
+    const RadTensor*          planes; /* in encoding->planes order */
+} RadWeightPlanes;
 
 typedef struct RadParam {
     const char* key;

@@ -88,6 +88,22 @@ class RadTensor:
 
 
 @cstruct
+class RadWeightPlanes:
+    encoding: Ptr = None  # a RadEncoding
+    rows: I64
+    cols: I64
+    n_planes: I32
+    planes: Ptr = ()  # RadTensor of raw bytes each, in encoding.planes order
+
+    def plane(self, name):
+        """The raw bytes of the plane of that name, or None."""
+        for spec, tensor in zip(self.encoding.planes, self.planes):
+            if spec.name == name:
+                return tensor.data
+        return None
+
+
+@cstruct
 class RadParam:
     key: CStr
     type: I32
