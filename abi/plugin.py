@@ -156,3 +156,12 @@ def rad_wait_word(word, value: int, timeout_ns: int = 0) -> int:
         if deadline is not None and time.monotonic_ns() > deadline:
             return c.RAD_E_DEVICE
     return c.RAD_OK
+
+
+def rad_weight_f32(weight) -> np.ndarray:
+    """A RadWeightPlanes decoded to f32 [rows, cols] by the engine's core decoder (plain and
+    affine schemes). Declared here, defined by the engine, as rad_plugin.h's helpers are."""
+    from radiance.weights.decode import decode  # the engine's definition; imported on first use
+
+    planes = {spec.name: tensor.data for spec, tensor in zip(weight.encoding.planes, weight.planes)}
+    return decode(weight.encoding, planes, (weight.rows, weight.cols))

@@ -30,6 +30,10 @@ void     rad_store_f32(void* row, int32_t dtype, int64_t i, float v);
 uint64_t rad_load_bits(const void* row, int32_t dtype, int64_t i);
 void     rad_store_bits(void* row, int32_t dtype, int64_t i, uint64_t bits);
 
+/* A weight stored as the container holds it, decoded to f32 [rows, cols] by the engine's core
+ * decoder (plain and affine schemes); RAD_E_UNSUPPORTED for another scheme. */
+int rad_weight_f32(const RadWeightPlanes* weight, float* out);
+
 /* Wait until *word >= value without burning a core another rank needs; 0, or RAD_E_DEVICE on
  * timeout_ns elapsed (0 = forever). */
 int rad_wait_word(const volatile uint64_t* word, uint64_t value, uint64_t timeout_ns);

@@ -1,0 +1,59 @@
+"""Reference rows of the dense, elementwise and weight ops. Operand arrays are [M, n] f32."""
+
+import numpy as np
+
+from radiance.abi import RAD_OK, rad_args_getf, rad_args_geti, rad_weight_f32
+
+from .ordered import F32, ordered_dot, ordered_sum, sigmoid32
+
+
+def relayout_f32(weight, geometry):
+    """The oracle keeps every weight decoded to f32 [rows, cols]."""
+    return rad_weight_f32(weight)
+
+
+def embedding(a):
+    ids, table, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    y[:m] = table[ids[:m]]
+    return RAD_OK
+
+
+def rmsnorm(a):
+    """y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, the sum in column order."""
+    x, w, y = (t.data for t in a.t)
+    m, n = rad_args_geti(a, "M"), rad_args_geti(a, "n")
+    x = x[:m]
+    mean = ordered_sum(x * x) / F32(n)
+    scale = F32(1.0) / np.sqrt(mean + F32(rad_args_getf(a, "eps")))
+    y[:m] = (x * scale[:, None]) * w.reshape(-1)[None, :n]
+    return RAD_OK
+
+
+def gemm(a):
+    x, w, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    y[:m] = ordered_dot(x[:m], w)
+    return RAD_OK
+
+
+def add(a):
+    x, b, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    np.add(x[:m], b[:m], out=y[:m])
+    return RAD_OK
+
+
+def silu_mul(a):
+    """y = (gate * sigmoid(gate)) * up."""
+    gate, up, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    y[:m] = (gate[:m] * sigmoid32(gate[:m])) * up[:m]
+    return RAD_OK
+
+
+def take_rows(a):
+    x, index, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    y[:m] = x[index[:m]]
+    return RAD_OK
