@@ -105,7 +105,7 @@ def test_schema_conflict_refuses_the_later_library_naming_both(home):
     registry = Registry(str(home.root), kernels="alpha,beta")
     message = refusal(registry, "beta.py")
     assert str(second) in message and str(first) in message and "declares op 't_gemm' differently" in message
-    assert "parameter 1 is ('N'" in message
+    assert "parameter 1 is 'N' (int, required, none) there, 'K' (int, required, none) here" in message
 
 
 def test_schema_conflict_follows_hierarchy_order(home):

@@ -35,22 +35,31 @@ class KernelsError(ValueError):
     """A library the user named (--kernels) cannot be used."""
 
 
+TYPE_NAMES = {1: "int", 2: "f64", 3: "str"}
+REQUIREDNESS_NAMES = {0: "required", 1: "optional", 2: "derived"}
+PARAM_ROLE_NAMES = {0: "none", 1: "seq_chunk", 2: "capacity"}
+OPERAND_ROLE_NAMES = {1: "in", 2: "out", 3: "inout", 4: "weight", 5: "wtab"}
+
+
+def _param_text(p) -> str:
+    return (f"'{p.name}' ({TYPE_NAMES.get(p.type, p.type)}, {REQUIREDNESS_NAMES.get(p.req, p.req)}, "
+            f"{PARAM_ROLE_NAMES.get(p.role, p.role)})")
+
+
+def _operand_text(o) -> str:
+    return f"'{o.name}' ({OPERAND_ROLE_NAMES.get(o.role, o.role)}, fixed {o.fixed})"
+
+
 def schema_difference(fixed: RadOpSchema, other: RadOpSchema) -> str | None:
     """How `other` differs from the schema that fixed the op, or None when it does not."""
-    def params(schema):
-        return [(p.name, p.type, p.req, p.role) for p in schema.params]
-
-    def operands(schema):
-        return [(o.name, o.role, o.fixed) for o in schema.operands]
-
-    for what, left, right in (("parameter", params(fixed), params(other)),
-                              ("operand", operands(fixed), operands(other))):
-        if left != right:
-            for i in range(max(len(left), len(right))):
-                a = left[i] if i < len(left) else "nothing"
-                b = right[i] if i < len(right) else "nothing"
-                if a != b:
-                    return f"{what} {i} is {a} there, {b} here"
+    for what, left, right in (("parameter", [_param_text(p) for p in fixed.params], [_param_text(p) for p in other.params]),
+                              ("operand", [_operand_text(o) for o in fixed.operands],
+                               [_operand_text(o) for o in other.operands])):
+        for i in range(max(len(left), len(right))):
+            there = left[i] if i < len(left) else "nothing"
+            here = right[i] if i < len(right) else "nothing"
+            if there != here:
+                return f"{what} {i} is {there} there, {here} here"
     return None
 
 
