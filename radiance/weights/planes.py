@@ -6,7 +6,8 @@ A TILED plane with block [br, bc] (0 = the whole extent) over a [rows, cols] wei
 [j*bc, (j+1)*bc), the last block of each axis cut short where the weight ends. A TABLE plane holds
 its own [rows, cols] whatever the weight. Stored, a plane is raw bytes, row-major, every row
 starting on a byte (sub-byte rows are bit streams, lowest bits first): np.uint8 [r, row_bytes].
-Typed, it is [r, c] of its element type (NUMPY, or UNPACKED for sub-byte types).
+Typed, it is [r, c] of its element type (NUMPY, or UNPACKED for sub-byte types). Where both forms
+are accepted, an np.uint8 array always means raw bytes.
 """
 
 import numpy as np
@@ -57,49 +58,62 @@ def element_dtype(plane: RadPlane) -> np.dtype:
     return UNPACKED[plane.dtype] if BITS[plane.dtype] < 8 else NUMPY[plane.dtype]
 
 
-def _is_raw(plane: RadPlane, data: np.ndarray, shape: tuple[int, int]) -> bool:
-    return data.dtype == np.uint8 and data.size == plane_nbytes(plane, shape)
-
-
-def _check(plane: RadPlane, data: np.ndarray, shape: tuple[int, int]) -> None:
-    if _is_raw(plane, data, shape):
-        return
+def _refuse(plane: RadPlane, data: np.ndarray, shape: tuple[int, int]) -> None:
     r, c = plane_shape(plane, shape)
-    if data.dtype != element_dtype(plane) or data.shape != (r, c):
-        raise ValueError(
-            f"plane {plane.name!r} ({NAMES[plane.dtype]} [{r}x{c}] over a {shape[0]}x{shape[1]} "
-            f"weight) needs {plane_nbytes(plane, shape)} raw bytes or a {element_dtype(plane)} "
-            f"[{r}x{c}] array, not {data.dtype} {list(data.shape)}")
+    raise ValueError(
+        f"plane {plane.name!r} ({NAMES[plane.dtype]} [{r}x{c}] over a {shape[0]}x{shape[1]} "
+        f"weight) needs {plane_nbytes(plane, shape)} raw bytes (np.uint8) or a typed "
+        f"{element_dtype(plane)} [{r}x{c}] array, not {data.dtype} {list(data.shape)}")
+
+
+def _raw_rows(plane: RadPlane, data: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Raw bytes of any shape -> [r, row_bytes] (a view)."""
+    if data.size != plane_nbytes(plane, shape):
+        _refuse(plane, data, shape)
+    r, c = plane_shape(plane, shape)
+    return data.reshape(r, row_bytes(plane.dtype, c))
+
+
+def _typed_elements(plane: RadPlane, data: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    if data.dtype != element_dtype(plane) or data.shape != plane_shape(plane, shape):
+        _refuse(plane, data, shape)
+    return data
+
+
+def plane_raw(plane: RadPlane, values: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Typed [r, c] elements -> the plane's raw bytes, np.uint8 [r, row_bytes] (sub-byte types
+    packed: their typed form is a byte per element)."""
+    values = _typed_elements(plane, np.asarray(values), shape)
+    r, c = values.shape
+    bits = BITS[plane.dtype]
+    if bits >= 8:
+        return np.ascontiguousarray(values).view(np.uint8).reshape(r, row_bytes(plane.dtype, c))
+    return pack_bits(values.view(np.uint8) & np.uint8((1 << bits) - 1), bits)
+
+
+def stored(plane: RadPlane, data: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """A plane's data as raw bytes [r, row_bytes]. An np.uint8 array IS raw bytes (any shape of
+    the plane's byte size); an array of another type is typed elements (float16, int8, ml_dtypes'
+    bfloat16/fp8/fp4 ...). Typed u1..u8 values are uint8 too, so pack them with plane_raw first."""
+    data = np.asarray(data)
+    if data.dtype == np.uint8:
+        return _raw_rows(plane, data, shape)
+    return plane_raw(plane, data, shape)
 
 
 def plane_array(plane: RadPlane, data: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """The plane as typed [r, c] elements, from its raw bytes (or from typed elements, as is)."""
+    """A plane's data as typed [r, c] elements: raw bytes (np.uint8) unpacked and viewed, a typed
+    array of another type checked and returned as is."""
     data = np.asarray(data)
-    _check(plane, data, shape)
-    if not _is_raw(plane, data, shape):
-        return data
-    r, c = plane_shape(plane, shape)
-    raw = data.reshape(r, row_bytes(plane.dtype, c))
+    if data.dtype != np.uint8:
+        return _typed_elements(plane, data, shape)
+    raw = _raw_rows(plane, data, shape)
     bits = BITS[plane.dtype]
     if bits >= 8:
         return raw.view(NUMPY[plane.dtype])
-    codes = unpack_bits(raw, bits, c)
+    codes = unpack_bits(raw, bits, plane_shape(plane, shape)[1])
     if plane.dtype == RAD_DT_I4:  # two's complement: 8..15 are -8..-1
         return (codes.astype(np.int8) ^ np.int8(8)) - np.int8(8)
     if plane.dtype == RAD_DT_FP4_E2M1:
         return codes.view(UNPACKED[RAD_DT_FP4_E2M1])
     return codes
-
-
-def plane_raw(plane: RadPlane, data: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """The plane as raw bytes, np.uint8 [r, row_bytes], from typed elements (or raw bytes)."""
-    data = np.asarray(data)
-    _check(plane, data, shape)
-    r, c = plane_shape(plane, shape)
-    if _is_raw(plane, data, shape):
-        return data.reshape(r, row_bytes(plane.dtype, c))
-    bits = BITS[plane.dtype]
-    if bits >= 8:
-        return np.ascontiguousarray(data).view(np.uint8).reshape(r, row_bytes(plane.dtype, c))
-    codes = data.view(np.uint8) & np.uint8((1 << bits) - 1)
-    return pack_bits(codes, bits)

@@ -3,7 +3,8 @@ a tensor-parallel rank loads. TABLE planes and whole-extent blocks (0) are carri
 must fall on a block edge of every TILED plane (the weight's last, short block may end a cut), and
 column cuts also on the transform's groups (fwhtN: N; perm and givens mix all columns).
 
-Planes come in as raw bytes or typed arrays and go out as raw bytes np.uint8 [r, row_bytes]. A row
+Planes come in as raw bytes or typed arrays (as planes.stored reads them: np.uint8 is raw bytes)
+and go out as raw bytes np.uint8 [r, row_bytes]. A row
 cut of a row-major plane is a contiguous byte range (row_byte_ranges), so a row slice of an mmap
 is a view and reads nothing else.
 """
@@ -12,7 +13,7 @@ import numpy as np
 
 from radiance.abi import BITS, RAD_PLANE_TABLE, RadEncoding, RadPlane
 
-from .planes import plane_array, plane_nbytes, plane_raw, plane_row_bytes
+from .planes import plane_array, plane_nbytes, plane_raw, plane_row_bytes, stored
 from .transforms import column_unit
 
 ROWS, COLS = 0, 1
@@ -51,10 +52,14 @@ def _element_range(plane: RadPlane, shape, axis: int, start: int, stop: int) -> 
     return (start // extent, -(-stop // extent))
 
 
-def _data(planes: dict, plane: RadPlane, name: str) -> np.ndarray:
+def _stored(planes: dict, plane: RadPlane, shape, name: str) -> np.ndarray:
+    """The plane's raw bytes [r, row_bytes] over `shape`, refused naming the weight."""
     if plane.name not in planes:
         raise ValueError(f"{name}: plane {plane.name!r} of the encoding has no data")
-    return planes[plane.name]
+    try:
+        return stored(plane, planes[plane.name], shape)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
 
 
 def row_byte_ranges(encoding: RadEncoding, shape: tuple[int, int], r0: int, r1: int,
@@ -79,7 +84,7 @@ def slice_rows(encoding: RadEncoding, planes: dict, shape: tuple[int, int], r0: 
     check_cut(encoding, shape, ROWS, r0, r1, name)
     sliced = {}
     for plane in encoding.planes:
-        raw = plane_raw(plane, _data(planes, plane, name), shape)
+        raw = _stored(planes, plane, shape, name)
         if plane.kind != RAD_PLANE_TABLE:
             first, end = _element_range(plane, shape, ROWS, r0, r1)
             raw = raw[first:end]
@@ -94,17 +99,16 @@ def slice_cols(encoding: RadEncoding, planes: dict, shape: tuple[int, int], c0: 
     new_shape = (shape[ROWS], c1 - c0)
     sliced = {}
     for plane in encoding.planes:
-        data = _data(planes, plane, name)
+        raw = _stored(planes, plane, shape, name)
         if plane.kind == RAD_PLANE_TABLE:
-            sliced[plane.name] = plane_raw(plane, data, shape)
+            sliced[plane.name] = raw
             continue
         first, end = _element_range(plane, shape, COLS, c0, c1)
         bits = BITS[plane.dtype]
         if bits % 8 == 0:  # whole bytes per element: a byte range of every row
-            raw = plane_raw(plane, data, shape)
             sliced[plane.name] = raw[:, first * bits // 8:end * bits // 8]
         else:  # a bit stream: unpack, cut, pack again so every row still starts on a byte
-            typed = plane_array(plane, data, shape)[:, first:end]
+            typed = plane_array(plane, raw, shape)[:, first:end]
             sliced[plane.name] = plane_raw(plane, np.ascontiguousarray(typed), new_shape)
     return sliced, new_shape
 
