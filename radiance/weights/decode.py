@@ -90,7 +90,7 @@ def _level_product(encoding, planes, shape, name, base):
     for plane, plane_block in zip(found, blocks):
         values = _typed(encoding, planes, shape, name, plane.name).astype(np.float32)
         values = on_grid(values, plane_block, shape, grid)
-        product = values.copy() if product is None else np.multiply(product, values, out=product)
+        product = values if product is None else product * values
     return product, grid
 
 
@@ -103,12 +103,14 @@ def decode(encoding: RadEncoding, planes: dict, shape: tuple[int, int],
     check_encoding(encoding, name)
     check_transform(encoding, cols, name)
     values = _codes(encoding, planes, shape, name)
-    for plane_name, op in (("signs", _negate_where), ("zero", np.subtract)):
-        plane = encoding.plane(plane_name)
-        if plane:
-            operand = _typed(encoding, planes, shape, name, plane_name)
-            operand = operand.astype(bool) if plane_name == "signs" else operand.astype(np.float32)
-            apply(op, values, operand, block(plane, shape))
+    signs = encoding.plane("signs")
+    if signs:
+        negative = _typed(encoding, planes, shape, name, "signs").astype(bool)
+        apply(_negate_where, values, negative, block(signs, shape))
+    zero = encoding.plane("zero")
+    if zero:
+        offset = _typed(encoding, planes, shape, name, "zero").astype(np.float32)
+        apply(np.subtract, values, offset, block(zero, shape))
     for plane in levels(encoding, "scale", name):
         scale = _typed(encoding, planes, shape, name, plane.name).astype(np.float32)
         apply(np.multiply, values, scale, block(plane, shape))
