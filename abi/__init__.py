@@ -4,6 +4,7 @@ numbers. A plugin imports nothing of radiance's but this package."""
 
 from pathlib import Path
 
+from .arch import RadArchInfo, RadBufferDecl, RadGraphDecl, RadNodeDecl, RadTableDecl, RadWeightDecl, RadWeightInfo  # noqa: F401
 from .constants import *  # noqa: F401,F403
 from .dtypes import BITS, BY_NAME, NAMES, NUMPY, UNPACKED, dtype_bits, dtype_from_numpy, row_bytes  # noqa: F401
 from .encoding import RadEncoding, RadPlane  # noqa: F401
@@ -21,9 +22,10 @@ from .types import (  # noqa: F401
 )
 
 HEADERS_DIR = Path(__file__).resolve().parent
-HEADERS = ("rad_abi.h", "rad_types.h", "rad_encoding.h", "rad_plugin.h", "rad_quant.h")
+HEADERS = ("rad_abi.h", "rad_types.h", "rad_encoding.h", "rad_plugin.h", "rad_quant.h", "rad_arch.h")
 STRUCTS = (
     RadPluginInfo, RadConstraint, RadParamSpec, RadOperandSpec, RadOpSchema, RadTensor, RadParam,
     RadWeightPlanes, RadChainRec, RadPeers, RadArgs, RadTunable, RadKernelInfo, RadPlane, RadEncoding,
-    RadQuantOption, RadQuantizerInfo,
+    RadQuantOption, RadQuantizerInfo, RadWeightDecl, RadBufferDecl, RadTableDecl, RadNodeDecl, RadGraphDecl,
+    RadWeightInfo, RadArchInfo,
 )

@@ -25,6 +25,11 @@ def Dims(ctype, n):
     return Annotated[tuple, ctype * n]
 
 
+def Embedded(struct):
+    """A struct held by value (a @cstruct class)."""
+    return Annotated[Any, struct.ctype]
+
+
 _DEFAULTS = {int: 0, float: 0.0, str: "", tuple: ()}
 
 

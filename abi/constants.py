@@ -82,3 +82,24 @@ RAD_PLANE_TABLE = 2
 RAD_MAX_PLANES = 16
 
 KIND_FOLDERS = {RAD_PLUGIN_KERNEL: "kernels", RAD_PLUGIN_ARCH: "architectures", RAD_PLUGIN_QUANT: "quantizers"}
+
+RAD_SPLIT_NONE = 0
+RAD_SPLIT_ROWS = 1
+RAD_SPLIT_COLS = 2
+
+RAD_EXTENT_TOKENS = 1
+RAD_EXTENT_SEQS = 2
+RAD_EXTENT_SLOTS = 3
+
+RAD_STEP_IDS = "step.ids"
+RAD_STEP_POSITIONS = "step.positions"
+RAD_STEP_SLOTS = "step.slots"
+RAD_STEP_CU_SEQLENS = "step.cu_seqlens"
+RAD_STEP_CONTEXT_LENS = "step.context_lens"
+RAD_STEP_BLOCK_TABLES = "step.block_tables"
+RAD_STEP_LAST_INDEX = "step.last_index"
+RAD_STEP_TEMPERATURE = "step.temperature"
+RAD_STEP_TOP_K = "step.top_k"
+RAD_STEP_TOP_P = "step.top_p"
+RAD_STEP_RNG = "step.rng"
+RAD_STEP_TOKENS = "step.tokens"

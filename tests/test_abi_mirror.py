@@ -10,7 +10,7 @@ import pytest
 import radiance.abi as abi
 from radiance.abi import constants
 
-GUARDS = {"RAD_ABI_H", "RAD_TYPES_H", "RAD_ENCODING_H", "RAD_PLUGIN_H", "RAD_QUANT_H"}
+GUARDS = {"RAD_ABI_H", "RAD_TYPES_H", "RAD_ENCODING_H", "RAD_PLUGIN_H", "RAD_QUANT_H", "RAD_ARCH_H"}
 
 
 def header_constants():
@@ -26,7 +26,7 @@ def mirror_constants():
 
 
 def build_probe(tmp_path):
-    lines = ['#include "rad_abi.h"', '#include "rad_plugin.h"', '#include "rad_quant.h"',
+    lines = [*(f"#include \"{h}\"" for h in abi.HEADERS),
              "#include <stdio.h>", "#include <stddef.h>", "int main(void) {"]
     for name, value in mirror_constants().items():
         if isinstance(value, str):

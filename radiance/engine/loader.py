@@ -13,11 +13,11 @@ from radiance.abi import (
 
 from .homes import Candidate
 from .records import Plugin, PluginDeclined, PluginRefused, Row
-from .validate import validate_quantizers, validate_rows, validate_schemas
+from .validate import validate_architectures, validate_quantizers, validate_rows, validate_schemas
 
 REQUIRED = {
     RAD_PLUGIN_KERNEL: ("rad_kernel_schema_count", "rad_kernel_schema_at", "rad_kernel_count", "rad_kernel_at"),
-    RAD_PLUGIN_ARCH: (),
+    RAD_PLUGIN_ARCH: ("rad_arch_count", "rad_arch_at"),
     RAD_PLUGIN_QUANT: ("rad_quant_count", "rad_quant_at"),
 }
 
@@ -123,6 +123,9 @@ def _read_tables(plugin: Plugin) -> None:
                 chain=bool(_flag(plugin, "rad_kernel_chain", i, 0)))
             for i, row in enumerate(infos)]
         validate_rows(path, plugin.rows)
+    elif plugin.candidate.kind == RAD_PLUGIN_ARCH:
+        plugin.architectures = _table(path, module, "rad_arch_count", "rad_arch_at")
+        validate_architectures(path, plugin.architectures)
     elif plugin.candidate.kind == RAD_PLUGIN_QUANT:
         plugin.quantizers = _table(path, module, "rad_quant_count", "rad_quant_at")
         validate_quantizers(path, plugin.quantizers)

@@ -4,7 +4,7 @@ these, so the rest of the engine never knows which it was."""
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radiance.abi import KIND_FOLDERS, RadKernelInfo, RadOpSchema, RadPluginInfo, RadQuantizerInfo
+from radiance.abi import KIND_FOLDERS, RadArchInfo, RadKernelInfo, RadOpSchema, RadPluginInfo, RadQuantizerInfo
 
 from .homes import Candidate
 
@@ -40,6 +40,7 @@ class Plugin:
     schemas: list[RadOpSchema] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     quantizers: list[RadQuantizerInfo] = field(default_factory=list)
+    architectures: list[RadArchInfo] = field(default_factory=list)
 
     @property
     def name(self) -> str:

@@ -79,7 +79,11 @@ class Registry:
         self._fix_vocabulary()
         self.plugins[RAD_PLUGIN_KERNEL] = [lib for lib in self.plugins[RAD_PLUGIN_KERNEL] if lib in self.hierarchy]
         self.quantizers = {}
-        self.plugins[RAD_PLUGIN_QUANT] = [q for q in self.plugins[RAD_PLUGIN_QUANT] if self._admit_quantizers(q)]
+        self.plugins[RAD_PLUGIN_QUANT] = [q for q in self.plugins[RAD_PLUGIN_QUANT]
+                                          if self._admit_named(q, q.quantizers, self.quantizers, "quantiser")]
+        self.architectures = {}
+        self.plugins[RAD_PLUGIN_ARCH] = [a for a in self.plugins[RAD_PLUGIN_ARCH]
+                                         if self._admit_named(a, a.architectures, self.architectures, "architecture")]
 
     def _load_kind(self, kind: int) -> list[Plugin]:
         candidates, shadowed = discover(self.homes, kind)
@@ -164,25 +168,22 @@ class Registry:
                                                      f"which op '{row.op}' does not declare and is no "
                                                      f"{RAD_FACT_PREFIX}* fact")
 
-    def _admit_quantizers(self, plugin: Plugin) -> bool:
-        for quantizer in plugin.quantizers:
-            if quantizer.name in self.quantizers:
-                other = self.quantizers[quantizer.name][1]
+    def _admit_named(self, plugin: Plugin, declared, taken: dict, what: str) -> bool:
+        """Two plugins declaring one quantiser (or architecture) name: the later is refused."""
+        for item in declared:
+            if item.name in taken:
+                other = taken[item.name][1]
                 plugin.close()
-                self._refuse(plugin.path, f"declares quantiser '{quantizer.name}', already declared by "
+                self._refuse(plugin.path, f"declares {what} '{item.name}', already declared by "
                                           f"{other.name} ({other.path})")
                 return False
-        for quantizer in plugin.quantizers:
-            self.quantizers[quantizer.name] = (quantizer, plugin)
+        for item in declared:
+            taken[item.name] = (item, plugin)
         return True
 
     def rows_for(self, op: str) -> list[Row]:
         """Every row of an op, in hierarchy order then declaration order."""
         return [row for library in self.hierarchy for row in library.rows if row.op == op]
-
-    @property
-    def architectures(self) -> list[Plugin]:
-        return self.plugins[RAD_PLUGIN_ARCH]
 
     def close(self) -> None:
         """rad_plugin_close for every plugin, last loaded first."""

@@ -4,7 +4,7 @@ plugin with one line naming the file and what is wrong."""
 from radiance.abi import (
     RAD_C_DIV, RAD_C_EQ, RAD_C_GE, RAD_C_IN, RAD_C_LE, RAD_DERIVED, RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST,
     RAD_OPD_IN, RAD_OPD_WTAB, RAD_OPTIONAL, RAD_P_F64, RAD_P_INT, RAD_P_STR, RAD_PROLE_CAPACITY,
-    RAD_PROLE_NONE, RAD_REQUIRED, RadConstraint, RadKernelInfo, RadOpSchema, RadQuantizerInfo,
+    RAD_PROLE_NONE, RAD_REQUIRED, RadArchInfo, RadConstraint, RadKernelInfo, RadOpSchema, RadQuantizerInfo,
 )
 
 from .records import PluginRefused
@@ -102,3 +102,15 @@ def validate_quantizers(path, quantizers) -> None:
             if option.type not in PARAM_TYPES:
                 raise PluginRefused(path, f"quantiser '{quantizer.name}': option '{option.key}' has "
                                           f"unknown type {option.type}")
+
+
+def validate_architectures(path, architectures) -> None:
+    names = set()
+    for architecture in architectures:
+        if not isinstance(architecture, RadArchInfo):
+            raise PluginRefused(path, f"rad_arch_at returned {type(architecture).__name__}")
+        if not architecture.name or architecture.name in names:
+            raise PluginRefused(path, f"architecture name '{architecture.name}' is empty or declared twice")
+        names.add(architecture.name)
+        if not callable(architecture.check) or not callable(architecture.declare):
+            raise PluginRefused(path, f"architecture '{architecture.name}' lacks check or declare")
