@@ -4,7 +4,9 @@ The declarations fix every offset, so the header (with placeholder checksums) is
 first byte of data and rewritten in place, at the same length, once the checksums are known. Planes
 may be written interleaved (a quantiser emits codes, scale and min per row block); within a plane the
 chunks arrive in order. Memory is bounded by the caller's chunk. The file is `path + ".partial"`
-until close() renames it, so a crash never leaves a half file under the final name.
+until close() renames it, so a crash never leaves a half file under the final name. Metadata known
+only at the end (a converter's error report) is added by update_metadata() into `header_reserve`
+bytes of header set aside at the first write.
 """
 
 import json
@@ -17,14 +19,16 @@ import numpy as np
 from radiance.abi import RadEncoding
 
 from .container_format import (
-    FORMAT_VERSION, LENGTH_BYTES, ContainerError, encode_header, encoding_from_json, encoding_to_json,
+    ALIGN, FORMAT_VERSION, LENGTH_BYTES, ContainerError, encode_header, encoding_from_json, encoding_to_json,
     plan_layout, tensor_name, weight_json,
 )
 
 
 class ContainerWriter:
-    def __init__(self, path, architecture, hyper, tokenizer=None, chat_template=None, metadata=None):
+    def __init__(self, path, architecture, hyper, tokenizer=None, chat_template=None, metadata=None,
+                 header_reserve=0):
         self.path = os.fspath(path)
+        self._header_reserve = header_reserve
         self.partial = self.path + ".partial"
         self._radiance = {"format_version": FORMAT_VERSION, "architecture": architecture,
                           "hyper": dict(hyper), "tokenizer": tokenizer,
@@ -92,6 +96,15 @@ class ContainerWriter:
         state[1] -= len(view)
         state[2] = zlib.crc32(view, state[2])
 
+    def update_metadata(self, values):
+        """Merge `values` into the metadata before close(); the header must still fit the length
+        fixed at the first write (header_reserve bytes more than it needed then)."""
+        try:
+            json.dumps(values)
+        except (TypeError, ValueError) as error:
+            raise ContainerError(f"{self.path}: metadata is not JSON-serialisable: {error}") from None
+        self._radiance["metadata"].update(values)
+
     def close(self):
         """Check every plane is complete, patch the checksums into the header, rename into place."""
         if self._fd is None:
@@ -141,6 +154,9 @@ class ContainerWriter:
         self._layout, data_size = plan_layout(
             (weight, planes) for weight, (_, _, planes) in self._weights.items())
         header = self._header({}, None)
+        if self._header_reserve:
+            reserved = -(-(len(header) + self._header_reserve) // ALIGN) * ALIGN
+            header = self._header({}, reserved - LENGTH_BYTES)
         self._header_length = len(header) - LENGTH_BYTES
         _write_at(self._fd, header, 0)
         # Sizing the file up front makes the pads (and any byte not yet written) read as zeros.
