@@ -26,7 +26,7 @@ def _row(name, op, launch, computes, weights=False, constraints=(F32_ONLY,)):
 
 ROWS = [
     _row("embedding", "embedding", dense.embedding, "table rows, decoded to f32", weights=True),
-    _row("rmsnorm", "rmsnorm", dense.rmsnorm, "ordered sum of squares"),
+    _row("rmsnorm", "rmsnorm", dense.rmsnorm, "ordered sum of squares", weights=True),
     _row("gemm", "gemm", dense.gemm, "ordered dot products over K", weights=True),
     _row("rope", "rope", attention.rope, "cos/sin in f64 rounded to f32"),
     _row("attention", "attention", attention.attention, "ordered sums over head_dim and keys"),

@@ -1,0 +1,106 @@
+"""The graph of one llama step and its tensor-parallel plan, declared as data: column-parallel
+q/k/v/gate/up (their N split), row-parallel o/down (their K split) each followed by all_reduce, a
+vocab-parallel lm head followed by all_gather. The same graph serves TP 1 and TP N."""
+
+from radiance.abi import (
+    RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_SPLIT_COLS, RAD_SPLIT_NONE,
+    RAD_SPLIT_ROWS, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_CU_SEQLENS, RAD_STEP_IDS,
+    RAD_STEP_LAST_INDEX, RAD_STEP_POSITIONS, RAD_STEP_RNG, RAD_STEP_SLOTS, RAD_STEP_TEMPERATURE,
+    RAD_STEP_TOKENS, RAD_STEP_TOP_K, RAD_STEP_TOP_P, RadBufferDecl, RadGraphDecl, RadNodeDecl,
+    RadTableDecl, RadWeightDecl, rad_tensor,
+)
+
+from . import names
+from .rope import inv_freq
+
+TOKENS, SEQS = RAD_EXTENT_TOKENS, RAD_EXTENT_SEQS
+
+
+class Builder:
+    def __init__(self, hyper: dict, weights: dict):
+        self.hyper, self.weights = hyper, weights
+        self.dtype = hyper.get("activation_dtype", "f32")
+        self.nodes, self.buffers, self.declared = [], [], []
+
+    def weight(self, name: str, split: int, source: str = "") -> str:
+        self.declared.append(RadWeightDecl(name=name, source=source, split=split))
+        return name
+
+    def buffer(self, name: str, cols: int, extent: int = TOKENS, split: int = 0) -> str:
+        self.buffers.append(RadBufferDecl(name=name, dtype=RAD_DT_F32, extent=extent, cols=cols, split=split))
+        return name
+
+    def node(self, op, name, operands, extent=TOKENS, split="", **params):
+        self.nodes.append(RadNodeDecl(op=op, name=name, extent=extent, params=params, split=split,
+                                      operands=tuple(operands)))
+
+    def gemm(self, name, x, weight, y, split, extent=TOKENS, source=""):
+        """y = x . weight^T; split RAD_SPLIT_ROWS shards N, RAD_SPLIT_COLS shards K."""
+        info = self.weights[source or weight]
+        self.weight(weight, split, source)
+        self.node("gemm", name, (x, weight, y), extent, split={RAD_SPLIT_ROWS: "N", RAD_SPLIT_COLS: "K"}[split],
+                  N=info.rows, K=info.cols, wdtype=info.format, dtype=self.dtype)
+
+    def rmsnorm(self, name, x, weight, y, extent=TOKENS):
+        self.weight(weight, RAD_SPLIT_NONE)
+        self.node("rmsnorm", name, (x, weight, y), extent, n=self.hyper["hidden"],
+                  eps=float(self.hyper["rms_eps"]), dtype=self.dtype)
+
+
+def _layer(b: Builder, i: int) -> None:
+    h = b.hyper
+    hidden, heads, kv_heads, head_dim = h["hidden"], h["heads"], h["kv_heads"], h["head_dim"]
+    heads_split = "q_heads kv_heads"
+    b.rmsnorm(f"layers.{i}.attn_norm", "h", names.layer(i, "attn_norm"), "x")
+    for part, out in (("q", "q"), ("k", "k"), ("v", "v")):
+        b.gemm(f"layers.{i}.attn.{part}", "x", names.layer(i, f"attn.{part}"), out, RAD_SPLIT_ROWS)
+    b.node("rope", f"layers.{i}.rope", ("q", "k", RAD_STEP_POSITIONS, "rope.inv_freq"), split=heads_split,
+           q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+           interleaved=int(h.get("rope_interleaved", 0)), dtype=b.dtype)
+    caches = [b.buffer(f"layers.{i}.{which}_cache", kv_heads * head_dim, RAD_EXTENT_SLOTS, split=1)
+              for which in ("k", "v")]
+    b.node("attention", f"layers.{i}.attention",
+           ("q", "k", "v", *caches, RAD_STEP_SLOTS, RAD_STEP_POSITIONS, RAD_STEP_CU_SEQLENS,
+            RAD_STEP_CONTEXT_LENS, RAD_STEP_BLOCK_TABLES, "attn"),
+           split=heads_split, q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+           block_size=int(h.get("block_size", 16)), scale=head_dim ** -0.5, dtype=b.dtype)
+    b.gemm(f"layers.{i}.attn.o", "attn", names.layer(i, "attn.o"), "t", RAD_SPLIT_COLS)
+    b.node("all_reduce", f"layers.{i}.attn.all_reduce", ("t",), n=hidden, dtype=b.dtype)
+    b.node("add", f"layers.{i}.attn.residual", ("h", "t", "h"), n=hidden, dtype=b.dtype)
+    b.rmsnorm(f"layers.{i}.ffn_norm", "h", names.layer(i, "ffn_norm"), "x")
+    b.gemm(f"layers.{i}.ffn.gate", "x", names.layer(i, "ffn.gate"), "gate", RAD_SPLIT_ROWS)
+    b.gemm(f"layers.{i}.ffn.up", "x", names.layer(i, "ffn.up"), "up", RAD_SPLIT_ROWS)
+    b.node("silu_mul", f"layers.{i}.ffn.silu_mul", ("gate", "up", "gate"), split="n", n=h["ffn"], dtype=b.dtype)
+    b.gemm(f"layers.{i}.ffn.down", "gate", names.layer(i, "ffn.down"), "t", RAD_SPLIT_COLS)
+    b.node("all_reduce", f"layers.{i}.ffn.all_reduce", ("t",), n=hidden, dtype=b.dtype)
+    b.node("add", f"layers.{i}.ffn.residual", ("h", "t", "h"), n=hidden, dtype=b.dtype)
+
+
+def declare(hyper: dict, weights: dict) -> RadGraphDecl:
+    b = Builder(hyper, weights)
+    hidden, heads, kv_heads, head_dim = hyper["hidden"], hyper["heads"], hyper["kv_heads"], hyper["head_dim"]
+    vocab, ffn = hyper["vocab"], hyper["ffn"]
+    for name, cols, split in (("h", hidden, 0), ("x", hidden, 0), ("q", heads * head_dim, 1),
+                              ("k", kv_heads * head_dim, 1), ("v", kv_heads * head_dim, 1),
+                              ("attn", heads * head_dim, 1), ("t", hidden, 0), ("gate", ffn, 1), ("up", ffn, 1)):
+        b.buffer(name, cols, TOKENS, split)
+    table = names.EMBEDDING
+    b.weight(table, RAD_SPLIT_NONE)
+    b.node("embedding", "embedding", (RAD_STEP_IDS, table, "h"), n=hidden, vocab=vocab,
+           wdtype=weights[table].format, dtype=b.dtype)
+    for i in range(hyper["layers"]):
+        _layer(b, i)
+    b.buffer("hs", hidden, SEQS)
+    b.buffer("xs", hidden, SEQS)
+    b.buffer("logits_part", vocab, SEQS, split=1)
+    b.buffer("logits", vocab, SEQS)
+    b.node("take_rows", "last_tokens", ("h", RAD_STEP_LAST_INDEX, "hs"), SEQS, n=hidden, dtype=b.dtype)
+    b.rmsnorm("output_norm", "hs", names.OUTPUT_NORM, "xs", SEQS)
+    tied = names.OUTPUT not in weights
+    b.gemm("lm_head", "xs", "lm_head", "logits_part", RAD_SPLIT_ROWS, SEQS,
+           source=table if tied else names.OUTPUT)
+    b.node("all_gather", "lm_head.all_gather", ("logits_part", "logits"), SEQS, split="n", n=vocab, dtype=b.dtype)
+    b.node("sample", "sample", ("logits", RAD_STEP_TEMPERATURE, RAD_STEP_TOP_K, RAD_STEP_TOP_P, RAD_STEP_RNG,
+                                RAD_STEP_TOKENS), SEQS, vocab=vocab)
+    tables = [RadTableDecl(name="rope.inv_freq", table=rad_tensor(inv_freq(hyper)))]
+    return RadGraphDecl(weights=b.declared, tables=tables, buffers=b.buffers, nodes=b.nodes)

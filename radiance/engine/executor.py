@@ -1,0 +1,78 @@
+"""Runs one rank's resolved graph, step after step. Buffers are allocated once at their largest;
+the arguments of a node are built once per (node, tokens, seqs) and reused, so a decode step
+costs one dict lookup and one launch per node."""
+
+import numpy as np
+
+from radiance.abi import (
+    NUMPY, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_LINK_ENDED, RAD_OK, RadArgs, rad_tensor,
+)
+
+from .rank_weights import RankWeights
+from .resolve import ResolvedNode, unique_resolutions
+from .step_inputs import StepInputs
+
+MAX_CACHED_ARGS = 8192
+
+
+class StepError(RuntimeError):
+    """A row returned an error: names the node, the row and the code."""
+
+
+class Executor:
+    def __init__(self, resolved: list[ResolvedNode], buffers: dict, tables: dict, weights: RankWeights,
+                 max_tokens: int, max_seqs: int, num_slots: int, max_blocks: int, peers=None):
+        self.resolved, self.weights, self.tables, self.peers = resolved, weights, tables, peers
+        self.max_tokens, self.max_seqs = max_tokens, max_seqs
+        self.inputs = StepInputs(max_tokens, max_seqs, max_blocks)
+        rows = {RAD_EXTENT_TOKENS: max_tokens, RAD_EXTENT_SEQS: max_seqs, RAD_EXTENT_SLOTS: num_slots}
+        self.buffers = {b.name: np.zeros((rows[b.extent], b.cols), NUMPY[b.dtype]) for b in buffers.values()}
+        self.extents = {b.name: b.extent for b in buffers.values()}
+        self._scratch = {}
+        for resolution in unique_resolutions(resolved):
+            resolution.instantiate()
+            for band in resolution.bands:
+                if band.row.info.scratch:
+                    self._scratch[id(band)] = np.zeros(int(band.row.info.scratch(dict(band.geometry))), np.uint8)
+        self._args: dict = {}
+
+    def _operand(self, name: str, band, tokens: int, seqs: int):
+        if name == "":
+            return rad_tensor(None)
+        if name in self.inputs:
+            return rad_tensor(self.inputs.view(name, tokens, seqs))
+        if name in self.buffers:
+            extent = self.extents[name]
+            rows = {RAD_EXTENT_TOKENS: tokens, RAD_EXTENT_SEQS: seqs}.get(extent)
+            return rad_tensor(self.buffers[name] if rows is None else self.buffers[name][:rows])
+        if name in self.tables:
+            return self.tables[name]
+        return self.weights.operand(name, band.row, band.geometry)
+
+    def _build(self, item: ResolvedNode, tokens: int, seqs: int) -> tuple:
+        extent = tokens if item.node.extent == RAD_EXTENT_TOKENS else seqs
+        band = item.resolution.band_for(extent)
+        tensors = tuple(self._operand(name, band, tokens, seqs) for name in item.node.operands)
+        params = {**band.geometry, item.resolution.ranged: extent}
+        scratch = self._scratch.get(id(band))
+        args = RadArgs(t=tensors, params=params, scratch=scratch,
+                       scratch_bytes=0 if scratch is None else scratch.size, instance=band.instance, peers=self.peers)
+        return band.row, args
+
+    def run(self, tokens: int, seqs: int) -> None:
+        """One step over `tokens` tokens of `seqs` sequences; the step inputs are written already."""
+        if len(self._args) > MAX_CACHED_ARGS:
+            self._args.clear()
+        for item in self.resolved:
+            key = (item.node.index, tokens, seqs)
+            built = self._args.get(key)
+            if built is None:
+                built = self._args[key] = self._build(item, tokens, seqs)
+            row, args = built
+            status = row.info.launch(args)
+            if status not in (RAD_OK, RAD_LINK_ENDED):
+                raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
+
+    def release(self) -> None:
+        for resolution in unique_resolutions(self.resolved):
+            resolution.release()

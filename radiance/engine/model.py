@@ -1,0 +1,67 @@
+"""A model as the engine sees it before any rank: the container, the architecture plugin that
+serves it, its checked hyper-parameters and the declared graph of one step."""
+
+from dataclasses import dataclass
+
+from radiance.abi import RadArchInfo, RadGraphDecl, RadWeightInfo
+from radiance.weights.container_format import ContainerError
+from radiance.weights.container_reader import Container
+from radiance.weights.labels import format_label
+
+from .registry import Registry
+
+
+class ModelError(ValueError):
+    """The model cannot be served: one line naming the file and what is wrong."""
+
+
+@dataclass
+class Model:
+    path: str
+    container: Container
+    architecture: RadArchInfo
+    hyper: dict
+    weights: dict  # name -> RadWeightInfo
+    graph: RadGraphDecl
+
+    def close(self) -> None:
+        self.container.close()
+
+
+def weight_infos(container: Container) -> dict:
+    infos = {}
+    for name in container.weights:
+        shape = container.shape(name)
+        rows, cols = (1, shape[0]) if len(shape) == 1 else shape
+        infos[name] = RadWeightInfo(name=name, rows=rows, cols=cols, format=format_label(container.encoding(name)))
+    return infos
+
+
+def open_model(path, registry: Registry, engine_hyper: dict | None = None) -> Model:
+    """Open, check and declare. `engine_hyper` adds what the engine decides (activation_dtype,
+    block_size) to what the container says."""
+    try:
+        container = Container(path)
+    except ContainerError as error:
+        raise ModelError(f"not a .rad model: {error}") from None
+    except OSError as error:
+        raise ModelError(f"{path}: {error.strerror or error}") from None
+    try:
+        entry = registry.architectures.get(container.architecture)
+        if entry is None:
+            served = ", ".join(sorted(registry.architectures)) or "none"
+            raise ModelError(f"{path}: architecture '{container.architecture}' is served by no plugin on the "
+                             f"search path (served: {served})")
+        architecture = entry[0]
+        hyper = {**container.hyper, **(engine_hyper or {})}
+        reason = architecture.check(hyper)
+        if reason:
+            raise ModelError(f"{path}: {architecture.name}: {reason}")
+        weights = weight_infos(container)
+        graph = architecture.declare(hyper, weights)
+        if isinstance(graph, str):
+            raise ModelError(f"{path}: {architecture.name}: {graph}")
+        return Model(str(path), container, architecture, hyper, weights, graph)
+    except BaseException:
+        container.close()
+        raise

@@ -1,0 +1,66 @@
+"""Text in and out: the container's tokenizer through the `tokenizers` library, its chat template
+through jinja2, and a detokeniser that streams only whole characters."""
+
+from datetime import datetime
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+
+class TextError(ValueError):
+    """The model's text side is unusable: names what is missing."""
+
+
+def _raise(message):
+    raise jinja2.TemplateError(message)
+
+
+class TextCodec:
+    def __init__(self, tokenizer_json: str | None, chat_template: str | None, hyper: dict, path: str = "model"):
+        if not tokenizer_json:
+            raise TextError(f"{path}: the container carries no tokenizer")
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.path, self.hyper = path, hyper
+        self.bos_id, self.eos_id = hyper.get("bos_token_id"), hyper.get("eos_token_id")
+        self.template = None
+        if chat_template:
+            environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            environment.globals.update(raise_exception=_raise, strftime_now=lambda f: datetime.now().strftime(f))
+            self.template = environment.from_string(chat_template)
+        self.stop_ids = {token for token in (self.eos_id, *hyper.get("stop_token_ids", ())) if token is not None}
+
+    def token_text(self, token: int | None) -> str:
+        return "" if token is None else (self.tokenizer.id_to_token(token) or "")
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """A raw completion prompt: a BOS only where the model's metadata asks for one."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if (self.hyper.get("add_bos", False) if add_bos is None else add_bos) and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        if self.template is None:
+            raise TextError(f"{self.path}: the model has no chat template; use a raw prompt")
+        text = self.template.render(messages=messages, add_generation_prompt=True,
+                                    bos_token=self.token_text(self.bos_id), eos_token=self.token_text(self.eos_id))
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class Detokenizer:
+    """Streams the text of a growing list of ids, holding back an incomplete UTF-8 character."""
+
+    def __init__(self, codec: TextCodec):
+        self.codec, self.ids, self.emitted = codec, [], ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.codec.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.emitted = text[len(self.emitted):], text
+        return new

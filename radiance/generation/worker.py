@@ -1,0 +1,67 @@
+"""One rank's share of the work: its slice of the model, its resolved graph and the executor
+that runs it. The same class serves TP 1 in process and every rank process of a launch."""
+
+import numpy as np
+from tqdm import tqdm
+
+from radiance.abi import RAD_DOMAIN_HOST, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
+from radiance.engine.executor import Executor
+from radiance.engine.model import open_model
+from radiance.engine.rank_weights import RankWeights
+from radiance.engine.registry import Registry
+from radiance.engine.resolve import graph_digest, resolve_graph
+from radiance.engine.shard import Shard, shard_buffers, shard_nodes
+from radiance.log import get_logger
+
+from .options import EngineOptions
+
+log = get_logger("radiance.worker")
+
+
+class Worker:
+    def __init__(self, options: EngineOptions, registry: Registry, shard: Shard = Shard(0, 1),
+                 facts: dict | None = None, peers=None):
+        self.options, self.shard = options, shard
+        self.model = open_model(options.model, registry, {"activation_dtype": options.activation_dtype,
+                                                          "block_size": options.block_size})
+        options.fit(self.model.hyper["context"])
+        try:
+            self._build(registry, facts if facts is not None else {"device.p2p": 0}, peers)
+        except BaseException:
+            self.model.close()
+            raise
+
+    def _build(self, registry: Registry, facts: dict, peers) -> None:
+        options = self.options
+        nodes = shard_nodes(self.model.graph, self.shard)
+        buffers = shard_buffers(self.model.graph, self.shard)
+        self.resolved = resolve_graph(nodes, registry, facts, RAD_DOMAIN_HOST, options.max_step_tokens,
+                                      options.max_seqs, options.accept_reference)
+        self.digest = graph_digest(self.resolved)
+        self.weights = RankWeights(self.model, self.shard)
+        self._load_weights()
+        tables = {table.name: table.table for table in self.model.graph.tables}
+        self.executor = Executor(self.resolved, buffers, tables, self.weights, options.max_step_tokens,
+                                 options.max_seqs, options.num_blocks * options.block_size, options.max_blocks, peers)
+
+    def _load_weights(self) -> None:
+        """Every weight in the form its rows read, now, so the first step does no loading."""
+        uses = [(name, band) for item in self.resolved for band in item.resolution.bands
+                for name in item.node.operands if name in self.weights.planes]
+        quiet = not self.options.progress or self.shard.rank != 0
+        for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=quiet, leave=False):
+            self.weights.operand(name, band.row, band.geometry)
+
+    def execute(self, arrays: dict) -> np.ndarray:
+        """Run one step from its plan arrays; the sampled token of every sequence."""
+        inputs = self.executor.inputs
+        for name, array in arrays.items():
+            target = inputs[name]
+            target[tuple(slice(0, extent) for extent in array.shape)] = array
+        seqs = len(arrays[RAD_STEP_CONTEXT_LENS])
+        self.executor.run(len(arrays[RAD_STEP_IDS]), seqs)
+        return inputs[RAD_STEP_TOKENS][:seqs].copy()
+
+    def close(self) -> None:
+        self.executor.release()
+        self.model.close()

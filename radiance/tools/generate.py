@@ -1,0 +1,105 @@
+"""radiance: one rank in process. `--prompt` streams a raw completion to stdout (logs and progress
+go to stderr); `--chat` is an interactive chat through the model's template."""
+
+import sys
+
+import click
+
+from radiance.engine.registry import Registry
+from radiance.engine.resolve import selection_report
+from radiance.generation.engine import Engine
+from radiance.generation.options import EngineOptions
+from radiance.generation.sequence import SamplingParams
+from radiance.generation.text import TextCodec
+from radiance.generation.worker import Worker
+from radiance.log import get_logger
+
+from . import options
+from .errors import user_errors
+
+log = get_logger("radiance.cli")
+
+
+def build_engine(model, radiance_home, kernels, accept_reference, debug_selection, max_context, max_step_tokens,
+                 max_seqs=1) -> tuple[Engine, Worker]:
+    registry = Registry(radiance_home, kernels)
+    engine_options = EngineOptions(model=model, radiance_home=radiance_home, kernels=kernels,
+                                   accept_reference=accept_reference, max_context=max_context,
+                                   max_step_tokens=max_step_tokens, max_seqs=max_seqs)
+    worker = Worker(engine_options, registry)
+    if debug_selection:
+        click.echo("\n".join(selection_report(worker.resolved)), err=True)
+    container = worker.model.container
+    text = TextCodec(container.tokenizer, container.chat_template, worker.model.hyper, model)
+    return Engine(engine_options, worker.execute, text), worker
+
+
+def sampling_options(function):
+    for option in reversed([
+        click.option("--max-tokens", default=256, show_default=True, help="Tokens to generate at most."),
+        click.option("--temperature", default=0.7, show_default=True, help="0 is greedy."),
+        click.option("--top-p", default=1.0, show_default=True),
+        click.option("--top-k", default=0, show_default=True, help="0 keeps every token."),
+        click.option("--seed", type=int, default=None, help="Make sampling reproducible."),
+        click.option("--stop", multiple=True, help="Stop before this text (repeatable)."),
+    ]):
+        function = option(function)
+    return function
+
+
+def chat_loop(engine: Engine, params: dict) -> None:
+    messages = []
+    click.echo("chat: an empty line or Ctrl-D ends it", err=True)
+    while True:
+        try:
+            line = click.prompt("you", prompt_suffix="> ", default="", show_default=False, err=True)
+        except (EOFError, click.Abort):
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        reply = ""
+        for piece in engine.stream(engine.text.chat(messages), SamplingParams(**params)):
+            reply += piece
+            click.echo(piece, nl=False)
+            sys.stdout.flush()
+        click.echo()
+        messages.append({"role": "assistant", "content": reply})
+
+
+@click.command()
+@click.option("--model", required=True, type=click.Path(dir_okay=False), help="A .rad model.")
+@click.option("--prompt", default=None, help="Complete this text (no chat template).")
+@click.option("--chat", is_flag=True, help="Talk to the model through its chat template.")
+@sampling_options
+@click.option("--max-context", type=int, default=None, help="Tokens of context (default: the model's).")
+@click.option("--max-step-tokens", default=256, show_default=True, help="Prefill chunk: tokens in one step.")
+@options.radiance_home
+@options.kernels
+@options.accept_reference
+@options.debug_selection
+@click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
+def main(model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, stop, max_context, max_step_tokens,
+         radiance_home, kernels, accept_reference, debug_selection, verbose):
+    """Generate with a .rad model on this machine's CPU."""
+    if (prompt is None) == (not chat):
+        raise click.UsageError("give exactly one of --prompt TEXT and --chat")
+    with user_errors("radiance", verbose):
+        params = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop)
+        SamplingParams(**params)  # checks them before the model loads
+        engine, worker = build_engine(model, radiance_home, kernels, accept_reference, debug_selection,
+                                      max_context, max_step_tokens)
+        try:
+            if chat:
+                chat_loop(engine, params)
+            else:
+                for piece in engine.stream(engine.text.encode(prompt), SamplingParams(**params)):
+                    click.echo(piece, nl=False)
+                    sys.stdout.flush()
+                click.echo()
+        finally:
+            worker.close()
+
+
+if __name__ == "__main__":
+    main()
