@@ -2,6 +2,9 @@
 the arguments of a node are built once per (node, tokens, seqs) and reused, so a decode step
 costs one dict lookup and one launch per node."""
 
+import time
+from collections import defaultdict
+
 import numpy as np
 
 from radiance.abi import (
@@ -35,6 +38,8 @@ class Executor:
                 if band.row.info.scratch:
                     self._scratch[id(band)] = np.zeros(int(band.row.info.scratch(dict(band.geometry))), np.uint8)
         self._args: dict = {}
+        self.profile = False  # when set, seconds spent per op accumulate in `op_seconds`
+        self.op_seconds = defaultdict(float)
 
     def _operand(self, name: str, band, tokens: int, seqs: int):
         if name == "":
@@ -69,7 +74,12 @@ class Executor:
             if built is None:
                 built = self._args[key] = self._build(item, tokens, seqs)
             row, args = built
-            status = row.info.launch(args)
+            if self.profile:
+                start = time.perf_counter()
+                status = row.info.launch(args)
+                self.op_seconds[item.node.op] += time.perf_counter() - start
+            else:
+                status = row.info.launch(args)
             if status not in (RAD_OK, RAD_LINK_ENDED):
                 raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
 

@@ -52,11 +52,11 @@ def selection_report(resolved: list[ResolvedNode]) -> list[str]:
     return lines
 
 
-def graph_digest(resolved: list[ResolvedNode]) -> str:
+def graph_lines(resolved: list[ResolvedNode]) -> list[str]:
     """What every rank must agree on before a step runs: each node's op, bands and winners."""
-    digest = hashlib.sha256()
-    for item in resolved:
-        for band in item.resolution.bands:
-            digest.update(f"{item.node.name}|{item.node.op}|{band.lo}-{band.hi}|"
-                          f"{band.row.plugin.name}:{band.row.name}\n".encode())
-    return digest.hexdigest()
+    return [f"{item.node.name}|{item.node.op}|[{band.lo}, {band.hi}]|{band.row.plugin.name}:{band.row.name}"
+            for item in resolved for band in item.resolution.bands]
+
+
+def graph_digest(resolved: list[ResolvedNode]) -> str:
+    return hashlib.sha256("\n".join(graph_lines(resolved)).encode()).hexdigest()

@@ -4,12 +4,12 @@ that runs it. The same class serves TP 1 in process and every rank process of a 
 import numpy as np
 from tqdm import tqdm
 
-from radiance.abi import RAD_DOMAIN_HOST, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
+from radiance.abi import RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
 from radiance.engine.executor import Executor
 from radiance.engine.model import open_model
 from radiance.engine.rank_weights import RankWeights
 from radiance.engine.registry import Registry
-from radiance.engine.resolve import graph_digest, resolve_graph
+from radiance.engine.resolve import graph_digest, graph_lines, resolve_graph
 from radiance.engine.shard import Shard, shard_buffers, shard_nodes
 from radiance.log import get_logger
 
@@ -18,18 +18,35 @@ from .options import EngineOptions
 log = get_logger("radiance.worker")
 
 
+COLLECTIVE_OPS = ("all_reduce", "all_gather")
+
+
 class Worker:
-    def __init__(self, options: EngineOptions, registry: Registry, shard: Shard = Shard(0, 1),
-                 facts: dict | None = None, peers=None):
-        self.options, self.shard = options, shard
+    """Opened in two steps, so a rank can size its collective buffers from the graph before it
+    resolves: Worker(options, registry) opens and declares; build() resolves and loads."""
+
+    def __init__(self, options: EngineOptions, registry: Registry, shard: Shard = Shard(0, 1)):
+        self.options, self.registry, self.shard = options, registry, shard
         self.model = open_model(options.model, registry, {"activation_dtype": options.activation_dtype,
                                                           "block_size": options.block_size})
         options.fit(self.model.hyper["context"])
+
+    def collective_bytes(self) -> int:
+        """The largest message any collective of the graph moves, whole (before any split)."""
+        largest = 0
+        for node in self.model.graph.nodes:
+            if node.op in COLLECTIVE_OPS:
+                rows = self.options.max_step_tokens if node.extent == RAD_EXTENT_TOKENS else self.options.max_seqs
+                largest = max(largest, rows * node.params["n"] * 4)
+        return largest
+
+    def build(self, facts: dict | None = None, peers=None) -> "Worker":
         try:
-            self._build(registry, facts if facts is not None else {"device.p2p": 0}, peers)
+            self._build(self.registry, facts if facts is not None else {"device.p2p": 0}, peers)
         except BaseException:
             self.model.close()
             raise
+        return self
 
     def _build(self, registry: Registry, facts: dict, peers) -> None:
         options = self.options
@@ -38,6 +55,7 @@ class Worker:
         self.resolved = resolve_graph(nodes, registry, facts, RAD_DOMAIN_HOST, options.max_step_tokens,
                                       options.max_seqs, options.accept_reference)
         self.digest = graph_digest(self.resolved)
+        self.lines = graph_lines(self.resolved)
         self.weights = RankWeights(self.model, self.shard)
         self._load_weights()
         tables = {table.name: table.table for table in self.model.graph.tables}

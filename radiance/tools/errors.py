@@ -18,13 +18,13 @@ USER_ERRORS = (ModelError, KernelsError, SelectionError, ShardError, TextError, 
 
 
 @contextlib.contextmanager
-def user_errors(program: str, verbose: bool):
+def user_errors(program: str, verbose: bool, extra: tuple = ()):
     try:
         yield
     except KeyboardInterrupt:
         click.echo(f"{program}: interrupted", err=True)
         sys.exit(130)
-    except USER_ERRORS as error:
+    except (*USER_ERRORS, *extra) as error:
         if verbose:
             raise
         click.echo(f"{program}: error: {error}", err=True)

@@ -26,7 +26,7 @@ def build_engine(model, radiance_home, kernels, accept_reference, debug_selectio
     engine_options = EngineOptions(model=model, radiance_home=radiance_home, kernels=kernels,
                                    accept_reference=accept_reference, max_context=max_context,
                                    max_step_tokens=max_step_tokens, max_seqs=max_seqs)
-    worker = Worker(engine_options, registry)
+    worker = Worker(engine_options, registry).build()
     if debug_selection:
         click.echo("\n".join(selection_report(worker.resolved)), err=True)
     container = worker.model.container
@@ -67,6 +67,13 @@ def chat_loop(engine: Engine, params: dict) -> None:
         messages.append({"role": "assistant", "content": reply})
 
 
+def stream_prompt(engine: Engine, prompt: str, params: dict) -> None:
+    for piece in engine.stream(engine.text.encode(prompt), SamplingParams(**params)):
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+    click.echo()
+
+
 @click.command()
 @click.option("--model", required=True, type=click.Path(dir_okay=False), help="A .rad model.")
 @click.option("--prompt", default=None, help="Complete this text (no chat template).")
@@ -93,10 +100,7 @@ def main(model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, stop,
             if chat:
                 chat_loop(engine, params)
             else:
-                for piece in engine.stream(engine.text.encode(prompt), SamplingParams(**params)):
-                    click.echo(piece, nl=False)
-                    sys.stdout.flush()
-                click.echo()
+                stream_prompt(engine, prompt, params)
         finally:
             worker.close()
 

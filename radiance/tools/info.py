@@ -15,7 +15,7 @@ def _declarations(plugin) -> str:
     if plugin.candidate.kind == RAD_PLUGIN_QUANT:
         return f"{len(plugin.quantizers)} quantisers"
     if plugin.candidate.kind == RAD_PLUGIN_ARCH:
-        return f"{len(plugin.architectures)} architectures"
+        return f"{len(plugin.architectures)} architecture{'s' if len(plugin.architectures) != 1 else ''}"
     return f"{len(plugin.schemas)} ops, {len(plugin.rows)} rows"
 
 

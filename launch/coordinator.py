@@ -1,0 +1,107 @@
+"""The coordinator: spawns the ranks, runs the handshake (hello, facts, combined facts, resolve,
+graph digest, ready) with a deadline at every stage, then sends each step's plan to every rank
+and takes the sampled tokens from rank 0. It holds no card and computes nothing."""
+
+import json
+import os
+import time
+
+import zmq
+
+from radiance.log import get_logger
+from radiance.wire import Wire
+
+from .run_folder import RunFolder
+from .spawn import spawn_rank
+from .supervisor import RankFailed, Supervisor
+
+log = get_logger("radiance.launch")
+
+
+class LaunchError(RuntimeError):
+    """The launch cannot go on: names the stage and the ranks concerned."""
+
+
+class Coordinator:
+    def __init__(self, world: int, cards: list, threads: int, rank_options: dict, stage_timeout: float,
+                 step_timeout: float, heartbeat_timeout: float = 15.0):
+        self.world, self.stage_timeout, self.step_timeout = world, stage_timeout, step_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.folder = RunFolder()
+        self.context = zmq.Context()
+        socket = self.context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(self.folder.endpoint("coordinator"))
+        self.wire = Wire(socket, self.folder.secret)
+        self.last_beat = {}
+        extra = {"RADIANCE_COORDINATOR": self.folder.endpoint("coordinator"), "RADIANCE_COORDINATOR_PID": str(os.getpid()), "RADIANCE_RUN_ID": self.folder.run_id,
+                 "RADIANCE_SECRET_FILE": str(self.folder.secret_file), "RADIANCE_RANK_OPTIONS": json.dumps(rank_options)}
+        self.ranks = [spawn_rank(rank, world, cards[rank] if cards else None, threads, extra) for rank in range(world)]
+        self.supervisor = Supervisor(self.ranks)
+        self.facts = {}
+        self.digest = None
+
+    def send(self, rank: int, kind: str, meta: dict | None = None, arrays: dict | None = None) -> None:
+        self.wire.send(kind, meta, arrays, route=[f"rank-{rank}".encode()])
+
+    def broadcast(self, kind: str, meta: dict | None = None, arrays: dict | None = None) -> None:
+        for rank in range(self.world):
+            self.send(rank, kind, meta, arrays)
+
+    def _receive(self, deadline: float, what: str, waiting: set):
+        while True:
+            self.supervisor.check()
+            now = time.monotonic()
+            for rank, beat in self.last_beat.items():
+                if now - beat > self.heartbeat_timeout:
+                    raise RankFailed(self.ranks[rank], f"no heartbeat for {now - beat:.0f} s (hung)")
+            if now > deadline:
+                names = ", ".join(f"rank {rank}" for rank in sorted(waiting))
+                raise LaunchError(f"{what}: {names} did not answer within the deadline")
+            message = self.wire.recv(timeout_ms=50, routed=True)
+            if message is None:
+                continue
+            route, kind, meta, arrays = message
+            sender = route[0].decode()
+            rank = int(sender.split("-")[1])
+            if kind == "heartbeat":
+                self.last_beat[rank] = time.monotonic()
+                continue
+            if kind == "error":
+                raise RankFailed(self.ranks[rank], meta.get("error", "an error"))
+            return rank, kind, meta, arrays
+
+    def gather(self, kind: str, what: str, timeout: float | None = None) -> dict:
+        """One `kind` message from every rank, before the stage's deadline."""
+        deadline = time.monotonic() + (timeout or self.stage_timeout)
+        waiting, answers = set(range(self.world)), {}
+        while waiting:
+            rank, got, meta, arrays = self._receive(deadline, what, waiting)
+            if got != kind:
+                raise LaunchError(f"{what}: rank {rank} sent '{got}', expected '{kind}'")
+            answers[rank] = (meta, arrays)
+            waiting.discard(rank)
+        return answers
+
+    def execute(self, arrays: dict):
+        """One step on every rank; the tokens rank 0 sampled."""
+        self.broadcast("step", arrays=arrays)
+        deadline = time.monotonic() + self.step_timeout
+        rank, kind, meta, result = self._receive(deadline, "step", {0})
+        if kind != "result" or rank != 0:
+            raise LaunchError(f"step: rank {rank} sent '{kind}' where rank 0's result was due")
+        self.last_step = meta
+        return result["tokens"]
+
+    def stop(self, failed: bool) -> None:
+        """End the launch: ask the ranks to stop (unless one failed), then make sure they did."""
+        try:
+            if not failed:
+                self.broadcast("stop")
+            self.supervisor.teardown(polite_seconds=0.0 if failed else 5.0)
+        finally:
+            self.wire.socket.close(0)
+            self.context.term()
+            from radiance.collectives.shm import unlink_run  # the segments every rank made
+            unlink_run(self.folder.run_id)
+            self.folder.remove()

@@ -1,0 +1,100 @@
+"""The cards a launch may use, read from the machine and narrowed by the user's visibility
+variables, each by its own rules: ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES (AMD, applied in
+that order, indices or UUIDs) and CUDA_VISIBLE_DEVICES (NVIDIA, indices or GPU- UUIDs; the list
+ends at the first entry that names no card, as CUDA's does)."""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+
+
+@dataclass(frozen=True)
+class Card:
+    vendor: str  # "amd" or "nvidia"
+    index: int  # the runtime's index before any visibility variable
+    uuid: str
+    arch: str  # gfx target or "nvidia"
+    integrated: bool
+    bus_id: str = ""
+
+
+def _amd_cards() -> list[Card]:
+    cards = []
+    if not KFD_NODES.is_dir():
+        return cards
+    for node in sorted(KFD_NODES.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+        try:
+            props = dict(line.split() for line in (node / "properties").read_text().splitlines() if line.strip())
+        except (OSError, ValueError):
+            continue
+        if int(props.get("simd_count", 0)) == 0:
+            continue  # a CPU node
+        version = int(props.get("gfx_target_version", 0))
+        arch = f"gfx{version // 10000}{(version // 100) % 100:x}{version % 100:x}" if version else "gfx"
+        cards.append(Card("amd", len(cards), props.get("unique_id", str(len(cards))), arch,
+                          integrated=int(props.get("cpu_cores_count", 0)) > 0))
+    return cards
+
+
+def _nvidia_cards() -> list[Card]:
+    cards = []
+    if not NVIDIA_GPUS.is_dir():
+        return cards
+    for index, gpu in enumerate(sorted(NVIDIA_GPUS.iterdir())):
+        info = {}
+        try:
+            for line in (gpu / "information").read_text().splitlines():
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
+        except OSError:
+            pass
+        cards.append(Card("nvidia", index, info.get("GPU UUID", str(index)), "nvidia",
+                          integrated=False, bus_id=gpu.name))
+    return cards
+
+
+def _narrow(cards: list[Card], variable: str, stop_at_unknown: bool) -> list[Card]:
+    text = os.environ.get(variable)
+    if text is None:
+        return cards
+    chosen = []
+    for entry in (part.strip() for part in text.split(",") if part.strip()):
+        match = [c for c in cards if entry == str(cards.index(c)) or entry == c.uuid or
+                 (entry.startswith("GPU-") and c.uuid.startswith(entry))]
+        if not match:
+            if stop_at_unknown:
+                break
+            raise ValueError(f"{variable}={text}: '{entry}' names no card")
+        if match[0] not in chosen:
+            chosen.append(match[0])
+    return chosen
+
+
+def visible_cards() -> list[Card]:
+    """The cards a launch may use: discrete ones if any (all of the first one's architecture),
+    integrated ones only when there is nothing else."""
+    amd = _narrow(_narrow(_amd_cards(), "ROCR_VISIBLE_DEVICES", False), "HIP_VISIBLE_DEVICES", False)
+    nvidia = _narrow(_nvidia_cards(), "CUDA_VISIBLE_DEVICES", True)
+    cards = amd + nvidia
+    discrete = [card for card in cards if not card.integrated]
+    if discrete:
+        return [card for card in discrete if card.arch == discrete[0].arch and card.vendor == discrete[0].vendor]
+    return cards
+
+
+def pin(card: Card | None, environment: dict) -> dict:
+    """The environment of a rank that sees exactly this card (or none)."""
+    environment = dict(environment)
+    if card is None:
+        for variable in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+            environment.pop(variable, None)
+    elif card.vendor == "amd":
+        environment["ROCR_VISIBLE_DEVICES"] = card.uuid if card.uuid.startswith("GPU-") else str(card.index)
+        environment.pop("HIP_VISIBLE_DEVICES", None)
+        environment.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        environment["CUDA_VISIBLE_DEVICES"] = card.uuid if card.uuid.startswith("GPU-") else str(card.index)
+    return environment

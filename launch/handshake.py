@@ -1,0 +1,53 @@
+"""The handshake's decisions: the combined facts (P2P holds only if it holds for every pair, or
+the ranks would deadlock on different collective rows) and the agreement of every rank's graph."""
+
+from radiance.log import get_logger
+
+from .coordinator import Coordinator, LaunchError
+
+log = get_logger("radiance.launch")
+
+
+def combine_facts(facts: dict, disable_p2p: bool) -> tuple[dict, str]:
+    """(the facts every rank resolves with, why P2P does not hold where it does not)."""
+    ranks = sorted(facts)
+    p2p = all(facts[rank].get("device.p2p", 0) == 1 for rank in ranks)
+    if disable_p2p:
+        why = "--disable-p2p"
+    elif all(not facts[rank].get("card") for rank in ranks):
+        why = "host ranks: no card"
+    else:
+        lacking = [rank for rank in ranks if facts[rank].get("device.p2p", 0) != 1]
+        why = f"no P2P from rank {lacking[0]}: {facts[lacking[0]].get('p2p_detail', 'probe failed')}" if lacking else ""
+    combined = {"device.p2p": int(p2p and not disable_p2p)}
+    return combined, why
+
+
+def first_difference(reference: list, other: list) -> str:
+    for mine, theirs in zip(reference, other):
+        if mine != theirs:
+            node, op, band, row = theirs.split("|")
+            return f"node {node}, op '{op}' band {band}: {row} where rank 0 has {mine.split('|')[3]}"
+    return f"{len(other)} resolved bands where rank 0 has {len(reference)}"
+
+
+def handshake(coordinator: Coordinator, disable_p2p: bool, load_timeout: float) -> None:
+    coordinator.gather("hello", "hello")
+    facts = {rank: meta for rank, (meta, _) in coordinator.gather("facts", "facts").items()}
+    combined, why = combine_facts(facts, disable_p2p)
+    if not combined["device.p2p"]:
+        log.info("collectives use the _host twins (device.p2p = 0): %s", why)
+    coordinator.facts = combined
+    coordinator.broadcast("combined", {"facts": combined})
+    coordinator.gather("created", "shared memory")
+    coordinator.broadcast("attach")
+    resolved = coordinator.gather("resolved", "load and resolve", timeout=load_timeout)
+    reference = resolved[0][0]["lines"]
+    for rank in range(1, coordinator.world):
+        meta = resolved[rank][0]
+        if meta["digest"] != resolved[0][0]["digest"]:
+            raise LaunchError(f"rank {rank} resolved a different graph from rank 0's: "
+                              f"{first_difference(reference, meta['lines'])}")
+    coordinator.digest = resolved[0][0]["digest"]
+    coordinator.broadcast("go")
+    coordinator.gather("ready", "ready")

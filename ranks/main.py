@@ -1,0 +1,68 @@
+"""The rank process: `python -m radiance.ranks.main`, started by radiance-launch with its rank,
+world size, the coordinator's endpoint and the launch's secret in its environment."""
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+import zmq
+
+from radiance.log import get_logger
+from radiance.wire import Wire
+
+from .lifecycle import die_with_parent, exit_on_sigterm, limit_threads
+from .session import RankSession
+
+HEARTBEAT_SECONDS = 0.5
+log = get_logger("radiance.rank")
+
+
+def _heartbeat(context: zmq.Context, endpoint: str, secret: bytes, rank: int, stop: threading.Event) -> None:
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.IDENTITY, f"rank-{rank}".encode() + b"-hb")
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(endpoint)
+    wire = Wire(socket, secret)
+    while not stop.wait(HEARTBEAT_SECONDS):
+        wire.send("heartbeat")
+    socket.close(0)
+
+
+def main() -> int:
+    die_with_parent(int(os.environ.get("RADIANCE_COORDINATOR_PID", os.getppid())))
+    exit_on_sigterm()
+    limit_threads()
+    rank, world = int(os.environ["RADIANCE_RANK"]), int(os.environ["RADIANCE_WORLD_SIZE"])
+    endpoint = os.environ["RADIANCE_COORDINATOR"]
+    with open(os.environ["RADIANCE_SECRET_FILE"], "rb") as handle:
+        secret = handle.read()
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.IDENTITY, f"rank-{rank}".encode())
+    socket.setsockopt(zmq.LINGER, 1000)
+    socket.connect(endpoint)
+    wire = Wire(socket, secret)
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(context, endpoint, secret, rank, stop), daemon=True).start()
+    session = RankSession(wire, rank, world, os.environ["RADIANCE_RUN_ID"], json.loads(os.environ["RADIANCE_RANK_OPTIONS"]))
+    try:
+        session.run()
+        return 0
+    except Exception as error:  # reported to the coordinator, which ends the launch
+        lines = traceback.format_exc().strip().splitlines()
+        log.error("%s: %s", type(error).__name__, error)
+        wire.send("error", {"error": f"{type(error).__name__}: {error}", "trace": lines[-6:]})
+        time.sleep(0.2)
+        return 1
+    finally:
+        stop.set()
+        session.close()
+        socket.close(linger=500)
+        context.term()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

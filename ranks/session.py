@@ -1,0 +1,79 @@
+"""A rank's part of the launch, stage by stage: hello, facts, the combined facts, its collective
+buffers, its slice of the model resolved and loaded, ready; then one step per plan until stop."""
+
+import os
+import time
+
+from radiance.engine.registry import Registry
+from radiance.engine.shard import Shard
+from radiance.generation.options import EngineOptions
+from radiance.generation.worker import Worker
+from radiance.log import get_logger
+
+from .facts import measure_facts
+
+log = get_logger("radiance.rank")
+
+
+class RankSession:
+    def __init__(self, wire, rank: int, world: int, run_id: str, options: dict):
+        self.wire, self.rank, self.world, self.run_id, self.options = wire, rank, world, run_id, options
+        self.worker = self.peers = None
+
+    def expect(self, kind: str):
+        _, got, meta, arrays = self.wire.recv()
+        if got == "stop":
+            raise SystemExit(0)
+        if got != kind:
+            raise RuntimeError(f"expected '{kind}' from the coordinator, got '{got}'")
+        return meta, arrays
+
+    def _peers(self, combined: dict):
+        """This rank's collective buffers, created, then attached to every peer's."""
+        if self.world == 1:
+            self.wire.send("created")
+            self.expect("attach")
+            return None
+        from radiance.collectives.peers import HostPeers
+
+        self.peers = HostPeers.create(self.run_id, self.rank, self.world, self.worker.collective_bytes())
+        self.wire.send("created")
+        self.expect("attach")
+        return self.peers.attach()
+
+    def run(self) -> None:
+        self.wire.send("hello", {"pid": os.getpid()})
+        engine_options = EngineOptions(**self.options["engine"])
+        registry = Registry(engine_options.radiance_home, engine_options.kernels)
+        self.worker = Worker(engine_options, registry, Shard(self.rank, self.world))
+        visible = any(os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"))
+        self.wire.send("facts", measure_facts(visible))
+        combined = self.expect("combined")[0]["facts"]
+        self.worker.build(combined, self._peers(combined))
+        self.wire.send("resolved", {"digest": self.worker.digest, "lines": self.worker.lines})
+        self.expect("go")
+        self.wire.send("ready")
+        self._serve()
+
+    def _serve(self) -> None:
+        executor = self.worker.executor
+        executor.profile = bool(self.options.get("profile"))
+        while True:
+            _, kind, meta, arrays = self.wire.recv()
+            if kind == "stop":
+                return
+            if kind != "step":
+                raise RuntimeError(f"unexpected '{kind}' from the coordinator")
+            received = time.perf_counter()
+            tokens = self.worker.execute(arrays)
+            if self.rank == 0:
+                timing = {"compute": time.perf_counter() - received,
+                          "collectives": executor.op_seconds.get("all_reduce", 0.0) + executor.op_seconds.get("all_gather", 0.0)}
+                executor.op_seconds.clear()
+                self.wire.send("result", timing, {"tokens": tokens})
+
+    def close(self) -> None:
+        if self.worker is not None and hasattr(self.worker, "executor"):
+            self.worker.close()
+        if self.peers is not None:
+            self.peers.close()
