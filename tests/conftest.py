@@ -73,3 +73,17 @@ def home(tmp_path) -> Home:
 @pytest.fixture
 def second_home(tmp_path) -> Home:
     return Home(tmp_path / "second")
+
+
+TINY_SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320, context=256)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A small synthetic llama .rad (f32 weights, byte-level tokenizer), made once per session."""
+    from radiance.convert.api import convert_synthetic
+    from radiance.convert.synthetic import LlamaShape
+
+    path = tmp_path_factory.mktemp("models") / "tiny.rad"
+    convert_synthetic(path, LlamaShape(**TINY_SHAPE), seed=7)
+    return path

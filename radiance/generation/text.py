@@ -22,13 +22,14 @@ class TextCodec:
             raise TextError(f"{path}: the container carries no tokenizer")
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.path, self.hyper = path, hyper
-        self.bos_id, self.eos_id = hyper.get("bos_token_id"), hyper.get("eos_token_id")
+        eos_ids = list(hyper.get("eos_token_ids") or [])
+        self.bos_id, self.eos_id = hyper.get("bos_token_id"), (eos_ids[0] if eos_ids else None)
         self.template = None
         if chat_template:
             environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             environment.globals.update(raise_exception=_raise, strftime_now=lambda f: datetime.now().strftime(f))
             self.template = environment.from_string(chat_template)
-        self.stop_ids = {token for token in (self.eos_id, *hyper.get("stop_token_ids", ())) if token is not None}
+        self.stop_ids = set(eos_ids)
 
     def token_text(self, token: int | None) -> str:
         return "" if token is None else (self.tokenizer.id_to_token(token) or "")

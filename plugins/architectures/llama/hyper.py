@@ -19,6 +19,11 @@ def check(hyper: dict) -> str:
     if hyper["head_dim"] % 2:
         return f"head_dim ({hyper['head_dim']}) must be even for rope"
     scaling = hyper.get("rope_scaling")
-    if scaling and scaling.get("type") not in ("linear", "llama3"):
-        return f"rope_scaling type {scaling.get('type')!r} is not one of linear, llama3"
+    if scaling and scaling_type(scaling) not in ("linear", "llama3"):
+        return f"rope_scaling type {scaling_type(scaling)!r} is not one of linear, llama3"
     return ""
+
+
+def scaling_type(scaling: dict) -> str | None:
+    """Hugging Face says rope_type (older configs: type)."""
+    return scaling.get("rope_type", scaling.get("type"))

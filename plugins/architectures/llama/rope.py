@@ -5,14 +5,16 @@ import math
 
 import numpy as np
 
+from .hyper import scaling_type
+
 
 def inv_freq(hyper: dict) -> np.ndarray:
     head_dim = hyper["head_dim"]
     frequencies = 1.0 / hyper["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     scaling = hyper.get("rope_scaling") or {}
-    if scaling.get("type") == "linear":
+    if scaling_type(scaling) == "linear":
         frequencies = frequencies / scaling["factor"]
-    elif scaling.get("type") == "llama3":
+    elif scaling_type(scaling) == "llama3":
         frequencies = _llama3(frequencies, scaling)
     return frequencies.astype(np.float32)
 
@@ -22,7 +24,7 @@ def _llama3(frequencies: np.ndarray, scaling: dict) -> np.ndarray:
     blend between the two bands."""
     factor = scaling["factor"]
     low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-    original = scaling.get("original_max_position", 8192)
+    original = scaling.get("original_max_position_embeddings", 8192)
     wavelength = 2 * math.pi / frequencies
     smooth = (original / wavelength - low) / (high - low)
     blended = (1 - smooth) * frequencies / factor + smooth * frequencies
