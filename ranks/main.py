@@ -3,6 +3,7 @@ world size, the coordinator's endpoint and the launch's secret in its environmen
 
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -32,7 +33,8 @@ def _heartbeat(context: zmq.Context, endpoint: str, secret: bytes, rank: int, st
 
 
 def main() -> int:
-    die_with_parent(int(os.environ.get("RADIANCE_COORDINATOR_PID", os.getppid())))
+    coordinator_pid = int(os.environ.get("RADIANCE_COORDINATOR_PID", os.getppid()))
+    die_with_parent(coordinator_pid)
     exit_on_sigterm()
     limit_threads()
     rank, world = int(os.environ["RADIANCE_RANK"]), int(os.environ["RADIANCE_WORLD_SIZE"])
@@ -62,6 +64,8 @@ def main() -> int:
         session.close()
         socket.close(linger=500)
         context.term()
+        if os.getppid() != coordinator_pid:  # orphaned: no coordinator is left to remove the run folder
+            shutil.rmtree(os.path.dirname(os.environ["RADIANCE_SECRET_FILE"]), ignore_errors=True)
 
 
 if __name__ == "__main__":
