@@ -13,7 +13,7 @@ from radiance.abi import (
     RadPlane, RadPluginInfo, RadQuantizerInfo, RadQuantOption, pack_bits,
 )
 
-ROW_ELEMENTS = 1 << 22  # f32 elements handed to one quantize() call
+ROW_ELEMENTS = 1 << 20  # f32 elements handed to one quantize() call (4 MiB)
 LEVELS = 15
 
 
@@ -45,10 +45,11 @@ def quantize(encoding, rows, r0, options):
     # [rows, groups, group]; the last group padded with its own edge value, which moves no extreme
     grouped = np.pad(rows, ((0, 0), (0, -cols % group)), mode="edge").reshape(count, -1, group)
     low, high = grouped.min(axis=2), grouped.max(axis=2)
-    minimum = low.astype(np.float16)
-    minimum = np.where(minimum.astype(np.float32) > low, np.nextafter(minimum, np.float16(-np.inf)), minimum)
-    span = high - minimum.astype(np.float32)
-    scale = (span / LEVELS).astype(np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below
+        minimum = low.astype(np.float16)
+        minimum = np.where(minimum.astype(np.float32) > low, np.nextafter(minimum, np.float16(-np.inf)), minimum)
+        span = high - minimum.astype(np.float32)
+        scale = (span / LEVELS).astype(np.float16)
     scale = np.where(scale.astype(np.float32) * LEVELS < span, np.nextafter(scale, np.float16(np.inf)), scale)
     if not (np.isfinite(scale).all() and np.isfinite(minimum).all()):
         raise ValueError(f"rows from {r0}: a group's range exceeds what an f16 scale and min hold")

@@ -11,7 +11,7 @@ from radiance.abi import (
     RadPlane, RadPluginInfo, RadQuantizerInfo, RadQuantOption,
 )
 
-ROW_ELEMENTS = 1 << 22  # f32 elements handed to one quantize() call
+ROW_ELEMENTS = 1 << 20  # f32 elements handed to one quantize() call (4 MiB)
 LEVELS = 127
 
 
@@ -42,7 +42,8 @@ def quantize(encoding, rows, r0, options):
     # [rows, groups, group]; the last group padded with its own edge value, which moves no amax
     grouped = np.pad(rows, ((0, 0), (0, -cols % group)), mode="edge").reshape(count, -1, group)
     amax = np.abs(grouped).max(axis=2)
-    scale = (amax / LEVELS).astype(np.float16)
+    with np.errstate(over="ignore"):  # an overflow is refused below
+        scale = (amax / LEVELS).astype(np.float16)
     scale = np.where(scale.astype(np.float32) * LEVELS < amax, np.nextafter(scale, np.float16(np.inf)), scale)
     if not np.isfinite(scale).all():
         raise ValueError(f"rows from {r0}: a group's amax exceeds what an f16 scale holds")
