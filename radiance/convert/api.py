@@ -1,5 +1,5 @@
 """What rad-convert does, as functions: convert a GGUF file or a Hugging Face folder, write a
-synthetic model, verify a container. Each returns or raises; none prints but the progress bar."""
+synthetic model. Each returns the error report or raises; none prints but the progress bar."""
 
 from pathlib import Path
 

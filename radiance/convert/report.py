@@ -50,10 +50,12 @@ def summary(errors: list[WeightError]) -> dict:
 
 
 def summary_bytes(names: list[str]) -> int:
-    """An upper bound on the JSON length of summary() for these weights."""
-    longest_number = len(f"-1.{'0' * (SIGNIFICANT - 1)}e-100")
-    entries = sum(len(json.dumps(name)) + 2 + longest_number for name in names)
-    return entries + 2 * max((len(json.dumps(name)) for name in names), default=0) + 128
+    """An upper bound on what summary() adds to the container header for these weights: its JSON
+    with the widest number for every error, escaped once more as the header's metadata string."""
+    widest = -1.23e-100  # the longest float SIGNIFICANT digits print as
+    bound = {"relative_error": {"weights": {name: widest for name in names}, "max": widest,
+                                "worst": max(names, key=len, default="")}}
+    return len(json.dumps(json.dumps(bound))) + 16
 
 
 def table(errors: list[WeightError], per_weight: bool = False) -> str:
