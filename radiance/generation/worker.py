@@ -67,7 +67,7 @@ class Worker:
         uses = [(name, band) for item in self.resolved for band in item.resolution.bands
                 for name in item.node.operands if name in self.weights.planes]
         quiet = not self.options.progress or self.shard.rank != 0
-        for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=quiet, leave=False):
+        for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=True if quiet else None, leave=False):
             self.weights.operand(name, band.row, band.geometry)
 
     def execute(self, arrays: dict) -> np.ndarray:

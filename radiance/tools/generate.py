@@ -75,6 +75,7 @@ def stream_prompt(engine: Engine, prompt: str, params: dict) -> None:
 
 
 @click.command()
+@click.option("--tp", default=1, show_default=True, help="Ranks: above 1, this is radiance-launch --tp N.")
 @click.option("--model", required=True, type=click.Path(dir_okay=False), help="A .rad model.")
 @click.option("--prompt", default=None, help="Complete this text (no chat template).")
 @click.option("--chat", is_flag=True, help="Talk to the model through its chat template.")
@@ -86,11 +87,17 @@ def stream_prompt(engine: Engine, prompt: str, params: dict) -> None:
 @options.accept_reference
 @options.debug_selection
 @click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
-def main(model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, stop, max_context, max_step_tokens,
+def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, stop, max_context, max_step_tokens,
          radiance_home, kernels, accept_reference, debug_selection, verbose):
     """Generate with a .rad model on this machine's CPU."""
     if (prompt is None) == (not chat):
         raise click.UsageError("give exactly one of --prompt TEXT and --chat")
+    if tp != 1:
+        from radiance.launch.cli import main as launch
+
+        context = click.get_current_context()
+        accepted = {param.name for param in launch.params}
+        return context.invoke(launch, **{k: v for k, v in context.params.items() if k in accepted})
     with user_errors("radiance", verbose):
         params = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop)
         SamplingParams(**params)  # checks them before the model loads
