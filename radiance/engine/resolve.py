@@ -20,8 +20,9 @@ class ResolvedNode:
 
 def resolve_graph(nodes: list[RankNode], registry: Registry, facts: dict, domain: int, max_tokens: int,
                   max_seqs: int, accept_reference: bool = False) -> list[ResolvedNode]:
-    resolutions, resolved = {}, []
-    for node in nodes:
+    resolutions: dict = {}  # (op, extent, geometry) -> Resolution, shared by every node alike
+
+    def resolve_node(node: RankNode) -> ResolvedNode:
         entry = registry.ops.get(node.op)
         if entry is None:
             raise SelectionError(f"node '{node.name}': no loaded library declares op '{node.op}'")
@@ -33,7 +34,17 @@ def resolve_graph(nodes: list[RankNode], registry: Registry, facts: dict, domain
                                            domain, max_extent, accept_reference)
             except SelectionError as error:
                 raise SelectionError(f"node '{node.name}': {error}") from None
-        resolved.append(ResolvedNode(node, entry.schema, resolutions[key]))
+        return ResolvedNode(node, entry.schema, resolutions[key])
+
+    resolved = []
+    for node in nodes:
+        if node.unfused:
+            try:
+                resolved.append(resolve_node(node))
+            except SelectionError:  # no fused row serves every band: run the chain it stands for
+                resolved += [resolve_node(link) for link in node.unfused]
+        else:
+            resolved.append(resolve_node(node))
     return resolved
 
 

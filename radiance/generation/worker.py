@@ -6,6 +6,7 @@ from tqdm import tqdm
 
 from radiance.abi import RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
 from radiance.engine.executor import Executor
+from radiance.engine.fusion import available_rules, fuse
 from radiance.engine.model import open_model
 from radiance.engine.rank_weights import RankWeights
 from radiance.engine.registry import Registry
@@ -50,7 +51,7 @@ class Worker:
 
     def _build(self, registry: Registry, facts: dict, peers) -> None:
         options = self.options
-        nodes = shard_nodes(self.model.graph, self.shard)
+        nodes = fuse(shard_nodes(self.model.graph, self.shard), available_rules(registry))
         buffers = shard_buffers(self.model.graph, self.shard)
         self.resolved = resolve_graph(nodes, registry, facts, RAD_DOMAIN_HOST, options.max_step_tokens,
                                       options.max_seqs, options.accept_reference)

@@ -17,11 +17,11 @@ def _layout(weight, encoding, geometry):
     return RAD_OK  # every weight decoded to f32 by relayout
 
 
-def _row(name, op, launch, computes, weights=False, constraints=(F32_ONLY,)):
+def _row(name, op, launch, computes, weights=False, constraints=(F32_ONLY,), replaces=""):
     hooks = dict(layout=_layout, relayout=dense.relayout_f32) if weights else {}
     return RadKernelInfo(name=f"ref_{name}", op=op, family="reference", computes=computes, shape="any",
                          dtypes="f32 activations", domain=RAD_DOMAIN_HOST, priority=0,
-                         constraints=list(constraints), launch=launch, **hooks)
+                         constraints=list(constraints), launch=launch, replaces=replaces, **hooks)
 
 
 ROWS = [
@@ -35,6 +35,8 @@ ROWS = [
     _row("take_rows", "take_rows", dense.take_rows, "row gather"),
     _row("all_reduce", "all_reduce", collective.all_reduce, "one rank"),
     _row("all_gather", "all_gather", collective.all_gather, "one rank"),
+    _row("all_reduce_add_rmsnorm", "all_reduce_add_rmsnorm", collective.all_reduce_add_rmsnorm,
+         "the chain, one rank", weights=True, replaces="all_reduce+add+rmsnorm"),
     _row("sample", "sample", sample.sample, "greedy, top-k, top-p, Philox draw", constraints=()),
 ]
 
@@ -68,4 +70,4 @@ def rad_kernel_at(i):
 
 
 def rad_kernel_collective(i):
-    return 1 if ROWS[i].op in ("all_reduce", "all_gather") else 0
+    return 1 if ROWS[i].op in ("all_reduce", "all_gather", "all_reduce_add_rmsnorm") else 0
