@@ -1,0 +1,81 @@
+"""libr4d: the in-tree host kernel library. A row for every op of docs/OPS.md but the collectives,
+on f32 activations, reading q4_1, q8_0 and plain f32/f16/bf16 weights as the container stores them.
+
+The kernels are C (r4d.c), compiled at first load with gcc -O3 -march=native -fopenmp, cached on disk
+by a hash of the source, and called through ctypes (native.py); threads follow RADIANCE_THREADS
+(else OMP_NUM_THREADS, else the CPUs this process may use). Where no compiler can build it, every row
+runs a numpy body instead and the plugin says so once. docs/LIBR4D.md has the rows, their bands,
+tolerances against libref and measured speed.
+
+It declares no schema: libref declares every op of the vocabulary, and a row may implement an op
+another library declares."""
+
+import logging
+
+from radiance.abi import RAD_ABI_VERSION, RAD_OK, RAD_PLUGIN_KERNEL, RadPluginInfo
+
+from . import native, rows
+
+log = logging.getLogger("radiance.libr4d")
+
+_STATE = {"rows": None, "native": None, "why": None}
+
+
+def _open() -> None:
+    if _STATE["rows"] is not None:
+        return
+    try:
+        loaded = native.load()
+    except native.NativeUnavailable as why:
+        loaded = None
+        _STATE["why"] = str(why)
+        log.warning("libr4d: the C kernels are unavailable (%s); every row runs its numpy fallback, "
+                    "several times slower", why)
+    _STATE["native"] = loaded
+    _STATE["rows"] = rows.build_rows(loaded)
+
+
+def rad_plugin_abi_version():
+    return RAD_ABI_VERSION
+
+
+def rad_plugin_info():
+    return RadPluginInfo(RAD_PLUGIN_KERNEL, "libr4d", "0.1", "host rows: C kernels (AVX2/FMA, OpenMP) built at "
+                         "first load, numpy where no compiler is found", "host")
+
+
+def rad_plugin_open():
+    _open()
+    return RAD_OK
+
+
+def rad_kernel_schema_count():
+    return 0
+
+
+def rad_kernel_schema_at(i):
+    raise IndexError(i)
+
+
+def rad_kernel_count():
+    _open()
+    return len(_STATE["rows"])
+
+
+def rad_kernel_at(i):
+    _open()
+    return _STATE["rows"][i]
+
+
+def backend() -> str:
+    """What the rows run on, in words (for logs and benchmarks)."""
+    _open()
+    if _STATE["native"] is None:
+        return f"numpy fallback ({_STATE['why']})"
+    return _STATE["native"].describe()
+
+
+def set_threads(n: int) -> int:
+    """Threads per launch from now on (the benchmark sweeps it); returns what was set."""
+    _open()
+    return _STATE["native"].set_threads(n) if _STATE["native"] is not None else 1

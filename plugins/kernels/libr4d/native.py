@@ -1,0 +1,224 @@
+"""The compiled half of libr4d: r4d.c built at first load, cached on disk, loaded with ctypes.
+
+Build: `$CC` (default gcc) with `-O3 -march=native -fopenmp -ffp-contract=off`; when that fails
+(an old compiler, a machine where -march=native means nothing, no OpenMP) the next variant is tried:
+without OpenMP, then a portable `-O2` build (plain C loops, no intrinsics). The library is cached under
+`$XDG_CACHE_HOME/radiance/libr4d` (else `~/.cache/radiance/libr4d`) by a hash of the source, the
+flags, the compiler's version and, for a native build, this CPU's model and flags, so a cache folder
+shared between machines never hands one CPU another's code. A build writes a temporary file and
+renames it, so ranks starting together at most compile twice and never see half a file.
+
+Knobs (read when the plugin opens):
+  RADIANCE_THREADS      threads per launch (else OMP_NUM_THREADS, else the CPUs this process may use)
+  RADIANCE_R4D_NATIVE   0: do not build; every row runs its numpy fallback
+  RADIANCE_R4D_ISA      portable: skip the native build (what a CPU without AVX2 gets)
+  RADIANCE_R4D_AQ       the decode GEMV's activations: 16 (default), 8 or 0 (rows.py)
+  CC                    the compiler
+
+Operands reach C as the addresses of their numpy array objects: r4d.c reads data, nd, dims and
+strides from numpy's PyArrayObject head (the fields numpy's own C macros read). `load` checks that
+reading against numpy on a few arrays and views; should it ever disagree, operands are described in a
+ctypes struct of the same shape instead (slower, same results).
+"""
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).with_name("r4d.c")
+log = logging.getLogger("radiance.libr4d")
+
+COMMON = ["-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing"]
+VARIANTS = (
+    ("native-omp", ["-O3", "-march=native", "-fopenmp"]),
+    ("native", ["-O3", "-march=native"]),
+    ("portable-omp", ["-O2", "-fopenmp"]),
+    ("portable", ["-O2"]),
+)
+
+# r4d_isa() bits
+ISA_AVX2, ISA_VNNI, ISA_OPENMP = 1, 2, 4
+
+_P, _I64, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
+SIGNATURES = {
+    "r4d_set_threads": ([_I], _I),
+    "r4d_threads": ([], _I),
+    "r4d_isa": ([], _I),
+    "r4d_probe": ([_P, _P], None),
+    "r4d_embedding": ([_P, _I, _P, _P, _P, _I64, _I64, _P, _I64], _I),
+    "r4d_gemv_scratch": ([_I64, _I64, _I], _I64),
+    "r4d_gemv": ([_P, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P], _I),
+    "r4d_gemm": ([_P, _I, _P, _P, _P, _P, _I64, _I64, _I64], _I),
+    "r4d_rmsnorm": ([_P, _P, _P, _I64, _I64, _D], _I),
+    "r4d_add": ([_P, _P, _P, _I64, _I64], _I),
+    "r4d_silu_mul": ([_P, _P, _P, _I64, _I64], _I),
+    "r4d_take_rows": ([_P, _P, _P, _I64, _I64], _I),
+    "r4d_rope": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I], _I),
+    "r4d_attention": ([_P] * 11 + [_I64] * 5 + [_D], _I),
+    "r4d_argsort_desc": ([_P, _I64, _P], _I),
+}
+
+
+# one packed int64 argument (rows.py prepares it once per RadArgs); no argtypes: the call takes a
+# prebuilt c_void_p, the cheapest argument ctypes passes
+PACKED = ("r4d_embedding_p", "r4d_gemv_p", "r4d_gemm_p", "r4d_rmsnorm_p", "r4d_add_p", "r4d_silu_mul_p",
+          "r4d_take_rows_p", "r4d_rope_p", "r4d_attention_p")
+
+
+class NativeUnavailable(RuntimeError):
+    """No variant of r4d.c could be built or loaded; the message says why."""
+
+
+def threads_from_env() -> int:
+    for key in ("RADIANCE_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(key, "").split(",")[0].strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "radiance" / "libr4d"
+
+
+def _cpu_signature() -> str:
+    text = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            seen = set()
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in ("model name", "flags", "Features", "CPU part") and key not in seen:
+                    seen.add(key)
+                    text += line
+    except OSError:
+        pass
+    return text
+
+
+def _compiler() -> tuple[str, str]:
+    cc = os.environ.get("CC") or "gcc"
+    path = shutil.which(cc)
+    if path is None:
+        raise NativeUnavailable(f"no C compiler: '{cc}' is not on PATH (set CC, or install gcc)")
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as error:
+        raise NativeUnavailable(f"'{cc} --version' failed: {error}") from None
+    return path, version.splitlines()[0] if version else "?"
+
+
+def _build(variant: str, flags: list[str], cc: str, version: str, folder: Path) -> Path:
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256()
+    for part in (source, " ".join(COMMON + flags).encode(), version.encode(), platform.machine().encode()):
+        key.update(part + b"\0")
+    if "-march=native" in flags:
+        key.update(_cpu_signature().encode())
+    target = folder / f"r4d-{variant}-{key.hexdigest()[:20]}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        command = [cc, *COMMON, *flags, "-o", temporary, str(SOURCE), "-lm"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or ["?"])[-1]
+            raise NativeUnavailable(f"{variant} build failed: {' '.join(command)}: {last}")
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return target
+
+
+class _FakeArray(ctypes.Structure):
+    """The head of a PyArrayObject, filled from numpy when reading the real one is not safe."""
+    _fields_ = [("refcnt", ctypes.c_ssize_t), ("type", ctypes.c_void_p), ("data", ctypes.c_void_p),
+                ("nd", ctypes.c_int), ("dims", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64))]
+
+
+class Native:
+    """The loaded library: `lib` (ctypes functions), `isa`, `variant`, `path`, `threads`, and
+    `addr(array)`, what a launch passes for a numpy operand."""
+
+    def __init__(self, lib, variant: str, path: Path):
+        self.lib, self.variant, self.path = lib, variant, path
+        for name, (args, result) in SIGNATURES.items():
+            function = getattr(lib, name)
+            function.argtypes, function.restype = args, result
+        for name in PACKED:
+            getattr(lib, name).restype = ctypes.c_int
+        self.isa = lib.r4d_isa()
+        self.threads = lib.r4d_set_threads(threads_from_env())
+        self._keep = []
+        self.addr = id if self._object_heads_agree() else self._fake
+
+    def _fake(self, array):
+        fake, keep = self.operand(array)
+        self._keep = (self._keep + [keep])[-64:]
+        return fake
+
+    def operand(self, array):
+        """(what r4d.c takes for this numpy array, what must stay alive while that is used)."""
+        if self.addr is id:
+            return id(array), array
+        shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+        strides = (ctypes.c_int64 * max(array.ndim, 1))(*array.strides)
+        fake = _FakeArray(1, None, array.ctypes.data, array.ndim, shape, strides)
+        return ctypes.addressof(fake), (fake, shape, strides, array)
+
+    def _object_heads_agree(self) -> bool:
+        base = np.arange(60, dtype=np.float32).reshape(5, 12)
+        out = (ctypes.c_int64 * 6)()
+        for array in (base, base[1:4], base[:, 2:], base[::2], np.zeros(7, np.int32), np.zeros((2, 3, 4))):
+            self.lib.r4d_probe(id(array), out)
+            want = [array.ctypes.data, array.ndim] + [array.shape[i] if i < array.ndim else -1 for i in range(2)]
+            want += [array.strides[i] if i < array.ndim else -1 for i in range(2)]
+            if list(out) != want:
+                log.warning("libr4d: numpy's array head is not laid out as r4d.c reads it; describing "
+                            "operands through ctypes instead (slower)")
+                return False
+        return True
+
+    def set_threads(self, n: int) -> int:
+        self.threads = self.lib.r4d_set_threads(int(n))
+        return self.threads
+
+    def describe(self) -> str:
+        isa = [name for bit, name in ((ISA_AVX2, "avx2+fma"), (ISA_VNNI, "vnni"), (ISA_OPENMP, "openmp"))
+               if self.isa & bit] or ["portable C"]
+        return f"{self.variant} build ({', '.join(isa)}), {self.threads} thread(s), {self.path}"
+
+
+def load() -> Native:
+    """Build (or find in the cache) and load the best variant that works here."""
+    if os.environ.get("RADIANCE_R4D_NATIVE", "1").strip() == "0":
+        raise NativeUnavailable("RADIANCE_R4D_NATIVE=0")
+    cc, version = _compiler()
+    portable_only = os.environ.get("RADIANCE_R4D_ISA", "").strip().lower() == "portable"
+    folder, failures = cache_dir(), []
+    for variant, flags in VARIANTS:
+        if portable_only and variant.startswith("native"):
+            continue
+        try:
+            path = _build(variant, flags, cc, version, folder)
+            return Native(ctypes.CDLL(str(path)), variant, path)
+        except (NativeUnavailable, OSError, subprocess.SubprocessError) as error:
+            failures.append(str(error))
+    raise NativeUnavailable("; ".join(failures))

@@ -1,0 +1,1403 @@
+/* libr4d host kernels.
+ *
+ * Compiled at first load by native.py (gcc -O3 -march=native -fopenmp -ffp-contract=off, or a
+ * portable -O2 build when that fails), cached on disk by a hash of this source and the flags, and
+ * called through ctypes. Imports nothing: the Python side hands over the addresses of numpy array
+ * objects (their PyArrayObject header is read below; native.py checks that reading against numpy
+ * at load) and the raw plane pointers of each weight.
+ *
+ * -ffp-contract=off: every fused multiply-add is written out (_mm256_fmadd_ps); a plain a*b+c
+ * rounds twice, as the reference contract does, so the elementwise rows and the value
+ * accumulation of attention reproduce libref's arithmetic operation for operation.
+ *
+ * Weights are read as the container stores them (docs/ENCODINGS.md):
+ *   q4_1: codes u4 [N, K/2] (element 2j in the low nibble of byte j), scale f16 [N, K/32],
+ *         min f16 [N, K/32], w = code*scale - min
+ *   q8_0: codes i8 [N, K], scale f16 [N, K/32], w = code*scale
+ *   f32 / f16 / bf16: codes [N, K]
+ */
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define R4D_AVX2 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define R4D_VNNI 1
+#elif defined(__AVXVNNI__)
+#define R4D_VNNI 1
+#endif
+#endif
+
+#define R4D_OK 0
+#define R4D_E_SHAPE (-3)
+#define R4D_E_INVALID (-4)
+#define R4D_E_NOMEM (-5)
+
+/* weight formats */
+#define F_F32 0
+#define F_F16 1
+#define F_BF16 2
+#define F_Q8_0 3
+#define F_Q4_1 4
+
+#define QK 32 /* elements per block of q8_0 / q4_1 */
+
+/* The head of numpy's PyArrayObject (numpy/ndarraytypes.h, PyArrayObject_fields): PyObject_HEAD,
+ * then data, nd, dimensions, strides. native.py compares what this reads with numpy at load. */
+typedef struct {
+    intptr_t refcnt;
+    void *type;
+    char *data;
+    int nd;
+    int64_t *dims;
+    int64_t *strides;
+} Arr;
+
+static int g_threads = 1;
+
+int r4d_set_threads(int n) {
+    g_threads = n < 1 ? 1 : n;
+    return g_threads;
+}
+
+int r4d_threads(void) { return g_threads; }
+
+/* bit 0: AVX2+FMA+F16C paths, bit 1: VNNI int8 dot products, bit 2: OpenMP */
+int r4d_isa(void) {
+    int isa = 0;
+#ifdef R4D_AVX2
+    isa |= 1;
+#endif
+#ifdef R4D_VNNI
+    isa |= 2;
+#endif
+#ifdef _OPENMP
+    isa |= 4;
+#endif
+    return isa;
+}
+
+/* what this file reads of an array object: data, nd, dims[0..1], strides[0..1] */
+void r4d_probe(const Arr *a, int64_t *out) {
+    out[0] = (int64_t)(intptr_t)a->data;
+    out[1] = a->nd;
+    for (int i = 0; i < 2; i++) {
+        out[2 + i] = i < a->nd ? a->dims[i] : -1;
+        out[4 + i] = i < a->nd ? a->strides[i] : -1;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* operands */
+
+typedef struct {
+    char *p;
+    int64_t rows;
+    int64_t pitch; /* bytes from one row to the next */
+} Mat;
+
+/* a row-major [rows, cols] view of elements of `esz` bytes, at least `need` rows */
+static int mat(const Arr *a, int64_t cols, int64_t esz, int64_t need, Mat *m) {
+    if (!a || !a->data) return R4D_E_INVALID;
+    if (a->nd >= 2) {
+        int nd = a->nd;
+        if (a->dims[nd - 1] != cols || a->strides[nd - 1] != esz) return R4D_E_SHAPE;
+        int64_t rows = 1;
+        for (int i = 0; i < nd - 1; i++) rows *= a->dims[i];
+        /* outer dimensions must stack rows evenly */
+        for (int i = 0; i < nd - 2; i++)
+            if (a->dims[i] > 1 && a->strides[i] != a->dims[i + 1] * a->strides[i + 1]) return R4D_E_SHAPE;
+        m->rows = rows;
+        m->pitch = a->strides[nd - 2];
+    } else if (a->nd == 1) {
+        if (a->strides[0] != esz || a->dims[0] % cols) return R4D_E_SHAPE;
+        m->rows = a->dims[0] / cols;
+        m->pitch = cols * esz;
+    } else {
+        return R4D_E_SHAPE;
+    }
+    if (m->rows < need) return R4D_E_SHAPE;
+    m->p = a->data;
+    return R4D_OK;
+}
+
+#define ROW(m, i, T) ((T *)((m).p + (int64_t)(i) * (m).pitch))
+
+/* an integer vector of int32 or int64 elements (the element size is its stride) */
+typedef struct {
+    const char *p;
+    int64_t n;
+    int64_t stride;
+} IVec;
+
+static int ivec(const Arr *a, int64_t need, IVec *v) {
+    if (!a || !a->data) return R4D_E_INVALID;
+    if (a->nd < 1) return R4D_E_SHAPE;
+    int64_t n = 1;
+    for (int i = 0; i < a->nd; i++) n *= a->dims[i];
+    int64_t s = a->strides[a->nd - 1];
+    if (s != 4 && s != 8) return R4D_E_SHAPE;
+    if (a->nd > 1 && a->dims[0] > 1 && a->strides[0] != s * n / a->dims[0]) return R4D_E_SHAPE;
+    if (n < need) return R4D_E_SHAPE;
+    v->p = a->data;
+    v->n = n;
+    v->stride = s;
+    return R4D_OK;
+}
+
+static inline int64_t iget(const IVec *v, int64_t i) {
+    const char *q = v->p + i * v->stride;
+    return v->stride == 8 ? *(const int64_t *)q : (int64_t) * (const int32_t *)q;
+}
+
+/* a 2-D integer table (block_tables) */
+typedef struct {
+    const char *p;
+    int64_t rows, cols, pitch, esz;
+} ITab;
+
+static int itab(const Arr *a, ITab *t) {
+    if (!a || !a->data) return R4D_E_INVALID;
+    if (a->nd == 2) {
+        t->rows = a->dims[0];
+        t->cols = a->dims[1];
+        t->esz = a->strides[1];
+        t->pitch = a->strides[0];
+    } else if (a->nd == 1) {
+        t->rows = 1;
+        t->cols = a->dims[0];
+        t->esz = a->strides[0];
+        t->pitch = t->cols * t->esz;
+    } else {
+        return R4D_E_SHAPE;
+    }
+    if (t->esz != 4 && t->esz != 8) return R4D_E_SHAPE;
+    t->p = a->data;
+    return R4D_OK;
+}
+
+static inline int64_t tget(const ITab *t, int64_t r, int64_t c) {
+    const char *q = t->p + r * t->pitch + c * t->esz;
+    return t->esz == 8 ? *(const int64_t *)q : (int64_t) * (const int32_t *)q;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* scalars */
+
+static inline float h2f(uint16_t h) {
+#ifdef R4D_AVX2
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+    float f;
+    if (e == 0) {
+        f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (e == 31) {
+        bits = sign | 0x7f800000u | (m << 13);
+    } else {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline float bf2f(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+#ifdef R4D_AVX2
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* exp in double, 4 lanes: Cody-Waite reduction by ln 2 and a degree-13 Taylor polynomial on
+ * |r| <= ln2/2 (truncation 4e-18 relative), so within about 1 ulp of a double. Results below
+ * 2^-1022 flush to 0 and arguments above 709 give +inf: every caller rounds the result to f32,
+ * where both are 0 / saturate anyway. */
+static inline __m256d exp_pd(__m256d x) {
+    const __m256d hi = _mm256_set1_pd(709.0), lo = _mm256_set1_pd(-708.0);
+    __m256d over = _mm256_cmp_pd(x, hi, _CMP_GT_OQ), under = _mm256_cmp_pd(x, lo, _CMP_LT_OQ);
+    __m256d nan = _mm256_cmp_pd(x, x, _CMP_UNORD_Q);
+    __m256d xc = _mm256_min_pd(_mm256_max_pd(x, lo), hi);
+    __m256d n = _mm256_round_pd(_mm256_mul_pd(xc, _mm256_set1_pd(1.4426950408889634074)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(6.93147180369123816490e-01), xc);
+    r = _mm256_fnmadd_pd(n, _mm256_set1_pd(1.90821492927058770002e-10), r);
+    __m256d p = _mm256_set1_pd(1.0 / 6227020800.0);
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 479001600.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 39916800.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 3628800.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 362880.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 40320.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 5040.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 720.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 120.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 24.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 6.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(0.5));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0));
+    p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0));
+    __m128i ni = _mm256_cvtpd_epi32(n);
+    __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(ni), _mm256_set1_epi64x(1023)), 52);
+    __m256d y = _mm256_mul_pd(p, _mm256_castsi256_pd(e));
+    y = _mm256_blendv_pd(y, _mm256_set1_pd(INFINITY), over);
+    y = _mm256_blendv_pd(y, _mm256_setzero_pd(), under);
+    return _mm256_blendv_pd(y, x, nan);
+}
+
+/* 8 floats -> (float)exp((double)x) */
+static inline __m256 exp_f64_ps(__m256 x) {
+    __m256d a = exp_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+    __m256d b = exp_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+    return _mm256_set_m128(_mm256_cvtpd_ps(b), _mm256_cvtpd_ps(a));
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* threads */
+
+static inline int nthreads_for(int64_t work, int64_t grain) {
+    int64_t t = work / (grain > 0 ? grain : 1);
+    if (t < 1) t = 1;
+    return (int)(t < g_threads ? t : g_threads);
+}
+
+/* [lo, hi) of `n` items for thread `id` of `nt`, split in multiples of `unit` */
+static inline void split(int64_t n, int64_t unit, int id, int nt, int64_t *lo, int64_t *hi) {
+    int64_t units = (n + unit - 1) / unit;
+    int64_t a = units * id / nt, b = units * (id + 1) / nt;
+    *lo = a * unit < n ? a * unit : n;
+    *hi = b * unit < n ? b * unit : n;
+}
+
+/* PAR(nt, { body }): the body once per thread, with tid_ and tcnt_; with one thread it runs
+ * directly, never entering OpenMP (a one-thread region still costs about 0.3 us). */
+#ifdef _OPENMP
+#define PAR(nt, ...)                                                                       \
+    do {                                                                                   \
+        const int par_nt_ = (nt);                                                          \
+        if (par_nt_ > 1) {                                                                 \
+            _Pragma("omp parallel num_threads(par_nt_)") {                                 \
+                const int tid_ = omp_get_thread_num(), tcnt_ = omp_get_num_threads();     \
+                __VA_ARGS__                                                                \
+            }                                                                              \
+        } else {                                                                           \
+            const int tid_ = 0, tcnt_ = 1;                                                 \
+            __VA_ARGS__                                                                    \
+        }                                                                                  \
+    } while (0)
+#else
+#define PAR(nt, ...)                                                                       \
+    do {                                                                                   \
+        const int tid_ = 0, tcnt_ = 1;                                                     \
+        (void)(nt);                                                                        \
+        __VA_ARGS__                                                                        \
+    } while (0)
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* dequantisation: one weight row to f32, exactly as the core decoder computes it */
+
+typedef struct {
+    int fmt;
+    const uint8_t *codes;
+    const uint16_t *scale;
+    const uint16_t *min;
+    int64_t rows, cols;
+} Weight;
+
+static void dequant_row(const Weight *w, int64_t n, float *dst) {
+    const int64_t K = w->cols;
+    switch (w->fmt) {
+    case F_F32:
+        memcpy(dst, w->codes + n * K * 4, (size_t)K * 4);
+        return;
+    case F_F16: {
+        const uint16_t *s = (const uint16_t *)w->codes + n * K;
+        int64_t k = 0;
+#ifdef R4D_AVX2
+        for (; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + k))));
+#endif
+        for (; k < K; k++) dst[k] = h2f(s[k]);
+        return;
+    }
+    case F_BF16: {
+        const uint16_t *s = (const uint16_t *)w->codes + n * K;
+        for (int64_t k = 0; k < K; k++) dst[k] = bf2f(s[k]);
+        return;
+    }
+    case F_Q8_0: {
+        const int8_t *c = (const int8_t *)w->codes + n * K;
+        const uint16_t *sc = w->scale + n * (K / QK);
+        for (int64_t b = 0; b < K / QK; b++) {
+            const float d = h2f(sc[b]);
+            for (int i = 0; i < QK; i++) dst[b * QK + i] = (float)c[b * QK + i] * d;
+        }
+        return;
+    }
+    case F_Q4_1: {
+        const uint8_t *c = w->codes + n * (K / 2);
+        const uint16_t *sc = w->scale + n * (K / QK), *mn = w->min + n * (K / QK);
+        for (int64_t b = 0; b < K / QK; b++) {
+            const float d = h2f(sc[b]), m = h2f(mn[b]);
+#ifdef R4D_AVX2
+            const __m128i v = _mm_loadu_si128((const __m128i *)(c + b * 16)), m4 = _mm_set1_epi8(0x0f);
+            const __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+            const __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi); /* element order */
+            const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+            float *o = dst + b * QK;
+            _mm256_storeu_ps(o, _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e0)), vd), vm));
+            _mm256_storeu_ps(o + 8, _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e0, 8))), vd), vm));
+            _mm256_storeu_ps(o + 16, _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e1)), vd), vm));
+            _mm256_storeu_ps(o + 24, _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e1, 8))), vd), vm));
+#else
+            for (int i = 0; i < 16; i++) {
+                const uint8_t byte = c[b * 16 + i];
+                dst[b * QK + 2 * i] = (float)(byte & 15) * d - m;
+                dst[b * QK + 2 * i + 1] = (float)(byte >> 4) * d - m;
+            }
+#endif
+        }
+        return;
+    }
+    }
+}
+
+static int weight_check(const Weight *w) {
+    if (w->fmt < F_F32 || w->fmt > F_Q4_1 || !w->codes) return R4D_E_INVALID;
+    if ((w->fmt == F_Q8_0 || w->fmt == F_Q4_1) && (w->cols % QK || !w->scale)) return R4D_E_SHAPE;
+    if (w->fmt == F_Q4_1 && !w->min) return R4D_E_INVALID;
+    return R4D_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* embedding: y[m] = table[ids[m]] */
+
+int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale, const void *min, int64_t vocab,
+                  int64_t n, Arr *y, int64_t M) {
+    Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, vocab, n};
+    IVec iv;
+    Mat Y;
+    int rc;
+    if ((rc = weight_check(&w)) || (rc = ivec(ids, M, &iv)) || (rc = mat(y, n, 4, M, &Y))) return rc;
+    for (int64_t m = 0; m < M; m++) {
+        int64_t id = iget(&iv, m);
+        if (id < 0 || id >= vocab) return R4D_E_INVALID;
+    }
+    const int nt = nthreads_for(M * n, 1 << 14);
+    PAR(nt, {
+        int64_t lo, hi;
+        split(M, 1, tid_, tcnt_, &lo, &hi);
+        for (int64_t m = lo; m < hi; m++) dequant_row(&w, iget(&iv, m), ROW(Y, m, float));
+    });
+    return R4D_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* GEMV, M <= 4: the weight streams once, every activation row reuses each loaded block.
+ *
+ * Activations are prepared once per launch in the scratch, by `aq` (bits of the activations):
+ *   aq = 0:  x in f32; for q4_1 permuted per block to the nibble order (the 16 even elements,
+ *            then the 16 odd ones), with the f32 sum of each block for the min term;
+ *   aq = 16: x quantised per block of 32 to int16 with an f32 step d = max|x|/32767 (round to
+ *            nearest even), the same permutation, the exact f32 block sum; dot products in int32
+ *            (vpdpwssd / vpmaddwd), then scaled in f32;
+ *   aq = 8:  the same with int8 and d = max|x|/127 (llama.cpp's q8_1 x q4_1), vpdpbusd / vpmaddubsw.
+ * Each output is sum_b scale_b * (codes_b . x_b) - sum_b min_b * sum(x_b). */
+
+#define MT_MAX 4
+#ifndef R4D_PF_ROWS
+#define R4D_PF_ROWS 4 /* weight rows prefetched ahead */
+#endif
+
+typedef struct {
+    int64_t K, nb, M;
+    float *xf;   /* [M][K] f32 (f32 path) */
+    int8_t *xq;  /* [M][K] int8 (aq = 8) */
+    int16_t *xw; /* [M][K] int16 (aq = 16) */
+    float *xd;   /* [M][nb] integer step */
+    float *xs;   /* [M][nb] block sums (q4_1) */
+} Act;
+
+static int64_t act_bytes(int64_t M, int64_t K, int aq) {
+    const int64_t nb = (K + QK - 1) / QK;
+    return M * K * (aq == 8 ? 1 : aq == 16 ? 2 : 4) + 8 * M * nb + 64 * 4;
+}
+
+static char *align64(char *p) { return (char *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+static void act_layout(Act *A, char *s, int64_t M, int64_t K, int aq) {
+    A->K = K;
+    A->M = M;
+    A->nb = (K + QK - 1) / QK;
+    s = align64(s);
+    A->xf = NULL;
+    A->xq = NULL;
+    A->xw = NULL;
+    if (aq == 8) {
+        A->xq = (int8_t *)s;
+        s = align64(s + M * K);
+    } else if (aq == 16) {
+        A->xw = (int16_t *)s;
+        s = align64(s + 2 * M * K);
+    } else {
+        A->xf = (float *)s;
+        s = align64(s + 4 * M * K);
+    }
+    A->xd = (float *)s;
+    s = align64(s + 4 * M * A->nb);
+    A->xs = (float *)s;
+}
+
+/* one activation row into the scratch; `perm`: the q4_1 nibble order (AVX2 paths only) */
+static void act_row(const Act *A, int64_t m, const float *x, int aq, int perm) {
+    const int64_t K = A->K, nb = A->nb;
+    if (!aq && !perm) { /* natural order f32: q8_0 and plain weights, and every portable path */
+        memcpy(A->xf + m * K, x, (size_t)K * sizeof(float));
+        return;
+    }
+    /* K % 32 == 0 here (the quantised formats) */
+    for (int64_t b = 0; b < nb; b++) {
+        const float *src = x + b * QK;
+#ifdef R4D_AVX2
+        __m256 v0 = _mm256_loadu_ps(src), v1 = _mm256_loadu_ps(src + 8), v2 = _mm256_loadu_ps(src + 16),
+               v3 = _mm256_loadu_ps(src + 24);
+        if (perm) { /* the 16 even elements, then the 16 odd ones */
+            const __m256 e0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xD8));
+            const __m256 o0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xDD)), 0xD8));
+            const __m256 e1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v2, v3, 0x88)), 0xD8));
+            const __m256 o1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v2, v3, 0xDD)), 0xD8));
+            v0 = e0, v1 = e1, v2 = o0, v3 = o1;
+        }
+        A->xs[m * nb + b] = hsum8(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
+        if (aq) {
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                      _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            const float amax = _mm_cvtss_f32(h), d = amax / (aq == 8 ? 127.0f : 32767.0f);
+            const float id = d > 0.0f ? 1.0f / d : 0.0f;
+            const __m256 vid = _mm256_set1_ps(id);
+            const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+            const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+            if (aq == 8) {
+                const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+                _mm256_store_si256((__m256i *)(A->xq + m * K + b * QK),
+                                   _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            } else {
+                int16_t *dst = A->xw + m * K + b * QK;
+                _mm256_store_si256((__m256i *)dst, _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8));
+                _mm256_store_si256((__m256i *)(dst + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(q2, q3), 0xD8));
+            }
+            A->xd[m * nb + b] = d;
+        } else {
+            float *dst = A->xf + m * K + b * QK;
+            _mm256_store_ps(dst, v0);
+            _mm256_store_ps(dst + 8, v1);
+            _mm256_store_ps(dst + 16, v2);
+            _mm256_store_ps(dst + 24, v3);
+        }
+#else
+        (void)src;
+#endif
+    }
+}
+
+#ifdef R4D_AVX2
+static inline __m256i dot_u8i8(__m256i u, __m256i s) {
+#ifdef R4D_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+#endif
+
+#ifdef R4D_AVX2
+/* One block of one weight row against `mt` activation rows, into acc[0..mt). Four bodies: q4_1 and
+ * q8_0, each with f32 or int8 activations. Called with constant mt and a constant accumulator set,
+ * so every accumulator stays in a register. */
+#define Q41_UNPACK(c, b)                                                                   \
+    const __m128i v_ = _mm_loadu_si128((const __m128i *)((c) + 16 * (b)));                 \
+    const __m128i lo_ = _mm_and_si128(v_, _mm_set1_epi8(0x0f));                            \
+    const __m128i hi_ = _mm_and_si128(_mm_srli_epi16(v_, 4), _mm_set1_epi8(0x0f));
+
+static inline __attribute__((always_inline)) void q41_f32(const uint8_t *c, const float *ds, const float *x, int64_t K,
+                                                         int64_t nb, int64_t b, const int mt, __m256 *acc) {
+    Q41_UNPACK(c, b)
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo_));
+    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo_, 8)));
+    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi_));
+    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi_, 8)));
+    const __m256 vd = _mm256_broadcast_ss(ds + b);
+    (void)nb;
+    for (int i = 0; i < mt; i++) {
+        const float *xb = x + i * K + 32 * b;
+        __m256 t = _mm256_mul_ps(w0, _mm256_load_ps(xb));
+        t = _mm256_fmadd_ps(w1, _mm256_load_ps(xb + 8), t);
+        t = _mm256_fmadd_ps(w2, _mm256_load_ps(xb + 16), t);
+        t = _mm256_fmadd_ps(w3, _mm256_load_ps(xb + 24), t);
+        acc[i] = _mm256_fmadd_ps(t, vd, acc[i]);
+    }
+}
+
+static inline __attribute__((always_inline)) void q41_a8(const uint8_t *c, const float *ds, const int8_t *xq,
+                                                        int64_t K, int64_t nb, int64_t b, const int mt, __m256 *acc) {
+    Q41_UNPACK(c, b)
+    const __m256i cw = _mm256_set_m128i(hi_, lo_);
+    for (int i = 0; i < mt; i++) {
+        const __m256i q = _mm256_load_si256((const __m256i *)(xq + i * K + 32 * b));
+        const __m256 p = _mm256_cvtepi32_ps(dot_u8i8(cw, q));
+        acc[i] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(ds + i * nb + b), acc[i]);
+    }
+}
+
+static inline __attribute__((always_inline)) void q80_f32(const int8_t *c, const float *ds, const float *x, int64_t K,
+                                                         int64_t nb, int64_t b, const int mt, __m256 *acc) {
+    const __m128i c0 = _mm_loadu_si128((const __m128i *)(c + 32 * b));
+    const __m128i c1 = _mm_loadu_si128((const __m128i *)(c + 32 * b + 16));
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0));
+    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)));
+    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1));
+    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8)));
+    const __m256 vd = _mm256_broadcast_ss(ds + b);
+    (void)nb;
+    for (int i = 0; i < mt; i++) {
+        const float *xb = x + i * K + 32 * b;
+        __m256 t = _mm256_mul_ps(w0, _mm256_load_ps(xb));
+        t = _mm256_fmadd_ps(w1, _mm256_load_ps(xb + 8), t);
+        t = _mm256_fmadd_ps(w2, _mm256_load_ps(xb + 16), t);
+        t = _mm256_fmadd_ps(w3, _mm256_load_ps(xb + 24), t);
+        acc[i] = _mm256_fmadd_ps(t, vd, acc[i]);
+    }
+}
+
+static inline __attribute__((always_inline)) void q80_a8(const int8_t *c, const float *ds, const int8_t *xq,
+                                                        int64_t K, int64_t nb, int64_t b, const int mt, __m256 *acc) {
+    const __m256i cw = _mm256_loadu_si256((const __m256i *)(c + 32 * b));
+    const __m256i aw = _mm256_sign_epi8(cw, cw);
+    for (int i = 0; i < mt; i++) {
+        const __m256i q = _mm256_load_si256((const __m256i *)(xq + i * K + 32 * b));
+        const __m256 p = _mm256_cvtepi32_ps(dot_u8i8(aw, _mm256_sign_epi8(q, cw)));
+        acc[i] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(ds + i * nb + b), acc[i]);
+    }
+}
+
+/* a0 . b0 + a1 . b1 in int32 lanes (16-bit products, pairs summed) */
+static inline __m256i dot2_i16(__m256i a0, __m256i b0, __m256i a1, __m256i b1) {
+#ifdef R4D_VNNI
+    return _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(_mm256_setzero_si256(), a0, b0), a1, b1);
+#else
+    return _mm256_add_epi32(_mm256_madd_epi16(a0, b0), _mm256_madd_epi16(a1, b1));
+#endif
+}
+
+static inline __attribute__((always_inline)) void q41_a16(const uint8_t *c, const float *ds, const int16_t *xw,
+                                                         int64_t K, int64_t nb, int64_t b, const int mt, __m256 *acc) {
+    Q41_UNPACK(c, b)
+    const __m256i c0 = _mm256_cvtepu8_epi16(lo_), c1 = _mm256_cvtepu8_epi16(hi_);
+    for (int i = 0; i < mt; i++) {
+        const int16_t *x = xw + i * K + 32 * b;
+        const __m256i s = dot2_i16(c0, _mm256_load_si256((const __m256i *)x), c1,
+                                   _mm256_load_si256((const __m256i *)(x + 16)));
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(ds + i * nb + b), acc[i]);
+    }
+}
+
+static inline __attribute__((always_inline)) void q80_a16(const int8_t *c, const float *ds, const int16_t *xw,
+                                                         int64_t K, int64_t nb, int64_t b, const int mt, __m256 *acc) {
+    const __m256i c0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + 32 * b)));
+    const __m256i c1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + 32 * b + 16)));
+    for (int i = 0; i < mt; i++) {
+        const int16_t *x = xw + i * K + 32 * b;
+        const __m256i s = dot2_i16(c0, _mm256_load_si256((const __m256i *)x), c1,
+                                   _mm256_load_si256((const __m256i *)(x + 16)));
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(ds + i * nb + b), acc[i]);
+    }
+}
+
+/* ds[i * nb + b] = the f32 scale of block b of this weight row, times the int8 step of activation
+ * row m0 + i on the int8 path */
+static inline __attribute__((always_inline)) void row_scales(const uint16_t *sc, const Act *A, int aq, int64_t m0,
+                                                            const int mt, float *ds) {
+    const int64_t nb = A->nb;
+    const int a8 = aq != 0; /* an integer step to fold in */
+    for (int i = 0; i < (a8 ? mt : 1); i++) {
+        const float *xd = A->xd + (m0 + i) * nb;
+        int64_t b = 0;
+        for (; b + 8 <= nb; b += 8) {
+            __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b)));
+            if (a8) v = _mm256_mul_ps(v, _mm256_loadu_ps(xd + b));
+            _mm256_storeu_ps(ds + i * nb + b, v);
+        }
+        for (; b < nb; b++) ds[i * nb + b] = a8 ? h2f(sc[b]) * xd[b] : h2f(sc[b]);
+    }
+}
+
+/* the blocks of one row, two at a time into two accumulator sets */
+#define BLOCK_LOOP(CALL)                                                                   \
+    do {                                                                                   \
+        int64_t b = 0;                                                                     \
+        for (; b + 2 <= nb; b += 2) {                                                      \
+            { const int64_t bb = b; __m256 *A_ = a0; CALL; }                               \
+            { const int64_t bb = b + 1; __m256 *A_ = a1; CALL; }                           \
+        }                                                                                  \
+        if (b < nb) { const int64_t bb = b; __m256 *A_ = a0; CALL; }                       \
+    } while (0)
+#endif
+
+/* rows [n0, n1) of y[m, n] for m in [m0, m0 + mt) */
+static inline __attribute__((always_inline)) void gemv_rows(const Weight *w, const Act *A, int aq, int64_t m0,
+                                                           const int mt, int64_t n0, int64_t n1, const Mat *Y) {
+    const int64_t K = w->cols, nb = K / QK;
+    (void)nb;
+    for (int64_t n = n0; n < n1; n++) {
+        float out[MT_MAX];
+#ifdef R4D_AVX2
+        __m256 a0[MT_MAX], a1[MT_MAX];
+        for (int i = 0; i < mt; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+        float ds[MT_MAX * nb + 8]; /* per activation row, each block's weight scale (times its int8 step) */
+        if (w->fmt == F_Q4_1) {
+            const uint8_t *c = w->codes + n * (K / 2);
+            const uint16_t *sc = w->scale + n * nb, *mn = w->min + n * nb;
+            if (R4D_PF_ROWS && n + R4D_PF_ROWS < n1) {
+                const char *pc = (const char *)(c + R4D_PF_ROWS * (K / 2));
+                for (int64_t o = 0; o < K / 2; o += 64) _mm_prefetch(pc + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)(sc + R4D_PF_ROWS * nb), _MM_HINT_T0);
+                _mm_prefetch((const char *)(mn + R4D_PF_ROWS * nb), _MM_HINT_T0);
+            }
+            row_scales(sc, A, aq, m0, mt, ds);
+            if (aq == 8) {
+                const int8_t *xq = A->xq + m0 * K;
+                BLOCK_LOOP(q41_a8(c, ds, xq, K, nb, bb, mt, A_));
+            } else if (aq == 16) {
+                const int16_t *xw = A->xw + m0 * K;
+                BLOCK_LOOP(q41_a16(c, ds, xw, K, nb, bb, mt, A_));
+            } else {
+                const float *x = A->xf + m0 * K;
+                BLOCK_LOOP(q41_f32(c, ds, x, K, nb, bb, mt, A_));
+            }
+            for (int i = 0; i < mt; i++) {
+                const float *xs = A->xs + (m0 + i) * nb;
+                __m256 mt8 = _mm256_setzero_ps();
+                int64_t b = 0;
+                for (; b + 8 <= nb; b += 8)
+                    mt8 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + b))),
+                                          _mm256_loadu_ps(xs + b), mt8);
+                float tail = hsum8(mt8);
+                for (; b < nb; b++) tail += h2f(mn[b]) * xs[b];
+                out[i] = hsum8(_mm256_add_ps(a0[i], a1[i])) - tail;
+            }
+        } else if (w->fmt == F_Q8_0) {
+            const int8_t *c = (const int8_t *)w->codes + n * K;
+            const uint16_t *sc = w->scale + n * nb;
+            if (R4D_PF_ROWS && n + R4D_PF_ROWS < n1) {
+                const char *pc = (const char *)(c + R4D_PF_ROWS * K);
+                for (int64_t o = 0; o < K; o += 64) _mm_prefetch(pc + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)(sc + R4D_PF_ROWS * nb), _MM_HINT_T0);
+            }
+            row_scales(sc, A, aq, m0, mt, ds);
+            if (aq == 8) {
+                const int8_t *xq = A->xq + m0 * K;
+                BLOCK_LOOP(q80_a8(c, ds, xq, K, nb, bb, mt, A_));
+            } else if (aq == 16) {
+                const int16_t *xw = A->xw + m0 * K;
+                BLOCK_LOOP(q80_a16(c, ds, xw, K, nb, bb, mt, A_));
+            } else {
+                const float *x = A->xf + m0 * K;
+                BLOCK_LOOP(q80_f32(c, ds, x, K, nb, bb, mt, A_));
+            }
+            for (int i = 0; i < mt; i++) out[i] = hsum8(_mm256_add_ps(a0[i], a1[i]));
+        } else {
+            /* f32 / f16 / bf16: f32 activations in natural order, 16 columns a step */
+            int64_t k = 0;
+            for (; k + 16 <= K; k += 16) {
+                __m256 wa, wb;
+                if (w->fmt == F_F32) {
+                    wa = _mm256_loadu_ps((const float *)w->codes + n * K + k);
+                    wb = _mm256_loadu_ps((const float *)w->codes + n * K + k + 8);
+                } else {
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w->codes + n * K + k));
+                    if (w->fmt == F_F16) {
+                        wa = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+                        wb = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+                    } else {
+                        wa = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
+                        wb = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
+                    }
+                }
+                for (int i = 0; i < mt; i++) {
+                    a0[i] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(A->xf + (m0 + i) * K + k), a0[i]);
+                    a1[i] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(A->xf + (m0 + i) * K + k + 8), a1[i]);
+                }
+            }
+            for (int i = 0; i < mt; i++) {
+                float s = hsum8(_mm256_add_ps(a0[i], a1[i]));
+                for (int64_t kk = k; kk < K; kk++) {
+                    float wk = w->fmt == F_F32 ? ((const float *)w->codes)[n * K + kk]
+                               : w->fmt == F_F16 ? h2f(((const uint16_t *)w->codes)[n * K + kk])
+                                                 : bf2f(((const uint16_t *)w->codes)[n * K + kk]);
+                    s += wk * A->xf[(m0 + i) * K + kk];
+                }
+                out[i] = s;
+            }
+        }
+#else
+        /* portable: dequantise the row once, dot it with every activation row */
+        float wrow[K];
+        dequant_row(w, n, wrow);
+        for (int i = 0; i < mt; i++) {
+            const float *x = A->xf + (m0 + i) * K;
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++) s += wrow[k] * x[k];
+            out[i] = s;
+        }
+#endif
+        for (int i = 0; i < mt; i++) ROW(*Y, m0 + i, float)[n] = out[i];
+    }
+}
+
+static void gemv_block(const Weight *w, const Act *A, int aq, int64_t m0, int mt, int64_t n0, int64_t n1, const Mat *Y) {
+    switch (mt) {
+    case 1: gemv_rows(w, A, aq, m0, 1, n0, n1, Y); break;
+    case 2: gemv_rows(w, A, aq, m0, 2, n0, n1, Y); break;
+    case 3: gemv_rows(w, A, aq, m0, 3, n0, n1, Y); break;
+    default: gemv_rows(w, A, aq, m0, 4, n0, n1, Y); break;
+    }
+}
+
+int64_t r4d_gemv_scratch(int64_t M, int64_t K, int aq) { return act_bytes(M, K, aq); }
+
+int r4d_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
+             int64_t N, int64_t K, int aq, Arr *scratch) {
+    Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};
+    Mat X, Y, S;
+    int rc;
+    if ((rc = weight_check(&w)) || (rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
+#ifndef R4D_AVX2
+    aq = 0;
+#endif
+    if (fmt != F_Q4_1 && fmt != F_Q8_0) aq = 0;
+    if (aq != 0 && aq != 8 && aq != 16) return R4D_E_INVALID;
+    if (!scratch || !scratch->data) return R4D_E_INVALID;
+    int64_t sbytes = 1;
+    for (int i = 0; i < scratch->nd; i++) sbytes *= scratch->dims[i];
+    if (sbytes < act_bytes(M, K, aq)) return R4D_E_NOMEM;
+    S.p = scratch->data;
+    Act A;
+    act_layout(&A, S.p, M, K, aq);
+#ifdef R4D_AVX2
+    const int perm = fmt == F_Q4_1;
+#else
+    const int perm = 0;
+#endif
+    for (int64_t m = 0; m < M; m++) act_row(&A, m, ROW(X, m, const float), aq, perm);
+    /* rows of W per thread: a multiple of 16 so no two threads share a cache line of y */
+    const int64_t bytes = fmt == F_Q4_1 ? N * K * 5 / 8 : fmt == F_Q8_0 ? N * K * 17 / 16 : N * K * (fmt == F_F32 ? 4 : 2);
+    const int nt = nthreads_for(bytes, 1 << 15);
+    PAR(nt, {
+        int64_t lo, hi;
+        split(N, 16, tid_, tcnt_, &lo, &hi);
+        for (int64_t m0 = 0; m0 < M; m0 += MT_MAX) {
+            const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
+            gemv_block(&w, &A, aq, m0, mt, lo, hi, &Y);
+        }
+    });
+    return R4D_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* GEMM, larger M: each thread dequantises a panel of NP weight rows to exact f32 values, then a
+ * 4 x 3 register tile of dot products over K runs against it. */
+
+#define NP 24
+#define MR 4
+#define NR 3
+
+static inline __attribute__((always_inline)) void tile(const float *X, int64_t ldx, const int mr, const float *W,
+                                                      int64_t K, const int nr, float *Y, int64_t ldy) {
+#ifdef R4D_AVX2
+    __m256 acc[MR][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv[NR];
+        for (int j = 0; j < nr; j++) wv[j] = _mm256_load_ps(W + j * K + k);
+        for (int i = 0; i < mr; i++) {
+            const __m256 xv = _mm256_loadu_ps(X + i * ldx + k);
+            for (int j = 0; j < nr; j++) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float s = hsum8(acc[i][j]);
+            for (int64_t kk = k; kk < K; kk++) s += X[i * ldx + kk] * W[j * K + kk];
+            Y[i * ldy + j] = s;
+        }
+#else
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++) s += X[i * ldx + k] * W[j * K + k];
+            Y[i * ldy + j] = s;
+        }
+#endif
+}
+
+static void tile_any(const float *X, int64_t ldx, int mr, const float *W, int64_t K, int nr, float *Y, int64_t ldy) {
+#define T(a, b) \
+    case a * 4 + b: tile(X, ldx, a, W, K, b, Y, ldy); break;
+    switch (mr * 4 + nr) {
+        T(1, 1) T(1, 2) T(1, 3) T(2, 1) T(2, 2) T(2, 3) T(3, 1) T(3, 2) T(3, 3) T(4, 1) T(4, 2) T(4, 3)
+    }
+#undef T
+}
+
+int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
+             int64_t N, int64_t K) {
+    Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};
+    Mat X, Y;
+    int rc;
+    if ((rc = weight_check(&w)) || (rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
+    if (X.pitch % 4 || Y.pitch % 4) return R4D_E_SHAPE;
+    const int64_t ldx = X.pitch / 4, ldy = Y.pitch / 4;
+    const int64_t panels = (N + NP - 1) / NP;
+    const int nt = nthreads_for(M * N * K, 1 << 18);
+    int failed = 0;
+    PAR(nt, {
+        /* K padded to a multiple of 8 floats keeps every panel row 32-byte aligned */
+        const int64_t kp = (K + 7) & ~(int64_t)7;
+        float *panel = (float *)aligned_alloc(64, (size_t)(NP * kp * 4 + 64));
+        if (!panel) {
+            failed = 1;
+        } else {
+            int64_t lo, hi;
+            split(panels, 1, tid_, tcnt_, &lo, &hi);
+            for (int64_t p = lo; p < hi; p++) {
+                const int64_t n0 = p * NP, np = N - n0 < NP ? N - n0 : NP;
+                for (int64_t j = 0; j < np; j++) dequant_row(&w, n0 + j, panel + j * kp);
+                for (int64_t m0 = 0; m0 < M; m0 += MR) {
+                    const int mr = (int)(M - m0 < MR ? M - m0 : MR);
+                    const float *xr = ROW(X, m0, const float);
+                    for (int64_t j0 = 0; j0 < np; j0 += NR) {
+                        const int nr = (int)(np - j0 < NR ? np - j0 : NR);
+                        /* the tile reads rows of K elements at a pitch of kp */
+                        float *yr = ROW(Y, m0, float) + n0 + j0;
+                        if (kp == K) {
+                            tile_any(xr, ldx, mr, panel + j0 * kp, K, nr, yr, ldy);
+                        } else {
+                            for (int jj = 0; jj < nr; jj++)
+                                tile_any(xr, ldx, mr, panel + (j0 + jj) * kp, K, 1, yr + jj, ldy);
+                        }
+                    }
+                }
+            }
+            free(panel);
+        }
+    });
+    return failed ? R4D_E_NOMEM : R4D_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* rmsnorm: y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, the sum in column order (libref's
+ * arithmetic, operation for operation) */
+
+static void rmsnorm_row(const float *xr, const float *w, float *yr, int64_t n, float fn, float e) {
+    float s = xr[0] * xr[0];
+    for (int64_t i = 1; i < n; i++) {
+        const float p = xr[i] * xr[i];
+        s = s + p;
+    }
+    const float scale = 1.0f / sqrtf(s / fn + e);
+    int64_t i = 0;
+#ifdef R4D_AVX2
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), vs), _mm256_loadu_ps(w + i)));
+#endif
+    for (; i < n; i++) yr[i] = (xr[i] * scale) * w[i];
+}
+
+int r4d_rmsnorm(const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, double eps) {
+    Mat X, Y, W;
+    int rc;
+    if ((rc = mat(x, n, 4, M, &X)) || (rc = mat(weight, n, 4, 1, &W)) || (rc = mat(y, n, 4, M, &Y))) return rc;
+    const float *w = (const float *)W.p;
+    const float e = (float)eps, fn = (float)n;
+    PAR(nthreads_for(M * n, 1 << 14), {
+        int64_t lo, hi;
+        split(M, 1, tid_, tcnt_, &lo, &hi);
+        for (int64_t m = lo; m < hi; m++) rmsnorm_row(ROW(X, m, const float), w, ROW(Y, m, float), n, fn, e);
+    });
+    return R4D_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* elementwise */
+
+int r4d_add(const Arr *a, const Arr *b, Arr *y, int64_t M, int64_t n) {
+    Mat A, B, Y;
+    int rc;
+    if ((rc = mat(a, n, 4, M, &A)) || (rc = mat(b, n, 4, M, &B)) || (rc = mat(y, n, 4, M, &Y))) return rc;
+    const int nt = nthreads_for(M * n, 1 << 16);
+    PAR(nt, {
+        int64_t lo, hi;
+        split(M, 1, tid_, tcnt_, &lo, &hi);
+        for (int64_t m = lo; m < hi; m++) {
+            const float *ar = ROW(A, m, const float), *br = ROW(B, m, const float);
+            float *yr = ROW(Y, m, float);
+            for (int64_t i = 0; i < n; i++) yr[i] = ar[i] + br[i];
+        }
+    });
+    return R4D_OK;
+}
+
+/* y = (g * sigmoid(g)) * u, the sigmoid 1 / (1 + exp(-g)) in double, rounded once to f32 */
+static void silu_row(const float *gr, const float *ur, float *yr, int64_t n) {
+    int64_t i = 0;
+#ifdef R4D_AVX2
+    const __m256d one = _mm256_set1_pd(1.0);
+    for (; i + 4 <= n; i += 4) {
+        const __m128 gv = _mm_loadu_ps(gr + i);
+        const __m256d e = exp_pd(_mm256_sub_pd(_mm256_setzero_pd(), _mm256_cvtps_pd(gv)));
+        const __m128 sg = _mm256_cvtpd_ps(_mm256_div_pd(one, _mm256_add_pd(one, e)));
+        _mm_storeu_ps(yr + i, _mm_mul_ps(_mm_mul_ps(gv, sg), _mm_loadu_ps(ur + i)));
+    }
+#endif
+    for (; i < n; i++) {
+        const float sg = (float)(1.0 / (1.0 + exp(-(double)gr[i])));
+        yr[i] = (gr[i] * sg) * ur[i];
+    }
+}
+
+int r4d_silu_mul(const Arr *g, const Arr *u, Arr *y, int64_t M, int64_t n) {
+    Mat G, U, Y;
+    int rc;
+    if ((rc = mat(g, n, 4, M, &G)) || (rc = mat(u, n, 4, M, &U)) || (rc = mat(y, n, 4, M, &Y))) return rc;
+    PAR(nthreads_for(M * n, 1 << 13), {
+        int64_t lo, hi;
+        split(M, 1, tid_, tcnt_, &lo, &hi);
+        for (int64_t m = lo; m < hi; m++) silu_row(ROW(G, m, const float), ROW(U, m, const float), ROW(Y, m, float), n);
+    });
+    return R4D_OK;
+}
+
+int r4d_take_rows(const Arr *x, const Arr *index, Arr *y, int64_t M, int64_t n) {
+    Mat X, Y;
+    IVec iv;
+    int rc;
+    if ((rc = mat(x, n, 4, 0, &X)) || (rc = ivec(index, M, &iv)) || (rc = mat(y, n, 4, M, &Y))) return rc;
+    for (int64_t m = 0; m < M; m++) {
+        const int64_t r = iget(&iv, m);
+        if (r < 0 || r >= X.rows) return R4D_E_INVALID;
+    }
+    for (int64_t m = 0; m < M; m++) memmove(ROW(Y, m, float), ROW(X, iget(&iv, m), float), (size_t)n * 4);
+    return R4D_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* rope: angle = (float)position * inv_freq[i] in f32, cos and sin in double rounded to f32,
+ * (a, b) -> (a*cos - b*sin, a*sin + b*cos) with every product rounded (libref's arithmetic).
+ * The cos/sin of a position are kept in a table keyed by the inv_freq values, so the layers of a
+ * step after the first reuse them. */
+
+static float *g_rope_tab = NULL;     /* [cap][half][2] */
+static uint8_t *g_rope_have = NULL;  /* [cap] */
+static float g_rope_freq[512];
+static int64_t g_rope_half = 0, g_rope_cap = 0;
+
+#define ROPE_CAP_MAX (1 << 20)
+
+static int rope_table(const float *inv, int64_t half, int64_t need_cap) {
+    if (half != g_rope_half || memcmp(inv, g_rope_freq, (size_t)half * 4)) {
+        memcpy(g_rope_freq, inv, (size_t)half * 4);
+        g_rope_half = half;
+        if (g_rope_have) memset(g_rope_have, 0, (size_t)g_rope_cap);
+    }
+    if (need_cap > g_rope_cap) {
+        if (need_cap > ROPE_CAP_MAX) return 0;
+        int64_t cap = g_rope_cap ? g_rope_cap : 1024;
+        while (cap < need_cap) cap *= 2;
+        float *tab = (float *)malloc((size_t)(cap * 512 * 2) * 4);
+        uint8_t *have = (uint8_t *)calloc((size_t)cap, 1);
+        if (!tab || !have) {
+            free(tab);
+            free(have);
+            return 0;
+        }
+        for (int64_t p = 0; p < g_rope_cap; p++)
+            if (g_rope_have[p]) {
+                memcpy(tab + p * 1024, g_rope_tab + p * 1024, (size_t)half * 8);
+                have[p] = 1;
+            }
+        free(g_rope_tab);
+        free(g_rope_have);
+        g_rope_tab = tab;
+        g_rope_have = have;
+        g_rope_cap = cap;
+    }
+    return 1;
+}
+
+/* cs[i] = cos, cs[half + i] = sin of position * inv[i] */
+static void rope_angles(const float *inv, int64_t half, int64_t pos, float *cs) {
+    const float p = (float)pos;
+    for (int64_t i = 0; i < half; i++) {
+        const float angle = p * inv[i];
+        cs[i] = (float)cos((double)angle);
+        cs[half + i] = (float)sin((double)angle);
+    }
+}
+
+/* (a, b) -> (a*cos - b*sin, a*sin + b*cos), every product rounded, no FMA: written with intrinsics
+ * because GCC's vectoriser turns the interleaved form into a complex multiply with vfmaddsub. */
+static void rotate(float *x, int64_t heads, int64_t D, int interleaved, const float *cs) {
+    const int64_t half = D / 2;
+    const float *C = cs, *S = cs + half;
+    for (int64_t h = 0; h < heads; h++) {
+        float *v = x + h * D;
+        int64_t i = 0;
+#ifdef R4D_AVX2
+        for (; i + 8 <= half; i += 8) {
+            __m256 c = _mm256_loadu_ps(C + i), sn = _mm256_loadu_ps(S + i);
+            if (interleaved) {
+                const __m256 x0 = _mm256_loadu_ps(v + 2 * i), x1 = _mm256_loadu_ps(v + 2 * i + 8);
+                const __m256 a = _mm256_shuffle_ps(x0, x1, 0x88), b = _mm256_shuffle_ps(x0, x1, 0xDD);
+                /* a, b hold pairs 0 1 4 5 | 2 3 6 7: cos and sin in the same order */
+                c = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(c), 0xD8));
+                sn = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(sn), 0xD8));
+                const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, sn));
+                const __m256 rb = _mm256_add_ps(_mm256_mul_ps(a, sn), _mm256_mul_ps(b, c));
+                _mm256_storeu_ps(v + 2 * i, _mm256_unpacklo_ps(ra, rb));
+                _mm256_storeu_ps(v + 2 * i + 8, _mm256_unpackhi_ps(ra, rb));
+            } else {
+                const __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + half + i);
+                _mm256_storeu_ps(v + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, sn)));
+                _mm256_storeu_ps(v + half + i, _mm256_add_ps(_mm256_mul_ps(a, sn), _mm256_mul_ps(b, c)));
+            }
+        }
+#endif
+        for (; i < half; i++) {
+            volatile float *pa = interleaved ? v + 2 * i : v + i; /* volatile: no pattern matching */
+            volatile float *pb = interleaved ? v + 2 * i + 1 : v + i + half;
+            const float a = *pa, b = *pb, c = C[i], sn = S[i];
+            const float ac = a * c, bs = b * sn, as = a * sn, bc = b * c;
+            *pa = ac - bs;
+            *pb = as + bc;
+        }
+    }
+}
+
+int r4d_rope(Arr *q, Arr *k, const Arr *positions, const Arr *inv_freq, int64_t M, int64_t qh, int64_t kvh,
+             int64_t D, int interleaved) {
+    Mat Q, Kk, F;
+    IVec pos;
+    int rc;
+    if (D % 2 || D / 2 > 512) return R4D_E_SHAPE;
+    const int64_t half = D / 2;
+    if ((rc = mat(q, qh * D, 4, M, &Q)) || (rc = mat(k, kvh * D, 4, M, &Kk)) || (rc = ivec(positions, M, &pos)) ||
+        (rc = mat(inv_freq, half, 4, 1, &F)))
+        return rc;
+    const float *inv = (const float *)F.p;
+    int64_t maxpos = -1, minpos = 0;
+    for (int64_t m = 0; m < M; m++) {
+        const int64_t p = iget(&pos, m);
+        maxpos = p > maxpos ? p : maxpos;
+        minpos = p < minpos ? p : minpos;
+    }
+    const int cached = minpos >= 0 && rope_table(inv, half, maxpos + 1);
+    if (cached)
+        for (int64_t m = 0; m < M; m++) {
+            const int64_t p = iget(&pos, m);
+            if (!g_rope_have[p]) {
+                rope_angles(inv, half, p, g_rope_tab + p * 1024);
+                g_rope_have[p] = 1;
+            }
+        }
+    const int nt = nthreads_for(M * (qh + kvh) * D, 1 << 13);
+    PAR(nt, {
+        int64_t lo, hi;
+        split(M, 1, tid_, tcnt_, &lo, &hi);
+        float local[1024];
+        for (int64_t m = lo; m < hi; m++) {
+            const int64_t p = iget(&pos, m);
+            const float *cs = local;
+            if (cached)
+                cs = g_rope_tab + p * 1024;
+            else
+                rope_angles(inv, half, p, local);
+            rotate(ROW(Q, m, float), qh, D, interleaved, cs);
+            rotate(ROW(Kk, m, float), kvh, D, interleaved, cs);
+        }
+    });
+    return R4D_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* attention over a paged cache. Stores k, v at slots, then for each (token, head): scores
+ * q . k (f32 dot products, vectorised over head_dim with FMA) times scale, e_j = exp(s_j - max)
+ * in double rounded to f32, total = sum e_j in key order, out = (sum_j e_j * v_j) / total with
+ * the sum over keys in key order, each product rounded (libref's order). */
+
+/* One query head over its visible keys: scores, softmax weights, weighted value sum.
+ * `rows_k[j]`, `rows_v[j]` point at the head's D floats of key j. sc: L floats of scratch. */
+static inline __attribute__((always_inline)) void head_attend(const float *qv, const float *const *rows_k,
+                                                             const float *const *rows_v, int64_t L, const int64_t D,
+                                                             float fscale, float *sc, float *o) {
+    int64_t j = 0;
+#ifdef R4D_AVX2
+    if (D % 8 == 0) {
+        for (; j + 8 <= L; j += 8) { /* 8 keys at once, reduced by a transpose of sums */
+            __m256 a[8];
+            for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 q8 = _mm256_loadu_ps(qv + d);
+                for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(q8, _mm256_loadu_ps(rows_k[j + u] + d), a[u]);
+            }
+            const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            const __m256 t2 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(t0, t2, 0x20), _mm256_permute2f128_ps(t0, t2, 0x31));
+            _mm256_storeu_ps(sc + j, _mm256_mul_ps(r, _mm256_set1_ps(fscale)));
+        }
+    }
+#endif
+    for (; j < L; j++) {
+        float dot = 0.0f;
+        for (int64_t d = 0; d < D; d++) dot += qv[d] * rows_k[j][d];
+        sc[j] = dot * fscale;
+    }
+    float mx = -INFINITY;
+    for (j = 0; j < L; j++) mx = sc[j] > mx ? sc[j] : mx;
+    j = 0;
+#ifdef R4D_AVX2
+    const __m256 vmx = _mm256_set1_ps(mx);
+    for (; j + 8 <= L; j += 8) _mm256_storeu_ps(sc + j, exp_f64_ps(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx)));
+#endif
+    for (; j < L; j++) sc[j] = (float)exp((double)(sc[j] - mx));
+    float total = sc[0];
+    for (j = 1; j < L; j++) total = total + sc[j];
+#ifdef R4D_AVX2
+    if (D % 8 == 0 && D <= 256) {
+        __m256 acc[32];
+        for (int64_t d = 0; d < D / 8; d++) acc[d] = _mm256_setzero_ps();
+        for (j = 0; j < L; j++) {
+            const __m256 e = _mm256_broadcast_ss(sc + j);
+            const float *vr = rows_v[j];
+            for (int64_t d = 0; d < D / 8; d++) acc[d] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vr + 8 * d), acc[d]);
+        }
+        const __m256 inv = _mm256_set1_ps(total);
+        for (int64_t d = 0; d < D / 8; d++) _mm256_storeu_ps(o + 8 * d, _mm256_div_ps(acc[d], inv));
+        return;
+    }
+#endif
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    for (j = 0; j < L; j++)
+        for (int64_t d = 0; d < D; d++) o[d] += sc[j] * rows_v[j][d];
+    for (int64_t d = 0; d < D; d++) o[d] = o[d] / total;
+}
+
+static void head_attend_any(const float *qv, const float *const *rk, const float *const *rv, int64_t L, int64_t D,
+                            float fscale, float *sc, float *o) {
+    switch (D) {
+    case 64: head_attend(qv, rk, rv, L, 64, fscale, sc, o); break;
+    case 128: head_attend(qv, rk, rv, L, 128, fscale, sc, o); break;
+    default: head_attend(qv, rk, rv, L, D, fscale, sc, o); break;
+    }
+}
+
+int r4d_attention(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, const Arr *slots, const Arr *positions,
+                  const Arr *cu_seqlens, const Arr *context_lens, const Arr *block_tables, Arr *out, int64_t M,
+                  int64_t H, int64_t KVH, int64_t D, int64_t bs, double scale) {
+    Mat Q, Kn, Vn, KC, VC, O;
+    IVec sl, pos, cu, ctx;
+    ITab bt;
+    int rc;
+    const int64_t kvw = KVH * D;
+    if (KVH < 1 || H % KVH || bs < 1) return R4D_E_SHAPE;
+    if ((rc = mat(q, H * D, 4, M, &Q)) || (rc = mat(k, kvw, 4, M, &Kn)) || (rc = mat(v, kvw, 4, M, &Vn)) ||
+        (rc = mat(kc, kvw, 4, 0, &KC)) || (rc = mat(vc, kvw, 4, 0, &VC)) || (rc = mat(out, H * D, 4, M, &O)) ||
+        (rc = ivec(slots, M, &sl)) || (rc = ivec(positions, M, &pos)) || (rc = ivec(cu_seqlens, 1, &cu)) ||
+        (rc = ivec(context_lens, cu.n - 1, &ctx)) || (rc = itab(block_tables, &bt)))
+        return rc;
+    const int64_t nseq = cu.n - 1;
+    if (bt.rows < nseq) return R4D_E_SHAPE;
+    for (int64_t m = 0; m < M; m++) {
+        const int64_t s = iget(&sl, m);
+        if (s < 0 || s >= KC.rows || s >= VC.rows) return R4D_E_INVALID;
+        memcpy(ROW(KC, s, float), ROW(Kn, m, float), (size_t)kvw * 4);
+        memcpy(ROW(VC, s, float), ROW(Vn, m, float), (size_t)kvw * 4);
+    }
+    /* which sequence each token belongs to, and the longest visible context */
+    int64_t *seq_of = (int64_t *)malloc((size_t)(M > 0 ? M : 1) * sizeof(int64_t));
+    if (!seq_of) return R4D_E_NOMEM;
+    int64_t maxlen = 1;
+    for (int64_t m = 0; m < M; m++) seq_of[m] = -1;
+    for (int64_t s = 0; s < nseq; s++) {
+        const int64_t t0 = iget(&cu, s), t1 = iget(&cu, s + 1), len = iget(&ctx, s);
+        if (t0 < 0 || t1 > M || t0 > t1 || len < 0 || (len + bs - 1) / bs > bt.cols) {
+            free(seq_of);
+            return R4D_E_INVALID;
+        }
+        for (int64_t t = t0; t < t1; t++) seq_of[t] = s;
+        maxlen = len > maxlen ? len : maxlen;
+    }
+    /* every slot a sequence reads must lie inside the cache */
+    for (int64_t s = 0; s < nseq; s++) {
+        const int64_t len = iget(&ctx, s);
+        for (int64_t blk = 0; blk < (len + bs - 1) / bs; blk++) {
+            const int64_t b = tget(&bt, s, blk);
+            const int64_t last = b * bs + (len - blk * bs < bs ? len - blk * bs : bs) - 1;
+            if (b < 0 || last >= KC.rows || last >= VC.rows) {
+                free(seq_of);
+                return R4D_E_INVALID;
+            }
+        }
+    }
+    const float fscale = (float)scale;
+    const int64_t group = H / KVH;
+    const int64_t items = M * KVH; /* (token, kv head): each cached row is read once for its group */
+    const int nt = nthreads_for(M * H * maxlen * D, 1 << 16);
+    int failed = 0;
+    PAR(nt, {
+        /* per thread: the scores of one head and the row pointers of one sequence's keys/values,
+         * on the stack up to 8192 positions */
+        const int small = maxlen <= 8192;
+        float sc_stack[small ? maxlen + 8 : 1];
+        const float *ptr_stack[small ? 2 * maxlen : 1];
+        float *sc = small ? sc_stack : (float *)malloc((size_t)(maxlen + 8) * sizeof(float));
+        const float **rk = small ? ptr_stack : (const float **)malloc((size_t)(2 * maxlen) * sizeof(float *));
+        if (!sc || !rk) {
+            failed = 1;
+        } else {
+            const float **rv = rk + maxlen;
+            int64_t lo, hi;
+            split(items, 1, tid_, tcnt_, &lo, &hi);
+            for (int64_t it = lo; it < hi; it++) {
+                const int64_t t = it / KVH, g = it % KVH, s = seq_of[t];
+                if (s < 0) continue; /* a token of no sequence: left as it is */
+                const int64_t len = iget(&ctx, s), p = iget(&pos, t);
+                const int64_t L = p + 1 < len ? p + 1 : len;
+                const int64_t off = g * D, h0 = g * group;
+                if (L <= 0) {
+                    for (int64_t hh = 0; hh < group; hh++)
+                        for (int64_t d = 0; d < D; d++) ROW(O, t, float)[(h0 + hh) * D + d] = NAN;
+                    continue;
+                }
+                for (int64_t j0 = 0; j0 < L; j0 += bs) {
+                    const int64_t base = tget(&bt, s, j0 / bs) * bs, jn = L - j0 < bs ? L - j0 : bs;
+                    for (int64_t jj = 0; jj < jn; jj++) {
+                        rk[j0 + jj] = ROW(KC, base + jj, const float) + off;
+                        rv[j0 + jj] = ROW(VC, base + jj, const float) + off;
+                    }
+                }
+                for (int64_t hh = 0; hh < group; hh++)
+                    head_attend_any(ROW(Q, t, const float) + (h0 + hh) * D, rk, rv, L, D, fscale, sc,
+                                    ROW(O, t, float) + (h0 + hh) * D);
+            }
+        }
+        if (!small) {
+            free(sc);
+            free(rk);
+        }
+    });
+    free(seq_of);
+    return failed ? R4D_E_NOMEM : R4D_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* sample's ordering: out = np.argsort(-v, kind="stable") for n values (ties by index; -0.0 and
+ * +0.0 equal; NaN after everything). A stable LSD radix sort, 11 + 11 + 10 bits, of the negated
+ * values' order-preserving bits. */
+
+int r4d_argsort_desc(const float *v, int64_t n, int64_t *out) {
+    if (n <= 0) return R4D_OK;
+    if (n > 0xffffffffLL) return R4D_E_SHAPE;
+    uint32_t *k0 = (uint32_t *)malloc((size_t)n * 4), *k1 = (uint32_t *)malloc((size_t)n * 4);
+    uint32_t *i0 = (uint32_t *)malloc((size_t)n * 4), *i1 = (uint32_t *)malloc((size_t)n * 4);
+    if (!k0 || !k1 || !i0 || !i1) {
+        free(k0), free(k1), free(i0), free(i1);
+        return R4D_E_NOMEM;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float f = -v[i] + 0.0f;
+        uint32_t b;
+        memcpy(&b, &f, 4);
+        if (f != f) b = 0x7fc00000u; /* one positive NaN */
+        k0[i] = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+        i0[i] = (uint32_t)i;
+    }
+    static const int shift[3] = {0, 11, 22};
+    for (int pass = 0; pass < 3; pass++) {
+        int64_t count[2048];
+        memset(count, 0, sizeof count);
+        const int s = shift[pass];
+        for (int64_t i = 0; i < n; i++) count[(k0[i] >> s) & 2047]++;
+        int64_t total = 0;
+        for (int d = 0; d < 2048; d++) {
+            const int64_t c = count[d];
+            count[d] = total;
+            total += c;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t at = count[(k0[i] >> s) & 2047]++;
+            k1[at] = k0[i];
+            i1[at] = i0[i];
+        }
+        uint32_t *t = k0;
+        k0 = k1, k1 = t;
+        t = i0, i0 = i1, i1 = t;
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = i0[i];
+    free(k0), free(k1), free(i0), free(i1);
+    return R4D_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* packed entry points: one int64 array per launch, prepared once per RadArgs by rows.py, so a
+ * launch costs one ctypes argument. Pointers and array object addresses as integers, doubles by
+ * their bits. */
+
+static inline double bits_f64(int64_t v) {
+    double d;
+    memcpy(&d, &v, 8);
+    return d;
+}
+
+#define PA(i) ((Arr *)(intptr_t)a[i])
+#define PV(i) ((const void *)(intptr_t)a[i])
+
+int r4d_embedding_p(const int64_t *a) { return r4d_embedding(PA(0), (int)a[1], PV(2), PV(3), PV(4), a[5], a[6], PA(7), a[8]); }
+int r4d_gemv_p(const int64_t *a) {
+    return r4d_gemv(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8], (int)a[9], PA(10));
+}
+int r4d_gemm_p(const int64_t *a) { return r4d_gemm(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8]); }
+int r4d_rmsnorm_p(const int64_t *a) { return r4d_rmsnorm(PA(0), PA(1), PA(2), a[3], a[4], bits_f64(a[5])); }
+int r4d_add_p(const int64_t *a) { return r4d_add(PA(0), PA(1), PA(2), a[3], a[4]); }
+int r4d_silu_mul_p(const int64_t *a) { return r4d_silu_mul(PA(0), PA(1), PA(2), a[3], a[4]); }
+int r4d_take_rows_p(const int64_t *a) { return r4d_take_rows(PA(0), PA(1), PA(2), a[3], a[4]); }
+int r4d_rope_p(const int64_t *a) { return r4d_rope(PA(0), PA(1), PA(2), PA(3), a[4], a[5], a[6], a[7], (int)a[8]); }
+int r4d_attention_p(const int64_t *a) {
+    return r4d_attention(PA(0), PA(1), PA(2), PA(3), PA(4), PA(5), PA(6), PA(7), PA(8), PA(9), PA(10), a[11], a[12],
+                         a[13], a[14], a[15], bits_f64(a[16]));
+}

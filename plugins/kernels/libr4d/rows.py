@@ -1,0 +1,370 @@
+"""libr4d's rows: the constraints each one declares, its hooks, and its launch.
+
+Launches are thin: each reads its operands off `RadArgs` and makes one ctypes call into r4d.c,
+handing over the addresses of the numpy array objects (native.py) and the plane pointers of the
+weight, prepared once per weight object. Without the native library every row runs its numpy body
+(fallback.py) instead; the constraints are the same.
+"""
+
+import ctypes
+import logging
+import os
+import weakref
+
+import numpy as np
+
+from radiance.abi import (
+    RAD_C_EQ, RAD_DOMAIN_HOST, RAD_DT_BF16, RAD_DT_F16, RAD_DT_F32, RAD_DT_I8, RAD_DT_U4, RAD_E_DTYPE,
+    RAD_E_INVALID, RAD_E_NOMEM, RAD_E_SHAPE, RAD_E_UNSUPPORTED, RAD_OK, RAD_PLANE_TILED, RAD_CDIV, RAD_CEQ,
+    RAD_CGE, RAD_CIN, RAD_CLE, RadKernelInfo, RadTensor, RadTunable, rad_weight_f32,
+)
+
+from . import fallback
+from . import sample as sampling
+
+F32 = np.float32
+log = logging.getLogger("radiance.libr4d")
+
+# The GEMV rows serve M <= GEMV_MAX_M: the weight streams once per 4 activation rows. Above it the
+# GEMM rows dequantise panels of the weight once and reuse them over every row (docs/LIBR4D.md).
+GEMV_MAX_M = 8
+
+# How the decode GEMV rows carry activations (tunable `aq`, docs/LIBR4D.md): 16 = int16 per block of
+# 32 (the default: within 3e-5 of f32, most of int8's speed), 8 = int8 (llama.cpp's q8_1: fastest,
+# about 1% off), 0 = f32. RADIANCE_R4D_AQ overrides the default.
+AQ_CHOICES = (0, 8, 16)
+
+
+def _aq_default() -> int:
+    text = os.environ.get("RADIANCE_R4D_AQ", "16").strip()
+    return int(text) if text in ("0", "8", "16") else 16
+
+
+AQ_DEFAULT = _aq_default()
+
+# format codes of r4d.c
+FORMAT_CODES = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_1": 4}
+PLAIN = {RAD_DT_F32: "f32", RAD_DT_F16: "f16", RAD_DT_BF16: "bf16"}
+QK = 32
+
+# ------------------------------------------------------------------------------------------------
+# encodings
+
+def _tiled(plane, dtype, block_rows, block_cols) -> bool:
+    return (plane is not None and plane.kind == RAD_PLANE_TILED and plane.dtype == dtype
+            and plane.block_rows == block_rows and plane.block_cols == block_cols)
+
+
+def encoding_format(encoding) -> str | None:
+    """The format name when `encoding` is exactly one r4d.c reads as stored, else None:
+    q4_1 (u4 codes, f16 scale and min per 32), q8_0 (i8 codes, f16 scale per 32), plain f32/f16/bf16."""
+    if encoding is None or encoding.transform or encoding.vec != 1:
+        return None
+    planes = {plane.name: plane for plane in encoding.planes}
+    codes = planes.get("codes")
+    if encoding.scheme == "plain" and set(planes) == {"codes"} and codes is not None and codes.dtype in PLAIN:
+        return PLAIN[codes.dtype] if _tiled(codes, codes.dtype, 1, 1) else None
+    if (encoding.scheme == "plain" and set(planes) == {"codes", "scale"} and _tiled(codes, RAD_DT_I8, 1, 1)
+            and _tiled(planes["scale"], RAD_DT_F16, 1, QK)):
+        return "q8_0"
+    if (encoding.scheme == "affine" and set(planes) == {"codes", "scale", "min"} and _tiled(codes, RAD_DT_U4, 1, 1)
+            and _tiled(planes["scale"], RAD_DT_F16, 1, QK) and _tiled(planes["min"], RAD_DT_F16, 1, QK)):
+        return "q4_1"
+    return None
+
+
+def _layout_as_stored(formats):
+    """A layout hook: read the planes as the container holds them (RAD_E_UNSUPPORTED: no copy, so a
+    weight mapped from the file is read in place and a tied table is shared) when the encoding is
+    one of `formats`; RAD_E_DTYPE otherwise."""
+    def layout(weight, encoding, geometry):
+        found = encoding_format(encoding)
+        if found not in formats:
+            return RAD_E_DTYPE
+        if found in ("q4_1", "q8_0") and int(geometry.get("K", geometry.get("n", QK))) % QK:
+            return RAD_E_SHAPE
+        return RAD_E_UNSUPPORTED
+    return layout
+
+
+class Prepared:
+    """What a launch needs of a weight: r4d.c's format code, the plane pointers, rows, cols."""
+    __slots__ = ("ref", "fmt", "codes", "scale", "min", "rows", "cols", "keep", "__weakref__")
+
+
+_WEIGHTS: dict = {}
+
+
+def _forget(key, ref):
+    entry = _WEIGHTS.get(key)
+    if entry is not None and entry.ref is ref:
+        del _WEIGHTS[key]
+
+
+def prepare(weight) -> Prepared:
+    """Check a RadWeightPlanes once and keep its plane pointers while it lives."""
+    fmt = encoding_format(weight.encoding)
+    if fmt is None:
+        raise ValueError("libr4d: a weight in an encoding this library does not read")
+    rows, cols = int(weight.rows), int(weight.cols)
+    arrays = {}
+    for spec, tensor in zip(weight.encoding.planes, weight.planes):
+        data = tensor.data if isinstance(tensor, RadTensor) else tensor
+        arrays[spec.name] = np.ascontiguousarray(data)
+    element = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 1}.get(fmt)
+    code_bytes = rows * cols * element if element else rows * ((cols + 1) // 2)
+    wanted = {"codes": code_bytes}
+    if fmt in ("q4_1", "q8_0"):
+        if cols % QK:
+            raise ValueError(f"libr4d: a {fmt} weight of {cols} columns (not a multiple of {QK})")
+        wanted["scale"] = rows * (cols // QK) * 2
+    if fmt == "q4_1":
+        wanted["min"] = rows * (cols // QK) * 2
+    for name, size in wanted.items():
+        if arrays[name].nbytes != size:
+            raise ValueError(f"libr4d: plane '{name}' of a {rows}x{cols} {fmt} weight holds "
+                             f"{arrays[name].nbytes} bytes, not {size}")
+    prepared = Prepared()
+    key = id(weight)
+    prepared.ref = weakref.ref(weight, lambda ref, key=key: _forget(key, ref))
+    prepared.fmt, prepared.rows, prepared.cols = FORMAT_CODES[fmt], rows, cols
+    prepared.codes = arrays["codes"].ctypes.data
+    prepared.scale = arrays["scale"].ctypes.data if "scale" in wanted else None
+    prepared.min = arrays["min"].ctypes.data if "min" in wanted else None
+    prepared.keep = arrays
+    _WEIGHTS[key] = prepared
+    return prepared
+
+
+def weight_of(operand) -> Prepared:
+    weight = operand.data if isinstance(operand, RadTensor) else operand
+    entry = _WEIGHTS.get(id(weight))
+    if entry is not None and entry.ref() is weight:
+        return entry
+    return prepare(weight)
+
+
+def relayout_vector(weight, geometry):
+    """rmsnorm's weight: decoded to a contiguous f32 vector once at load."""
+    return np.ascontiguousarray(rad_weight_f32(weight), dtype=F32).reshape(-1)
+
+
+def layout_vector(weight, encoding, geometry):
+    return RAD_OK if encoding is not None and encoding.scheme in ("plain", "affine") else RAD_E_DTYPE
+
+
+# ------------------------------------------------------------------------------------------------
+# scratch
+
+def gemv_scratch_bytes(m: int, k: int, aq: int) -> int:
+    blocks = -(-k // QK)
+    return m * k * {8: 1, 16: 2}.get(aq, 4) + 8 * m * blocks + 256
+
+
+def gemv_scratch(geometry) -> int:
+    """Bytes for the activations prepared once per launch (f32 or int8, block steps and sums), at
+    the band's upper bound; the f32 form is the larger, so either path fits."""
+    return gemv_scratch_bytes(int(geometry["M"]), int(geometry["K"]), 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# native launches
+#
+# The engine builds a RadArgs once per (node, tokens, sequences) and launches it every step. So a
+# launch is planned once per RadArgs: its arguments packed into one int64 array (array object
+# addresses, plane pointers, extents, doubles by their bits) that r4d.c's *_p entry points unpack.
+# A plan is used again while the RadArgs is the same object with the same operand tuple, parameter
+# dict, scratch and M; anything else plans anew. The plan keeps its operands alive.
+
+class Plan:
+    __slots__ = ("ref", "t", "params", "scratch", "m", "call", "arg", "keep")
+
+
+_PLANS: dict = {}
+
+
+def _drop_plan(key, ref):
+    plan = _PLANS.get(key)
+    if plan is not None and plan.ref is ref:
+        del _PLANS[key]
+
+
+def _planned(native, name, pack):
+    """A launch for `pack(native, a) -> (values, keep)`, calling r4d.c's `name` in `native`."""
+    def launch(a):
+        plan = _PLANS.get(id(a))
+        if (plan is None or plan.ref() is not a or plan.t is not a.t or plan.params is not a.params
+                or plan.scratch is not a.scratch or plan.m != a.params["M"] or plan.call is None):
+            plan = _plan(native, a, name, pack)
+        return plan.call(plan.arg)
+    launch.__name__ = name
+    return launch
+
+
+def _plan(native, a, name, pack) -> Plan:
+    values, keep = pack(native, a)
+    packed = np.array([int(v) for v in values], dtype=np.int64)
+    plan = Plan()
+    key = id(a)
+    plan.ref = weakref.ref(a, lambda ref, key=key: _drop_plan(key, ref))
+    plan.t, plan.params, plan.scratch, plan.m = a.t, a.params, a.scratch, a.params["M"]
+    plan.call = getattr(native.lib, name)
+    plan.arg = ctypes.c_void_p(packed.ctypes.data)
+    plan.keep = (packed, keep, tuple(t.data for t in a.t))
+    _PLANS[key] = plan
+    return plan
+
+
+def _operands(native, a, *indices):
+    """r4d.c's handles of operands `indices` (numpy arrays) and what keeps them valid."""
+    handles, keep = [], []
+    for i in indices:
+        data = a.t[i].data
+        if not isinstance(data, np.ndarray):
+            raise TypeError(f"operand {i} is {type(data).__name__}, not a numpy array")
+        handle, alive = native.operand(data)
+        handles.append(handle)
+        keep.append(alive)
+    return handles, keep
+
+
+def _bits(value: float) -> int:
+    return int(np.float64(value).view(np.int64))
+
+
+def _weight_values(w: Prepared):
+    return [w.fmt, w.codes, w.scale or 0, w.min or 0]
+
+
+def _pack_gemv(native, a):
+    p = a.params
+    w = weight_of(a.t[1].data)
+    m, aq = int(p["M"]), int(p.get("aq", AQ_DEFAULT))
+    if aq not in AQ_CHOICES:
+        raise ValueError(f"aq={aq}: not one of {AQ_CHOICES}")
+    scratch = a.scratch
+    need = gemv_scratch_bytes(m, w.cols, aq)
+    if scratch is None or scratch.nbytes < need:
+        scratch = np.zeros(need, np.uint8)
+    (x, y), keep = _operands(native, a, 0, 2)
+    s, alive = native.operand(scratch)
+    return [x, *_weight_values(w), y, m, w.rows, w.cols, aq, s], (keep, alive, w)
+
+
+def _pack_gemm(native, a):
+    w = weight_of(a.t[1].data)
+    (x, y), keep = _operands(native, a, 0, 2)
+    return [x, *_weight_values(w), y, a.params["M"], w.rows, w.cols], (keep, w)
+
+
+def _pack_embedding(native, a):
+    w = weight_of(a.t[1].data)
+    (ids, y), keep = _operands(native, a, 0, 2)
+    return [ids, *_weight_values(w), w.rows, w.cols, y, a.params["M"]], (keep, w)
+
+
+def _pack_rmsnorm(native, a):
+    p = a.params
+    handles, keep = _operands(native, a, 0, 1, 2)
+    return [*handles, p["M"], p["n"], _bits(p["eps"])], keep
+
+
+def _pack_rows3(native, a):
+    p = a.params
+    handles, keep = _operands(native, a, 0, 1, 2)
+    return [*handles, p["M"], p["n"]], keep
+
+
+def _pack_rope(native, a):
+    p = a.params
+    handles, keep = _operands(native, a, 0, 1, 2, 3)
+    return [*handles, p["M"], p["q_heads"], p["kv_heads"], p["head_dim"], p["interleaved"]], keep
+
+
+def _pack_attention(native, a):
+    p = a.params
+    handles, keep = _operands(native, a, *range(11))
+    return [*handles, p["M"], p["q_heads"], p["kv_heads"], p["head_dim"], p["block_size"], _bits(p["scale"])], keep
+
+
+NATIVE_ENTRIES = {"gemv": ("r4d_gemv_p", _pack_gemv), "gemm": ("r4d_gemm_p", _pack_gemm),
+                  "embedding": ("r4d_embedding_p", _pack_embedding), "rmsnorm": ("r4d_rmsnorm_p", _pack_rmsnorm),
+                  "add": ("r4d_add_p", _pack_rows3), "silu_mul": ("r4d_silu_mul_p", _pack_rows3),
+                  "take_rows": ("r4d_take_rows_p", _pack_rows3), "rope": ("r4d_rope_p", _pack_rope),
+                  "attention": ("r4d_attention_p", _pack_attention)}
+FALLBACK_LAUNCH = {"gemv": fallback.gemm, "gemm": fallback.gemm, "embedding": fallback.embedding,
+                   "rmsnorm": fallback.rmsnorm, "add": fallback.add, "silu_mul": fallback.silu_mul,
+                   "take_rows": fallback.take_rows, "rope": fallback.rope, "attention": fallback.attention}
+
+
+def _guarded(name, launch):
+    """A launch whose operands r4d.c refuses returns its error code; one that raises (an operand
+    of the wrong kind) logs what was raised and returns RAD_E_INVALID rather than unwinding
+    through the engine."""
+    def guarded(a):
+        try:
+            return launch(a)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, ctypes.ArgumentError) as error:
+            log.error("libr4d: row %s: %s: %s", name, type(error).__name__, error)
+            return RAD_E_INVALID
+    guarded.__name__ = name
+    return guarded
+
+
+# ------------------------------------------------------------------------------------------------
+# the table
+
+F32_ACTIVATIONS = RAD_CEQ("dtype", "f32")
+
+
+def build_rows(native) -> list[RadKernelInfo]:
+    """The rows, their launches bound to the native library, or to numpy when it is None."""
+    if native is not None:
+        table = {kind: _planned(native, name, pack) for kind, (name, pack) in NATIVE_ENTRIES.items()}
+    else:
+        table = FALLBACK_LAUNCH
+    body = "r4d.c" if native is not None else "numpy fallback"
+
+    def row(name, op, kind, constraints, computes, shape, dtypes, **hooks):
+        return RadKernelInfo(name=name, op=op, family="r4d", computes=f"{computes} ({body})", shape=shape,
+                             dtypes=dtypes, domain=RAD_DOMAIN_HOST, priority=10, constraints=constraints,
+                             launch=_guarded(name, table[kind]), **hooks)
+
+    aq = [RadTunable(name="aq", values="0,8,16", deflt=AQ_DEFAULT)]
+    gemm_rows = []
+    for fmt, label in (("q4_1", "q4_1"), ("q8_0", "q8_0"), ("f32 f16 bf16", "plain")):
+        quantised = label != "plain"
+        common = [RAD_CIN("wdtype", fmt), F32_ACTIVATIONS, RAD_CEQ("split_k", 1)]
+        if quantised:
+            common.append(RAD_CDIV("K", QK))
+        layout = _layout_as_stored(fmt.split())
+        gemm_rows.append(row(
+            f"r4d_gemv_{label}", "gemm", "gemv", [RAD_CLE("M", GEMV_MAX_M), *common],
+            "decode GEMV: weight streamed once per 4 rows; activations int16 (aq=16), int8 (aq=8) or f32 (aq=0)"
+            if quantised else "decode GEMV, f32 accumulation",
+            f"M<={GEMV_MAX_M}" + (", K%32==0" if quantised else ""), f"f32 x {fmt}",
+            layout=layout, scratch=gemv_scratch, tunables=aq if quantised else []))
+        gemm_rows.append(row(
+            f"r4d_gemm_{label}", "gemm", "gemm", [RAD_CGE("M", GEMV_MAX_M + 1), *common],
+            "prefill GEMM: 24-row weight panels dequantised to f32, 4x3 FMA register tiles",
+            f"M>={GEMV_MAX_M + 1}" + (", K%32==0" if quantised else ""), f"f32 x {fmt}", layout=layout))
+    formats = "q8_0 q4_1 f32 f16 bf16"
+    return [
+        row("r4d_embedding", "embedding", "embedding", [RAD_CIN("wdtype", formats), F32_ACTIVATIONS],
+            "table rows decoded to f32", "any", f"{formats} table", layout=_layout_as_stored(formats.split())),
+        row("r4d_rmsnorm", "rmsnorm", "rmsnorm", [F32_ACTIVATIONS], "libref's ordered sum of squares",
+            "any", "f32", layout=layout_vector, relayout=relayout_vector),
+        *gemm_rows,
+        row("r4d_rope", "rope", "rope", [F32_ACTIVATIONS, RAD_CDIV("head_dim", 2), RAD_CLE("head_dim", 1024)],
+            "cos/sin in f64 rounded to f32, tabled per position", "head_dim<=1024, even", "f32"),
+        row("r4d_attention", "attention", "attention", [F32_ACTIVATIONS],
+            "paged KV; FMA dot products, f64 exp, ordered softmax sums", "any", "f32"),
+        row("r4d_add", "add", "add", [F32_ACTIVATIONS], "elementwise", "any", "f32"),
+        row("r4d_silu_mul", "silu_mul", "silu_mul", [F32_ACTIVATIONS], "sigmoid in f64 rounded to f32",
+            "any", "f32"),
+        row("r4d_take_rows", "take_rows", "take_rows", [F32_ACTIVATIONS], "row gather", "any", "f32"),
+        RadKernelInfo(name="r4d_sample", op="sample", family="r4d",
+                      computes="libref's tokens: greedy, top-k by partition, top-p over the ordered head",
+                      shape="any", dtypes="f32 logits", domain=RAD_DOMAIN_HOST, priority=10, constraints=[],
+                      launch=_guarded("r4d_sample", sampling.sampler(native))),
+    ]

@@ -1,0 +1,132 @@
+"""libr4d's rope and attention rows against libref's, at SmolLM2-135M's heads (9 query heads, 3 kv
+heads, head_dim 64): rope both pairings; attention over a paged cache (block_size 16, blocks
+scattered) with several sequences mixing prefill chunks and decode tokens in one step."""
+
+import numpy as np
+import pytest
+
+from test_libr4d_support import (  # noqa: F401 (registry is a fixture)
+    HEAD_DIM, HEADS, KV_HEADS, PREFILL_M, launch, registry, rel_err, row_of,
+)
+
+TOL_ATTENTION = 2e-6  # docs/LIBR4D.md: FMA dot products of q and k; the softmax sums in libref's order
+
+
+def inv_freq(theta=100000.0, head_dim=HEAD_DIM):
+    return (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(np.float32)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("m", [1, PREFILL_M])
+def test_rope_is_exactly_libref_s(registry, interleaved, m):
+    rng = np.random.default_rng(m + interleaved)
+    q0 = rng.standard_normal((m, HEADS * HEAD_DIM)).astype(np.float32)
+    k0 = rng.standard_normal((m, KV_HEADS * HEAD_DIM)).astype(np.float32)
+    positions = rng.integers(0, 8192, m).astype(np.int32)
+    positions[0] = 0
+    params = {"M": m, "q_heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "interleaved": interleaved,
+              "dtype": "f32"}
+    out = {}
+    for library in ("libr4d", "libref"):
+        for repeat in range(2):  # the second launch reads libr4d's table of angles
+            q, k = q0.copy(), k0.copy()
+            assert launch(row_of(registry, "rope", library), [q, k, positions, inv_freq()], params) == 0
+            out[library, repeat] = (q, k)
+    for repeat in range(2):
+        np.testing.assert_array_equal(out["libr4d", repeat][0], out["libref", 0][0])
+        np.testing.assert_array_equal(out["libr4d", repeat][1], out["libref", 0][1])
+
+
+def test_rope_follows_a_new_inv_freq_table(registry):
+    """libr4d keeps cos/sin per position, keyed by the inv_freq values: another table is another key."""
+    m = 4
+    rng = np.random.default_rng(9)
+    q0 = rng.standard_normal((m, HEADS * HEAD_DIM)).astype(np.float32)
+    k0 = rng.standard_normal((m, KV_HEADS * HEAD_DIM)).astype(np.float32)
+    positions = np.array([3, 4, 5, 6], np.int32)
+    params = {"M": m, "q_heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "interleaved": 0, "dtype": "f32"}
+    for theta in (10000.0, 500000.0, 10000.0):
+        results = []
+        for library in ("libr4d", "libref"):
+            q, k = q0.copy(), k0.copy()
+            assert launch(row_of(registry, "rope", library), [q, k, positions, inv_freq(theta)], params) == 0
+            results.append((q, k))
+        np.testing.assert_array_equal(results[0][0], results[1][0])
+        np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def paged_step(seqs, block_size=16, num_blocks=96, seed=0):
+    """Operands of one attention step: `seqs` is [(cached positions before the step, new tokens)];
+    each sequence's blocks scattered over the cache, whose other slots hold noise."""
+    rng = np.random.default_rng(seed)
+    blocks_per_seq = max(-(-(start + n) // block_size) for start, n in seqs) + 1
+    order = rng.permutation(num_blocks)
+    tables = np.full((len(seqs) + 1, blocks_per_seq), -1, np.int32)  # one spare row: a longer buffer
+    slots, positions, cu, ctx = [], [], [0], []
+    for s, (start, n) in enumerate(seqs):
+        tables[s] = order[s * blocks_per_seq:(s + 1) * blocks_per_seq]
+        for p in range(start, start + n):
+            positions.append(p)
+            slots.append(tables[s, p // block_size] * block_size + p % block_size)
+        cu.append(cu[-1] + n)
+        ctx.append(start + n)
+    m = cu[-1]
+    width = KV_HEADS * HEAD_DIM
+    return dict(
+        q=rng.standard_normal((m, HEADS * HEAD_DIM)).astype(np.float32) * 2,
+        k=rng.standard_normal((m, width)).astype(np.float32), v=rng.standard_normal((m, width)).astype(np.float32),
+        k_cache=rng.standard_normal((num_blocks * block_size, width)).astype(np.float32),
+        v_cache=rng.standard_normal((num_blocks * block_size, width)).astype(np.float32),
+        slots=np.array(slots, np.int32), positions=np.array(positions, np.int32), cu=np.array(cu, np.int32),
+        ctx=np.array(ctx, np.int32), tables=tables, m=m, block_size=block_size)
+
+
+def run_attention(registry, library, step):
+    k_cache, v_cache = step["k_cache"].copy(), step["v_cache"].copy()
+    out = np.full((step["m"] + 3, HEADS * HEAD_DIM), 5.0, np.float32)
+    operands = [step["q"], step["k"], step["v"], k_cache, v_cache, step["slots"], step["positions"], step["cu"],
+                step["ctx"], step["tables"][:len(step["ctx"])], out]
+    params = {"M": step["m"], "q_heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+              "block_size": step["block_size"], "scale": HEAD_DIM ** -0.5, "dtype": "f32"}
+    assert launch(row_of(registry, "attention", library), operands, params) == 0
+    return out, k_cache, v_cache
+
+
+CASES = {
+    "prefill and decode": [(0, 20), (40, 1), (33, 7), (0, 1)],  # a prompt, a decode, a later chunk, a 1-token prompt
+    "decode batch": [(5, 1), (130, 1), (16, 1), (15, 1)],
+    "long prefill chunk": [(100, PREFILL_M)],
+    "block edges": [(15, 2), (31, 1), (47, 17)],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_attention_over_a_paged_cache(registry, case):
+    step = paged_step(CASES[case], seed=len(case))
+    ours, k_ours, v_ours = run_attention(registry, "libr4d", step)
+    ref, k_ref, v_ref = run_attention(registry, "libref", step)
+    np.testing.assert_array_equal(k_ours, k_ref)  # the step's k, v stored at their slots, nothing else
+    np.testing.assert_array_equal(v_ours, v_ref)
+    m = step["m"]
+    assert rel_err(ours[:m], ref[:m]) <= TOL_ATTENTION, rel_err(ours[:m], ref[:m])
+    assert (ours[m:] == 5.0).all()  # rows past the step untouched
+
+
+def test_attention_with_long_contexts(registry):
+    step = paged_step([(1000, 1), (700, 3)], num_blocks=160, seed=3)
+    ours, _, _ = run_attention(registry, "libr4d", step)
+    ref, _, _ = run_attention(registry, "libref", step)
+    assert rel_err(ours[:step["m"]], ref[:step["m"]]) <= TOL_ATTENTION
+
+
+def test_attention_refuses_a_slot_outside_the_cache(registry):
+    step = paged_step([(0, 3)], seed=4)
+    step["slots"] = step["slots"].copy()
+    step["slots"][1] = step["k_cache"].shape[0]
+    k_cache, v_cache = step["k_cache"].copy(), step["v_cache"].copy()
+    out = np.zeros((3, HEADS * HEAD_DIM), np.float32)
+    operands = [step["q"], step["k"], step["v"], k_cache, v_cache, step["slots"], step["positions"], step["cu"],
+                step["ctx"], step["tables"][:1], out]
+    params = {"M": 3, "q_heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block_size": 16,
+              "scale": 0.125, "dtype": "f32"}
+    assert launch(row_of(registry, "attention", "libr4d"), operands, params) != 0
