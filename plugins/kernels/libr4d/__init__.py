@@ -7,6 +7,9 @@ by a hash of the source, and called through ctypes (native.py); threads follow R
 runs a numpy body instead and the plugin says so once. docs/LIBR4D.md has the rows, their bands,
 tolerances against libref and measured speed.
 
+The collectives (all_reduce, all_gather, the chained and fused forms) are collectives.py's, listed
+here from its HOST_ROWS; should that module fail to import, the compute rows load without them.
+
 It declares no schema: libref declares every op of the vocabulary, and a row may implement an op
 another library declares."""
 
@@ -18,7 +21,18 @@ from . import native, rows
 
 log = logging.getLogger("radiance.libr4d")
 
-_STATE = {"rows": None, "native": None, "why": None}
+_STATE = {"rows": None, "native": None, "why": None, "colour": {}, "chain": {}}
+
+
+def _collective_rows():
+    """collectives.py's suggested declarations and their colours, or nothing if it will not import."""
+    try:
+        from . import collectives
+        rows_ = list(collectives.HOST_ROWS)
+        return rows_, dict(collectives.ROW_COLOURS), dict(collectives.ROW_CHAIN)
+    except Exception as error:  # another module's failure must not take the compute rows down
+        log.warning("libr4d: collective rows unavailable (%s: %s)", type(error).__name__, error)
+        return [], {}, {}
 
 
 def _open() -> None:
@@ -32,7 +46,9 @@ def _open() -> None:
         log.warning("libr4d: the C kernels are unavailable (%s); every row runs its numpy fallback, "
                     "several times slower", why)
     _STATE["native"] = loaded
-    _STATE["rows"] = rows.build_rows(loaded)
+    collective, colours, chains = _collective_rows()
+    _STATE["rows"] = rows.build_rows(loaded) + collective
+    _STATE["colour"], _STATE["chain"] = colours, chains
 
 
 def rad_plugin_abi_version():
@@ -65,6 +81,16 @@ def rad_kernel_count():
 def rad_kernel_at(i):
     _open()
     return _STATE["rows"][i]
+
+
+def rad_kernel_collective(i):
+    _open()
+    return _STATE["colour"].get(_STATE["rows"][i].name, 0)
+
+
+def rad_kernel_chain(i):
+    _open()
+    return bool(_STATE["chain"].get(_STATE["rows"][i].name, False))
 
 
 def backend() -> str:
