@@ -3,7 +3,7 @@ shared-memory transport of radiance.collectives, against torch.distributed's glo
 in the same processes, in the same run.
 
     python bench/allreduce_host.py [--worlds 2 3] [--sizes 8K 64K 1M 8M] [--repeats 3] [--scale 1]
-                                   [--spin] [--threshold] [--no-gloo]
+                                   [--spin] [--threshold] [--no-gloo] [--timer-slack-ns N]
 
 --spin also measures the rows with a pure spin in place of rad_wait_word (what the back-off is
 worth when ranks outnumber cores); --threshold also measures one-shot and reduce-scatter +
@@ -68,8 +68,19 @@ def spin_wait(word, value, timeout_ns=0):
     return 0
 
 
-def rank_main(rank, world, run_id, port, plan, barrier, results, max_bytes):
+def set_timer_slack(ns: int) -> None:
+    """prctl(PR_SET_TIMERSLACK): how late the kernel may wake a sleeping thread (default 50 us)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(29, ctypes.c_ulong(ns), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_TIMERSLACK)")
+
+
+def rank_main(rank, world, run_id, port, plan, barrier, results, max_bytes, timer_slack_ns):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if timer_slack_ns:
+        set_timer_slack(timer_slack_ns)
     import numpy as np
 
     from radiance.abi import RAD_LINK_ENDED, RAD_OK, RadArgs, rad_tensor
@@ -126,7 +137,7 @@ def rank_main(rank, world, run_id, port, plan, barrier, results, max_bytes):
         peers_owner.close()
 
 
-def measure(world, modes, sizes, repeats, scale):
+def measure(world, modes, sizes, repeats, scale, timer_slack_ns=0):
     """{(mode, nbytes): [seconds per all-reduce, one per repeat]}"""
     from radiance.collectives import new_run_id, unlink_run
 
@@ -141,7 +152,8 @@ def measure(world, modes, sizes, repeats, scale):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     run_id = new_run_id()
-    procs = [ctx.Process(target=rank_main, args=(r, world, run_id, port, plan, barrier, results, max(sizes)))
+    procs = [ctx.Process(target=rank_main,
+                         args=(r, world, run_id, port, plan, barrier, results, max(sizes), timer_slack_ns))
              for r in range(world)]
     try:
         for proc in procs:
@@ -176,6 +188,8 @@ def main() -> None:
     parser.add_argument("--spin", action="store_true", help="also measure a pure spin in place of rad_wait_word")
     parser.add_argument("--threshold", action="store_true", help="also measure one-shot and two-shot forced")
     parser.add_argument("--no-gloo", action="store_true")
+    parser.add_argument("--timer-slack-ns", type=int, default=0,
+                        help="set each rank's timer slack (prctl) first; 0 leaves the default (50 us)")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes]
     modes = ["ours"] + (["spin"] if args.spin else []) + (["one-shot", "two-shot"] if args.threshold else [])
@@ -187,13 +201,13 @@ def main() -> None:
         modes.append("gloo")
     kernel = load_kernel()
     print(f"host all-reduce, f32, {os.cpu_count()} cores; ours = libr4d all_reduce_host "
-          f"(one-shot up to {show_size(kernel.ONE_SHOT_MAX_BYTES)} from 3 ranks, always at 2); median of {args.repeats} loops; times in us")
+          f"(one-shot up to {show_size(kernel.ONE_SHOT_MAX_BYTES)}); median of {args.repeats} loops; times in us")
     header = f"{'ranks':>5} {'size':>7} " + " ".join(f"{m:>10}" for m in modes)
     header += "   gloo/ours" if "gloo" in modes else ""
     header += "   spin/ours" if "spin" in modes else ""
     print(header)
     for world in args.worlds:
-        figures = measure(world, modes, sizes, args.repeats, args.scale)
+        figures = measure(world, modes, sizes, args.repeats, args.scale, args.timer_slack_ns)
         for nbytes in sizes:
             median = {m: statistics.median(figures[(m, nbytes)]) for m in modes}
             line = f"{world:>5} {show_size(nbytes):>7} " + " ".join(f"{median[m] * 1e6:>10.1f}" for m in modes)

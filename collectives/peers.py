@@ -78,7 +78,8 @@ class HostPeers:
         is too small, FileExistsError when the run already has this rank's segment."""
         if not 0 <= int(rank) < int(world):
             raise ValueError(f"rank {rank} is not in a world of {world}")
-        header = _HEADER.pack(MAGIC, int(rank), int(world), slot_bytes(buffer_bytes), N_FLAGS).ljust(HEADER_BYTES, b"\0")
+        header = _HEADER.pack(MAGIC, int(rank), int(world), slot_bytes(buffer_bytes), N_FLAGS)
+        header = header.ljust(HEADER_BYTES, b"\0")
 
         def init(array):
             array[:HEADER_BYTES] = np.frombuffer(header, np.uint8)

@@ -105,8 +105,9 @@ class Segment:
                 os.posix_fallocate(fd, 0, size)
             except OSError as error:
                 if error.errno == errno.ENOSPC:
+                    free = shm_free_bytes(directory)
                     raise ShmSpaceError(errno.ENOSPC, f"too little {directory}: need {size / MIB:.1f} MiB, "
-                                                      f"{shm_free_bytes(directory) / MIB:.1f} MiB free ({name})") from None
+                                                      f"{free / MIB:.1f} MiB free ({name})") from None
                 if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                     raise
                 os.ftruncate(fd, size)
@@ -131,8 +132,9 @@ class Segment:
         try:
             fd = os.open(directory / name, os.O_RDWR)
         except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, f"shared-memory segment {name} (rank {rank}'s {kind}) does not "
-                                                  f"exist: has rank {rank} created it yet?", str(directory / name)) from None
+            message = f"shared-memory segment {name} (rank {rank}'s {kind}) does not exist: " \
+                      f"has rank {rank} created it yet?"
+            raise FileNotFoundError(errno.ENOENT, message, str(directory / name)) from None
         try:
             size = os.fstat(fd).st_size
             mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

@@ -66,17 +66,32 @@ def test_all_reduce_is_the_rank_order_sum_bit_for_bit_on_every_rank(world):
         assert epoch == len(cases), "one epoch per launch"
         for case, (status, gate, _, mismatched, _) in enumerate(out):
             assert (status, gate) == (RAD_LINK_ENDED, 0), f"case {cases[case]}: colour 2 ends the hold"
-            assert mismatched == 0, f"rank {rank}, case {cases[case]}: {mismatched} elements differ from the rank-order sum"
+            assert mismatched == 0, f"rank {rank}, case {cases[case]}: {mismatched} elements differ from the sum"
     for case in range(len(cases)):
         assert len({out[case][2] for out, _ in results}) == 1, f"case {cases[case]}: ranks disagree"
     if world >= 3:  # the check tells orders apart: on the larger cases the reverse order gives other bits
         assert all(results[0][0][case][4] for case, (m, n, _) in enumerate(cases) if m * n > 1000)
 
 
-def test_the_threshold_splits_where_the_row_says():
+def _threshold_rank(rank):
+    """Which form ran is visible in the flags: reduce-scatter stores DONE, one-shot does not."""
     kernel = load_kernel()
-    assert kernel.one_shot_max_bytes(2) >= 1 << 40  # two ranks: always one-shot
-    assert kernel.one_shot_max_bytes(3) == kernel.one_shot_max_bytes(8) == kernel.ONE_SHOT_MAX_BYTES
+    owner, peers = rank.peers(buffer_bytes=1 << 20)
+    limit = kernel.one_shot_max_bytes(rank.world)
+    seen = []
+    for count in (limit // 4, limit // 4 + 1):
+        x = np.ones((1, count), np.float32)
+        kernel.all_reduce_host(RadArgs(t=(rad_tensor(x),), params={"M": 1, "n": count, "dtype": "f32"}, peers=peers))
+        seen.append(int(peers.flags[rank.rank][kernel.DONE]) == peers.epoch)
+    rank.sync()
+    owner.close()
+    return limit, seen
+
+
+def test_the_threshold_splits_where_the_row_says():
+    for limit, (at_limit_two_shot, above_two_shot) in run_ranks(_threshold_rank, 3):
+        assert limit == 256 << 10
+        assert not at_limit_two_shot and above_two_shot
 
 
 def _random_speeds_rank(rank):
@@ -134,8 +149,9 @@ def _all_gather_rank(rank):
         x = contribution(case, rank.rank, m, n)
         y = np.full((m, n * rank.world), np.nan, np.float32)
         gate = np.ones(1, np.uint64)
-        status = kernel.all_gather_host(RadArgs(t=(rad_tensor(x), rad_tensor(y)), params={"M": m, "n": n, "dtype": "f32"},
-                                                peers=peers, link_gate=gate))
+        args = RadArgs(t=(rad_tensor(x), rad_tensor(y)), params={"M": m, "n": n, "dtype": "f32"}, peers=peers,
+                       link_gate=gate)
+        status = kernel.all_gather_host(args)
         expected = np.concatenate([contribution(case, r, m, n) for r in range(rank.world)], axis=1)
         out.append((status, int(gate[0]), bool(np.array_equal(y, expected)), digest(y)))
     rank.sync()
@@ -157,9 +173,11 @@ def _too_big_rank(rank):
     kernel = load_kernel()
     owner, peers = rank.peers(buffer_bytes=4096)
     x = np.ones((1, 2048), np.float32)  # 8 KiB: more than a 4 KiB slot
-    status = kernel.all_reduce_host(RadArgs(t=(rad_tensor(x),), params={"M": 1, "n": 2048, "dtype": "f32"}, peers=peers))
+    status = kernel.all_reduce_host(RadArgs(t=(rad_tensor(x),), params={"M": 1, "n": 2048, "dtype": "f32"},
+                                            peers=peers))
     small = np.full((1, 4), rank.rank + 1.0, np.float32)  # the next launch still agrees on the epoch
-    after = kernel.all_reduce_host(RadArgs(t=(rad_tensor(small),), params={"M": 1, "n": 4, "dtype": "f32"}, peers=peers))
+    after = kernel.all_reduce_host(RadArgs(t=(rad_tensor(small),), params={"M": 1, "n": 4, "dtype": "f32"},
+                                           peers=peers))
     rank.sync()
     owner.close()
     return status, after, small.tolist()

@@ -82,8 +82,9 @@ def _fused_rank(rank):
             gate = np.ones(1, np.uint64)
             status, x, residual, y = fused(kernel, case, rank.rank, rank.world, m, n, peers, gate, limit)
             ref_x, ref_residual, ref_y = reference_chain(case, rank.world, m, n)
-            out.append(((m, n, limit), status, int(gate[0]), bool(np.array_equal(bits(x), bits(ref_x))),
-                        bool(np.array_equal(bits(residual), bits(ref_residual))), bool(np.array_equal(bits(y), bits(ref_y)))))
+            pairs = ((x, ref_x), (residual, ref_residual), (y, ref_y))
+            same = [bool(np.array_equal(bits(a), bits(b))) for a, b in pairs]
+            out.append(((m, n, limit), status, int(gate[0]), *same))
     rank.sync()
     owner.close()
     return out
@@ -94,4 +95,5 @@ def test_fused_equals_the_chain_between_ranks(world):
     for rank, out in enumerate(run_ranks(_fused_rank, world)):
         for case, status, gate, same_x, same_residual, same_y in out:
             assert (status, gate) == (RAD_LINK_ENDED, 0), f"rank {rank}, {case}"
-            assert same_x and same_residual and same_y, f"rank {rank}, {case}: x {same_x} residual {same_residual} y {same_y}"
+            assert same_x and same_residual and same_y, f"rank {rank}, {case}: x, residual, y same: " \
+                                                        f"{same_x}, {same_residual}, {same_y}"

@@ -85,7 +85,8 @@ def run_ranks(target, world, extra=None, timeout=45.0, run_id=None, keep_segment
                 rank, kind, value = results.get(timeout=0.5)
             except queue.Empty:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"ranks {sorted(set(range(world)) - set(values))} did not finish in {timeout} s")
+                    missing = sorted(set(range(world)) - set(values))
+                    raise AssertionError(f"ranks {missing} did not finish in {timeout} s")
                 dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
                 if dead:
                     raise AssertionError(f"rank {dead[0][0]} died with exit code {dead[0][1]}")

@@ -11,7 +11,7 @@ the same sequence of collectives):
 2. wait (radiance.abi.rad_wait_word: spin briefly, yield, then sleep with back-off; never a pure
    spin: with more ranks than cores the spinner would take the core the awaited rank needs) for each
    peer's READY >= e, then
-   - one-shot (x up to ONE_SHOT_MAX_BYTES): every rank adds every slot in rank order 0..N-1;
+   - one-shot (x up to one_shot_max_bytes(N), 256 KiB): every rank adds every slot in rank order;
    - reduce-scatter + all-gather (larger): rank r adds chunk r of every slot in rank order, writes
      the result into chunk r of its own slot (only r itself ever reads chunk r of a slot before
      this point), stores e into its DONE flag, waits for every peer's DONE >= e and copies the
@@ -36,17 +36,16 @@ from radiance.abi import (
     rad_args_geti_or, rad_wait_word, rad_weight_f32,
 )
 
-# Messages of at most one_shot_max_bytes(world) go one-shot; larger ones reduce-scatter +
-# all-gather. Measured on the 2-core host (docs/COLLECTIVES.md): between two ranks the two-shot form
-# moves the same bytes as one-shot plus a second synchronisation and never won up to 32 MiB, so two
-# ranks always go one-shot; from three ranks on it reads fewer bytes and wins from 2 MiB.
-# A launch may override the limit with the parameter `one_shot_max_bytes`.
-ONE_SHOT_MAX_BYTES = 1 << 20  # three ranks or more
-ONE_SHOT_MAX_BYTES_TWO_RANKS = 1 << 62  # always one-shot
+# Messages of at most one_shot_max_bytes(world) bytes go one-shot; larger ones reduce-scatter +
+# all-gather. Measured on the 2-core host with bench/allreduce_host.py --threshold (docs/COLLECTIVES.md):
+# one-shot wins up to 256 KiB, the two-shot form from 512 KiB on, at 2 ranks as at 3 (it moves about
+# the same bytes but each rank adds only its 1/N of them, and a rank's adds are what a shared core
+# waits for). A launch may override the limit with the parameter `one_shot_max_bytes`.
+ONE_SHOT_MAX_BYTES = 256 << 10
 
 
 def one_shot_max_bytes(world):
-    return ONE_SHOT_MAX_BYTES_TWO_RANKS if world <= 2 else ONE_SHOT_MAX_BYTES
+    return ONE_SHOT_MAX_BYTES
 
 
 # How long a rank waits for a peer before the launch fails with RAD_E_DEVICE (the launcher's
@@ -367,7 +366,9 @@ def _host_row(name, computes, priority=0, **hooks):
 # Suggested declarations (the library's export table decides what it lists and in which order).
 HOST_ROWS = [
     _host_row("all_reduce_host", "shared memory, rank-order sum, one-shot or reduce-scatter + all-gather"),
-    _host_row("all_reduce_host_r4dchain", "as all_reduce_host, waiting on its chain record in the prologue"),
+    # below all_reduce_host: the engine picks the chained form only where it writes chain records
+    _host_row("all_reduce_host_r4dchain", "as all_reduce_host, waiting on its chain record in the prologue",
+              priority=-1),
     _host_row("all_gather_host", "shared memory"),
     _host_row("all_reduce_add_rmsnorm_host", "rank-order all_reduce, residual add, ordered rmsnorm",
               layout=layout_f32, relayout=relayout_f32, replaces=FUSED_REPLACES),
