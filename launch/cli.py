@@ -37,14 +37,14 @@ def choose_cards(tp: int) -> list:
 
 
 def run_launch(engine_options: EngineOptions, tp: int, threads: int | None, disable_p2p: bool, stage_timeout: float,
-               step_timeout: float, profile: bool, work) -> None:
+               step_timeout: float, profile: bool, work, return_buffer: str | None = None) -> None:
     """Start the ranks, shake hands, hand `work` an Engine, and always tear everything down."""
     cards = choose_cards(tp)
     threads = threads or max(1, (os.cpu_count() or 1) // tp)
     with Container(engine_options.model) as container:
         engine_options.fit(container.hyper["context"])
         text = TextCodec(container.tokenizer, container.chat_template, container.hyper, engine_options.model)
-    rank_options = {"engine": dataclasses.asdict(engine_options), "profile": profile}
+    rank_options = {"engine": dataclasses.asdict(engine_options), "profile": profile, "return_buffer": return_buffer}
     coordinator = Coordinator(tp, cards, threads, rank_options, stage_timeout, step_timeout)
     failed = True
     try:

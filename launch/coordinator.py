@@ -40,6 +40,7 @@ class Coordinator:
         self.supervisor = Supervisor(self.ranks)
         self.facts = {}
         self.digest = None
+        self.early = []  # messages of a later stage that arrived before this one ended
 
     def send(self, rank: int, kind: str, meta: dict | None = None, arrays: dict | None = None) -> None:
         self.wire.send(kind, meta, arrays, route=[f"rank-{rank}".encode()])
@@ -75,10 +76,17 @@ class Coordinator:
         """One `kind` message from every rank, before the stage's deadline."""
         deadline = time.monotonic() + (timeout or self.stage_timeout)
         waiting, answers = set(range(self.world)), {}
+        for message in [m for m in self.early if m[1] == kind]:
+            self.early.remove(message)
+            answers[message[0]] = message[2:]
+            waiting.discard(message[0])
         while waiting:
             rank, got, meta, arrays = self._receive(deadline, what, waiting)
             if got != kind:
-                raise LaunchError(f"{what}: rank {rank} sent '{got}', expected '{kind}'")
+                if rank in waiting:
+                    raise LaunchError(f"{what}: rank {rank} sent '{got}', expected '{kind}'")
+                self.early.append((rank, got, meta, arrays))  # a rank already past this stage
+                continue
             answers[rank] = (meta, arrays)
             waiting.discard(rank)
         return answers
@@ -90,7 +98,7 @@ class Coordinator:
         rank, kind, meta, result = self._receive(deadline, "step", {0})
         if kind != "result" or rank != 0:
             raise LaunchError(f"step: rank {rank} sent '{kind}' where rank 0's result was due")
-        self.last_step = meta
+        self.last_step, self.last_result = meta, result
         return result["tokens"]
 
     def stop(self, failed: bool) -> None:

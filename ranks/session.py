@@ -18,7 +18,7 @@ log = get_logger("radiance.rank")
 class RankSession:
     def __init__(self, wire, rank: int, world: int, run_id: str, options: dict):
         self.wire, self.rank, self.world, self.run_id, self.options = wire, rank, world, run_id, options
-        self.worker = self.peers = None
+        self.worker = self.peers = self.gate = None
 
     def expect(self, kind: str):
         _, got, meta, arrays = self.wire.recv()
@@ -49,7 +49,10 @@ class RankSession:
         visible = any(os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"))
         self.wire.send("facts", measure_facts(visible))
         combined = self.expect("combined")[0]["facts"]
-        self.worker.build(combined, self._peers(combined))
+        from radiance.collectives.gate import LinkGate, LinkScheduler
+
+        self.gate = LinkGate.create(self.run_id, self.rank)
+        self.worker.build(combined, self._peers(combined), LinkScheduler(self.gate))
         self.wire.send("resolved", {"digest": self.worker.digest, "lines": self.worker.lines})
         self.expect("go")
         self.wire.send("ready")
@@ -70,10 +73,16 @@ class RankSession:
                 timing = {"compute": time.perf_counter() - received,
                           "collectives": executor.op_seconds.get("all_reduce", 0.0) + executor.op_seconds.get("all_gather", 0.0)}
                 executor.op_seconds.clear()
-                self.wire.send("result", timing, {"tokens": tokens})
+                arrays = {"tokens": tokens}
+                shown = self.options.get("return_buffer")  # a debugging aid: a buffer's rows, e.g. logits
+                if shown:
+                    arrays[shown] = executor.buffers[shown][:len(tokens)].copy()
+                self.wire.send("result", timing, arrays)
 
     def close(self) -> None:
         if self.worker is not None and hasattr(self.worker, "executor"):
             self.worker.close()
         if self.peers is not None:
             self.peers.close()
+        if self.gate is not None:
+            self.gate.close()

@@ -11,6 +11,9 @@ from radiance.abi import (
     NUMPY, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_LINK_ENDED, RAD_OK, RadArgs, rad_tensor,
 )
 
+from radiance.collectives.chain import ChainWords
+from radiance.collectives.gate import LinkScheduler
+
 from .rank_weights import RankWeights
 from .resolve import ResolvedNode, unique_resolutions
 from .step_inputs import StepInputs
@@ -24,8 +27,11 @@ class StepError(RuntimeError):
 
 class Executor:
     def __init__(self, resolved: list[ResolvedNode], buffers: dict, tables: dict, weights: RankWeights,
-                 max_tokens: int, max_seqs: int, num_slots: int, max_blocks: int, peers=None):
-        self.resolved, self.weights, self.tables, self.peers = resolved, weights, tables, peers
+                 max_tokens: int, max_seqs: int, num_slots: int, max_blocks: int, link: LinkScheduler, peers=None):
+        self.resolved, self.weights, self.tables, self.peers, self.link = resolved, weights, tables, peers, link
+        # Word 0 counts the launches done this step: a chained row waits in its prologue for the
+        # launch before it and bumps the count itself (RadChainRec).
+        self.chain = ChainWords.local(1)
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         self.inputs = StepInputs(max_tokens, max_seqs, max_blocks)
         rows = {RAD_EXTENT_TOKENS: max_tokens, RAD_EXTENT_SEQS: max_seqs, RAD_EXTENT_SLOTS: num_slots}
@@ -68,20 +74,27 @@ class Executor:
         """One step over `tokens` tokens of `seqs` sequences; the step inputs are written already."""
         if len(self._args) > MAX_CACHED_ARGS:
             self._args.clear()
-        for item in self.resolved:
+        done = self.chain.word(0)
+        done[0] = 0
+        for launched, item in enumerate(self.resolved):
             key = (item.node.index, tokens, seqs)
             built = self._args.get(key)
             if built is None:
                 built = self._args[key] = self._build(item, tokens, seqs)
             row, args = built
-            if self.profile:
-                start = time.perf_counter()
-                status = row.info.launch(args)
-                self.op_seconds[item.node.op] += time.perf_counter() - start
+            start = time.perf_counter() if self.profile else 0.0
+            if row.chain:
+                args.chain = self.chain.record(0, launched, 0, launched + 1)
+            if row.collective:
+                status = self.link.launch_collective(row.info.launch, args, row.collective, f"{row.plugin.name}:{row.name}")
             else:
                 status = row.info.launch(args)
-            if status not in (RAD_OK, RAD_LINK_ENDED):
+            if self.profile:
+                self.op_seconds[item.node.op] += time.perf_counter() - start
+            if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):
                 raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
+            if not row.chain:
+                done[0] = launched + 1
 
     def release(self) -> None:
         for resolution in unique_resolutions(self.resolved):

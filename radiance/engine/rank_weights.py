@@ -1,6 +1,8 @@
 """One rank's weights: its slice of each declared weight, mapped from the container (a row split
 touches only its own rows' pages), and the form each row asked for through its layout hook."""
 
+import numpy as np
+
 from radiance.abi import (
     RAD_DT_ENCODED, RAD_DT_NONE, RAD_E_DTYPE, RAD_E_SHAPE, RAD_OK, RadTensor, RadWeightPlanes, rad_tensor,
 )
@@ -12,8 +14,11 @@ from .shard import Shard, weight_cut
 
 
 class RankWeights:
-    def __init__(self, model, shard: Shard):
-        self.model = model
+    """Each plane is brought into the rank through the link scheduler, in chunks that never run
+    while a collective holds the link gate."""
+
+    def __init__(self, model, shard: Shard, link):
+        self.model, self.link = model, link
         self.planes: dict[str, RadWeightPlanes] = {}
         self.formats: dict[str, str] = {}
         self._stored: dict = {}
@@ -35,12 +40,16 @@ class RankWeights:
         else:
             full = {p.name: container.plane(source, p.name) for p in encoding.planes}
             planes, shape = slice_cols(encoding, full, shape, cut[1], cut[2], decl.name)
-        tensors = []
+        tensors, transfers = [], []
         for plane in encoding.planes:
             rows, _ = plane_shape(plane, shape)
-            raw = planes[plane.name].reshape(-1)
-            assert raw.size == plane_nbytes(plane, shape), (decl.name, plane.name)
-            tensors.append(rad_tensor(raw.reshape(rows, -1)))
+            source = planes[plane.name].reshape(-1)
+            assert source.size == plane_nbytes(plane, shape), (decl.name, plane.name)
+            loaded = np.empty_like(source)
+            transfers.append(self.link.copy(loaded, source, f"weight {decl.name}.{plane.name}"))
+            tensors.append(rad_tensor(loaded.reshape(rows, -1)))
+        for transfer in transfers:
+            transfer.wait()
         return RadWeightPlanes(encoding=encoding, rows=shape[0], cols=shape[1], planes=tensors)
 
     def operand(self, name: str, row, geometry: dict) -> RadTensor:

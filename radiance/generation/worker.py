@@ -5,6 +5,7 @@ import numpy as np
 from tqdm import tqdm
 
 from radiance.abi import RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
+from radiance.collectives.gate import LinkGate, LinkScheduler
 from radiance.engine.executor import Executor
 from radiance.engine.fusion import available_rules, fuse
 from radiance.engine.model import open_model
@@ -41,7 +42,8 @@ class Worker:
                 largest = max(largest, rows * node.params["n"] * 4)
         return largest
 
-    def build(self, facts: dict | None = None, peers=None) -> "Worker":
+    def build(self, facts: dict | None = None, peers=None, link: LinkScheduler | None = None) -> "Worker":
+        self.link = link or LinkScheduler(LinkGate())
         try:
             self._build(self.registry, facts if facts is not None else {"device.p2p": 0}, peers)
         except BaseException:
@@ -57,11 +59,12 @@ class Worker:
                                       options.max_seqs, options.accept_reference)
         self.digest = graph_digest(self.resolved)
         self.lines = graph_lines(self.resolved)
-        self.weights = RankWeights(self.model, self.shard)
+        self.weights = RankWeights(self.model, self.shard, self.link)
         self._load_weights()
         tables = {table.name: table.table for table in self.model.graph.tables}
         self.executor = Executor(self.resolved, buffers, tables, self.weights, options.max_step_tokens,
-                                 options.max_seqs, options.num_blocks * options.block_size, options.max_blocks, peers)
+                                 options.max_seqs, options.num_blocks * options.block_size, options.max_blocks,
+                                 self.link, peers)
 
     def _load_weights(self) -> None:
         """Every weight in the form its rows read, now, so the first step does no loading."""
@@ -83,4 +86,5 @@ class Worker:
 
     def close(self) -> None:
         self.executor.release()
+        self.link.close()
         self.model.close()
