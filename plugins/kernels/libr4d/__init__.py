@@ -24,10 +24,14 @@ log = logging.getLogger("radiance.libr4d")
 _STATE = {"rows": None, "native": None, "why": None, "colour": {}, "chain": {}}
 
 
-def _collective_rows():
-    """collectives.py's suggested declarations and their colours, or nothing if it will not import."""
+def _collective_rows(native):
+    """collectives.py's suggested declarations and their colours, or nothing if it will not import.
+    A module that takes it (`use_native_add_rmsnorm`) is handed r4d.c's add + rmsnorm for the tail
+    of its fused row (rows.add_rmsnorm: bit for bit libref's add then rmsnorm)."""
     try:
         from . import collectives
+        if hasattr(collectives, "use_native_add_rmsnorm"):
+            collectives.use_native_add_rmsnorm(rows.add_rmsnorm(native))
         rows_ = list(collectives.HOST_ROWS)
         return rows_, dict(collectives.ROW_COLOURS), dict(collectives.ROW_CHAIN)
     except Exception as error:  # another module's failure must not take the compute rows down
@@ -46,7 +50,7 @@ def _open() -> None:
         log.warning("libr4d: the C kernels are unavailable (%s); every row runs its numpy fallback, "
                     "several times slower", why)
     _STATE["native"] = loaded
-    collective, colours, chains = _collective_rows()
+    collective, colours, chains = _collective_rows(loaded)
     _STATE["rows"] = rows.build_rows(loaded) + collective
     _STATE["colour"], _STATE["chain"] = colours, chains
 

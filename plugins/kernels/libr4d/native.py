@@ -15,10 +15,9 @@ Knobs (read when the plugin opens):
   RADIANCE_R4D_AQ       the decode GEMV's activations: 16 (default), 8 or 0 (rows.py)
   CC                    the compiler
 
-Operands reach C as the addresses of their numpy array objects: r4d.c reads data, nd, dims and
-strides from numpy's PyArrayObject head (the fields numpy's own C macros read). `load` checks that
-reading against numpy on a few arrays and views; should it ever disagree, operands are described in a
-ctypes struct of the same shape instead (slower, same results).
+Operands reach C as array heads shaped like numpy's PyArrayObject head (data, nd, dims, strides):
+`Header`, filled once per launch plan from the numpy array (rows.py), so r4d.c never depends on
+numpy's own object layout.
 """
 
 import ctypes
@@ -52,7 +51,6 @@ SIGNATURES = {
     "r4d_set_threads": ([_I], _I),
     "r4d_threads": ([], _I),
     "r4d_isa": ([], _I),
-    "r4d_probe": ([_P, _P], None),
     "r4d_embedding": ([_P, _I, _P, _P, _P, _I64, _I64, _P, _I64], _I),
     "r4d_gemv_scratch": ([_I64, _I64, _I], _I64),
     "r4d_gemv": ([_P, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P], _I),
@@ -64,6 +62,7 @@ SIGNATURES = {
     "r4d_rope": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I], _I),
     "r4d_attention": ([_P] * 11 + [_I64] * 5 + [_D], _I),
     "r4d_argsort_desc": ([_P, _I64, _P], _I),
+    "r4d_add_rmsnorm": ([_P, _P, _P, _P, _I64, _I64, _D], _I),
 }
 
 
@@ -146,16 +145,28 @@ def _build(variant: str, flags: list[str], cc: str, version: str, folder: Path) 
     return target
 
 
-class _FakeArray(ctypes.Structure):
-    """The head of a PyArrayObject, filled from numpy when reading the real one is not safe."""
+class Header(ctypes.Structure):
+    """A PyArrayObject head with its dims and strides inline: what a launch plan hands r4d.c for an
+    operand, copied once (a numpy array never moves its data while referenced). The headers of one
+    launch sit side by side, so r4d.c reads a line or two instead of chasing every array's head."""
     _fields_ = [("refcnt", ctypes.c_ssize_t), ("type", ctypes.c_void_p), ("data", ctypes.c_void_p),
                 ("nd", ctypes.c_int), ("dims", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64))]
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("dim", ctypes.c_int64 * 4),
+                ("stride", ctypes.c_int64 * 4)]
+
+    def fill(self, array):
+        if array.ndim > 4:
+            raise ValueError(f"an operand of {array.ndim} dimensions")
+        self.refcnt, self.data, self.nd = 1, array.ctypes.data, array.ndim
+        for i in range(array.ndim):
+            self.dim[i], self.stride[i] = array.shape[i], array.strides[i]
+        self.dims = ctypes.cast(ctypes.addressof(self) + Header.dim.offset, ctypes.POINTER(ctypes.c_int64))
+        self.strides = ctypes.cast(ctypes.addressof(self) + Header.stride.offset, ctypes.POINTER(ctypes.c_int64))
 
 
 class Native:
     """The loaded library: `lib` (ctypes functions), `isa`, `variant`, `path`, `threads`, and
-    `addr(array)`, what a launch passes for a numpy operand."""
+    `Header`, the operand head its functions take."""
 
     def __init__(self, lib, variant: str, path: Path):
         self.lib, self.variant, self.path = lib, variant, path
@@ -166,35 +177,7 @@ class Native:
             getattr(lib, name).restype = ctypes.c_int
         self.isa = lib.r4d_isa()
         self.threads = lib.r4d_set_threads(threads_from_env())
-        self._keep = []
-        self.addr = id if self._object_heads_agree() else self._fake
-
-    def _fake(self, array):
-        fake, keep = self.operand(array)
-        self._keep = (self._keep + [keep])[-64:]
-        return fake
-
-    def operand(self, array):
-        """(what r4d.c takes for this numpy array, what must stay alive while that is used)."""
-        if self.addr is id:
-            return id(array), array
-        shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
-        strides = (ctypes.c_int64 * max(array.ndim, 1))(*array.strides)
-        fake = _FakeArray(1, None, array.ctypes.data, array.ndim, shape, strides)
-        return ctypes.addressof(fake), (fake, shape, strides, array)
-
-    def _object_heads_agree(self) -> bool:
-        base = np.arange(60, dtype=np.float32).reshape(5, 12)
-        out = (ctypes.c_int64 * 6)()
-        for array in (base, base[1:4], base[:, 2:], base[::2], np.zeros(7, np.int32), np.zeros((2, 3, 4))):
-            self.lib.r4d_probe(id(array), out)
-            want = [array.ctypes.data, array.ndim] + [array.shape[i] if i < array.ndim else -1 for i in range(2)]
-            want += [array.strides[i] if i < array.ndim else -1 for i in range(2)]
-            if list(out) != want:
-                log.warning("libr4d: numpy's array head is not laid out as r4d.c reads it; describing "
-                            "operands through ctypes instead (slower)")
-                return False
-        return True
+        self.Header = Header
 
     def set_threads(self, n: int) -> int:
         self.threads = self.lib.r4d_set_threads(int(n))
@@ -202,7 +185,9 @@ class Native:
 
     def describe(self) -> str:
         isa = [name for bit, name in ((ISA_AVX2, "avx2+fma"), (ISA_VNNI, "vnni"), (ISA_OPENMP, "openmp"))
-               if self.isa & bit] or ["portable C"]
+               if self.isa & bit]
+        if not self.isa & ISA_AVX2:
+            isa.insert(0, "portable C")
         return f"{self.variant} build ({', '.join(isa)}), {self.threads} thread(s), {self.path}"
 
 

@@ -2,9 +2,9 @@
  *
  * Compiled at first load by native.py (gcc -O3 -march=native -fopenmp -ffp-contract=off, or a
  * portable -O2 build when that fails), cached on disk by a hash of this source and the flags, and
- * called through ctypes. Imports nothing: the Python side hands over the addresses of numpy array
- * objects (their PyArrayObject header is read below; native.py checks that reading against numpy
- * at load) and the raw plane pointers of each weight.
+ * called through ctypes. Imports nothing: the Python side hands over array heads shaped like numpy's
+ * PyArrayObject head (native.Header: data, nd, dims, strides, filled from the numpy array once per
+ * launch plan) and the raw plane pointers of each weight.
  *
  * -ffp-contract=off: every fused multiply-add is written out (_mm256_fmadd_ps); a plain a*b+c
  * rounds twice, as the reference contract does, so the elementwise rows and the value
@@ -51,8 +51,8 @@
 
 #define QK 32 /* elements per block of q8_0 / q4_1 */
 
-/* The head of numpy's PyArrayObject (numpy/ndarraytypes.h, PyArrayObject_fields): PyObject_HEAD,
- * then data, nd, dimensions, strides. native.py compares what this reads with numpy at load. */
+/* An operand: shaped like the head of numpy's PyArrayObject (PyObject_HEAD, then data, nd,
+ * dimensions, strides); native.Header fills it from a numpy array. */
 typedef struct {
     intptr_t refcnt;
     void *type;
@@ -84,16 +84,6 @@ int r4d_isa(void) {
     isa |= 4;
 #endif
     return isa;
-}
-
-/* what this file reads of an array object: data, nd, dims[0..1], strides[0..1] */
-void r4d_probe(const Arr *a, int64_t *out) {
-    out[0] = (int64_t)(intptr_t)a->data;
-    out[1] = a->nd;
-    for (int i = 0; i < 2; i++) {
-        out[2 + i] = i < a->nd ? a->dims[i] : -1;
-        out[4 + i] = i < a->nd ? a->strides[i] : -1;
-    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -427,6 +417,9 @@ int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale,
 #ifndef R4D_PF_ROWS
 #define R4D_PF_ROWS 4 /* weight rows prefetched ahead */
 #endif
+#ifndef R4D_PF_HINT
+#define R4D_PF_HINT _MM_HINT_NTA /* weights are read once per token: keep them out of the outer caches */
+#endif
 
 typedef struct {
     int64_t K, nb, M;
@@ -682,9 +675,9 @@ static inline __attribute__((always_inline)) void gemv_rows(const Weight *w, con
             const uint16_t *sc = w->scale + n * nb, *mn = w->min + n * nb;
             if (R4D_PF_ROWS && n + R4D_PF_ROWS < n1) {
                 const char *pc = (const char *)(c + R4D_PF_ROWS * (K / 2));
-                for (int64_t o = 0; o < K / 2; o += 64) _mm_prefetch(pc + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)(sc + R4D_PF_ROWS * nb), _MM_HINT_T0);
-                _mm_prefetch((const char *)(mn + R4D_PF_ROWS * nb), _MM_HINT_T0);
+                for (int64_t o = 0; o < K / 2; o += 64) _mm_prefetch(pc + o, R4D_PF_HINT);
+                _mm_prefetch((const char *)(sc + R4D_PF_ROWS * nb), R4D_PF_HINT);
+                _mm_prefetch((const char *)(mn + R4D_PF_ROWS * nb), R4D_PF_HINT);
             }
             row_scales(sc, A, aq, m0, mt, ds);
             if (aq == 8) {
@@ -713,8 +706,8 @@ static inline __attribute__((always_inline)) void gemv_rows(const Weight *w, con
             const uint16_t *sc = w->scale + n * nb;
             if (R4D_PF_ROWS && n + R4D_PF_ROWS < n1) {
                 const char *pc = (const char *)(c + R4D_PF_ROWS * K);
-                for (int64_t o = 0; o < K; o += 64) _mm_prefetch(pc + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)(sc + R4D_PF_ROWS * nb), _MM_HINT_T0);
+                for (int64_t o = 0; o < K; o += 64) _mm_prefetch(pc + o, R4D_PF_HINT);
+                _mm_prefetch((const char *)(sc + R4D_PF_ROWS * nb), R4D_PF_HINT);
             }
             row_scales(sc, A, aq, m0, mt, ds);
             if (aq == 8) {
@@ -953,6 +946,29 @@ int r4d_rmsnorm(const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, d
     return R4D_OK;
 }
 
+/* residual = residual + x; y = rmsnorm(residual) * w: the tail of the fused all_reduce + add +
+ * rmsnorm once the reduction is done, with add's and rmsnorm's arithmetic (bit for bit libref's) */
+int r4d_add_rmsnorm(Arr *residual, const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, double eps) {
+    Mat R, X, W, Y;
+    int rc;
+    if ((rc = mat(residual, n, 4, M, &R)) || (rc = mat(x, n, 4, M, &X)) || (rc = mat(weight, n, 4, 1, &W)) ||
+        (rc = mat(y, n, 4, M, &Y)))
+        return rc;
+    const float *w = (const float *)W.p;
+    const float e = (float)eps, fn = (float)n;
+    PAR(nthreads_for(M * n, 1 << 14), {
+        int64_t lo, hi;
+        split(M, 1, tid_, tcnt_, &lo, &hi);
+        for (int64_t m = lo; m < hi; m++) {
+            float *rr = ROW(R, m, float);
+            const float *xr = ROW(X, m, const float);
+            for (int64_t i = 0; i < n; i++) rr[i] = rr[i] + xr[i];
+            rmsnorm_row(rr, w, ROW(Y, m, float), n, fn, e);
+        }
+    });
+    return R4D_OK;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* elementwise */
 
@@ -1162,13 +1178,27 @@ int r4d_rope(Arr *q, Arr *k, const Arr *positions, const Arr *inv_freq, int64_t 
 
 /* One query head over its visible keys: scores, softmax weights, weighted value sum.
  * `rows_k[j]`, `rows_v[j]` point at the head's D floats of key j. sc: L floats of scratch. */
+#define ATT_PF 16 /* keys ahead whose K and V rows the first head of a group prefetches */
+
 static inline __attribute__((always_inline)) void head_attend(const float *qv, const float *const *rows_k,
                                                              const float *const *rows_v, int64_t L, const int64_t D,
-                                                             float fscale, float *sc, float *o) {
+                                                             float fscale, float *sc, float *o, int prefetch) {
     int64_t j = 0;
+    if (prefetch) /* the cache rows of a sequence are cold after a token's weights streamed past */
+        for (int64_t u = 0; u < ATT_PF && u < L; u++)
+            for (int64_t d = 0; d < D; d += 16) {
+                __builtin_prefetch(rows_k[u] + d);
+                __builtin_prefetch(rows_v[u] + d);
+            }
 #ifdef R4D_AVX2
     if (D % 8 == 0) {
         for (; j + 8 <= L; j += 8) { /* 8 keys at once, reduced by a transpose of sums */
+            if (prefetch)
+                for (int64_t u = j + ATT_PF; u < j + ATT_PF + 8 && u < L; u++)
+                    for (int64_t d = 0; d < D; d += 16) {
+                        __builtin_prefetch(rows_k[u] + d);
+                        __builtin_prefetch(rows_v[u] + d);
+                    }
             __m256 a[8];
             for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8) {
@@ -1218,11 +1248,11 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
 }
 
 static void head_attend_any(const float *qv, const float *const *rk, const float *const *rv, int64_t L, int64_t D,
-                            float fscale, float *sc, float *o) {
+                            float fscale, float *sc, float *o, int prefetch) {
     switch (D) {
-    case 64: head_attend(qv, rk, rv, L, 64, fscale, sc, o); break;
-    case 128: head_attend(qv, rk, rv, L, 128, fscale, sc, o); break;
-    default: head_attend(qv, rk, rv, L, D, fscale, sc, o); break;
+    case 64: head_attend(qv, rk, rv, L, 64, fscale, sc, o, prefetch); break;
+    case 128: head_attend(qv, rk, rv, L, 128, fscale, sc, o, prefetch); break;
+    default: head_attend(qv, rk, rv, L, D, fscale, sc, o, prefetch); break;
     }
 }
 
@@ -1313,7 +1343,7 @@ int r4d_attention(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, co
                 }
                 for (int64_t hh = 0; hh < group; hh++)
                     head_attend_any(ROW(Q, t, const float) + (h0 + hh) * D, rk, rv, L, D, fscale, sc,
-                                    ROW(O, t, float) + (h0 + hh) * D);
+                                    ROW(O, t, float) + (h0 + hh) * D, hh == 0);
             }
         }
         if (!small) {

@@ -25,9 +25,11 @@ from . import sample as sampling
 F32 = np.float32
 log = logging.getLogger("radiance.libr4d")
 
-# The GEMV rows serve M <= GEMV_MAX_M: the weight streams once per 4 activation rows. Above it the
-# GEMM rows dequantise panels of the weight once and reuse them over every row (docs/LIBR4D.md).
-GEMV_MAX_M = 8
+# The GEMV rows serve M <= GEMV_MAX_M: the weight streams once per 4 activation rows, with int16
+# activations by default. Measured here (docs/LIBR4D.md) they beat the f32 GEMM rows at every M up
+# to 32 on every SmolLM2 shape; the edge sits at 16 so decode batches of up to 16 sequences take the
+# GEMV and prefill chunks keep the GEMM's f32 accuracy.
+GEMV_MAX_M = 16
 
 # How the decode GEMV rows carry activations (tunable `aq`, docs/LIBR4D.md): 16 = int16 per block of
 # 32 (the default: within 3e-5 of f32, most of int8's speed), 8 = int8 (llama.cpp's q8_1: fastest,
@@ -171,61 +173,85 @@ def gemv_scratch(geometry) -> int:
 # native launches
 #
 # The engine builds a RadArgs once per (node, tokens, sequences) and launches it every step. So a
-# launch is planned once per RadArgs: its arguments packed into one int64 array (array object
-# addresses, plane pointers, extents, doubles by their bits) that r4d.c's *_p entry points unpack.
-# A plan is used again while the RadArgs is the same object with the same operand tuple, parameter
-# dict, scratch and M; anything else plans anew. The plan keeps its operands alive.
+# launch is planned once per RadArgs: its arguments packed into one int64 array that r4d.c's *_p
+# entry points unpack (operands as array heads copied side by side into the plan, plane pointers,
+# extents, doubles by their bits). Each node's objects are touched once per token, after ~96 MB of
+# weights have streamed through the caches, so a launch that reads few, adjacent lines is a faster
+# launch. The plan rides on the RadArgs itself and is used again while the operand tuple, parameter
+# dict, scratch and M are the same objects and value; anything else plans anew. It keeps its
+# operands alive, so their data never moves under it.
+
+PLAN_ATTRIBUTE = "_r4d_plan"
+
 
 class Plan:
-    __slots__ = ("ref", "t", "params", "scratch", "m", "call", "arg", "keep")
+    __slots__ = ("owner", "t", "params", "scratch", "m", "call", "arg", "keep")
 
 
-_PLANS: dict = {}
-
-
-def _drop_plan(key, ref):
-    plan = _PLANS.get(key)
-    if plan is not None and plan.ref is ref:
-        del _PLANS[key]
+_PLANS: dict = {}  # where a RadArgs takes no attribute: id -> (weakref, plan)
 
 
 def _planned(native, name, pack):
-    """A launch for `pack(native, a) -> (values, keep)`, calling r4d.c's `name` in `native`."""
+    """A launch for `pack(operand, a) -> values`, calling r4d.c's `name` in `native`. Planning
+    errors (an operand of the wrong kind or shape) are logged and returned as RAD_E_INVALID; r4d.c
+    returns its own codes for what it refuses."""
     def launch(a):
-        plan = _PLANS.get(id(a))
-        if (plan is None or plan.ref() is not a or plan.t is not a.t or plan.params is not a.params
-                or plan.scratch is not a.scratch or plan.m != a.params["M"] or plan.call is None):
-            plan = _plan(native, a, name, pack)
+        try:
+            plan = a.__dict__.get(PLAN_ATTRIBUTE)
+        except AttributeError:
+            plan = _stored_plan(a)
+        if (plan is None or plan.owner is not launch or plan.t is not a.t or plan.params is not a.params
+                or plan.scratch is not a.scratch or plan.m != a.params["M"]):
+            try:
+                plan = _plan(native, a, name, pack, launch)
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as error:
+                log.error("libr4d: %s: %s: %s", name, type(error).__name__, error)
+                return RAD_E_INVALID
         return plan.call(plan.arg)
     launch.__name__ = name
     return launch
 
 
-def _plan(native, a, name, pack) -> Plan:
-    values, keep = pack(native, a)
+def _stored_plan(a):
+    entry = _PLANS.get(id(a))
+    return entry[1] if entry is not None and entry[0]() is a else None
+
+
+class _Operands:
+    """Hands out the array heads of one plan, side by side in one block."""
+
+    def __init__(self, native, count):
+        self.block = (native.Header * count)()
+        self.used, self.keep = 0, []
+
+    def __call__(self, array):
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"an operand is {type(array).__name__}, not a numpy array")
+        header = self.block[self.used]
+        header.fill(array)
+        self.used += 1
+        self.keep.append(array)
+        return ctypes.addressof(header)
+
+
+def _plan(native, a, name, pack, owner) -> Plan:
+    operands = _Operands(native, len(a.t) + 1)
+    values = pack(operands, a)
     packed = np.array([int(v) for v in values], dtype=np.int64)
     plan = Plan()
-    key = id(a)
-    plan.ref = weakref.ref(a, lambda ref, key=key: _drop_plan(key, ref))
-    plan.t, plan.params, plan.scratch, plan.m = a.t, a.params, a.scratch, a.params["M"]
+    plan.owner, plan.t, plan.params, plan.scratch, plan.m = owner, a.t, a.params, a.scratch, a.params["M"]
     plan.call = getattr(native.lib, name)
     plan.arg = ctypes.c_void_p(packed.ctypes.data)
-    plan.keep = (packed, keep, tuple(t.data for t in a.t))
-    _PLANS[key] = plan
+    plan.keep = (packed, operands, tuple(t.data for t in a.t))
+    try:
+        setattr(a, PLAN_ATTRIBUTE, plan)
+    except AttributeError:  # a RadArgs without a __dict__
+        _PLANS[id(a)] = (weakref.ref(a, lambda ref, key=id(a): _PLANS.pop(key, None)), plan)
     return plan
 
 
-def _operands(native, a, *indices):
-    """r4d.c's handles of operands `indices` (numpy arrays) and what keeps them valid."""
-    handles, keep = [], []
-    for i in indices:
-        data = a.t[i].data
-        if not isinstance(data, np.ndarray):
-            raise TypeError(f"operand {i} is {type(data).__name__}, not a numpy array")
-        handle, alive = native.operand(data)
-        handles.append(handle)
-        keep.append(alive)
-    return handles, keep
+def _data(a, i):
+    return a.t[i].data
 
 
 def _bits(value: float) -> int:
@@ -236,7 +262,7 @@ def _weight_values(w: Prepared):
     return [w.fmt, w.codes, w.scale or 0, w.min or 0]
 
 
-def _pack_gemv(native, a):
+def _pack_gemv(op, a):
     p = a.params
     w = weight_of(a.t[1].data)
     m, aq = int(p["M"]), int(p.get("aq", AQ_DEFAULT))
@@ -246,45 +272,65 @@ def _pack_gemv(native, a):
     need = gemv_scratch_bytes(m, w.cols, aq)
     if scratch is None or scratch.nbytes < need:
         scratch = np.zeros(need, np.uint8)
-    (x, y), keep = _operands(native, a, 0, 2)
-    s, alive = native.operand(scratch)
-    return [x, *_weight_values(w), y, m, w.rows, w.cols, aq, s], (keep, alive, w)
+    op.keep.append(w)
+    return [op(_data(a, 0)), *_weight_values(w), op(_data(a, 2)), m, w.rows, w.cols, aq, op(scratch)]
 
 
-def _pack_gemm(native, a):
+def _pack_gemm(op, a):
     w = weight_of(a.t[1].data)
-    (x, y), keep = _operands(native, a, 0, 2)
-    return [x, *_weight_values(w), y, a.params["M"], w.rows, w.cols], (keep, w)
+    op.keep.append(w)
+    return [op(_data(a, 0)), *_weight_values(w), op(_data(a, 2)), a.params["M"], w.rows, w.cols]
 
 
-def _pack_embedding(native, a):
+def _pack_embedding(op, a):
     w = weight_of(a.t[1].data)
-    (ids, y), keep = _operands(native, a, 0, 2)
-    return [ids, *_weight_values(w), w.rows, w.cols, y, a.params["M"]], (keep, w)
+    op.keep.append(w)
+    return [op(_data(a, 0)), *_weight_values(w), w.rows, w.cols, op(_data(a, 2)), a.params["M"]]
 
 
-def _pack_rmsnorm(native, a):
+def _pack_rmsnorm(op, a):
     p = a.params
-    handles, keep = _operands(native, a, 0, 1, 2)
-    return [*handles, p["M"], p["n"], _bits(p["eps"])], keep
+    return [op(_data(a, 0)), op(_data(a, 1)), op(_data(a, 2)), p["M"], p["n"], _bits(p["eps"])]
 
 
-def _pack_rows3(native, a):
+def _pack_rows3(op, a):
     p = a.params
-    handles, keep = _operands(native, a, 0, 1, 2)
-    return [*handles, p["M"], p["n"]], keep
+    return [op(_data(a, 0)), op(_data(a, 1)), op(_data(a, 2)), p["M"], p["n"]]
 
 
-def _pack_rope(native, a):
+def _pack_rope(op, a):
     p = a.params
-    handles, keep = _operands(native, a, 0, 1, 2, 3)
-    return [*handles, p["M"], p["q_heads"], p["kv_heads"], p["head_dim"], p["interleaved"]], keep
+    return [*(op(_data(a, i)) for i in range(4)), p["M"], p["q_heads"], p["kv_heads"], p["head_dim"],
+            p["interleaved"]]
 
 
-def _pack_attention(native, a):
+def _pack_attention(op, a):
     p = a.params
-    handles, keep = _operands(native, a, *range(11))
-    return [*handles, p["M"], p["q_heads"], p["kv_heads"], p["head_dim"], p["block_size"], _bits(p["scale"])], keep
+    return [*(op(_data(a, i)) for i in range(11)), p["M"], p["q_heads"], p["kv_heads"], p["head_dim"],
+            p["block_size"], _bits(p["scale"])]
+
+
+def add_rmsnorm(native):
+    """`fn(residual, x, w, y, m, n, eps) -> status`: residual += x, y = rmsnorm(residual) * w, bit
+    for bit libref's add then rmsnorm (w: f32 [n]). For the fused all_reduce + add + rmsnorm once its
+    reduction is done; None without the native library. The array heads are kept per set of arrays
+    (a node passes the same ones every step)."""
+    if native is None:
+        return None
+    function = native.lib.r4d_add_rmsnorm
+    known: dict = {}
+
+    def call(residual, x, w, y, m, n, eps):
+        key = (id(residual), id(x), id(w), id(y))
+        entry = known.get(key)
+        if entry is None or entry[1][0] is not residual or entry[1][1] is not x:
+            if len(known) > 4096:
+                known.clear()
+            operands = _Operands(native, 4)
+            handles = [operands(array) for array in (residual, x, w, y)]
+            entry = known[key] = (handles, (residual, x, w, y), operands)
+        return function(*entry[0], int(m), int(n), float(eps))
+    return call
 
 
 NATIVE_ENTRIES = {"gemv": ("r4d_gemv_p", _pack_gemv), "gemm": ("r4d_gemm_p", _pack_gemm),
@@ -322,13 +368,13 @@ def build_rows(native) -> list[RadKernelInfo]:
     if native is not None:
         table = {kind: _planned(native, name, pack) for kind, (name, pack) in NATIVE_ENTRIES.items()}
     else:
-        table = FALLBACK_LAUNCH
+        table = {kind: _guarded(f"{kind} (numpy)", launch) for kind, launch in FALLBACK_LAUNCH.items()}
     body = "r4d.c" if native is not None else "numpy fallback"
 
     def row(name, op, kind, constraints, computes, shape, dtypes, **hooks):
         return RadKernelInfo(name=name, op=op, family="r4d", computes=f"{computes} ({body})", shape=shape,
                              dtypes=dtypes, domain=RAD_DOMAIN_HOST, priority=10, constraints=constraints,
-                             launch=_guarded(name, table[kind]), **hooks)
+                             launch=table[kind], **hooks)
 
     aq = [RadTunable(name="aq", values="0,8,16", deflt=AQ_DEFAULT)]
     gemm_rows = []

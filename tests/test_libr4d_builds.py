@@ -1,0 +1,121 @@
+"""How libr4d gets its kernels: the native build cached by source hash, the portable C build, the
+numpy fallback where no compiler is found, the thread knob. Each variant's rows agree with libref."""
+
+import os
+
+import numpy as np
+import pytest
+
+from radiance.engine.registry import Registry
+from test_libr4d_support import (
+    HEAD_DIM, HEADS, KV_HEADS, TOL_A16, TOL_F32, activations, launch, make_weight, rel_err, row_of,
+)
+from test_libr4d_attention import TOL_ATTENTION, paged_step, run_attention
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A Registry of its own, opened under the environment the test sets."""
+    opened = []
+
+    def make(**env):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        registry = Registry(radiance_home="")
+        opened.append(registry)
+        return registry
+
+    yield make
+    for registry in opened:
+        registry.close()
+
+
+def libr4d(registry):
+    return next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+
+
+def agrees_with_libref(registry, gemv_tolerance):
+    """A decode GEMV, a prefill GEMM, attention, rope, rmsnorm and silu_mul against libref."""
+    reference = Registry(radiance_home="")
+    try:
+        weight = make_weight("q4_1", 192, 576, seed=1)
+        for m in (1, 17):
+            x = activations(m, 576, 2)
+            geometry = {"M": m, "N": 192, "K": 576, "wdtype": "q4_1", "dtype": "f32", "split_k": 1}
+            outs = []
+            for reg, library in ((registry, "libr4d"), (reference, "libref")):
+                name = None if library == "libref" else ("r4d_gemv_q4_1" if m == 1 else "r4d_gemm_q4_1")
+                y = np.zeros((m, 192), np.float32)
+                assert launch(row_of(reg, "gemm", library, name), [x, None, y], geometry, {1: weight}) == 0
+                outs.append(y)
+            assert rel_err(*outs) <= (gemv_tolerance if m == 1 else TOL_F32), (m, rel_err(*outs))
+        step = paged_step([(0, 5), (20, 1)], seed=2)
+        ours, ref = run_attention(registry, "libr4d", step)[0], run_attention(reference, "libref", step)[0]
+        assert rel_err(ours[:6], ref[:6]) <= TOL_ATTENTION
+        rng = np.random.default_rng(3)
+        q0 = rng.standard_normal((3, HEADS * HEAD_DIM)).astype(np.float32)
+        k0 = rng.standard_normal((3, KV_HEADS * HEAD_DIM)).astype(np.float32)
+        inv = (1.0 / 10000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)).astype(np.float32)
+        params = {"M": 3, "q_heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "interleaved": 1,
+                  "dtype": "f32"}
+        rotated = []
+        for reg, library in ((registry, "libr4d"), (reference, "libref")):
+            q, k = q0.copy(), k0.copy()
+            assert launch(row_of(reg, "rope", library), [q, k, np.array([0, 7, 300], np.int32), inv], params) == 0
+            rotated.append((q, k))
+        np.testing.assert_array_equal(rotated[0][0], rotated[1][0])
+        gate, up = (rng.standard_normal((2, 1536)) * 3).astype(np.float32), rng.standard_normal((2, 1536)).astype(
+            np.float32)
+        silu = []
+        for reg, library in ((registry, "libr4d"), (reference, "libref")):
+            y = np.zeros((2, 1536), np.float32)
+            assert launch(row_of(reg, "silu_mul", library), [gate, up, y], {"M": 2, "n": 1536, "dtype": "f32"}) == 0
+            silu.append(y)
+        np.testing.assert_array_equal(*silu)
+    finally:
+        reference.close()
+
+
+def test_the_native_build_is_cached_by_source_hash(fresh, tmp_path):
+    registry = fresh(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    built = list((tmp_path / "cache" / "radiance" / "libr4d").glob("r4d-*.so"))
+    assert len(built) == 1 and built[0].name.startswith("r4d-native"), built
+    stamp = built[0].stat().st_mtime_ns
+    assert "native" in libr4d(registry).module.backend()
+    again = fresh(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    assert list((tmp_path / "cache" / "radiance" / "libr4d").glob("r4d-*.so")) == built
+    assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    assert "native" in libr4d(again).module.backend()
+
+
+def test_the_portable_c_build_agrees_with_libref(fresh, tmp_path):
+    registry = fresh(XDG_CACHE_HOME=str(tmp_path / "cache"), RADIANCE_R4D_ISA="portable")
+    backend = libr4d(registry).module.backend()
+    assert backend.startswith("portable") and "portable C" in backend, backend
+    agrees_with_libref(registry, TOL_F32)  # the portable GEMV has f32 activations only
+
+
+def test_without_a_compiler_every_row_runs_numpy(fresh, tmp_path, capsys):
+    registry = fresh(XDG_CACHE_HOME=str(tmp_path / "cache"), CC=str(tmp_path / "no-such-cc"))
+    backend = libr4d(registry).module.backend()
+    assert backend.startswith("numpy fallback") and "no C compiler" in backend, backend
+    assert "every row runs its numpy fallback" in capsys.readouterr().err
+    agrees_with_libref(registry, TOL_F32)
+
+
+def test_the_numpy_fallback_can_be_asked_for(fresh):
+    registry = fresh(RADIANCE_R4D_NATIVE="0")
+    assert "RADIANCE_R4D_NATIVE=0" in libr4d(registry).module.backend()
+
+
+def test_the_native_build_agrees_with_libref_on_one_thread(fresh):
+    registry = fresh(RADIANCE_THREADS="1")
+    module = libr4d(registry).module
+    assert "1 thread(s)" in module.backend()
+    agrees_with_libref(registry, TOL_A16)
+
+
+def test_threads_follow_the_knobs(fresh):
+    assert "3 thread(s)" in libr4d(fresh(RADIANCE_THREADS="3")).module.backend()
+    os.environ.pop("RADIANCE_THREADS", None)
+    assert "2 thread(s)" in libr4d(fresh(RADIANCE_THREADS="", OMP_NUM_THREADS="2,1")).module.backend()
