@@ -22,7 +22,7 @@ def both(registry, op, make_operands, params, weights=None):
     return results["libr4d"], results["libref"]
 
 
-def residual(m, n, seed):
+def residual_stream(m, n, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((m, n)).astype(np.float32) * rng.uniform(0.1, 30)
     x[:, rng.choice(n, 3, replace=False)] *= 20  # outlier channels
@@ -32,7 +32,7 @@ def residual(m, n, seed):
 @pytest.mark.parametrize("m", [1, PREFILL_M])
 @pytest.mark.parametrize("wdtype", ["f32", "bf16"])
 def test_rmsnorm(registry, m, wdtype):
-    x = residual(m + 2, HIDDEN, m)
+    x = residual_stream(m + 2, HIDDEN, m)
     weight = make_weight(wdtype, 1, HIDDEN, seed=4)
     params = {"M": m, "n": HIDDEN, "eps": 1e-5, "dtype": "f32"}
     ours, ref = both(registry, "rmsnorm", lambda: [x, None, np.full((m + 2, HIDDEN), 3.0, np.float32)], params,
@@ -43,7 +43,7 @@ def test_rmsnorm(registry, m, wdtype):
 
 @pytest.mark.parametrize("m", [1, PREFILL_M])
 def test_add_in_place(registry, m):
-    h, t = residual(m, HIDDEN, 1), residual(m, HIDDEN, 2)
+    h, t = residual_stream(m, HIDDEN, 1), residual_stream(m, HIDDEN, 2)
     params = {"M": m, "n": HIDDEN, "dtype": "f32"}
 
     def operands():
@@ -73,7 +73,7 @@ def test_silu_mul_in_place(registry, m):
 
 
 def test_take_rows(registry):
-    x = residual(PREFILL_M, HIDDEN, 3)
+    x = residual_stream(PREFILL_M, HIDDEN, 3)
     index = np.array([36, 0, 17, 17], np.int32)
     params = {"M": 4, "n": HIDDEN, "dtype": "f32"}
     ours, ref = both(registry, "take_rows", lambda: [x, index, np.zeros((6, HIDDEN), np.float32)], params)
@@ -134,3 +134,25 @@ def test_greedy_takes_the_first_maximum_and_survives_odd_logits(registry):
     ours, ref = both(registry, "sample", operands, params)
     np.testing.assert_array_equal(ours[5], ref[5])
     assert list(ours[5]) == [10, 77, 5]
+
+
+@pytest.mark.parametrize("m", [1, PREFILL_M])
+def test_native_add_rmsnorm_is_libref_s_add_then_rmsnorm(registry, m):
+    """rows.add_rmsnorm: the tail libr4d offers the fused all_reduce + add + rmsnorm row."""
+    library = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    function = library.module.rows.add_rmsnorm(library.module._STATE["native"])
+    residual, x = residual_stream(m, HIDDEN, 5), residual_stream(m, HIDDEN, 6)
+    w = np.random.default_rng(7).uniform(0.5, 1.5, HIDDEN).astype(np.float32)
+    ours_r, ours_y = residual.copy(), np.zeros((m, HIDDEN), np.float32)
+    for _ in range(2):  # the second call reuses the heads it keeps per set of arrays
+        ours_r[...] = residual
+        assert function(ours_r, x, w, ours_y, m, HIDDEN, 1e-5) == 0
+    ref_r, ref_y = residual.copy(), np.zeros((m, HIDDEN), np.float32)
+    assert launch(row_of(registry, "add", "libref"), [ref_r, x, ref_r], {"M": m, "n": HIDDEN, "dtype": "f32"}) == 0
+    from radiance.weights import formats
+    from test_libr4d_support import weight_planes
+    norm = weight_planes(formats.plain("f32"), {"codes": w[None, :]}, (1, HIDDEN))
+    assert launch(row_of(registry, "rmsnorm", "libref"), [ref_r, None, ref_y],
+                  {"M": m, "n": HIDDEN, "eps": 1e-5, "dtype": "f32"}, {1: norm}) == 0
+    np.testing.assert_array_equal(ours_r, ref_r)
+    np.testing.assert_array_equal(ours_y, ref_y)

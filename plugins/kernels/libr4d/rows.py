@@ -37,12 +37,10 @@ GEMV_MAX_M = 16
 AQ_CHOICES = (0, 8, 16)
 
 
-def _aq_default() -> int:
+def aq_default() -> int:
+    """RADIANCE_R4D_AQ, read when the plugin opens; 16 when unset or not one of 0, 8, 16."""
     text = os.environ.get("RADIANCE_R4D_AQ", "16").strip()
     return int(text) if text in ("0", "8", "16") else 16
-
-
-AQ_DEFAULT = _aq_default()
 
 # format codes of r4d.c
 FORMAT_CODES = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_1": 4}
@@ -262,10 +260,10 @@ def _weight_values(w: Prepared):
     return [w.fmt, w.codes, w.scale or 0, w.min or 0]
 
 
-def _pack_gemv(op, a):
+def _pack_gemv(op, a, aq_fallback=16):
     p = a.params
     w = weight_of(a.t[1].data)
-    m, aq = int(p["M"]), int(p.get("aq", AQ_DEFAULT))
+    m, aq = int(p["M"]), int(p.get("aq", aq_fallback))
     if aq not in AQ_CHOICES:
         raise ValueError(f"aq={aq}: not one of {AQ_CHOICES}")
     scratch = a.scratch
@@ -365,8 +363,10 @@ F32_ACTIVATIONS = RAD_CEQ("dtype", "f32")
 
 def build_rows(native) -> list[RadKernelInfo]:
     """The rows, their launches bound to the native library, or to numpy when it is None."""
+    aq = aq_default()
     if native is not None:
-        table = {kind: _planned(native, name, pack) for kind, (name, pack) in NATIVE_ENTRIES.items()}
+        entries = {**NATIVE_ENTRIES, "gemv": ("r4d_gemv_p", lambda op, a: _pack_gemv(op, a, aq))}
+        table = {kind: _planned(native, name, pack) for kind, (name, pack) in entries.items()}
     else:
         table = {kind: _guarded(f"{kind} (numpy)", launch) for kind, launch in FALLBACK_LAUNCH.items()}
     body = "r4d.c" if native is not None else "numpy fallback"
@@ -376,7 +376,7 @@ def build_rows(native) -> list[RadKernelInfo]:
                              dtypes=dtypes, domain=RAD_DOMAIN_HOST, priority=10, constraints=constraints,
                              launch=table[kind], **hooks)
 
-    aq = [RadTunable(name="aq", values="0,8,16", deflt=AQ_DEFAULT)]
+    tunable = [RadTunable(name="aq", values="0,8,16", deflt=aq)]
     gemm_rows = []
     for fmt, label in (("q4_1", "q4_1"), ("q8_0", "q8_0"), ("f32 f16 bf16", "plain")):
         quantised = label != "plain"
@@ -389,7 +389,7 @@ def build_rows(native) -> list[RadKernelInfo]:
             "decode GEMV: weight streamed once per 4 rows; activations int16 (aq=16), int8 (aq=8) or f32 (aq=0)"
             if quantised else "decode GEMV, f32 accumulation",
             f"M<={GEMV_MAX_M}" + (", K%32==0" if quantised else ""), f"f32 x {fmt}",
-            layout=layout, scratch=gemv_scratch, tunables=aq if quantised else []))
+            layout=layout, scratch=gemv_scratch, tunables=tunable if quantised else []))
         gemm_rows.append(row(
             f"r4d_gemm_{label}", "gemm", "gemm", [RAD_CGE("M", GEMV_MAX_M + 1), *common],
             "prefill GEMM: 24-row weight panels dequantised to f32, 4x3 FMA register tiles",
