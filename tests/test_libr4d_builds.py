@@ -8,7 +8,7 @@ import pytest
 
 from radiance.engine.registry import Registry
 from test_libr4d_support import (
-    HEAD_DIM, HEADS, KV_HEADS, TOL_A16, TOL_F32, activations, launch, make_weight, rel_err, row_of,
+    HEAD_DIM, HEADS, KV_HEADS, TOL_A16, TOL_F32, TOLERANCE, activations, launch, make_weight, rel_err, row_of,
 )
 from test_libr4d_attention import TOL_ATTENTION, paged_step, run_attention
 
@@ -119,3 +119,34 @@ def test_threads_follow_the_knobs(fresh):
     assert "3 thread(s)" in libr4d(fresh(RADIANCE_THREADS="3")).module.backend()
     os.environ.pop("RADIANCE_THREADS", None)
     assert "2 thread(s)" in libr4d(fresh(RADIANCE_THREADS="", OMP_NUM_THREADS="2,1")).module.backend()
+
+
+def _cpu_has(flag):
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and f" {flag}" in line for line in f)
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not (_cpu_has("avx2") and _cpu_has("fma") and _cpu_has("f16c")), reason="no AVX2/FMA/F16C")
+def test_the_avx2_paths_without_vnni_agree_with_libref(fresh, tmp_path):
+    """-march=haswell: the int8 and int16 dot products through vpmaddubsw / vpmaddwd."""
+    registry = fresh(XDG_CACHE_HOME=str(tmp_path / "cache"), RADIANCE_R4D_MARCH="haswell")
+    backend = libr4d(registry).module.backend()
+    assert "avx2+fma" in backend and "vnni" not in backend, backend
+    agrees_with_libref(registry, TOL_A16)
+    reference = Registry(radiance_home="")
+    try:
+        for fmt, n, k in (("q4_1", 576, 1536), ("q8_0", 4096, 576)):
+            weight = make_weight(fmt, n, k, seed=4)
+            for aq in (0, 8, 16):
+                x = activations(2, k, 5)
+                geometry = {"M": 2, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1, "aq": aq}
+                y, ref = np.zeros((2, n), np.float32), np.zeros((2, n), np.float32)
+                assert launch(row_of(registry, "gemm", "libr4d", f"r4d_gemv_{fmt}"), [x, None, y], geometry,
+                              {1: weight}) == 0
+                assert launch(row_of(reference, "gemm", "libref"), [x, None, ref], geometry, {1: weight}) == 0
+                assert rel_err(y, ref) <= TOLERANCE[aq], (fmt, aq, rel_err(y, ref))
+    finally:
+        reference.close()

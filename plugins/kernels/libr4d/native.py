@@ -12,6 +12,8 @@ Knobs (read when the plugin opens):
   RADIANCE_THREADS      threads per launch (else OMP_NUM_THREADS, else the CPUs this process may use)
   RADIANCE_R4D_NATIVE   0: do not build; every row runs its numpy fallback
   RADIANCE_R4D_ISA      portable: skip the native build (what a CPU without AVX2 gets)
+  RADIANCE_R4D_MARCH    the -march of the native build (default native; haswell builds the AVX2
+                        paths without VNNI, what an older CPU gets)
   RADIANCE_R4D_AQ       the decode GEMV's activations: 16 (default), 8 or 0 (rows.py)
   CC                    the compiler
 
@@ -36,12 +38,14 @@ SOURCE = Path(__file__).with_name("r4d.c")
 log = logging.getLogger("radiance.libr4d")
 
 COMMON = ["-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing"]
-VARIANTS = (
-    ("native-omp", ["-O3", "-march=native", "-fopenmp"]),
-    ("native", ["-O3", "-march=native"]),
-    ("portable-omp", ["-O2", "-fopenmp"]),
-    ("portable", ["-O2"]),
-)
+def variants(march: str):
+    """(name, flags) to try in order: the target's build with and without OpenMP, then portable C."""
+    return (
+        ("native-omp", ["-O3", f"-march={march}", "-fopenmp"]),
+        ("native", ["-O3", f"-march={march}"]),
+        ("portable-omp", ["-O2", "-fopenmp"]),
+        ("portable", ["-O2"]),
+    )
 
 # r4d_isa() bits
 ISA_AVX2, ISA_VNNI, ISA_OPENMP = 1, 2, 4
@@ -197,8 +201,9 @@ def load() -> Native:
         raise NativeUnavailable("RADIANCE_R4D_NATIVE=0")
     cc, version = _compiler()
     portable_only = os.environ.get("RADIANCE_R4D_ISA", "").strip().lower() == "portable"
+    march = os.environ.get("RADIANCE_R4D_MARCH", "native").strip() or "native"
     folder, failures = cache_dir(), []
-    for variant, flags in VARIANTS:
+    for variant, flags in variants(march):
         if portable_only and variant.startswith("native"):
             continue
         try:
