@@ -128,12 +128,19 @@ def test_greedy_takes_the_first_maximum_and_survives_odd_logits(registry):
     values[1, :] = -np.inf
     values[1, 77] = 0.0
     values[2, 5] = np.nan  # libref: argmax returns the NaN's index; so must we
+    hot = values.copy()
+    hot[0, 3] = np.inf
     params = {"M": 3, "vocab": VOCAB}
     operands = lambda: [values, np.zeros(3, np.float32), np.zeros(3, np.int32), np.ones(3, np.float32),
                         np.zeros((3, 2), np.uint64), np.zeros(3, np.int32)]
     ours, ref = both(registry, "sample", operands, params)
     np.testing.assert_array_equal(ours[5], ref[5])
     assert list(ours[5]) == [10, 77, 5]
+    drawn = lambda: [hot, np.ones(3, np.float32), np.zeros(3, np.int32), np.full(3, 0.9, np.float32),
+                     np.ones((3, 2), np.uint64), np.zeros(3, np.int32)]
+    with np.errstate(invalid="ignore"):
+        ours, ref = both(registry, "sample", drawn, params)
+    np.testing.assert_array_equal(ours[5], ref[5])
 
 
 @pytest.mark.parametrize("m", [1, PREFILL_M])

@@ -70,6 +70,8 @@ def draw(logits, temperature: float, top_k: int, top_p: float, seed: int, step: 
         candidates = np.sort(np.concatenate([better, tied]))
         return _draw_sorted(scaled, candidates[np.argsort(negated[candidates], kind="stable")], 0, top_p, seed, step)
     head = np.flatnonzero((scaled - scaled.max()) >= HEAD)
+    if len(head) == 0:  # an infinite maximum: nothing is within HEAD of it; libref's own order
+        return _draw_sorted(scaled, np.argsort(-scaled, kind="stable"), 0, top_p, seed, step)
     order = _stable_descending(scaled[head], head, native)
     return _draw_sorted(scaled, order, 0, top_p, seed, step, partial=len(head) < vocab)
 
