@@ -41,9 +41,13 @@ class Coordinator:
         self.facts = {}
         self.digest = None
         self.early = []  # messages of a later stage that arrived before this one ended
+        # zmq routing ids are the ROUTER's own, never a client's choice: a rank is known by the
+        # route its signed hello came from, so no one can take over a rank by naming itself.
+        self.routes: dict[int, bytes] = {}
+        self.rank_of: dict[bytes, int] = {}
 
     def send(self, rank: int, kind: str, meta: dict | None = None, arrays: dict | None = None) -> None:
-        self.wire.send(kind, meta, arrays, route=[f"rank-{rank}".encode()])
+        self.wire.send(kind, meta, arrays, route=[self.routes[rank]])
 
     def broadcast(self, kind: str, meta: dict | None = None, arrays: dict | None = None) -> None:
         for rank in range(self.world):
@@ -63,11 +67,15 @@ class Coordinator:
             if message is None:
                 continue
             route, kind, meta, arrays = message
-            sender = route[0].decode()
-            rank = int(sender.split("-")[1])
             if kind == "heartbeat":
-                self.last_beat[rank] = time.monotonic()
+                self.last_beat[int(meta["rank"])] = time.monotonic()
                 continue
+            if kind == "hello":
+                rank = int(meta["rank"])
+                self.routes[rank], self.rank_of[route[0]] = route[0], rank
+            elif route[0] not in self.rank_of:
+                raise LaunchError(f"{what}: a signed message from an unknown sender")
+            rank = self.rank_of[route[0]]
             if kind == "error":
                 raise RankFailed(self.ranks[rank], meta.get("error", "an error"))
             return rank, kind, meta, arrays
@@ -103,6 +111,8 @@ class Coordinator:
 
     def stop(self, failed: bool) -> None:
         """End the launch: ask the ranks to stop (unless one failed), then make sure they did."""
+        if self.wire.dropped:
+            log.warning("dropped %d unauthenticated messages", self.wire.dropped)
         try:
             if not failed:
                 self.broadcast("stop")

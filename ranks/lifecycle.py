@@ -7,6 +7,13 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+_terminated: list = []
+
+
+def terminated() -> bool:
+    """Whether this rank is ending on SIGTERM: its coordinator died (the parent-death signal;
+    the parent may not be reaped yet, so getppid cannot tell) or is tearing the launch down."""
+    return bool(_terminated)
 
 
 def die_with_parent(coordinator_pid: int) -> None:
@@ -23,6 +30,8 @@ def exit_on_sigterm() -> None:
     """SIGTERM exits cleanly; SIGINT is the coordinator's to handle (Ctrl-C reaches the whole
     process group, and a rank must not die of it before the coordinator stops the launch)."""
     def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: let the cleanup finish
+        _terminated.append(signum)
         sys.exit(128 + signum)  # unwinds: finally blocks and atexit handlers run
 
     signal.signal(signal.SIGTERM, handler)

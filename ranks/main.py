@@ -2,6 +2,7 @@
 world size, the coordinator's endpoint and the launch's secret in its environment."""
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -14,7 +15,7 @@ import zmq
 from radiance.log import get_logger
 from radiance.wire import Wire
 
-from .lifecycle import die_with_parent, exit_on_sigterm, limit_threads
+from .lifecycle import die_with_parent, exit_on_sigterm, limit_threads, terminated
 from .session import RankSession
 
 HEARTBEAT_SECONDS = 0.5
@@ -23,18 +24,16 @@ log = get_logger("radiance.rank")
 
 def _heartbeat(context: zmq.Context, endpoint: str, secret: bytes, rank: int, stop: threading.Event) -> None:
     socket = context.socket(zmq.DEALER)
-    socket.setsockopt(zmq.IDENTITY, f"rank-{rank}".encode() + b"-hb")
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(endpoint)
     wire = Wire(socket, secret)
     while not stop.wait(HEARTBEAT_SECONDS):
-        wire.send("heartbeat")
+        wire.send("heartbeat", {"rank": rank})
     socket.close(0)
 
 
 def main() -> int:
-    coordinator_pid = int(os.environ.get("RADIANCE_COORDINATOR_PID", os.getppid()))
-    die_with_parent(coordinator_pid)
+    die_with_parent(int(os.environ.get("RADIANCE_COORDINATOR_PID", os.getppid())))
     exit_on_sigterm()
     limit_threads()
     rank, world = int(os.environ["RADIANCE_RANK"]), int(os.environ["RADIANCE_WORLD_SIZE"])
@@ -43,7 +42,6 @@ def main() -> int:
         secret = handle.read()
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
-    socket.setsockopt(zmq.IDENTITY, f"rank-{rank}".encode())
     socket.setsockopt(zmq.LINGER, 1000)
     socket.connect(endpoint)
     wire = Wire(socket, secret)
@@ -61,10 +59,11 @@ def main() -> int:
         return 1
     finally:
         stop.set()
+        logging.raiseExceptions = False  # an orphan's stderr pipe may be gone: never fail cleanup on a log line
         session.close()
         socket.close(linger=500)
         context.term()
-        if os.getppid() != coordinator_pid:  # orphaned: no coordinator is left to remove the run folder
+        if terminated():  # the coordinator died, or is tearing the launch down: either way the folder goes
             shutil.rmtree(os.path.dirname(os.environ["RADIANCE_SECRET_FILE"]), ignore_errors=True)
 
 

@@ -42,7 +42,7 @@ class RankSession:
         return self.peers.attach()
 
     def run(self) -> None:
-        self.wire.send("hello", {"pid": os.getpid()})
+        self.wire.send("hello", {"rank": self.rank, "pid": os.getpid()})
         engine_options = EngineOptions(**self.options["engine"])
         registry = Registry(engine_options.radiance_home, engine_options.kernels)
         self.worker = Worker(engine_options, registry, Shard(self.rank, self.world))
@@ -80,9 +80,12 @@ class RankSession:
                 self.wire.send("result", timing, arrays)
 
     def close(self) -> None:
+        """Shared memory first: whatever fails after, nothing of this rank stays in /dev/shm."""
+        for resource in (self.peers, self.gate):
+            if resource is not None:
+                try:
+                    resource.close()
+                except Exception as error:  # keep closing the rest
+                    log.warning("closing %s: %s", type(resource).__name__, error)
         if self.worker is not None and hasattr(self.worker, "executor"):
             self.worker.close()
-        if self.peers is not None:
-            self.peers.close()
-        if self.gate is not None:
-            self.gate.close()

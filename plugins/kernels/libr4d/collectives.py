@@ -292,6 +292,15 @@ def rmsnorm_rows(x, w, eps, n, out):
     out[...] = (x * scale[:, None]) * np.asarray(w).reshape(-1)[None, :n]
 
 
+_native_add_rmsnorm = None  # r4d.c's add + rmsnorm, when libr4d's native kernels are built
+
+
+def use_native_add_rmsnorm(function) -> None:
+    """Take libr4d's native tail (bit for bit libref's add then rmsnorm) for the fused row."""
+    global _native_add_rmsnorm
+    _native_add_rmsnorm = function
+
+
 def all_reduce_add_rmsnorm_host(a):
     """x = all_reduce(x); residual = residual + x; y = rmsnorm(residual) * w, exactly the chain
     all_reduce + add + rmsnorm of libref's rows; colour 2: the gate ends before the add and the norm."""
@@ -303,6 +312,11 @@ def all_reduce_add_rmsnorm_host(a):
         status = _all_reduce(a, xs)
         if status not in (RAD_OK, RAD_LINK_ENDED):
             return status
+        if _native_add_rmsnorm is not None and x.dtype == residual.dtype == y.dtype == F32:
+            # The operands themselves, not views of them: the native side keys its argument packs
+            # on the arrays a node passes every step.
+            tail = _native_add_rmsnorm(residual, x, w, y, m, n, eps)
+            return status if tail == RAD_OK else tail
         np.add(rs, xs, out=rs)
         rmsnorm_rows(rs, w, eps, n, ys)
         return status

@@ -1,0 +1,82 @@
+"""radiance-launch end to end on host ranks: real processes, real zmq, real shared memory. Tensor
+parallel ranks agree with one rank; what a user meets on the way in and out."""
+
+import numpy as np
+import pytest
+
+from radiance.generation.options import EngineOptions
+from radiance.generation.sequence import SamplingParams
+from radiance.launch.cli import run_launch
+
+from launch_support import Launch, wait_gone
+
+WIDE_SHAPE = dict(hidden=64, layers=2, heads=8, kv_heads=4, ffn=128, vocab=320, context=256)
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    """Heads and KV heads divisible by 4: a model for TP 2 and TP 4."""
+    from radiance.convert.api import convert_synthetic
+    from radiance.convert.synthetic import LlamaShape
+
+    path = tmp_path_factory.mktemp("wide") / "wide.rad"
+    convert_synthetic(path, LlamaShape(**WIDE_SHAPE), seed=3)
+    return path
+
+
+def generate(model, tp, prompts, max_tokens=8, **options):
+    """Greedy tokens of each prompt, and the logits of every step rank 0 saw."""
+    outputs, logits = [], []
+
+    def work(engine, coordinator):
+        for prompt in prompts:
+            sequence = engine.add(engine.text.encode(prompt), SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                                           ignore_eos=True))
+            while not sequence.finished:
+                engine.step()
+                logits.append(np.array(coordinator.last_result["logits"]))
+            outputs.append(sequence.output_ids)
+
+    run_launch(EngineOptions(model=str(model), progress=False, **options), tp, None, False, 60.0, 120.0, False, work,
+               return_buffer="logits")
+    return outputs, logits
+
+
+PROMPTS = ["hello there", "the quick brown fox", "1 2 3 4"]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_synthetic_tensor_parallel_agrees_with_one_rank(wide_model, tp):
+    one, one_logits = generate(wide_model, 1, PROMPTS)
+    many, many_logits = generate(wide_model, tp, PROMPTS)
+    assert many == one
+    assert len(many_logits) == len(one_logits)
+    for a, b in zip(one_logits, many_logits):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_smollm2_tp3_gives_tp1_greedy_tokens(smollm2):
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    one, _ = generate(smollm2, 1, prompts, max_tokens=16)
+    three, _ = generate(smollm2, 3, prompts, max_tokens=16)
+    assert three == one
+
+
+def test_prompt_through_the_command_line_and_its_logs(smollm2):
+    launch = Launch("--tp", 3, "--model", smollm2, "--prompt", "The capital of France is", "--max-tokens", 4,
+                    "--temperature", 0)
+    code, stdout, stderr = launch.finish()
+    assert code == 0, stderr
+    assert stdout.strip().startswith("Paris")
+    assert stderr.count("collectives use the _host twins") == 1
+    assert stderr.count("starting 3 host ranks") == 1
+    assert all(line.startswith(("[radiance]", "[rank ")) for line in stderr.splitlines() if line.strip())
+
+
+def test_tp_that_does_not_divide_the_heads_is_a_clear_error(smollm2):
+    launch = Launch("--tp", 2, "--model", smollm2, "--prompt", "hi")
+    code, _, stderr = launch.finish()
+    assert code == 1
+    assert "radiance-launch: error: rank " in stderr
+    assert "q_heads is 9, not divisible by the 2 ranks" in stderr
+    assert "Traceback" not in stderr
