@@ -14,6 +14,7 @@ from radiance.abi import (
 from radiance.collectives.chain import ChainWords
 from radiance.collectives.gate import LinkScheduler
 
+from .overlap import Overlap
 from .rank_weights import RankWeights
 from .resolve import ResolvedNode, unique_resolutions
 from .step_inputs import StepInputs
@@ -44,6 +45,7 @@ class Executor:
                 if band.row.info.scratch:
                     self._scratch[id(band)] = np.zeros(int(band.row.info.scratch(dict(band.geometry))), np.uint8)
         self._args: dict = {}
+        self.overlap = Overlap(resolved)
         self.profile = False  # when set, seconds spent per op accumulate in `op_seconds`
         self.op_seconds = defaultdict(float)
 
@@ -74,28 +76,43 @@ class Executor:
         """One step over `tokens` tokens of `seqs` sequences; the step inputs are written already."""
         if len(self._args) > MAX_CACHED_ARGS:
             self._args.clear()
-        done = self.chain.word(0)
-        done[0] = 0
-        for launched, item in enumerate(self.resolved):
+        built = []
+        for item in self.resolved:
             key = (item.node.index, tokens, seqs)
-            built = self._args.get(key)
-            if built is None:
-                built = self._args[key] = self._build(item, tokens, seqs)
-            row, args = built
-            start = time.perf_counter() if self.profile else 0.0
-            if row.chain:
-                args.chain = self.chain.record(0, launched, 0, launched + 1)
-            if row.collective:
-                status = self.link.launch_collective(row.info.launch, args, row.collective, f"{row.plugin.name}:{row.name}")
-            else:
-                status = row.info.launch(args)
-            if self.profile:
-                self.op_seconds[item.node.op] += time.perf_counter() - start
-            if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):
-                raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
-            if not row.chain:
-                done[0] = launched + 1
+            if key not in self._args:
+                self._args[key] = self._build(item, tokens, seqs)
+            built.append(self._args[key])
+        rows = [row for row, _ in built]
+        self.chain.word(0)[0] = 0
+        index = 0
+        while index < len(built):
+            count = self.overlap.group(self.resolved, rows, index)
+            if count == 1:
+                self._launch(index, *built[index])
+            else:  # concurrent rows on independent operands: all but the last on the pool
+                futures = [self.overlap.pool.submit(self._launch, i, *built[i]) for i in range(index, index + count - 1)]
+                self._launch(index + count - 1, *built[index + count - 1])
+                for future in futures:
+                    future.result()
+            index += count
+
+    def _launch(self, index: int, row, args) -> None:
+        item = self.resolved[index]
+        start = time.perf_counter() if self.profile else 0.0
+        if row.chain:
+            args.chain = self.chain.record(0, index, 0, index + 1)
+        if row.collective:
+            status = self.link.launch_collective(row.info.launch, args, row.collective, f"{row.plugin.name}:{row.name}")
+        else:
+            status = row.info.launch(args)
+        if self.profile:
+            self.op_seconds[item.node.op] += time.perf_counter() - start
+        if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):
+            raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
+        if not row.chain:
+            self.chain.word(0)[0] = index + 1
 
     def release(self) -> None:
+        self.overlap.close()
         for resolution in unique_resolutions(self.resolved):
             resolution.release()
