@@ -70,8 +70,8 @@ class RankSession:
             received = time.perf_counter()
             tokens = self.worker.execute(arrays)
             if self.rank == 0:
-                timing = {"compute": time.perf_counter() - received,
-                          "collectives": executor.op_seconds.get("all_reduce", 0.0) + executor.op_seconds.get("all_gather", 0.0)}
+                timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
+                          "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_"))}
                 executor.op_seconds.clear()
                 arrays = {"tokens": tokens}
                 shown = self.options.get("return_buffer")  # a debugging aid: a buffer's rows, e.g. logits

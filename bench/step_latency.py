@@ -1,0 +1,85 @@
+"""Step latency of a decode step on host ranks at TP 1, 2 and 3, broken into plan delivery (the
+coordinator's round trip less rank 0's step), compute and collective wait (rank 0's time inside
+collective rows, which includes waiting for its peers).
+
+    python bench/step_latency.py [--tp 1 2 3] [--tokens 64] [--layers 30]
+
+The model is synthetic, SmolLM2-sized but with 6 heads and 6 KV heads so that 2 and 3 both divide
+it, Q4_1 linear weights and a Q8_0 embedding, as SmolLM2's GGUF has."""
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RECIPE = """
+[[rule]]
+match = "layers.*.attn.*"
+quantizer = "q4_1"
+
+[[rule]]
+match = "layers.*.ffn.*"
+quantizer = "q4_1"
+
+[[rule]]
+match = "token_embd"
+quantizer = "q8_0"
+"""
+
+
+def measure(model: Path, tp: int, tokens: int) -> dict:
+    from radiance.generation.options import EngineOptions
+    from radiance.generation.sequence import SamplingParams
+    from radiance.launch.cli import run_launch
+
+    samples = []
+
+    def work(engine, coordinator):
+        execute = engine.execute
+
+        def timed(arrays):
+            start = time.perf_counter()
+            result = execute(arrays)
+            samples.append((time.perf_counter() - start, dict(coordinator.last_step)))
+            return result
+
+        engine.execute = timed
+        sequence = engine.add(list(range(300, 332)), SamplingParams(max_tokens=tokens + 1, temperature=0, ignore_eos=True))
+        while not sequence.finished:
+            engine.step()
+
+    run_launch(EngineOptions(model=str(model), progress=False), tp, None, False, 60.0, 120.0, True, work)
+    decode = samples[1:]  # the first step is the prompt's prefill
+    step = statistics.median(total for total, _ in decode)
+    compute = statistics.median(meta["compute"] for _, meta in decode)
+    collectives = statistics.median(meta["collectives"] for _, meta in decode)
+    return {"step": step, "delivery": step - compute, "compute": compute - collectives, "collectives": collectives}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=30)
+    args = parser.parse_args()
+    from radiance.convert.api import convert_synthetic
+    from radiance.convert.synthetic import LlamaShape
+
+    with tempfile.TemporaryDirectory() as folder:
+        recipe = Path(folder) / "recipe.toml"
+        recipe.write_text(RECIPE)
+        model = Path(folder) / "model.rad"
+        convert_synthetic(model, LlamaShape(hidden=576, layers=args.layers, heads=6, kv_heads=6, ffn=1536,
+                                            vocab=49152, context=2048), seed=1, recipe=recipe)
+        print(f"decode step, median of {args.tokens} steps, host ranks (ms)")
+        print(f"{'tp':>3}{'step':>9}{'delivery':>10}{'compute':>9}{'collect.':>10}{'tok/s':>8}")
+        for tp in args.tp:
+            figures = measure(model, tp, args.tokens)
+            print(f"{tp:3}{1e3 * figures['step']:9.2f}{1e3 * figures['delivery']:10.2f}"
+                  f"{1e3 * figures['compute']:9.2f}{1e3 * figures['collectives']:10.2f}{1 / figures['step']:8.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
