@@ -13,7 +13,7 @@ from . import options
 
 def _declarations(plugin) -> str:
     if plugin.candidate.kind == RAD_PLUGIN_QUANT:
-        return f"{len(plugin.quantizers)} quantisers"
+        return f"{len(plugin.quantizers)} quantiser{'s' if len(plugin.quantizers) != 1 else ''}"
     if plugin.candidate.kind == RAD_PLUGIN_ARCH:
         return f"{len(plugin.architectures)} architecture{'s' if len(plugin.architectures) != 1 else ''}"
     return f"{len(plugin.schemas)} ops, {len(plugin.rows)} rows"
