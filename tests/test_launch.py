@@ -80,3 +80,32 @@ def test_tp_that_does_not_divide_the_heads_is_a_clear_error(smollm2):
     assert "radiance-launch: error: rank " in stderr
     assert "q_heads is 9, not divisible by the 2 ranks" in stderr
     assert "Traceback" not in stderr
+
+
+PICKY = """
+import os
+
+def silu_mul(a):
+    gate, up, y = (t.data for t in a.t)
+    m = a.params["M"]
+    y[:m] = gate[:m] / (1 + __import__("numpy").exp(-gate[:m])) * up[:m]
+    return RAD_OK
+
+def rad_plugin_open():
+    # A library for some machines only: it declines the one rank 1 runs on.
+    return RAD_E_UNSUPPORTED if os.environ.get("RADIANCE_RANK") == "1" else RAD_OK
+
+SCHEMAS = []
+ROWS = [row("picky_silu_mul", "silu_mul", launch=silu_mul)]
+"""
+
+
+def test_ranks_that_resolve_differently_are_refused_before_the_first_step(wide_model, home):
+    home.kernel("picky", PICKY)
+    launch = Launch("--tp", 2, "--model", wide_model, "--prompt", "hi", "--radiance-home", home.root,
+                    "--kernels", "picky,libr4d")
+    code, stdout, stderr = launch.finish()
+    assert code == 1 and stdout == ""
+    assert ("rank 1 resolved a different graph from rank 0's: node layers.0.ffn.silu_mul, op 'silu_mul' band "
+            "[1, 256]: libr4d:r4d_silu_mul where rank 0 has picky:picky_silu_mul") in stderr
+    assert wait_gone(launch) == []

@@ -72,6 +72,8 @@ def test_close_runs_at_shutdown(home, tmp_path):
     ('SCHEMAS = []\nROWS = [row("r", "t_unknown_op")]\n', "implements op 't_unknown_op', which no loaded library declares"),
     ('SCHEMAS = [schema("t_gemm", ("M",))]\nROWS = [row("all_reduce_r4dchain", "t_gemm")]\n',
      "rad_kernel_chain is false but the name has 'r4dchain'"),
+    ('SCHEMAS = [schema("t_gemm", ("M",))]\nROWS = [row("all_reduce_plain", "t_gemm")]\n'
+     'def rad_kernel_chain(i):\n    return 1\n', "rad_kernel_chain is true but the name lacks 'r4dchain'"),
 ])
 def test_malformed_plugin_refused_while_the_rest_load(home, body, reason):
     home.kernel("broken", body)
