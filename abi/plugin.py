@@ -138,24 +138,28 @@ def rad_store_f32(row, dtype: int, i: int, value: float) -> None:
     rad_store_bits(row, dtype, i, bits)
 
 
-def rad_wait_word(word, value: int, timeout_ns: int = 0) -> int:
-    """Wait until word[0] >= value: spin briefly, then yield, then sleep with back-off, so a wait
-    never burns a core another rank needs. `word` is a one-element uint64 numpy view."""
-    deadline = time.monotonic_ns() + timeout_ns if timeout_ns else None
-    spins = 0
-    pause = 0.0
-    while word[0] < value:
+def rad_backoff():
+    """Pauses for a polling loop that never burns a core another rank needs: spin briefly, then
+    yield the core, then sleep with a back-off up to 200 us. `for _ in rad_backoff(): if ready: break`."""
+    spins, pause = 0, 0.0
+    while True:
         spins += 1
-        if spins < 64:
-            continue
-        if spins < 256:
-            os.sched_yield()
-        else:
+        if spins >= 256:
             pause = min(pause * 2 or 2e-6, 2e-4)
             time.sleep(pause)
+        elif spins >= 64:
+            os.sched_yield()
+        yield spins
+
+
+def rad_wait_word(word, value: int, timeout_ns: int = 0) -> int:
+    """Wait until word[0] >= value (rad_backoff's pauses). `word` is a one-element uint64 numpy view."""
+    deadline = time.monotonic_ns() + timeout_ns if timeout_ns else None
+    for _ in rad_backoff():
+        if word[0] >= value:
+            return c.RAD_OK
         if deadline is not None and time.monotonic_ns() > deadline:
             return c.RAD_E_DEVICE
-    return c.RAD_OK
 
 
 def rad_weight_f32(weight) -> np.ndarray:

@@ -26,7 +26,6 @@ Timing records (time.monotonic_ns, comparable across processes on one machine):
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import threading
 import time
@@ -35,7 +34,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from radiance.abi import RAD_LINK_ENDED, RAD_OK
+from radiance.abi import RAD_LINK_ENDED, RAD_OK, rad_backoff
 
 from .shm import PAGE, Segment
 
@@ -199,19 +198,12 @@ class LinkScheduler:
     def _wait_clear(self) -> bool:
         """Wait for the gate to read 0, with the back-off of rad_wait_word (spin briefly, then yield,
         then sleep up to 200 us). False when the scheduler closes meanwhile."""
-        word, spins, pause = self.gate.word, 0, 0.0
-        while word[0] != 0:
+        word = self.gate.word
+        for _ in rad_backoff():
+            if word[0] == 0:
+                return True
             if self._stopping:
                 return False
-            spins += 1
-            if spins < 64:
-                continue
-            if spins < 256:
-                os.sched_yield()
-            else:
-                pause = min(pause * 2 or 2e-6, 2e-4)
-                time.sleep(pause)
-        return True
 
     def _run(self) -> None:
         while True:
