@@ -12,6 +12,7 @@ from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
 from radiance.log import get_logger
+from radiance.serving.options import check_mode, max_seqs_for, serve_options
 from radiance.tools import options
 from radiance.tools.errors import user_errors
 from radiance.tools.generate import chat_loop, sampling_options, stream_prompt
@@ -68,15 +69,16 @@ def run_launch(engine_options: EngineOptions, tp: int, threads: int | None, disa
 @click.option("--disable-p2p", is_flag=True, help="Use the _host twins of the collectives even where P2P works.")
 @click.option("--stage-timeout", default=60.0, show_default=True, help="Seconds every handshake stage may take.")
 @click.option("--step-timeout", default=120.0, show_default=True, help="Seconds one step may take.")
+@serve_options
 @options.radiance_home
 @options.kernels
 @options.accept_reference
 @click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
 def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, stop, max_context, max_step_tokens,
-         threads_per_rank, disable_p2p, stage_timeout, step_timeout, radiance_home, kernels, accept_reference, verbose):
-    """Generate with a .rad model over TP ranks."""
-    if (prompt is None) == (not chat):
-        raise click.UsageError("give exactly one of --prompt TEXT and --chat")
+         threads_per_rank, disable_p2p, stage_timeout, step_timeout, serve, host, port, api_key, max_seqs, radiance_home,
+         kernels, accept_reference, verbose):
+    """Generate with a .rad model over TP ranks, or serve it (--serve)."""
+    check_mode(serve, prompt, chat)
     if tp < 1:
         raise click.UsageError(f"--tp must be at least 1, not {tp}")
     with user_errors("radiance-launch", verbose, extra=(RankFailed, LaunchError)):
@@ -84,7 +86,12 @@ def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, s
         SamplingParams(**params)
         engine_options = EngineOptions(model=model, radiance_home=radiance_home, kernels=kernels,
                                        accept_reference=accept_reference, max_context=max_context,
-                                       max_step_tokens=max_step_tokens)
+                                       max_step_tokens=max_step_tokens, max_seqs=max_seqs_for(serve, max_seqs))
+        if serve:
+            from radiance.serving.server import ServeSettings, serve_launch
+
+            return serve_launch(engine_options, ServeSettings(host, port, api_key, params), lambda work: run_launch(
+                engine_options, tp, threads_per_rank, disable_p2p, stage_timeout, step_timeout, True, work))
 
         def work(engine, coordinator):
             if chat:

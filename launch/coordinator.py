@@ -109,6 +109,24 @@ class Coordinator:
         self.last_step, self.last_result = meta, result
         return result["tokens"]
 
+    def idle(self) -> None:
+        """Between steps when there is nothing to run (a server waiting for requests): take the
+        heartbeats that came in and check on the ranks, so an idle launch notices a failed rank and
+        does not take its own silence for a hung one. Nothing but heartbeats is due between steps."""
+        self.supervisor.check()
+        while (message := self.wire.recv(timeout_ms=0, routed=True)) is not None:
+            route, kind, meta, _ = message
+            if kind == "heartbeat":
+                self.last_beat[int(meta["rank"])] = time.monotonic()
+            elif kind == "error" and route[0] in self.rank_of:
+                raise RankFailed(self.ranks[self.rank_of[route[0]]], meta.get("error", "an error"))
+            else:
+                raise LaunchError(f"between steps: an unexpected '{kind}' message")
+        now = time.monotonic()
+        for rank, beat in self.last_beat.items():
+            if now - beat > self.heartbeat_timeout:
+                raise RankFailed(self.ranks[rank], f"no heartbeat for {now - beat:.0f} s (hung)")
+
     def stop(self, failed: bool) -> None:
         """End the launch: ask the ranks to stop (unless one failed), then make sure they did."""
         if self.wire.dropped:

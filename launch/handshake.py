@@ -49,5 +49,6 @@ def handshake(coordinator: Coordinator, disable_p2p: bool, load_timeout: float) 
             raise LaunchError(f"rank {rank} resolved a different graph from rank 0's: "
                               f"{first_difference(reference, meta['lines'])}")
     coordinator.digest = resolved[0][0]["digest"]
+    coordinator.lines = reference  # rank 0's resolved graph, for a server's /graph
     coordinator.broadcast("go")
     coordinator.gather("ready", "ready")

@@ -73,6 +73,8 @@ class RankSession:
                 timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
                           "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_"))}
                 executor.op_seconds.clear()
+                holds = self.worker.link.hold_stats()  # cumulative, for a server's /metrics
+                timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"])
                 arrays = {"tokens": tokens}
                 shown = self.options.get("return_buffer")  # a debugging aid: a buffer's rows, e.g. logits
                 if shown:

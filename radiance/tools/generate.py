@@ -13,6 +13,7 @@ from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
 from radiance.generation.worker import Worker
 from radiance.log import get_logger
+from radiance.serving.options import check_mode, max_seqs_for, serve_options
 
 from . import options
 from .errors import user_errors
@@ -82,16 +83,16 @@ def stream_prompt(engine: Engine, prompt: str, params: dict) -> None:
 @sampling_options
 @click.option("--max-context", type=int, default=None, help="Tokens of context (default: the model's).")
 @click.option("--max-step-tokens", default=256, show_default=True, help="Prefill chunk: tokens in one step.")
+@serve_options
 @options.radiance_home
 @options.kernels
 @options.accept_reference
 @options.debug_selection
 @click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
 def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, stop, max_context, max_step_tokens,
-         radiance_home, kernels, accept_reference, debug_selection, verbose):
-    """Generate with a .rad model on this machine's CPU."""
-    if (prompt is None) == (not chat):
-        raise click.UsageError("give exactly one of --prompt TEXT and --chat")
+         serve, host, port, api_key, max_seqs, radiance_home, kernels, accept_reference, debug_selection, verbose):
+    """Generate with a .rad model on this machine's CPU, or serve it (--serve)."""
+    check_mode(serve, prompt, chat)
     if tp != 1:
         from radiance.launch.cli import main as launch
 
@@ -101,8 +102,14 @@ def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, s
     with user_errors("radiance", verbose):
         params = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop)
         SamplingParams(**params)  # checks them before the model loads
+        if serve:
+            from radiance.serving.server import ServeSettings, serve_single
+
+            return serve_single(model, ServeSettings(host, port, api_key, params), lambda: build_engine(
+                model, radiance_home, kernels, accept_reference, debug_selection, max_context, max_step_tokens,
+                max_seqs_for(serve, max_seqs)))
         engine, worker = build_engine(model, radiance_home, kernels, accept_reference, debug_selection,
-                                      max_context, max_step_tokens)
+                                      max_context, max_step_tokens, max_seqs_for(serve, max_seqs))
         try:
             if chat:
                 chat_loop(engine, params)

@@ -1,0 +1,373 @@
+"""The HTTP side: FastAPI routes for the OpenAI API, /health, /metrics and /graph, and the checks
+every request passes before it reaches the engine thread (API key, JSON and field types, model
+name, prompt and max_tokens against the context). Each refusal is a 4xx with an OpenAI-style body;
+a refused request never touches the engine, so the others go on."""
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from pathlib import Path
+
+import jinja2
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radiance.generation.sequence import SamplingParams
+from radiance.generation.text import TextError
+
+from .graph import graph_report, graph_text
+from .loop import EngineLoop, Event, Job
+from .metrics import CONTENT_TYPE, Metrics
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Sampling, error_body, not_ready
+
+MAX_STOPS = 16
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/graph")
+GONE = object()  # put on a job's queue when its client disconnects
+
+
+class ServerState:
+    """What the routes share: the model's name, the defaults, and, once every rank is ready, the
+    engine loop (set by `attach`)."""
+
+    def __init__(self, model_path: str, api_key: str | None, defaults: dict, metrics: Metrics):
+        self.model_path, self.api_key, self.metrics = str(model_path), api_key or None, metrics
+        self.model_name = Path(model_path).stem
+        self.defaults = {k: v for k, v in defaults.items() if v is not None}
+        self.created = int(time.time())
+        self.loop: EngineLoop | None = None
+        self.source = None
+
+    def attach(self, loop: EngineLoop, source) -> None:
+        self.source, self.loop = source, loop
+
+    @property
+    def ready(self) -> bool:
+        return self.loop is not None and not self.loop.stopping.is_set()
+
+    def engine_loop(self) -> EngineLoop:
+        if self.loop is None:
+            raise not_ready()
+        if self.loop.stopping.is_set():
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        return self.loop
+
+    def check_model(self, name: str) -> None:
+        if name not in (self.model_name, self.model_path):
+            raise APIError(404, f"The model '{name}' does not exist: this server serves '{self.model_name}'",
+                           param="model", code="model_not_found")
+
+    # ---- prompts and sampling -------------------------------------------------------------------
+
+    def completion_prompt(self, prompt) -> list[int]:
+        engine = self.engine_loop().engine
+        if isinstance(prompt, list):
+            if len(prompt) == 0:
+                raise APIError(400, "the prompt is empty", param="prompt")
+            if isinstance(prompt[0], (str, list)):
+                if len(prompt) != 1:
+                    raise APIError(400, "one prompt per request: this server does not batch prompts in one "
+                                   "request (send them as separate requests; they are batched anyway)", param="prompt")
+                prompt = prompt[0]
+        if isinstance(prompt, str):
+            return engine.text.encode(prompt)
+        vocab = int(engine.text.hyper.get("vocab") or engine.text.tokenizer.get_vocab_size())
+        if any(not 0 <= token < vocab for token in prompt):
+            raise APIError(400, f"a prompt token id is outside the vocabulary [0, {vocab})", param="prompt")
+        return list(prompt)
+
+    def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        engine = self.engine_loop().engine
+        messages = [{"role": message.role, "content": message.text()} for message in body.messages]
+        try:
+            return engine.text.chat(messages)
+        except TextError as error:
+            raise APIError(400, str(error), param="messages") from None
+        except jinja2.TemplateError as error:
+            raise APIError(400, f"the chat template refused the messages: {error}", param="messages") from None
+
+    def sampling(self, body: Sampling, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> SamplingParams:
+        engine = self.engine_loop().engine
+        context, length = engine.options.max_context, len(prompt_ids)
+        if length == 0:
+            raise APIError(400, "the prompt is empty", param=prompt_param)
+        if length >= context:
+            raise APIError(400, f"This model's maximum context length is {context} tokens; the prompt is {length} "
+                           "tokens", param=prompt_param, code="context_length_exceeded")
+        if engine.blocks.blocks_for(length + 1) > engine.blocks.num_blocks:
+            raise APIError(400, f"the prompt is {length} tokens, more than the KV cache holds",
+                           param=prompt_param, code="context_length_exceeded")
+        if max_tokens is not None:
+            if max_tokens > context:
+                raise APIError(400, f"max_tokens is {max_tokens}, more than the model's context of {context} tokens",
+                               param="max_tokens", code="context_length_exceeded")
+            if length + max_tokens > context:
+                raise APIError(400, f"This model's maximum context length is {context} tokens; the prompt is "
+                               f"{length} tokens and max_tokens asks for {max_tokens} more",
+                               param="max_tokens", code="context_length_exceeded")
+        else:
+            max_tokens = min(int(self.defaults.get("max_tokens", 256)), context - length)
+        stop = body.stop if body.stop is not None else self.defaults.get("stop", ())
+        stop = tuple(s for s in ([stop] if isinstance(stop, str) else stop) if s)
+        if len(stop) > MAX_STOPS:
+            raise APIError(400, f"at most {MAX_STOPS} stop strings, not {len(stop)}", param="stop")
+        top_k = body.top_k if body.top_k is not None else self.defaults.get("top_k", 0)
+        seed = body.seed if body.seed is not None else self.defaults.get("seed")
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos, top_k=max(0, top_k),
+                temperature=body.temperature if body.temperature is not None else self.defaults.get("temperature", 1.0),
+                top_p=body.top_p if body.top_p is not None else self.defaults.get("top_p", 1.0),
+                seed=None if seed is None else seed & ((1 << 64) - 1))
+        except ValueError as error:
+            raise APIError(400, str(error)) from None
+
+
+def _sse(payload) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+def _refuse_unsupported(body: Sampling) -> None:
+    for name, why in body.unsupported():
+        raise APIError(400, why, param=name)
+
+
+async def _until_disconnect(request: Request, job: Job) -> None:
+    """Put GONE on the job's queue when the client goes away (the body is read already, so the
+    next ASGI message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.queue.put_nowait(GONE)
+            return
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="Radiance", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = state.metrics
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError):
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError):
+        problems = error.errors()
+        first = problems[0] if problems else {"loc": (), "msg": "invalid request", "type": ""}
+        if first.get("type") == "json_invalid":
+            return JSONResponse(error_body(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"),
+                                status_code=400)
+        location = [str(part) for part in first.get("loc", ()) if part != "body"]
+        # a union's member name (e.g. 'str', 'list[int]') is the type tried, not a field
+        fields = [part for part in location if not any(c in part for c in "[]") and part not in ("str", "int", "float", "bool")]
+        param = ".".join(fields) or None
+        message = f"{param}: {first['msg']}" if param else f"the request body: {first['msg']}"
+        if len(problems) > 1:
+            message += f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):
+        message = {404: f"no route {request.method} {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, str(error.detail))
+        return JSONResponse(error_body(message, code=None), status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def failure(request: Request, error: Exception):
+        return JSONResponse(error_body(f"{type(error).__name__}: {error}", type="server_error"), status_code=500)
+
+    # ---- routes ---------------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health():
+        if state.ready:
+            return JSONResponse({"status": "ok", "model": state.model_name, "world": state.source.world})
+        status = "stopping" if state.loop is not None else "starting"
+        return JSONResponse({"status": status}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/graph")
+    async def graph(format: str = "json"):
+        loop = state.engine_loop()
+        source = state.source
+        declared = await asyncio.to_thread(source.declared)
+        report = graph_report(source.lines, declared, loop.shapes.snapshot(), model=state.model_name,
+                              world=source.world, digest=source.digest)
+        if format == "text":
+            return PlainTextResponse(graph_text(report))
+        return JSONResponse(report)
+
+    def model_card() -> dict:
+        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "radiance"}
+        if state.loop is not None:
+            card["max_model_len"] = state.loop.engine.options.max_context
+        return card
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        state.check_model(name)
+        return model_card()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        arrival = time.perf_counter()
+        state.check_model(body.model)
+        state.engine_loop()
+        _refuse_unsupported(body)
+        prompt_ids = state.completion_prompt(body.prompt)
+        params = state.sampling(body, prompt_ids, body.max_tokens, "prompt")
+        job = Job(prompt_ids, params, asyncio.get_running_loop(), arrival)
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": state.model_name, "system_fingerprint": _fingerprint(state)}
+
+        def choice(text: str, finish: str | None) -> dict:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _stream(state, job, head, None, lambda text, finish: choice(text, finish), include_usage)
+        text, last = await _collect(state, job, request)
+        return {**head, "choices": [choice(text, last.finish)], "usage": last.usage}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        arrival = time.perf_counter()
+        state.check_model(body.model)
+        state.engine_loop()
+        _refuse_unsupported(body)
+        prompt_ids = state.chat_prompt(body)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        params = state.sampling(body, prompt_ids, max_tokens, "messages")
+        job = Job(prompt_ids, params, asyncio.get_running_loop(), arrival)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.model_name,
+                "system_fingerprint": _fingerprint(state)}
+
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+            def chunk_choice(text: str, finish: str | None) -> dict:
+                return {"index": 0, "delta": {"content": text} if text or not finish else {}, "logprobs": None,
+                        "finish_reason": finish}
+
+            return _stream(state, job, {**head, "object": "chat.completion.chunk"}, first, chunk_choice, include_usage)
+        text, last = await _collect(state, job, request)
+        return {**head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                             "finish_reason": last.finish}], "usage": last.usage}
+
+    return Guard(app, state)
+
+
+def _fingerprint(state: ServerState) -> str | None:
+    digest = state.source.digest if state.source is not None else None
+    return f"rad-{digest[:16]}" if digest else None
+
+
+async def _collect(state: ServerState, job: Job, request: Request) -> tuple[str, Event]:
+    """A whole completion; the sequence is cancelled the moment its client disconnects."""
+    state.engine_loop().submit(job)
+    watcher = asyncio.create_task(_until_disconnect(request, job))
+    pieces = []
+    try:
+        while True:
+            event = await job.queue.get()
+            if event is GONE:  # nobody to answer: the finally below cancels the sequence
+                raise APIError(499, "the client closed the request", code="client_closed_request")
+            if event.error is not None:
+                job.ended = True
+                raise event.error
+            pieces.append(event.text)
+            if event.finish is not None:
+                job.ended = True
+                return "".join(pieces), event
+    finally:
+        watcher.cancel()
+        if not job.ended:
+            state.loop.cancel(job)
+
+
+def _stream(state: ServerState, job: Job, head: dict, first_choice: dict | None, make_choice, include_usage: bool):
+    """Server-sent events; when the client disconnects Starlette cancels this generator, and its
+    finally cancels the sequence."""
+
+    async def events():
+        try:
+            state.engine_loop().submit(job)
+        except APIError as error:
+            job.ended = True
+            yield _sse(error.body())
+            yield "data: [DONE]\n\n"
+            return
+        try:
+            if first_choice is not None:
+                yield _sse({**head, "choices": [first_choice]})
+            while True:
+                event = await job.queue.get()
+                if event.error is not None:
+                    job.ended = True
+                    yield _sse(event.error.body())
+                    break
+                if event.text or event.finish is not None:
+                    yield _sse({**head, "choices": [make_choice(event.text, event.finish)]})
+                if event.finish is not None:
+                    job.ended = True
+                    if include_usage:
+                        yield _sse({**head, "choices": [], "usage": event.usage})
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            if not job.ended:
+                state.loop.cancel(job)
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class Guard:
+    """Pure ASGI around the app: the API key on every route but /health (401 before anything else
+    is read), and each response's status counted for /metrics."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+        self.key = state.api_key.encode() if state.api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        route = path if path in ROUTES else ("/v1/models" if path.startswith("/v1/models/") else "other")
+        status = {"code": 500}
+
+        async def counted_send(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            if self.key is not None and path != "/health" and not self._authorised(scope):
+                response = JSONResponse(error_body("Incorrect or missing API key: send 'Authorization: Bearer KEY'",
+                                                   code="invalid_api_key"), status_code=401,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, counted_send)
+                return
+            await self.app(scope, receive, counted_send)
+        finally:
+            self.state.metrics.requests.labels(route=route, status=str(status["code"])).inc()
+
+    def _authorised(self, scope) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        return False

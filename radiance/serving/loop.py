@@ -1,0 +1,269 @@
+"""The engine thread: the one thread that owns the Engine. Every add, cancel and step happens here;
+requests arrive through a thread-safe queue, and each request's text goes back to its own asyncio
+queue through `loop.call_soon_threadsafe`. The loop steps while there is work and sleeps while there
+is none (on an Event that a new request sets; a launch's heartbeats are taken meanwhile).
+
+Text is made here too: tokens are detokenised incrementally and stop strings are looked for as the
+text grows, so a stop string ends its sequence in the step that completed it, its blocks freed at
+once, and the stop string itself is never sent."""
+
+import asyncio
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
+from radiance.generation.engine import Engine, _pending_prefix, _stop_position
+from radiance.generation.sequence import SamplingParams, Sequence
+from radiance.generation.text import TextCodec
+from radiance.log import get_logger
+
+from .metrics import Metrics
+from .protocol import APIError
+
+log = get_logger("radiance.serving")
+
+
+@dataclass
+class Event:
+    """What the engine thread hands a request: new text, and at the end why it ended and the usage."""
+    text: str = ""
+    tokens: int = 0
+    finish: str | None = None
+    usage: dict | None = None
+    error: APIError | None = None
+
+
+class TextStream:
+    """A sequence's text as its tokens arrive: decodes a short window (the tokens since the last
+    whole character, and the few before for context), so each token costs the same however long the
+    output is; an incomplete UTF-8 character is held back."""
+
+    def __init__(self, codec: TextCodec):
+        self.codec, self.ids, self.prefix, self.read = codec, [], 0, 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        before = self.codec.decode(self.ids[self.prefix:self.read])
+        after = self.codec.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+
+class Job:
+    """One request. Made on the HTTP side; from submit on, only the engine thread touches its
+    engine state, and only the asyncio side reads its queue."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, loop: asyncio.AbstractEventLoop,
+                 arrival: float | None = None):
+        self.prompt_ids, self.params, self.loop = prompt_ids, params, loop
+        self.arrival = arrival if arrival is not None else time.perf_counter()
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.sequence: Sequence | None = None
+        self.cancelled = False  # engine thread: cancelled before or after it was added
+        self.ended = False  # asyncio side: the last event was received
+        # engine-thread state
+        self.stream: TextStream | None = None
+        self.text, self.emitted, self.last_token = "", 0, None
+
+    def deliver(self, event: Event) -> None:
+        """From the engine thread: hand an event to the request's event loop."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: the server is going down
+            pass
+
+
+@dataclass
+class StepShapes:
+    """How many steps ran at each (tokens, sequences): which bands of the graph the run issued."""
+    counts: Counter = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, tokens: int, seqs: int) -> None:
+        with self.lock:
+            self.counts[(tokens, seqs)] += 1
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return dict(self.counts)
+
+
+class EngineLoop:
+    """`run()` is the engine thread's body (the caller's thread: a CLI's main thread, or a thread of
+    its own); `submit`, `cancel` and `stop` may be called from any thread."""
+
+    def __init__(self, engine: Engine, source, metrics: Metrics):
+        self.engine, self.source, self.metrics = engine, source, metrics
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.running_jobs: dict[int, Job] = {}
+        self.shapes = StepShapes()
+        self.failure: BaseException | None = None
+        self.steps = 0
+        self._execute_seconds = 0.0
+        self._last_shape = None
+        self._wrap_execute()
+        blocks, scheduler = engine.blocks, engine.scheduler
+        metrics.watch(waiting=lambda: len(scheduler.waiting) + self.inbox.qsize(),
+                      running=lambda: len(scheduler.running), kv_usage=lambda: blocks.usage,
+                      kv_blocks=blocks.num_blocks)
+
+    def _wrap_execute(self) -> None:
+        execute = self.engine.execute
+
+        def counted(arrays):
+            self._last_shape = (len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS]))
+            self.shapes.add(*self._last_shape)
+            start = time.perf_counter()
+            try:
+                return execute(arrays)
+            finally:
+                self._execute_seconds = time.perf_counter() - start
+
+        self.engine.execute = counted
+
+    # ---- any thread -----------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        if self.stopping.is_set():
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        self.inbox.put(("add", job))
+        self.wake.set()
+
+    def cancel(self, job: Job) -> None:
+        self.inbox.put(("cancel", job))
+        self.wake.set()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+    # ---- the engine thread ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                self.wake.clear()  # before looking: a request that comes after sets it again
+                self._take_requests()
+                if self.engine.scheduler.has_work:
+                    self._step()
+                else:
+                    self.source.idle(self.wake)
+        except BaseException as error:
+            self.failure = error
+            log.error("the engine stopped: %s: %s", type(error).__name__, error)
+            raise
+        finally:
+            self.stopping.set()
+            self._end_all()
+
+    def _take_requests(self) -> None:
+        while True:
+            try:
+                kind, job = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "cancel":
+                self._cancel(job)
+            elif not job.cancelled:
+                self._add(job)
+
+    def _add(self, job: Job) -> None:
+        try:
+            job.sequence = self.engine.add(job.prompt_ids, job.params)
+        except ValueError as error:  # checked at the door already; the scheduler has the last word
+            job.deliver(Event(error=APIError(400, str(error), param="prompt", code="context_length_exceeded")))
+            return
+        job.stream = TextStream(self.engine.text)
+        self.running_jobs[job.sequence.id] = job
+        self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+
+    def _cancel(self, job: Job) -> None:
+        job.cancelled = True
+        sequence = job.sequence
+        if sequence is not None and not sequence.finished:
+            self.engine.cancel(sequence)  # frees its KV blocks now
+            self.running_jobs.pop(sequence.id, None)
+            self.metrics.finished.labels(reason="cancelled").inc()
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        produced = self.engine.step()
+        now = time.perf_counter()
+        self.steps += 1
+        if self._last_shape is not None:  # a step ran on the ranks
+            step_tokens, step_seqs = self._last_shape
+            self._last_shape = None
+            self.metrics.step.observe(now - start)
+            self.metrics.step_tokens.observe(step_tokens)
+            self.metrics.step_seqs.observe(step_seqs)
+            self.metrics.ranks_report(self.source.step_stats(self._execute_seconds))
+        tokens = {}
+        for sequence, token in produced:
+            tokens.setdefault(sequence.id, []).append(token)
+        for sequence_id, new in tokens.items():
+            job = self.running_jobs.get(sequence_id)
+            if job is not None:
+                self._advance(job, new, now)
+
+    def _advance(self, job: Job, tokens: list[int], now: float) -> None:
+        sequence, params, stop_ids = job.sequence, job.params, self.engine.text.stop_ids
+        for token in tokens:
+            if job.last_token is None:
+                self.metrics.ttft.observe(now - job.arrival)
+            else:
+                self.metrics.itl.observe(now - job.last_token)
+            job.last_token = now
+            if token not in stop_ids or params.ignore_eos:
+                job.text += job.stream.push(token)
+        self.metrics.generated_tokens.inc(len(tokens))
+        cut = _stop_position(job.text, params.stop)
+        if cut is not None:
+            if not sequence.finished:
+                self.engine.scheduler.finish(sequence, "stop")  # frees its blocks in this step
+            self._finish(job, job.text[job.emitted:cut], "stop", len(tokens))
+        elif sequence.finished:
+            self._finish(job, job.text[job.emitted:], sequence.finish_reason, len(tokens))
+        else:
+            safe = len(job.text) - _pending_prefix(job.text, params.stop)
+            job.deliver(Event(text=job.text[job.emitted:safe], tokens=len(tokens)))
+            job.emitted = max(job.emitted, safe)
+
+    def _finish(self, job: Job, text: str, reason: str, tokens: int) -> None:
+        self.running_jobs.pop(job.sequence.id, None)
+        completion = len(job.sequence.output_ids)
+        usage = {"prompt_tokens": len(job.prompt_ids), "completion_tokens": completion,
+                 "total_tokens": len(job.prompt_ids) + completion}
+        self.metrics.finished.labels(reason=reason).inc()
+        self.metrics.e2e.observe(time.perf_counter() - job.arrival)
+        job.deliver(Event(text=text, tokens=tokens, finish=reason, usage=usage))
+
+    def _end_all(self) -> None:
+        """The loop is over (asked to stop, or failed): every request still here gets an error."""
+        if self.failure is not None:
+            error = APIError(500, f"the engine failed: {type(self.failure).__name__}: {self.failure}",
+                             type="server_error", code="engine_failed")
+        else:
+            error = APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        pending = list(self.running_jobs.values())
+        while True:
+            try:
+                kind, job = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                pending.append(job)
+        self.running_jobs.clear()
+        for job in pending:
+            if job.sequence is not None and not job.sequence.finished:
+                try:
+                    self.engine.cancel(job.sequence)
+                except Exception:  # the engine may be what failed; the error below is what matters
+                    pass
+            job.deliver(Event(error=error))

@@ -1,0 +1,31 @@
+"""The serving options both CLIs take (`radiance` and `radiance-launch`). Light on purpose: the
+CLIs import this on every run, the server's own dependencies only with --serve."""
+
+import click
+
+DEFAULT_SERVE_SEQS = 32
+
+
+def serve_options(function):
+    for option in reversed([
+        click.option("--serve", is_flag=True, help="Serve the OpenAI API over HTTP instead of --prompt/--chat."),
+        click.option("--host", default="127.0.0.1", show_default=True, help="Address the server listens on."),
+        click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+                     help="Port the server listens on (0: any free port, printed)."),
+        click.option("--api-key", default=None, envvar="RADIANCE_API_KEY", show_envvar=True,
+                     help="Require 'Authorization: Bearer KEY' on every route but /health."),
+        click.option("--max-seqs", type=click.IntRange(1), default=None,
+                     help=f"Sequences batched in one step (default: {DEFAULT_SERVE_SEQS} with --serve, else 1)."),
+    ]):
+        function = option(function)
+    return function
+
+
+def check_mode(serve: bool, prompt, chat: bool) -> None:
+    """Exactly one of --prompt, --chat and --serve."""
+    if sum((prompt is not None, bool(chat), bool(serve))) != 1:
+        raise click.UsageError("give exactly one of --prompt TEXT, --chat and --serve")
+
+
+def max_seqs_for(serve: bool, max_seqs: int | None) -> int:
+    return max_seqs or (DEFAULT_SERVE_SEQS if serve else 1)
