@@ -1,0 +1,237 @@
+"""A host-memory backend for tests: the sanctioned stand-in for a card in CI.
+
+Memory is real host memory at real addresses: each allocation is a file in /dev/shm mapped into
+the process, so an IPC handle (the file's name) opens in another process and both see the same
+bytes, as two ranks see a card's IPC-mapped buffer. A mapped host word is the array itself.
+
+"Compilation" turns HIP/CUDA-flavoured source into a PTX-like listing (`.entry` per
+`__global__` function, `call.uni (retval0), vprintf` where it prints), so the launch rules run on
+it; launching a kernel calls the Python function registered under its name with the device and a
+FakeLaunch. Streams run their work at once, in issue order; a stream being captured records it
+instead, and an instantiated graph replays the records in order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import mmap
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .base import Device, DeviceError, Kernel
+from .kernel_args import PackedArgs
+
+GLOBAL = re.compile(r"__global__\s+void\s+([A-Za-z_]\w*)\s*\(")
+ALIGNMENT = 256  # like cudaMalloc, every allocation starts 256-byte aligned (an mmap is page aligned)
+
+
+@dataclass(frozen=True)
+class FakeKernel:
+    fn: Callable
+    static_shared: int = 0
+
+
+@dataclass(frozen=True)
+class FakeLaunch:
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: PackedArgs
+    programmatic: bool
+
+
+class FakeStream:
+    def __init__(self):
+        self.capture: list[Callable] | None = None  # the records while capturing
+
+
+class FakeEvent:
+    def __init__(self):
+        self.ns: int | None = None
+
+
+class FakeDevice(Device):
+    vendor = "fake"
+
+    def __init__(self, kernels: dict[str, Callable | FakeKernel] | None = None, *, target: str = "fake_90",
+                 device_bytes: int = 1 << 30, integrated: bool = False, host_bytes: int | None = None,
+                 cache=None, compiler_version: str = "fake-1", ipc: bool = True, programmatic: bool = True):
+        super().__init__(target=target, device_bytes=device_bytes, integrated=integrated,
+                         compiler_version=compiler_version, host_bytes=host_bytes, cache=cache)
+        self.kernels = {name: k if isinstance(k, FakeKernel) else FakeKernel(k) for name, k in (kernels or {}).items()}
+        self.ipc, self.programmatic_launch = ipc, programmatic
+        self.compiles = 0                   # how often the "compiler" ran (the cache tests count it)
+        self.launches: list[FakeLaunch] = []  # every kernel that ran, in order
+        self._starts: list[int] = []        # sorted region starts, for address lookup
+        self._regions: dict[int, tuple[np.ndarray, object, str | None]] = {}  # start -> (bytes, mmap, file)
+        self._counter = itertools.count()
+        self._owned: set[int] = set()      # starts of our own allocations (their files are ours to unlink)
+        self.default_stream = FakeStream()
+
+    # ---- address space --------------------------------------------------------------------
+    def _add_region(self, array: np.ndarray, mapping=None, name: str | None = None) -> int:
+        start = array.ctypes.data
+        bisect.insort(self._starts, start)
+        self._regions[start] = (array, mapping, name)
+        return start
+
+    def _drop_region(self, start: int) -> None:
+        array, mapping, name = self._regions.pop(start)
+        self._starts.remove(start)
+        del array
+        if mapping is not None:
+            mapping.close()
+
+    def view(self, address: int, count: int, dtype=np.uint8) -> np.ndarray:
+        """The memory at a device address, as a numpy view; an address no region holds is an error."""
+        dtype = np.dtype(dtype)
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i >= 0:
+            region = self._regions[self._starts[i]][0]
+            offset = address - self._starts[i]
+            if offset + count * dtype.itemsize <= region.nbytes:
+                return region[offset:offset + count * dtype.itemsize].view(dtype)
+        raise DeviceError(f"address {address:#x} (+{count * dtype.itemsize} bytes) is in no allocation")
+
+    def _map_file(self, name: str, nbytes: int, create: bool) -> int:
+        path = f"/dev/shm/{name}"
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, nbytes)
+            mapping = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        return self._add_region(np.frombuffer(mapping, np.uint8), mapping, name)
+
+    # ---- primitives ------------------------------------------------------------------------
+    def _alloc(self, nbytes: int) -> int:
+        name = f"radfake.{os.getpid()}.{next(self._counter)}.{secrets.token_hex(4)}"
+        ptr = self._map_file(name, nbytes, create=True)
+        self._owned.add(ptr)
+        return ptr
+
+    def _free(self, ptr: int) -> None:
+        name = self._regions[ptr][2]
+        self._drop_region(ptr)
+        self._owned.discard(ptr)
+        os.unlink(f"/dev/shm/{name}")
+
+    def export_handle(self, allocation) -> bytes:
+        name = self._regions[allocation.ptr][2]
+        return json.dumps({"name": name, "nbytes": allocation.nbytes}).encode()
+
+    def _open_handle(self, handle: bytes) -> int:
+        if not self.ipc:
+            raise DeviceError("IPC handles cannot be opened on this (fake) device")
+        record = json.loads(handle)
+        return self._map_file(record["name"], record["nbytes"], create=False)
+
+    def _close_handle(self, ptr: int) -> None:
+        self._drop_region(ptr)
+
+    def map_host(self, array: np.ndarray) -> int:
+        return self._add_region(array.reshape(-1).view(np.uint8))
+
+    def unmap_host(self, array: np.ndarray) -> None:
+        self._drop_region(array.ctypes.data)
+
+    def _enqueue(self, stream, work: Callable) -> None:
+        stream = stream or self.default_stream
+        if stream.capture is not None:
+            stream.capture.append(work)
+        else:
+            work()
+
+    def _copy_to_device(self, dst, src, nbytes, stream):
+        data = src.reshape(-1).view(np.uint8).copy()  # the host array may change after the call
+        self._enqueue(stream, lambda: self.view(dst, nbytes).__setitem__(slice(None), data))
+
+    def _copy_to_host(self, dst, src, nbytes, stream):
+        self._enqueue(stream, lambda: dst.reshape(-1).view(np.uint8).__setitem__(slice(None), self.view(src, nbytes)))
+
+    def _copy_device(self, dst, src, nbytes, stream):
+        self._enqueue(stream, lambda: self.view(dst, nbytes).__setitem__(slice(None), self.view(src, nbytes)))
+
+    def stream(self) -> FakeStream:
+        return FakeStream()
+
+    def synchronize(self, stream=None) -> None:
+        pass  # the work ran when it was issued
+
+    def event(self) -> FakeEvent:
+        return FakeEvent()
+
+    def record(self, event, stream=None) -> None:
+        self._enqueue(stream, lambda: setattr(event, "ns", time.perf_counter_ns()))
+
+    def wait_event(self, stream, event) -> None:
+        pass  # in-order, immediate execution: the event has already happened
+
+    def elapsed_ms(self, start, end) -> float:
+        if start.ns is None or end.ns is None:
+            raise DeviceError("elapsed_ms: an event has not been recorded")
+        return (end.ns - start.ns) / 1e6
+
+    def _compile(self, source: str, options) -> bytes:
+        self.compiles += 1
+        names = GLOBAL.findall(source)
+        bodies = re.split(r"__global__", source)[1:]
+        lines = [f"// fake code object for {self.target}"]
+        for name, body in zip(names, bodies):
+            lines.append(f".visible .entry {name}(")
+            if re.search(r"\bprintf\s*\(", body):
+                lines.append("\tcall.uni (retval0), vprintf, (param0, param1);")
+        return "\n".join(lines).encode() + b"\n"
+
+    def _load(self, code: bytes):
+        return set(re.findall(rb"\.entry\s+(\w+)", code))
+
+    def _function(self, module_handle, name: str):
+        if name.encode() not in module_handle:
+            raise DeviceError(f"kernel {name!r} is not in the module")
+        if name not in self.kernels:
+            raise DeviceError(f"kernel {name!r} has no Python function in the fake registry")
+        return self.kernels[name], self.kernels[name].static_shared
+
+    def _launch(self, kernel: Kernel, grid, block, shared_bytes, args, stream, programmatic):
+        record = FakeLaunch(kernel.name, grid, block, shared_bytes, args, programmatic)
+
+        def run():
+            self.launches.append(record)
+            kernel.handle.fn(self, record)
+        self._enqueue(stream, run)
+
+    def begin_capture(self, stream) -> None:
+        if stream is None or stream.capture is not None:
+            raise DeviceError("begin_capture needs a stream of our own that is not already capturing")
+        stream.capture = []
+
+    def end_capture(self, stream) -> list[Callable]:
+        if stream.capture is None:
+            raise DeviceError("end_capture on a stream that is not capturing")
+        graph, stream.capture = stream.capture, None
+        return graph
+
+    def instantiate(self, graph) -> tuple[Callable, ...]:
+        return tuple(graph)
+
+    def launch_graph(self, graph_exec, stream=None) -> None:
+        for work in graph_exec:
+            self._enqueue(stream, work)
+
+    def close(self) -> None:
+        for start in list(self._starts):
+            if start in self._owned:
+                self._free(start)
+            else:
+                self._drop_region(start)
