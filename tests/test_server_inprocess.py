@@ -1,0 +1,150 @@
+"""The server in process (uvicorn on its thread, real HTTP on loopback, the engine loop on a thread
+of the test) on the tiny synthetic model: /health before and after the engine is attached,
+admission control through the KV cache, an engine that fails mid-request, a clean stop, and the
+incremental detokeniser against a whole decode."""
+
+import threading
+
+import httpx
+import pytest
+
+from radiance.engine.registry import Registry
+from radiance.generation.engine import Engine
+from radiance.generation.options import EngineOptions
+from radiance.generation.text import TextCodec
+from radiance.generation.worker import Worker
+from radiance.serving.loop import TextStream
+from radiance.serving.server import Server, ServeSettings
+from radiance.serving.sources import WorkerSource
+
+from test_server_support import wait_for
+
+
+def make_engine(model, **overrides):
+    options = EngineOptions(model=str(model), accept_reference=True, progress=False, kernels="libref", **overrides)
+    worker = Worker(options, Registry(radiance_home="", kernels="libref")).build()
+    container = worker.model.container
+    return Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template,
+                                                     worker.model.hyper)), worker
+
+
+class Running:
+    """A Server with an engine attached and its loop on a thread."""
+
+    def __init__(self, server: Server, engine, worker):
+        self.server, self.worker = server, worker
+        self.loop = server.attach(engine, WorkerSource(worker))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.loop.run()
+        except Exception:
+            pass  # kept in loop.failure
+
+    def stop(self):
+        self.server.stop()
+        self.thread.join(30)
+        self.worker.close()
+
+
+@pytest.fixture
+def server(tiny_model):
+    server = Server(str(tiny_model), ServeSettings(port=0, defaults={"temperature": 0.0})).start()
+    yield server
+    server.stop()
+
+
+def body(**extra):
+    return {"model": "tiny", "prompt": "hello there", "max_tokens": 4, **extra}
+
+
+def test_health_is_503_until_the_engine_is_attached(server, tiny_model):
+    assert httpx.get(f"{server.url}/health").status_code == 503
+    refused = httpx.post(f"{server.url}/v1/completions", json=body())
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "not_ready"
+    running = Running(server, *make_engine(tiny_model))
+    try:
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        answer = httpx.post(f"{server.url}/v1/completions", json=body())
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+        refused = httpx.post(f"{server.url}/v1/chat/completions",
+                             json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+        assert refused.status_code == 400 and "chat template" in refused.json()["error"]["message"]
+    finally:
+        running.stop()
+
+
+def test_a_request_that_does_not_fit_yet_waits_for_blocks(server, tiny_model):
+    # 4 blocks of 16 slots: one 40-token prompt with its 10 new tokens takes them all
+    running = Running(server, *make_engine(tiny_model, num_blocks=4, block_size=16, max_seqs=4))
+    try:
+        results = {}
+
+        def ask(i):
+            results[i] = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                                    json=body(prompt="x" * 39 + str(i), max_tokens=10, ignore_eos=True)).json()
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert [results[i]["usage"]["completion_tokens"] for i in range(3)] == [10, 10, 10]
+        too_big = httpx.post(f"{server.url}/v1/completions", json=body(prompt="y" * 70))
+        assert too_big.status_code == 400 and "KV cache" in too_big.json()["error"]["message"]
+        assert running.loop.engine.blocks.usage == 0
+    finally:
+        running.stop()
+
+
+def test_an_engine_failure_ends_the_requests_in_flight_with_500(server, tiny_model):
+    engine, worker = make_engine(tiny_model)
+    execute, calls = engine.execute, []
+
+    def failing(arrays):
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("rank 1 died")
+        return execute(arrays)
+
+    engine.execute = failing
+    running = Running(server, engine, worker)
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body(max_tokens=50, ignore_eos=True,
+                                                                         stream=True)) as response:
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line.startswith("data:")]
+        assert "engine_failed" in lines[-2] and "rank 1 died" in lines[-2] and lines[-1] == "data: [DONE]"
+        assert isinstance(running.loop.failure, RuntimeError)
+        assert wait_for(lambda: httpx.get(f"{server.url}/health").status_code == 503)
+        refused = httpx.post(f"{server.url}/v1/completions", json=body())
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "server_error"
+    finally:
+        running.stop()
+
+
+def test_a_stop_answers_the_waiting_requests(server, tiny_model):
+    running = Running(server, *make_engine(tiny_model))
+    answers = []
+    thread = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{server.url}/v1/completions", timeout=60, json=body(max_tokens=200, ignore_eos=True))))
+    thread.start()
+    assert wait_for(lambda: running.loop.engine.scheduler.running, timeout=10)
+    running.loop.stop()
+    thread.join(30)
+    assert answers[0].status_code == 503 and answers[0].json()["error"]["code"] == "shutting_down"
+    running.stop()
+
+
+def test_text_stream_equals_the_whole_decode(smollm2):
+    from radiance.weights.container_reader import Container
+
+    with Container(str(smollm2)) as container:
+        codec = TextCodec(container.tokenizer, container.chat_template, container.hyper)
+    text = "Ünïcødé naïve café — 東京 🚀🚀 done.\n  indented\ttabs"
+    ids = codec.encode(text)
+    stream = TextStream(codec)
+    pieces = [stream.push(token) for token in ids]
+    assert "".join(pieces) == codec.decode(ids) == text
