@@ -178,7 +178,8 @@ class CudaDevice(Device):
     def _launch(self, kernel: Kernel, grid, block, shared_bytes, args, stream, programmatic):
         function, stream = kernel.handle, self._stream(stream)
         key = int(function)
-        if shared_bytes > DEFAULT_SHARED_LIMIT and self._shared_opt_in.get(key, 0) < shared_bytes:
+        # Past 48 KiB of static + dynamic shared memory a kernel must opt in to the dynamic part.
+        if kernel.static_shared + shared_bytes > DEFAULT_SHARED_LIMIT and self._shared_opt_in.get(key, 0) < shared_bytes:
             _check(driver.cuFuncSetAttribute(function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                              shared_bytes), f"cuFuncSetAttribute({kernel.name!r})")
             self._shared_opt_in[key] = shared_bytes
