@@ -63,6 +63,8 @@ HOST_PATH = textwrap.dedent("""
 def test_the_host_path_imports_no_gpu_library(tmp_path):
     environ = {k: v for k, v in os.environ.items() if not k.endswith("VISIBLE_DEVICES")}
     environ["RADIANCE_KERNEL_CACHE"] = str(tmp_path)
-    done = subprocess.run([sys.executable, "-c", HOST_PATH], env=environ, capture_output=True, text=True, timeout=120)
+    # Run away from the checkout, so `radiance` resolves to the installed package, not a bare folder.
+    done = subprocess.run([sys.executable, "-c", HOST_PATH], env=environ, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

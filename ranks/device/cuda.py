@@ -151,7 +151,10 @@ class CudaDevice(Device):
     def _compile(self, source, options):
         program = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"radiance.cu", 0, [], []), "nvrtcCreateProgram")
         try:
-            flags = [f"--gpu-architecture={self.target}".encode(), b"--std=c++17", *(o.encode() for o in options)]
+            # The reference contract has no FMA: contraction stays off unless a kernel asks for it.
+            contract = [] if any(o.startswith("--fmad") for o in options) else [b"--fmad=false"]
+            flags = [f"--gpu-architecture={self.target}".encode(), b"--std=c++17", *contract,
+                     *(o.encode() for o in options)]
             (err,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
             if int(err) != 0:
                 size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")

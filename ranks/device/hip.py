@@ -148,7 +148,10 @@ class HipDevice(Device):
     def _compile(self, source, options):
         program = _check(hiprtc.hiprtcCreateProgram(source.encode(), b"radiance.hip", 0, [], []), "hiprtcCreateProgram")
         try:
-            flags = [f"--offload-arch={self.target}".encode(), b"-std=c++17", *(o.encode() for o in options)]
+            # The reference contract has no FMA: contraction stays off unless a kernel asks for it.
+            contract = [] if any(o.startswith("-ffp-contract") for o in options) else [b"-ffp-contract=off"]
+            flags = [f"--offload-arch={self.target}".encode(), b"-std=c++17", *contract,
+                     *(o.encode() for o in options)]
             (err,) = hiprtc.hiprtcCompileProgram(program, len(flags), flags)
             if int(err) != 0:
                 size = _check(hiprtc.hiprtcGetProgramLogSize(program), "hiprtcGetProgramLogSize")
