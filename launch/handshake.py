@@ -23,6 +23,16 @@ def combine_facts(facts: dict, disable_p2p: bool) -> tuple[dict, str]:
     return combined, why
 
 
+PROBE_ROUNDS = 4  # ranks/device/probe.py exchanges exactly this many times, whatever fails
+
+
+def relay_probe(coordinator: Coordinator) -> None:
+    """The P2P probe's all-gathers: each round, every rank's payload to every rank."""
+    for round_number in range(PROBE_ROUNDS):
+        payloads = coordinator.gather("probe", f"P2P probe, round {round_number + 1}")
+        coordinator.broadcast("probed", arrays={f"rank{rank}": arrays["payload"] for rank, (_, arrays) in payloads.items()})
+
+
 def first_difference(reference: list, other: list) -> str:
     for mine, theirs in zip(reference, other):
         if mine != theirs:
@@ -32,8 +42,14 @@ def first_difference(reference: list, other: list) -> str:
 
 
 def handshake(coordinator: Coordinator, disable_p2p: bool, load_timeout: float) -> None:
-    coordinator.gather("hello", "hello")
+    hellos = coordinator.gather("hello", "hello")
+    if any(meta.get("card") for meta, _ in hellos.values()):
+        relay_probe(coordinator)
     facts = {rank: meta for rank, (meta, _) in coordinator.gather("facts", "facts").items()}
+    for rank, fact in sorted(facts.items()):
+        if fact.get("card"):
+            log.info("rank %d: %s at PCI %s (%s)", rank, fact.get("name", "card"), fact.get("bus_id", "?"),
+                     fact.get("device.arch"))
     combined, why = combine_facts(facts, disable_p2p)
     if not combined["device.p2p"]:
         log.info("collectives use the _host twins (device.p2p = 0): %s", why)

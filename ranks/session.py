@@ -4,11 +4,15 @@ buffers, its slice of the model resolved and loaded, ready; then one step per pl
 import os
 import time
 
+import numpy as np
+
 from radiance.engine.registry import Registry
 from radiance.engine.shard import Shard
 from radiance.generation.options import EngineOptions
 from radiance.generation.worker import Worker
 from radiance.log import get_logger
+
+from radiance.ranks.device.selection import backend_name
 
 from .facts import measure_facts
 
@@ -28,6 +32,12 @@ class RankSession:
             raise RuntimeError(f"expected '{kind}' from the coordinator, got '{got}'")
         return meta, arrays
 
+    def _exchange(self, payload: bytes) -> list[bytes]:
+        """An all-gather through the coordinator, for the P2P probe."""
+        self.wire.send("probe", arrays={"payload": np.frombuffer(payload, np.uint8)})
+        _, arrays = self.expect("probed")
+        return [arrays[f"rank{rank}"].tobytes() for rank in range(self.world)]
+
     def _peers(self, combined: dict):
         """This rank's collective buffers, created, then attached to every peer's."""
         if self.world == 1:
@@ -42,12 +52,12 @@ class RankSession:
         return self.peers.attach()
 
     def run(self) -> None:
-        self.wire.send("hello", {"rank": self.rank, "pid": os.getpid()})
+        self.card = backend_name() is not None
+        self.wire.send("hello", {"rank": self.rank, "pid": os.getpid(), "card": self.card})
         engine_options = EngineOptions(**self.options["engine"])
         registry = Registry(engine_options.radiance_home, engine_options.kernels)
         self.worker = Worker(engine_options, registry, Shard(self.rank, self.world))
-        visible = any(os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"))
-        self.wire.send("facts", measure_facts(visible))
+        self.wire.send("facts", measure_facts(self.rank, self.world, self._exchange if self.card else None))
         combined = self.expect("combined")[0]["facts"]
         from radiance.collectives.gate import LinkGate, LinkScheduler
 

@@ -51,7 +51,7 @@ HOST_PATH = textwrap.dedent("""
     from radiance.ranks.facts import measure_facts
 
     assert device.open_device() is None
-    assert measure_facts(card_visible=False)["device.p2p"] == 0
+    assert measure_facts(0, 1, None)["device.p2p"] == 0
     fake = FakeDevice({"noop": lambda d, l: None})
     module = fake.load(fake.compile('extern "C" __global__ void noop() {}'))
     fake.launch(fake.kernel(module, "noop"), 1, 1, device.KernelArgs("noop").pack())

@@ -59,6 +59,8 @@ class CudaDevice(Device):
         major = attribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
         minor = attribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
         self.name = _check(driver.cuDeviceGetName(256, self.device), "cuDeviceGetName").split(b"\0")[0].decode()
+        bus = _check(driver.cuDeviceGetPCIBusId(32, self.device), "cuDeviceGetPCIBusId")
+        self.bus_id = (bus if isinstance(bus, str) else bytes(bus).split(b"\0")[0].decode()).lower()
         self.multiprocessors = attribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         free, _total = _check(driver.cuMemGetInfo(), "cuMemGetInfo")
         nvrtc_major, nvrtc_minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
