@@ -1,0 +1,56 @@
+"""radiance-launch on a machine with cards: which cards it sees, each rank pinned to the card it was
+given (checked by PCI bus id, with the user's CUDA_VISIBLE_DEVICES naming cards out of order), the
+P2P fact measured through IPC handles, and TP generation on card ranks.
+
+    python3 bench/card_launch.py        # on the lent machine; radiance need not be installed
+
+Until libr4d has device rows, card ranks run the host rows; with P2P measured the collectives need
+device P2P rows, so the run with P2P is expected to stop at resolution, naming the op and the fact.
+Results go to $OUT/card_launch.json when $OUT is set."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import device_smoke  # noqa: E402,F401  (maps the checkout under `radiance.`, here and in children)
+
+from radiance.launch.devices import visible_cards  # noqa: E402
+
+
+def launch(model: Path, environ: dict, *extra) -> dict:
+    command = [sys.executable, "-m", "radiance.launch.cli", "--tp", "2", "--model", str(model), "--prompt",
+               "hello there", "--max-tokens", "8", "--temperature", "0", *extra]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **environ},
+                          cwd=tempfile.gettempdir(), timeout=240)
+    placed = dict(re.findall(r"rank (\d+): .* at PCI (\S+)", done.stderr))
+    return {"exit": done.returncode, "stdout": done.stdout, "stderr_tail": done.stderr.splitlines()[-8:],
+            "rank_bus_ids": placed}
+
+
+def main() -> None:
+    from radiance.convert.api import convert_synthetic
+    from radiance.convert.synthetic import LlamaShape
+
+    cards = visible_cards()
+    results = {"cards": [{"index": c.index, "bus_id": c.bus_id, "uuid": c.uuid} for c in cards]}
+    print("visible cards:", results["cards"])
+    model = Path(tempfile.mkdtemp()) / "tiny.rad"
+    convert_synthetic(model, LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320,
+                                        context=256), seed=7)
+    if len(cards) >= 2:
+        order = f"{cards[1].index},{cards[0].index}"  # out of order: rank 0 on the second card
+        results["pinned_out_of_order"] = launch(model, {"CUDA_VISIBLE_DEVICES": order}, "--disable-p2p")
+        results["pinned_out_of_order"]["expected_bus_ids"] = {"0": cards[1].bus_id, "1": cards[0].bus_id}
+        results["with_p2p"] = launch(model, {"CUDA_VISIBLE_DEVICES": order})
+    print(json.dumps(results, indent=1))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "card_launch.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
