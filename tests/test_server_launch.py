@@ -1,6 +1,7 @@
 """`radiance-launch --tp 3 --serve` on SmolLM2 (three host ranks): /health is 503 until every rank
 is ready, then the API answers; /graph is rank 0's resolved graph with its collective rows; /metrics
-carries rank 0's collective and link-gate figures; SIGTERM is a clean stop that leaves nothing."""
+carries rank 0's collective and link-gate figures; SIGTERM is a clean stop that leaves nothing; a
+rank killed mid-stream ends the stream with an error event and the launch with a non-zero exit."""
 
 import signal
 from pathlib import Path
@@ -64,3 +65,30 @@ def test_sigterm_stops_the_launch_cleanly(launch):
     assert "stopped" in launch.output()
     assert not [rank.pid for rank in ranks if rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE]
     assert not list(Path("/dev/shm").glob(f"rad.{run_id}.*"))
+
+
+def test_a_rank_dying_mid_stream_ends_the_stream_and_the_launch(smollm2):
+    process = ServerProcess("radiance.launch.cli", "--tp", 3, "--model", smollm2, "--max-seqs", 4,
+                            "--max-context", 512)
+    try:
+        process.wait_ready()
+        ranks = {int(child.environ()["RADIANCE_RANK"]): child for child in process.children()
+                 if "radiance.ranks.main" in " ".join(child.cmdline())}
+        run_id = ranks[0].environ()["RADIANCE_RUN_ID"]
+        body = {"model": "smollm2", "prompt": "Tell me a long story.", "max_tokens": 400, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", f"{process.url}/v1/completions", json=body, timeout=60) as response:
+            events = []
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    events.append(line)
+                    if len(events) == 3:
+                        ranks[1].kill()
+        assert events[-1] == "data: [DONE]" and "engine_failed" in events[-2], events[-3:]
+        assert process.process.wait(60) == 1
+        output = process.output()
+        assert "rank 1" in output and "error" in output, output
+        assert not [rank.pid for rank in ranks.values() if rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE]
+        assert not list(Path("/dev/shm").glob(f"rad.{run_id}.*"))
+    finally:
+        process.cleanup()

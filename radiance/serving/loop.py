@@ -232,8 +232,9 @@ class EngineLoop:
             self._finish(job, job.text[job.emitted:], sequence.finish_reason, len(tokens))
         else:
             safe = len(job.text) - _pending_prefix(job.text, params.stop)
-            job.deliver(Event(text=job.text[job.emitted:safe], tokens=len(tokens)))
-            job.emitted = max(job.emitted, safe)
+            if safe > job.emitted:  # nothing to hand over while a character or a stop string is pending
+                job.deliver(Event(text=job.text[job.emitted:safe], tokens=len(tokens)))
+                job.emitted = safe
 
     def _finish(self, job: Job, text: str, reason: str, tokens: int) -> None:
         self.running_jobs.pop(job.sequence.id, None)

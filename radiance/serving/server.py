@@ -6,6 +6,7 @@ come here, each with its own way of starting the engine (`start(work)`)."""
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as error:
         sock.close()
-        raise OSError(error.errno, f"cannot listen on {host}:{port}: {error.strerror}") from None
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror}") from None
     sock.set_inheritable(True)
     return sock
 
@@ -62,12 +63,11 @@ class HttpServer:
 
     def start(self, timeout: float = 30.0) -> None:
         self.thread.start()
-        stopped = threading.Event()
-        while not self.server.started and self.thread.is_alive() and not stopped.wait(0.01):
-            timeout -= 0.01
-            if timeout <= 0:
-                break
+        deadline = time.monotonic() + timeout
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
         if not self.server.started:
+            self.stop()
             raise RuntimeError("the HTTP server did not start")
 
     def stop(self, timeout: float = 10.0) -> None:
