@@ -40,6 +40,9 @@ EPOCH_OFF = 65536
 ARRIVE_OFF = 69632
 ERROR_OFF = 69636
 CTRL_BYTES = 131072
+STEP_BYTES = 65536                   # a two-shot block's pipeline step
+TAG_STEP_BITS = 20                   # a flag holds (epoch << 20) + step + 1
+MAX_SLOT_BYTES = 32 << 30            # so a block's steps fit the tag's step field
 
 PACK_BYTES = 16                      # every piece starts on a 16-byte pack
 ITEMSIZE = {"f32": 4, "bf16": 2}     # all_reduce dtypes (f32 accumulation)
@@ -50,7 +53,7 @@ DEFAULT_TIMEOUT_S = 10.0             # a wait for a peer longer than this gives 
 
 # Messages up to this many bytes go one-shot, larger ones two-shot (bench/allreduce_device.py
 # measures both forms at every size; docs/COLLECTIVES.md has the figures this comes from).
-ONE_SHOT_MAX_BYTES = {2: 1 << 20}
+ONE_SHOT_MAX_BYTES = {2: 8 << 20}
 ONE_SHOT_MAX_BYTES_DEFAULT = 256 << 10
 
 
@@ -106,6 +109,8 @@ class DeviceP2P:
             raise ValueError(f"device P2P collectives: rank {rank} of world {world} (1 to {MAX_WORLD} ranks)")
         self.device, self.rank, self.world, self.exchange = device, rank, world, exchange
         self.slot_bytes = slot_bytes_for(buffer_bytes)
+        if self.slot_bytes > MAX_SLOT_BYTES:
+            raise ValueError(f"device P2P collectives: a {buffer_bytes}-byte buffer is over {MAX_SLOT_BYTES}")
         self.timeout_ns = int(timeout_s * 1e9)
         self.region = device.alloc(region_bytes(buffer_bytes), "p2p collectives")
         device.copy_to_device(self.region, np.zeros(CTRL_BYTES, np.uint8))

@@ -27,13 +27,15 @@ from radiance.ranks.device import MAX_KERNEL_ARG_BYTES
 def test_the_source_and_the_engine_side_agree_on_the_layout():
     constants = p2p.source_constants()
     for name in ("MAX_WORLD", "MAX_BLOCKS", "THREADS", "READY_OFF", "DONE_OFF", "EPOCH_OFF", "ARRIVE_OFF",
-                 "ERROR_OFF", "CTRL_BYTES"):
+                 "ERROR_OFF", "CTRL_BYTES", "STEP_BYTES", "TAG_STEP_BITS"):
         assert constants[name] == getattr(p2p, name), name
     # the control words fit the control part and do not overlap
     flags = p2p.MAX_WORLD * p2p.MAX_BLOCKS * 8
     assert p2p.READY_OFF + flags <= p2p.DONE_OFF and p2p.DONE_OFF + flags <= p2p.EPOCH_OFF
     assert p2p.EPOCH_OFF + p2p.MAX_BLOCKS * 8 <= p2p.ARRIVE_OFF < p2p.ERROR_OFF < p2p.CTRL_BYTES
     assert p2p.CTRL_BYTES % 4096 == 0
+    # a block's two-shot piece of the largest slot has fewer steps than a tag's step field holds
+    assert p2p.MAX_SLOT_BYTES // p2p.STEP_BYTES < (1 << p2p.TAG_STEP_BITS) - 1
 
 
 def test_every_kernel_the_engine_launches_is_an_entry_point_of_the_source():
@@ -143,9 +145,9 @@ class FileExchange:
         self.folder, self.rank, self.world, self.round = Path(folder), rank, world, 0
 
     def __call__(self, payload):
-        name = self.folder / f"{self.round}.{self.rank}"
-        name.with_suffix(".tmp").write_bytes(payload)
-        name.with_suffix(".tmp").rename(name)
+        temporary = self.folder / f"{self.round}.{self.rank}.tmp"
+        temporary.write_bytes(payload)
+        temporary.rename(self.folder / f"{self.round}.{self.rank}")
         paths = [self.folder / f"{self.round}.{r}" for r in range(self.world)]
         deadline = time.monotonic() + 120
         while not all(p.exists() for p in paths):

@@ -12,7 +12,7 @@
 // sequence). The counter lives on the card, so a captured graph replays without any reset: block b
 // reads EPOCH[b] + 1 and writes it into every EPOCH[i] with i = b (mod gridDim.x), so all
 // RAD_P2P_MAX_BLOCKS words advance by one per launch whatever the grid, and no word is read and
-// written by two blocks. Flags hold epochs and only grow, so a wait is `>= e`. Launch e uses slot
+// written by two blocks. Flags hold tags (epoch, step) that only grow, so a wait is `>= tag`. Launch e uses slot
 // e & 1; a slot is written again at e + 2, after this rank has seen every peer's flag of e + 1, which
 // a peer stores only after its launch e has completed: no rank overwrites bytes a peer still reads.
 //
@@ -31,6 +31,8 @@
 #define RAD_P2P_ARRIVE_OFF 69632
 #define RAD_P2P_ERROR_OFF 69636
 #define RAD_P2P_CTRL_BYTES 131072
+#define RAD_P2P_STEP_BYTES 65536
+#define RAD_P2P_TAG_STEP_BITS 20
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -139,6 +141,10 @@ __device__ __forceinline__ void rad_piece(u64 total, u32 parts, u32 idx, u32 E, 
 }
 
 // ---- flags, epochs, the end of the link-gate hold -------------------------------------------------
+// A flag's value: the epoch in the high bits, the step + 1 in the low RAD_P2P_TAG_STEP_BITS, so flags
+// only grow, within an epoch and from one epoch to the next, whatever kernel stored them.
+__device__ __forceinline__ u64 rad_tag(u64 e, u32 s) { return (e << RAD_P2P_TAG_STEP_BITS) + s + 1; }
+
 __device__ __forceinline__ u64 rad_epoch(u64 own) {
     __shared__ u64 epoch;
     u64* words = (u64*)(own + RAD_P2P_EPOCH_OFF);
@@ -152,24 +158,24 @@ __device__ __forceinline__ u64 rad_epoch(u64 own) {
 
 // After every thread of the block has written what the flag announces: one release store per peer
 // into that peer's control region (READY or DONE, row = this rank, column = this block).
-__device__ __forceinline__ void rad_signal(const RadP2PPeers& peers, u32 flag_off, int rank, int world, u64 e) {
+__device__ __forceinline__ void rad_signal(const RadP2PPeers& peers, u32 flag_off, int rank, int world, u64 tag) {
     __syncthreads();
     int t = threadIdx.x;
     if (t < world && t != rank)
-        rad_st_release_sys((u64*)(peers.base[t] + flag_off) + (u64)rank * RAD_P2P_MAX_BLOCKS + blockIdx.x, e);
+        rad_st_release_sys((u64*)(peers.base[t] + flag_off) + (u64)rank * RAD_P2P_MAX_BLOCKS + blockIdx.x, tag);
 }
 
 // Thread p polls peer p's flag for this block in this rank's own control region; the block then
 // passes a barrier. A wait longer than timeout_ns sets ERROR and gives up (the host reports it).
-__device__ __forceinline__ void rad_wait(u64 own, u32 flag_off, int rank, int world, u64 e, u64 timeout_ns) {
+__device__ __forceinline__ void rad_wait(u64 own, u32 flag_off, int rank, int world, u64 tag, u64 timeout_ns) {
     int t = threadIdx.x;
     if (t < world && t != rank) {
         const u64* word = (const u64*)(own + flag_off) + (u64)t * RAD_P2P_MAX_BLOCKS + blockIdx.x;
         volatile u32* error = (volatile u32*)(own + RAD_P2P_ERROR_OFF);
-        if (rad_ld_acquire_sys(word) < e && !*error) {
+        if (rad_ld_acquire_sys(word) < tag && !*error) {
             u64 start = rad_now_ns();
             u32 spins = 0;
-            while (rad_ld_acquire_sys(word) < e) {
+            while (rad_ld_acquire_sys(word) < tag) {
                 if ((++spins & 1023u) == 0 && (rad_now_ns() - start > timeout_ns || *error)) {
                     atomicExch((u32*)error, 1u);
                     break;
@@ -259,8 +265,8 @@ __device__ __forceinline__ void rad_all_reduce_one_shot(const RadP2PPeers& peers
     u64 lo, hi;
     rad_piece(count, gridDim.x, blockIdx.x, RadPack<T>::E, lo, hi);
     rad_copy((T*)(own + slot) + lo, x + lo, hi - lo, false);
-    rad_signal(peers, RAD_P2P_READY_OFF, rank, world, e);
-    rad_wait(own, RAD_P2P_READY_OFF, rank, world, e, timeout_ns);
+    rad_signal(peers, RAD_P2P_READY_OFF, rank, world, rad_tag(e, 0));
+    rad_wait(own, RAD_P2P_READY_OFF, rank, world, rad_tag(e, 0), timeout_ns);
     const T* src[RAD_P2P_MAX_WORLD];
     for (int p = 0; p < RAD_P2P_MAX_WORLD; ++p)
         src[p] = p == rank ? x + lo : p < world ? (const T*)(peers.base[p] + slot) + lo : 0;
@@ -269,14 +275,16 @@ __device__ __forceinline__ void rad_all_reduce_one_shot(const RadP2PPeers& peers
 }
 
 // Two-shot: chunk c = part c of `world` of the message, at offset c * stride. Block b owns part b
-// of every chunk.
-//   1. push: piece b of chunk p of x goes into peer p's slot at p's inbox for this rank
-//      (offset rank * stride + the piece's offset in chunk p); then READY to every peer.
-//   2. reduce: once every peer's READY, piece b of this rank's chunk = rank-order sum of the inboxes
-//      (local) and x's own chunk, into y and into this rank's slot at rank * stride; then DONE.
-//   3. gather: once every peer's DONE, read piece b of peer p's reduced chunk from its slot into y.
-// Each rank moves 2 (N-1)/N of the message over the links (half written, half read) and copies
-// nothing extra: the inboxes are written by the peers themselves.
+// of every chunk, and walks it in steps of RAD_P2P_STEP_BYTES (the same count of steps on every rank).
+//   1. push: step s of piece b of chunk p of x goes into peer p's slot at p's inbox for this rank
+//      (offset rank * stride + its offset in chunk p); then READY (tag e, s) to every peer.
+//   2. reduce: once every peer's READY (e, s), step s of this rank's chunk = rank-order sum of the
+//      inboxes (local) and x's own chunk, into y and into this rank's slot at rank * stride; DONE (e, s).
+//   3. gather: once every peer's DONE (e, s), read step s of peer p's reduced chunk into y.
+// Software-pipelined: step s + 1 is pushed before step s is reduced, and step s - 1 gathered after,
+// so the links carry writes and reads while the block adds. Each rank moves 2 (N-1)/N of the
+// message over the links (half written, half read) and copies nothing extra: the peers write the
+// inboxes themselves.
 template <typename T>
 __device__ __forceinline__ void rad_all_reduce_two_shot(const RadP2PPeers& peers, const T* x, T* y, u64 count,
                                                         int rank, int world, u64 slot_bytes, u64 gate,
@@ -285,35 +293,52 @@ __device__ __forceinline__ void rad_all_reduce_two_shot(const RadP2PPeers& peers
     const u64 own = peers.base[rank];
     const u64 e = rad_epoch(own);
     const u64 slot = RAD_P2P_CTRL_BYTES + (e & 1) * slot_bytes;
-    u64 first, stride;
+    const u64 step = RAD_P2P_STEP_BYTES / sizeof(T);
+    u64 first, stride, lo0, hi0;
     rad_piece(count, world, 0, E, first, stride);   // stride = the length of every chunk but the last
-    for (int p = 0; p < world; ++p) {
-        if (p == rank) continue;
-        u64 clo, chi, lo, hi;
-        rad_piece(count, world, p, E, clo, chi);
-        rad_piece(chi - clo, gridDim.x, blockIdx.x, E, lo, hi);
-        rad_copy((T*)(peers.base[p] + slot) + (u64)rank * stride + lo, x + clo + lo, hi - lo, false);
-    }
-    rad_signal(peers, RAD_P2P_READY_OFF, rank, world, e);
-    rad_wait(own, RAD_P2P_READY_OFF, rank, world, e, timeout_ns);
-    {
-        u64 clo, chi, lo, hi;
-        rad_piece(count, world, rank, E, clo, chi);
-        rad_piece(chi - clo, gridDim.x, blockIdx.x, E, lo, hi);
+    rad_piece(stride, gridDim.x, blockIdx.x, E, lo0, hi0);
+    const u32 steps = hi0 > lo0 ? (u32)((hi0 - lo0 + step - 1) / step) : 1u;   // chunk 0's piece is the longest
+    // [lo, hi) of step s of this block's piece of chunk c, relative to the chunk's start
+    auto range = [&](int c, u32 s, u64& clo, u64& lo, u64& hi) {
+        u64 chi, plo, phi;
+        rad_piece(count, world, c, E, clo, chi);
+        rad_piece(chi - clo, gridDim.x, blockIdx.x, E, plo, phi);
+        lo = plo + (u64)s * step;
+        if (lo > phi) lo = phi;
+        hi = lo + step < phi ? lo + step : phi;
+    };
+    auto push = [&](u32 s) {
+        for (int p = 0; p < world; ++p) {
+            if (p == rank) continue;
+            u64 clo, lo, hi;
+            range(p, s, clo, lo, hi);
+            rad_copy((T*)(peers.base[p] + slot) + (u64)rank * stride + lo, x + clo + lo, hi - lo, false);
+        }
+        rad_signal(peers, RAD_P2P_READY_OFF, rank, world, rad_tag(e, s));
+    };
+    auto gather = [&](u32 s) {
+        rad_wait(own, RAD_P2P_DONE_OFF, rank, world, rad_tag(e, s), timeout_ns);
+        for (int p = 0; p < world; ++p) {
+            if (p == rank) continue;
+            u64 clo, lo, hi;
+            range(p, s, clo, lo, hi);
+            rad_copy(y + clo + lo, (const T*)(peers.base[p] + slot) + (u64)p * stride + lo, hi - lo, true);
+        }
+    };
+    push(0);
+    for (u32 s = 0; s < steps; ++s) {
+        if (s + 1 < steps) push(s + 1);
+        rad_wait(own, RAD_P2P_READY_OFF, rank, world, rad_tag(e, s), timeout_ns);
+        u64 clo, lo, hi;
+        range(rank, s, clo, lo, hi);
         const T* src[RAD_P2P_MAX_WORLD];
         for (int p = 0; p < RAD_P2P_MAX_WORLD; ++p)
             src[p] = p == rank ? x + clo + lo : p < world ? (const T*)(own + slot) + (u64)p * stride + lo : 0;
         rad_sum(y + clo + lo, (T*)(own + slot) + (u64)rank * stride + lo, src, world, rank, false, hi - lo);
+        rad_signal(peers, RAD_P2P_DONE_OFF, rank, world, rad_tag(e, s));
+        if (s > 0) gather(s - 1);
     }
-    rad_signal(peers, RAD_P2P_DONE_OFF, rank, world, e);
-    rad_wait(own, RAD_P2P_DONE_OFF, rank, world, e, timeout_ns);
-    for (int p = 0; p < world; ++p) {
-        if (p == rank) continue;
-        u64 clo, chi, lo, hi;
-        rad_piece(count, world, p, E, clo, chi);
-        rad_piece(chi - clo, gridDim.x, blockIdx.x, E, lo, hi);
-        rad_copy(y + clo + lo, (const T*)(peers.base[p] + slot) + (u64)p * stride + lo, hi - lo, true);
-    }
+    gather(steps - 1);
     rad_finish(own, gate, linger_ns);
 }
 
@@ -331,8 +356,8 @@ __device__ __forceinline__ void rad_all_gather(const RadP2PPeers& peers, const T
     u64 lo, hi;
     rad_piece(count, gridDim.x, blockIdx.x, E, lo, hi);
     rad_copy((T*)(own + slot) + lo, x + lo, hi - lo, false);
-    rad_signal(peers, RAD_P2P_READY_OFF, rank, world, e);
-    rad_wait(own, RAD_P2P_READY_OFF, rank, world, e, timeout_ns);
+    rad_signal(peers, RAD_P2P_READY_OFF, rank, world, rad_tag(e, 0));
+    rad_wait(own, RAD_P2P_READY_OFF, rank, world, rad_tag(e, 0), timeout_ns);
     for (int p = 0; p < world; ++p) {
         const T* src = p == rank ? x : (const T*)(peers.base[p] + slot);
         const bool peer = p != rank;
@@ -353,7 +378,7 @@ __device__ __forceinline__ void rad_all_gather(const RadP2PPeers& peers, const T
 
 // ---- the entry points -----------------------------------------------------------------------------
 #define RAD_P2P_REDUCE_ENTRY(NAME, FORM, T)                                                                  \
-    extern "C" __global__ void __launch_bounds__(RAD_P2P_THREADS)                                           \
+    extern "C" __global__ void __launch_bounds__(RAD_P2P_THREADS, 2)                                         \
     NAME(RadP2PPeers peers, const T* x, T* y, u64 count, int rank, int world, u64 slot_bytes, u64 gate,      \
          u64 timeout_ns, u64 linger_ns) {                                                                    \
         FORM<T>(peers, x, y, count, rank, world, slot_bytes, gate, timeout_ns, linger_ns);                   \
@@ -365,7 +390,7 @@ RAD_P2P_REDUCE_ENTRY(rad_all_reduce_two_shot_f32, rad_all_reduce_two_shot, float
 RAD_P2P_REDUCE_ENTRY(rad_all_reduce_two_shot_bf16, rad_all_reduce_two_shot, u16)
 
 #define RAD_P2P_GATHER_ENTRY(NAME, T)                                                                        \
-    extern "C" __global__ void __launch_bounds__(RAD_P2P_THREADS)                                           \
+    extern "C" __global__ void __launch_bounds__(RAD_P2P_THREADS, 2)                                         \
     NAME(RadP2PPeers peers, const T* x, T* y, u64 m, u64 n, int rank, int world, u64 slot_bytes, u64 gate,   \
          u64 timeout_ns, u64 linger_ns) {                                                                    \
         rad_all_gather<T>(peers, x, y, m, n, rank, world, slot_bytes, gate, timeout_ns, linger_ns);          \
