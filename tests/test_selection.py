@@ -79,8 +79,9 @@ def test_collective_and_its_host_twin_exactly_one_matches(home, p2p, expected):
 
 def test_an_unmeasured_fact_does_not_hold(home):
     home.kernel("coll", TWINS)
-    with pytest.raises(SelectionError, match="no library serves op 't_all_reduce'"):
+    with pytest.raises(SelectionError, match="no library serves op 't_all_reduce'") as error:
         select(Registry(str(home.root)), "t_all_reduce", facts={})
+    assert "(coll:all_reduce: device.p2p == 1: device.p2p was not measured; coll:all_reduce_host" in str(error.value)
 
 
 def test_constraint_on_a_key_the_geometry_omits_does_not_hold(home):

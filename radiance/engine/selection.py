@@ -124,10 +124,13 @@ def resolve(op: str, schema: RadOpSchema, rows: list[Row], geometry: dict, facts
         winner, losers, reference_match = _pick(candidates, schema, geometry, facts, domain, lo, hi, accept_reference)
         if winner is None:
             where = f"op '{op}' for {ranged} in [{lo}, {hi}] on the {DOMAINS[domain]} domain"
+            refused = [f"{row.plugin.name}:{row.name}: {why}" for row, why in losers if not row.reference][:3]
+            why_not = f" ({'; '.join(refused)})" if refused else ""
             if reference_match is not None:
                 raise SelectionError(f"{where}: only the reference row {reference_match.plugin.name}:"
-                                     f"{reference_match.name} matches; serving from it needs {REFERENCE_FLAG}")
-            raise SelectionError(f"no library serves {where}")
+                                     f"{reference_match.name} matches; serving from it needs {REFERENCE_FLAG}"
+                                     f"{why_not}")
+            raise SelectionError(f"no library serves {where}{why_not}")
         resolved = {**geometry, ranged: hi}
         resolved.update({c.key: (c.sval if c.sval is not None else c.ival)
                          for c in winner.info.constraints
