@@ -131,7 +131,7 @@ def test_a_stop_answers_the_waiting_requests(server, tiny_model):
     thread = threading.Thread(target=lambda: answers.append(httpx.post(
         f"{server.url}/v1/completions", timeout=60, json=body(max_tokens=200, ignore_eos=True))))
     thread.start()
-    assert wait_for(lambda: running.loop.engine.scheduler.running, timeout=10)
+    assert wait_for(lambda: running.loop.engine.scheduler.running)
     running.loop.stop()
     thread.join(30)
     assert answers[0].status_code == 503 and answers[0].json()["error"]["code"] == "shutting_down"

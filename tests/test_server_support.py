@@ -91,7 +91,7 @@ def metrics(url: str, headers: dict | None = None) -> dict:
     return samples
 
 
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.02):
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

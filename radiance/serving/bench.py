@@ -8,6 +8,7 @@ The figures go to stdout as a table, to --json as JSON, and to --plot as a PNG (
 "bench" extra). Every level is bounded in requests and in time."""
 
 import asyncio
+import importlib.util
 import json
 import statistics
 import sys
@@ -183,11 +184,8 @@ def main(url, api_key, model, concurrency, requests_per_client, max_seconds, max
         import httpx
     except ImportError:
         raise click.ClickException("rad-bench needs httpx: pip install 'radiance[bench]'") from None
-    if plot_path:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise click.ClickException("--plot needs matplotlib: pip install 'radiance[bench]'") from None
+    if plot_path and importlib.util.find_spec("matplotlib") is None:
+        raise click.ClickException("--plot needs matplotlib: pip install 'radiance[bench]'")
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
