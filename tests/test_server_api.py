@@ -271,3 +271,24 @@ def test_bad_requests_do_not_disturb_the_others(client, server):
     thread.join(60)
     assert outcome == {"finish": "length", "tokens": 48}
     assert complete(client, "The capital of France is", max_tokens=2, temperature=0).choices[0].text.startswith(" Paris")
+
+
+def test_rad_bench_measures_the_server(server, tmp_path):
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    plot = importlib.util.find_spec("matplotlib") is not None  # the "bench" extra
+    command = [sys.executable, "-m", "radiance.serving.bench", "--url", server.url, "--api-key", KEY,
+               "--concurrency", "1,2", "--requests", "1", "--max-tokens", "4", "--json", str(tmp_path / "b.json")]
+    result = subprocess.run(command + (["--plot", str(tmp_path / "b.png")] if plot else []), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["model"] == "smollm2" and [level["concurrency"] for level in report["levels"]] == [1, 2]
+    for level in report["levels"]:
+        assert level["errors"] == 0 and level["output_tokens"] == 4 * level["concurrency"]
+        assert level["ttft_s"]["p50"] > 0 and level["itl_s"]["p50"] > 0 and level["output_tokens_per_s"] > 0
+    if plot:
+        assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
