@@ -147,7 +147,7 @@ class LinkScheduler:
     link (the engine's collective launches, through `launch_collective`); `holds` and `chunks` are
     the timing records (the last `history` of each); `hold_stats()` sums every hold for /metrics."""
 
-    def __init__(self, gate: LinkGate | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, history: int = 65536):
+    def __init__(self, gate: LinkGate | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, history: int = 4096):
         self.gate = gate if gate is not None else LinkGate()
         self.chunk_bytes = int(chunk_bytes)
         self.holds: collections.deque[HoldRecord] = collections.deque(maxlen=history)

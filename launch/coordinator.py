@@ -56,15 +56,17 @@ class Coordinator:
     def _receive(self, deadline: float, what: str, waiting: set):
         while True:
             self.supervisor.check()
-            now = time.monotonic()
-            for rank, beat in self.last_beat.items():
-                if now - beat > self.heartbeat_timeout:
-                    raise RankFailed(self.ranks[rank], f"no heartbeat for {now - beat:.0f} s (hung)")
-            if now > deadline:
-                names = ", ".join(f"rank {rank}" for rank in sorted(waiting))
-                raise LaunchError(f"{what}: {names} did not answer within the deadline")
             message = self.wire.recv(timeout_ms=50, routed=True)
             if message is None:
+                # Only with nothing left to read: heartbeats queued while nobody listened (a chat
+                # waiting for its user) are taken before a rank is judged silent.
+                now = time.monotonic()
+                for rank, beat in self.last_beat.items():
+                    if now - beat > self.heartbeat_timeout:
+                        raise RankFailed(self.ranks[rank], f"no heartbeat for {now - beat:.0f} s (hung)")
+                if now > deadline:
+                    names = ", ".join(f"rank {rank}" for rank in sorted(waiting))
+                    raise LaunchError(f"{what}: {names} did not answer within the deadline")
                 continue
             route, kind, meta, arrays = message
             if kind == "heartbeat":
