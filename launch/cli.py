@@ -15,7 +15,7 @@ from radiance.log import get_logger
 from radiance.serving.options import check_mode, max_seqs_for, serve_options
 from radiance.tools import options
 from radiance.tools.errors import user_errors
-from radiance.tools.generate import chat_loop, sampling_options, stream_prompt
+from radiance.tools.generate import chat_loop, stream_prompt
 from radiance.weights.container_reader import Container
 
 from .coordinator import Coordinator, LaunchError
@@ -58,12 +58,7 @@ def run_launch(engine_options: EngineOptions, tp: int, threads: int | None, disa
 
 @click.command()
 @click.option("--tp", default=1, show_default=True, help="Ranks: one per card, or host ranks without a card.")
-@click.option("--model", required=True, type=click.Path(dir_okay=False), help="A .rad model.")
-@click.option("--prompt", default=None, help="Complete this text (no chat template).")
-@click.option("--chat", is_flag=True, help="Talk to the model through its chat template.")
-@sampling_options
-@click.option("--max-context", type=int, default=None, help="Tokens of context (default: the model's).")
-@click.option("--max-step-tokens", default=256, show_default=True, help="Prefill chunk: tokens in one step.")
+@options.model_and_mode
 @click.option("--threads-per-rank", type=int, default=None, help="Compute threads of each host rank "
               "(default: the cores divided among the ranks).")
 @click.option("--disable-p2p", is_flag=True, help="Use the _host twins of the collectives even where P2P works.")

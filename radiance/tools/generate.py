@@ -35,19 +35,6 @@ def build_engine(model, radiance_home, kernels, accept_reference, debug_selectio
     return Engine(engine_options, worker.execute, text), worker
 
 
-def sampling_options(function):
-    for option in reversed([
-        click.option("--max-tokens", default=256, show_default=True, help="Tokens to generate at most."),
-        click.option("--temperature", default=0.7, show_default=True, help="0 is greedy."),
-        click.option("--top-p", default=1.0, show_default=True),
-        click.option("--top-k", default=0, show_default=True, help="0 keeps every token."),
-        click.option("--seed", type=int, default=None, help="Make sampling reproducible."),
-        click.option("--stop", multiple=True, help="Stop before this text (repeatable)."),
-    ]):
-        function = option(function)
-    return function
-
-
 def chat_loop(engine: Engine, params: dict) -> None:
     messages = []
     click.echo("chat: an empty line or Ctrl-D ends it", err=True)
@@ -77,12 +64,7 @@ def stream_prompt(engine: Engine, prompt: str, params: dict) -> None:
 
 @click.command()
 @click.option("--tp", default=1, show_default=True, help="Ranks: above 1, this is radiance-launch --tp N.")
-@click.option("--model", required=True, type=click.Path(dir_okay=False), help="A .rad model.")
-@click.option("--prompt", default=None, help="Complete this text (no chat template).")
-@click.option("--chat", is_flag=True, help="Talk to the model through its chat template.")
-@sampling_options
-@click.option("--max-context", type=int, default=None, help="Tokens of context (default: the model's).")
-@click.option("--max-step-tokens", default=256, show_default=True, help="Prefill chunk: tokens in one step.")
+@options.model_and_mode
 @serve_options
 @options.radiance_home
 @options.kernels

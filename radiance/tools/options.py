@@ -32,3 +32,31 @@ def parse_assignments(pairs, what: str) -> dict:
         else:
             values[key] = text
     return values
+
+
+def _stack(*decorators):
+    def apply(function):
+        for decorator in reversed(decorators):
+            function = decorator(function)
+        return function
+    return apply
+
+
+sampling = _stack(
+    click.option("--max-tokens", default=256, show_default=True, help="Tokens to generate at most."),
+    click.option("--temperature", default=0.7, show_default=True, help="0 is greedy."),
+    click.option("--top-p", default=1.0, show_default=True),
+    click.option("--top-k", default=0, show_default=True, help="0 keeps every token."),
+    click.option("--seed", type=int, default=None, help="Make sampling reproducible."),
+    click.option("--stop", multiple=True, help="Stop before this text (repeatable)."),
+)
+
+# What `radiance` and `radiance-launch` both take: the model, what to do with it, how to sample.
+model_and_mode = _stack(
+    click.option("--model", required=True, type=click.Path(dir_okay=False), help="A .rad model."),
+    click.option("--prompt", default=None, help="Complete this text (no chat template)."),
+    click.option("--chat", is_flag=True, help="Talk to the model through its chat template."),
+    sampling,
+    click.option("--max-context", type=int, default=None, help="Tokens of context (default: the model's)."),
+    click.option("--max-step-tokens", default=256, show_default=True, help="Prefill chunk: tokens in one step."),
+)
