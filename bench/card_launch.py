@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import device_smoke  # noqa: E402,F401  (maps the checkout under `radiance.`, here and in children)
+import checkout_shim  # noqa: E402,F401  (maps the checkout under `radiance.`, here and in children)
 
 from radiance.launch.devices import visible_cards  # noqa: E402
 

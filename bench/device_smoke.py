@@ -25,23 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SHIM = f'''__path__ = [{str(ROOT / "radiance")!r}, {str(ROOT)!r}]  # radiance.<folder> -> the checkout's folders
-exec(compile(open(__path__[0] + "/__init__.py").read(), __path__[0] + "/__init__.py", "exec"))
-'''
-
-
-def install_shim() -> str:
-    """Make `radiance.ranks.device` importable from the checkout, here and in child processes."""
-    folder = Path(tempfile.gettempdir()) / "radiance-shim" / "radiance"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "__init__.py").write_text(SHIM)
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(folder.parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    sys.path.insert(0, str(folder.parent))
-    return str(folder.parent)
-
-
-SHIM_PATH = install_shim()  # module level: spawned children run it too
+from checkout_shim import ROOT, SHIM_PATH  # noqa: E402,F401  (first: maps the checkout under `radiance.`)
 
 import numpy as np  # noqa: E402
 
