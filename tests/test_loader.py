@@ -151,3 +151,9 @@ def test_radiance_home_variable_is_a_search_path(home, second_home, monkeypatch)
     monkeypatch.setenv("RADIANCE_HOME", f"{second_home.root}:{home.root}")
     assert names(Registry()) == ["beta", "alpha"]
     assert names(Registry(str(home.root))) == ["alpha"]  # --radiance-home overrides
+
+
+def test_a_quantiser_without_its_hooks_is_refused_naming_them(home):
+    home.quantizer("hollow", "Q = [RadQuantizerInfo(name='hollow', doc='d')]\n"
+                             "def rad_quant_count():\n    return 1\ndef rad_quant_at(i):\n    return Q[i]\n")
+    assert refusal(Registry(str(home.root)), "hollow.py").endswith("quantiser 'hollow' lacks encoding and quantize")

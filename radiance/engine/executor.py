@@ -1,6 +1,7 @@
 """Runs one rank's resolved graph, step after step. Buffers are allocated once at their largest;
-the arguments of a node are built once per (node, tokens, seqs) and reused, so a decode step
-costs one dict lookup and one launch per node."""
+a step's launch plan (every node's row and RadArgs, and which runs of concurrent rows overlap) is
+built once per (tokens, seqs) shape and reused, so a decode step costs one dict lookup and then
+only launches."""
 
 import time
 from collections import defaultdict
@@ -19,7 +20,7 @@ from .rank_weights import RankWeights
 from .resolve import ResolvedNode, unique_resolutions
 from .step_inputs import StepInputs
 
-MAX_CACHED_ARGS = 8192
+MAX_CACHED_SHAPES = 64  # (tokens, seqs) shapes whose launch plans are kept; decode reuses a handful
 
 
 class StepError(RuntimeError):
@@ -44,7 +45,7 @@ class Executor:
             for band in resolution.bands:
                 if band.row.info.scratch:
                     self._scratch[id(band)] = np.zeros(int(band.row.info.scratch(dict(band.geometry))), np.uint8)
-        self._args: dict = {}
+        self._plans: dict = {}  # (tokens, seqs) -> [(first index, [(row, args), ...]), ...]
         self.overlap = Overlap(resolved)
         self.profile = False  # when set, seconds spent per op accumulate in `op_seconds`
         self.op_seconds = defaultdict(float)
@@ -74,27 +75,31 @@ class Executor:
 
     def run(self, tokens: int, seqs: int) -> None:
         """One step over `tokens` tokens of `seqs` sequences; the step inputs are written already."""
-        if len(self._args) > MAX_CACHED_ARGS:
-            self._args.clear()
-        built = []
-        for item in self.resolved:
-            key = (item.node.index, tokens, seqs)
-            if key not in self._args:
-                self._args[key] = self._build(item, tokens, seqs)
-            built.append(self._args[key])
-        rows = [row for row, _ in built]
+        plan = self._plans.get((tokens, seqs))
+        if plan is None:
+            if len(self._plans) >= MAX_CACHED_SHAPES:
+                self._plans.clear()
+            plan = self._plans[(tokens, seqs)] = self._plan(tokens, seqs)
         self.chain.word(0)[0] = 0
-        index = 0
+        for index, group in plan:
+            if len(group) == 1:
+                self._launch(index, *group[0])
+                continue
+            # concurrent rows on independent operands: all but the last on the pool
+            futures = [self.overlap.pool.submit(self._launch, index + i, *launch) for i, launch in enumerate(group[:-1])]
+            self._launch(index + len(group) - 1, *group[-1])
+            for future in futures:
+                future.result()
+
+    def _plan(self, tokens: int, seqs: int) -> list:
+        built = [self._build(item, tokens, seqs) for item in self.resolved]
+        rows = [row for row, _ in built]
+        plan, index = [], 0
         while index < len(built):
             count = self.overlap.group(self.resolved, rows, index)
-            if count == 1:
-                self._launch(index, *built[index])
-            else:  # concurrent rows on independent operands: all but the last on the pool
-                futures = [self.overlap.pool.submit(self._launch, i, *built[i]) for i in range(index, index + count - 1)]
-                self._launch(index + count - 1, *built[index + count - 1])
-                for future in futures:
-                    future.result()
+            plan.append((index, built[index:index + count]))
             index += count
+        return plan
 
     def _launch(self, index: int, row, args) -> None:
         item = self.resolved[index]

@@ -88,16 +88,23 @@ def validate_rows(path, rows) -> None:
                                           f"{tunable.deflt} is not among its values '{tunable.values}'")
 
 
-def validate_quantizers(path, quantizers) -> None:
+def _validate_named(path, items, struct, what: str, symbol: str, hooks: tuple[str, ...]):
+    """Quantisers and architectures alike: the right struct, a unique non-empty name, its hooks."""
     names = set()
+    for item in items:
+        if not isinstance(item, struct):
+            raise PluginRefused(path, f"{symbol} returned {type(item).__name__}")
+        if not item.name or item.name in names:
+            raise PluginRefused(path, f"{what} name '{item.name}' is empty or declared twice")
+        names.add(item.name)
+        missing = [hook for hook in hooks if not callable(getattr(item, hook))]
+        if missing:
+            raise PluginRefused(path, f"{what} '{item.name}' lacks {' and '.join(missing)}")
+
+
+def validate_quantizers(path, quantizers) -> None:
+    _validate_named(path, quantizers, RadQuantizerInfo, "quantiser", "rad_quant_at", ("encoding", "quantize"))
     for quantizer in quantizers:
-        if not isinstance(quantizer, RadQuantizerInfo):
-            raise PluginRefused(path, f"rad_quant_at returned {type(quantizer).__name__}")
-        if not quantizer.name or quantizer.name in names:
-            raise PluginRefused(path, f"quantiser name '{quantizer.name}' is empty or declared twice")
-        names.add(quantizer.name)
-        if not callable(quantizer.encoding) or not callable(quantizer.quantize):
-            raise PluginRefused(path, f"quantiser '{quantizer.name}' lacks encoding or quantize")
         for option in quantizer.options:
             if option.type not in PARAM_TYPES:
                 raise PluginRefused(path, f"quantiser '{quantizer.name}': option '{option.key}' has "
@@ -105,12 +112,4 @@ def validate_quantizers(path, quantizers) -> None:
 
 
 def validate_architectures(path, architectures) -> None:
-    names = set()
-    for architecture in architectures:
-        if not isinstance(architecture, RadArchInfo):
-            raise PluginRefused(path, f"rad_arch_at returned {type(architecture).__name__}")
-        if not architecture.name or architecture.name in names:
-            raise PluginRefused(path, f"architecture name '{architecture.name}' is empty or declared twice")
-        names.add(architecture.name)
-        if not callable(architecture.check) or not callable(architecture.declare):
-            raise PluginRefused(path, f"architecture '{architecture.name}' lacks check or declare")
+    _validate_named(path, architectures, RadArchInfo, "architecture", "rad_arch_at", ("check", "declare"))

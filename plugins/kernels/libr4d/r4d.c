@@ -535,15 +535,11 @@ static inline __m256i dot_u8i8(__m256i u, __m256i s) {
     const __m128i lo_ = _mm_and_si128(v_, _mm_set1_epi8(0x0f));                            \
     const __m128i hi_ = _mm_and_si128(_mm_srli_epi16(v_, 4), _mm_set1_epi8(0x0f));
 
-static inline __attribute__((always_inline)) void q41_f32(const uint8_t *c, const float *ds, const float *x, int64_t K,
-                                                         int64_t nb, int64_t b, const int mt, __m256 *acc) {
-    Q41_UNPACK(c, b)
-    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo_));
-    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo_, 8)));
-    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi_));
-    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi_, 8)));
-    const __m256 vd = _mm256_broadcast_ss(ds + b);
-    (void)nb;
+/* One block of 32 weights (w0..w3, already f32) against the f32 activations of mt rows:
+ * acc[i] += (w . x[i, 32b : 32b+32]) * d. Shared by the Q4_1 and Q8_0 f32 paths. */
+static inline __attribute__((always_inline)) void block_f32(__m256 w0, __m256 w1, __m256 w2, __m256 w3, __m256 vd,
+                                                           const float *x, int64_t K, int64_t b, const int mt,
+                                                           __m256 *acc) {
     for (int i = 0; i < mt; i++) {
         const float *xb = x + i * K + 32 * b;
         __m256 t = _mm256_mul_ps(w0, _mm256_load_ps(xb));
@@ -552,6 +548,17 @@ static inline __attribute__((always_inline)) void q41_f32(const uint8_t *c, cons
         t = _mm256_fmadd_ps(w3, _mm256_load_ps(xb + 24), t);
         acc[i] = _mm256_fmadd_ps(t, vd, acc[i]);
     }
+}
+
+static inline __attribute__((always_inline)) void q41_f32(const uint8_t *c, const float *ds, const float *x, int64_t K,
+                                                         int64_t nb, int64_t b, const int mt, __m256 *acc) {
+    Q41_UNPACK(c, b)
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo_));
+    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo_, 8)));
+    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi_));
+    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi_, 8)));
+    (void)nb;
+    block_f32(w0, w1, w2, w3, _mm256_broadcast_ss(ds + b), x, K, b, mt, acc);
 }
 
 static inline __attribute__((always_inline)) void q41_a8(const uint8_t *c, const float *ds, const int8_t *xq,
@@ -573,16 +580,8 @@ static inline __attribute__((always_inline)) void q80_f32(const int8_t *c, const
     const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)));
     const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1));
     const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8)));
-    const __m256 vd = _mm256_broadcast_ss(ds + b);
     (void)nb;
-    for (int i = 0; i < mt; i++) {
-        const float *xb = x + i * K + 32 * b;
-        __m256 t = _mm256_mul_ps(w0, _mm256_load_ps(xb));
-        t = _mm256_fmadd_ps(w1, _mm256_load_ps(xb + 8), t);
-        t = _mm256_fmadd_ps(w2, _mm256_load_ps(xb + 16), t);
-        t = _mm256_fmadd_ps(w3, _mm256_load_ps(xb + 24), t);
-        acc[i] = _mm256_fmadd_ps(t, vd, acc[i]);
-    }
+    block_f32(w0, w1, w2, w3, _mm256_broadcast_ss(ds + b), x, K, b, mt, acc);
 }
 
 static inline __attribute__((always_inline)) void q80_a8(const int8_t *c, const float *ds, const int8_t *xq,
