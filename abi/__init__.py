@@ -14,6 +14,8 @@ from .plugin import (  # noqa: F401
     rad_args_gets_or, rad_dtype_bits, rad_load_bits, rad_load_f32, rad_store_bits, rad_store_f32,
     rad_tensor, rad_tensor_lastdim, rad_tensor_row_pitch, rad_tensor_rows, rad_wait_word, rad_weight_f32,
 )
+from .kernel_args import KernelArgs, PackedArgs  # noqa: F401
+from .stream import RadStream, rad_device_tensor  # noqa: F401
 from .quant import RadQuantizerInfo, RadQuantOption  # noqa: F401
 from .types import (  # noqa: F401
     RAD_CDIV, RAD_CEQ, RAD_CEQS, RAD_CGE, RAD_CIN, RAD_CLE, RadArgs, RadChainRec, RadConstraint,

@@ -103,3 +103,6 @@ RAD_STEP_TOP_K = "step.top_k"
 RAD_STEP_TOP_P = "step.top_p"
 RAD_STEP_RNG = "step.rng"
 RAD_STEP_TOKENS = "step.tokens"
+
+RAD_MAX_KERNEL_ARG_BYTES = 768  # a device kernel's parameter block (the spec's launch rules)
+RAD_MAX_SHARED_BYTES = 65536    # static + dynamic shared memory (LDS) of one launch

@@ -95,6 +95,10 @@ struct RadEncoding;
 #define RAD_CHAIN_REC_BYTES 32
 #define RAD_CHAIN_KARG_OFF  0
 
+/* The launch rules of a device kernel: its parameter block, and static + dynamic shared memory. */
+#define RAD_MAX_KERNEL_ARG_BYTES 768
+#define RAD_MAX_SHARED_BYTES     65536
+
 typedef struct RadPluginInfo {
     uint32_t    kind;         /* RAD_PLUGIN_* */
     const char* name;

@@ -107,6 +107,10 @@ class Device(ABC):
     def copy_device(self, dst, src, nbytes: int, stream=None) -> None:
         self._copy_device(_address(dst), _address(src), int(nbytes), stream)
 
+    def memset32(self, dst, value: int, count: int, stream=None) -> None:
+        """`count` 32-bit words at `dst` set to `value`, asynchronously on the stream."""
+        self._memset32(_address(dst), int(value) & 0xFFFFFFFF, int(count), stream)
+
     # ---- IPC ----------------------------------------------------------------------------
     def open_handle(self, handle: bytes, nbytes: int, label: str) -> Allocation:
         return Allocation(self._open_handle(bytes(handle)), nbytes, label, peer=True)
@@ -154,6 +158,8 @@ class Device(ABC):
     def _copy_to_host(self, dst: np.ndarray, src: int, nbytes: int, stream) -> None: ...
     @abstractmethod
     def _copy_device(self, dst: int, src: int, nbytes: int, stream) -> None: ...
+    @abstractmethod
+    def _memset32(self, dst: int, value: int, count: int, stream) -> None: ...
     @abstractmethod
     def export_handle(self, allocation: Allocation) -> bytes: ...
     @abstractmethod

@@ -95,6 +95,9 @@ class CudaDevice(Device):
     def _copy_device(self, dst, src, nbytes, stream):
         _check(driver.cuMemcpyDtoDAsync(dst, src, nbytes, self._stream(stream)), "cuMemcpyDtoDAsync")
 
+    def _memset32(self, dst, value, count, stream):
+        _check(driver.cuMemsetD32Async(dst, value, count, self._stream(stream)), "cuMemsetD32Async")
+
     def export_handle(self, allocation) -> bytes:
         handle = _check(driver.cuIpcGetMemHandle(allocation.ptr), f"cuIpcGetMemHandle({allocation.label!r})")
         return ctypes.string_at(handle.getPtr(), IPC_HANDLE_BYTES)

@@ -162,6 +162,9 @@ class FakeDevice(Device):
     def _copy_device(self, dst, src, nbytes, stream):
         self._enqueue(stream, lambda: self.view(dst, nbytes).__setitem__(slice(None), self.view(src, nbytes)))
 
+    def _memset32(self, dst, value, count, stream):
+        self._enqueue(stream, lambda: self.view(dst, 4 * count).view(np.uint32).__setitem__(slice(None), value))
+
     def stream(self) -> FakeStream:
         return FakeStream()
 

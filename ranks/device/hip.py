@@ -93,6 +93,9 @@ class HipDevice(Device):
     def _copy_device(self, dst, src, nbytes, stream):
         _check(hip.hipMemcpyDtoDAsync(dst, src, nbytes, self._stream(stream)), "hipMemcpyDtoDAsync")
 
+    def _memset32(self, dst, value, count, stream):
+        _check(hip.hipMemsetD32Async(dst, value, count, self._stream(stream)), "hipMemsetD32Async")
+
     def export_handle(self, allocation) -> bytes:
         handle = _check(hip.hipIpcGetMemHandle(allocation.ptr), f"hipIpcGetMemHandle({allocation.label!r})")
         return ctypes.string_at(handle.as_c_void_p().value, IPC_HANDLE_BYTES)

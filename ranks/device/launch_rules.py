@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import re
 
-MAX_KERNEL_ARG_BYTES = 768
-MAX_SHARED_BYTES = 64 * 1024
+from radiance.abi.constants import RAD_MAX_KERNEL_ARG_BYTES, RAD_MAX_SHARED_BYTES
+
+MAX_KERNEL_ARG_BYTES = RAD_MAX_KERNEL_ARG_BYTES
+MAX_SHARED_BYTES = RAD_MAX_SHARED_BYTES
 ELF_MAGIC = b"\x7fELF"
 
 # A PTX call of vprintf: `call.uni (retval0), vprintf, (...)`; nvcc may omit `.uni`.
