@@ -33,10 +33,18 @@ def _collective_rows(native):
         if hasattr(collectives, "use_native_add_rmsnorm"):
             collectives.use_native_add_rmsnorm(rows.add_rmsnorm(native))
         rows_ = list(collectives.HOST_ROWS)
-        return rows_, dict(collectives.ROW_COLOURS), dict(collectives.ROW_CHAIN)
+        colours, chains = dict(collectives.ROW_COLOURS), dict(collectives.ROW_CHAIN)
     except Exception as error:  # another module's failure must not take the compute rows down
         log.warning("libr4d: collective rows unavailable (%s: %s)", type(error).__name__, error)
-        return [], {}, {}
+        rows_, colours, chains = [], {}, {}
+    try:  # the device-domain rows (collectives_device.py): the P2P rows and their _host twins
+        from . import collectives_device
+        rows_ += list(collectives_device.DEVICE_ROWS)
+        colours.update(collectives_device.ROW_COLOURS)
+        chains.update(collectives_device.ROW_CHAIN)
+    except Exception as error:
+        log.warning("libr4d: device collective rows unavailable (%s: %s)", type(error).__name__, error)
+    return rows_, colours, chains
 
 
 def _open() -> None:
