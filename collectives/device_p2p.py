@@ -14,6 +14,10 @@ wait, sum in rank order, end the link-gate hold (docs/COLLECTIVES.md, "Device P2
 order), as for ranks/device/probe.py: the launcher's handshake in the engine, a pipe or a store in
 the benchmark. Every rank calls it the same number of times (twice to set up, twice to close).
 
+The host-staged twin (the same kernels over regions in POSIX shared memory that every card maps,
+for cards without P2P) is collectives/device_peers.py's DeviceHostStaged, a subclass that changes
+only where the regions live (`_regions`) and the compile option (`COMPILE_OPTIONS`).
+
 Nothing here imports a GPU library: the device object (ranks/device) does the driver calls.
 """
 
@@ -112,24 +116,38 @@ class DeviceP2P:
         if self.slot_bytes > MAX_SLOT_BYTES:
             raise ValueError(f"device P2P collectives: a {buffer_bytes}-byte buffer is over {MAX_SLOT_BYTES}")
         self.timeout_ns = int(timeout_s * 1e9)
-        self.region = device.alloc(region_bytes(buffer_bytes), "p2p collectives")
-        device.copy_to_device(self.region, np.zeros(CTRL_BYTES, np.uint8))
-        device.synchronize()
+        self.buffer_bytes = int(buffer_bytes)
+        self.peers: dict = {}
         mine = int(max_blocks or 2 * int(getattr(device, "multiprocessors", 66)))
-        blobs = exchange(struct.pack("<QQ", self.slot_bytes, mine) + device.export_handle(self.region))  # 1
-        sizes = [struct.unpack_from("<QQ", b) for b in blobs]
-        if len({s for s, _ in sizes}) != 1:
-            raise ValueError(f"device P2P collectives: the ranks' slot sizes differ: {[s for s, _ in sizes]}")
-        # Every rank launches the same grids: the smallest card's limit, at most MAX_BLOCKS.
-        self.max_blocks = min(MAX_BLOCKS, *(b for _, b in sizes))
-        self.peers = {p: device.open_handle(blobs[p][16:], self.region.nbytes, f"p2p collectives of rank {p}")
-                      for p in range(world) if p != rank}
-        bases = [self.region.ptr if p == rank else self.peers[p].ptr for p in range(world)]
-        self.table = struct.pack(f"<{MAX_WORLD}Q", *bases, *[0] * (MAX_WORLD - world))
-        self.module = device.load(device.compile(source()))
+        bases, self.local = self._regions(mine)                                              # exchange 1
+        self.table = struct.pack(f"<{MAX_WORLD + 1}Q", *bases, *[0] * (MAX_WORLD - world), self.local)
+        self.module = device.load(device.compile(source(), self.COMPILE_OPTIONS))
         self.kernels = {name: device.kernel(self.module, name) for name in KERNELS}
         self._args: dict[tuple, object] = {}
         exchange(b"ready")                                                                   # 2
+
+    COMPILE_OPTIONS: tuple[str, ...] = ()
+
+    def _regions(self, max_blocks: int) -> tuple[list[int], int]:
+        """This rank's region on its card, exported; every peer's opened. Returns every rank's region
+        base (rank order) and the base of this card's local words (EPOCH, ARRIVE, ERROR)."""
+        device, rank, world = self.device, self.rank, self.world
+        self.region = device.alloc(region_bytes(self.buffer_bytes), "p2p collectives")
+        device.copy_to_device(self.region, np.zeros(CTRL_BYTES, np.uint8))
+        device.synchronize()
+        blobs = self.exchange(struct.pack("<QQ", self.slot_bytes, max_blocks) + device.export_handle(self.region))
+        self._agree(blobs)
+        self.peers = {p: device.open_handle(blobs[p][16:], self.region.nbytes, f"p2p collectives of rank {p}")
+                      for p in range(world) if p != rank}
+        return [self.region.ptr if p == rank else self.peers[p].ptr for p in range(world)], self.region.ptr
+
+    def _agree(self, blobs: list[bytes]) -> None:
+        """Every blob starts (slot_bytes, max_blocks): the ranks' slots must agree, and every rank
+        launches the same grids: the smallest card's limit, at most MAX_BLOCKS."""
+        sizes = [struct.unpack_from("<QQ", b) for b in blobs]
+        if len({s for s, _ in sizes}) != 1:
+            raise ValueError(f"device P2P collectives: the ranks' slot sizes differ: {[s for s, _ in sizes]}")
+        self.max_blocks = min(MAX_BLOCKS, *(b for _, b in sizes))
 
     # ---- the collectives ------------------------------------------------------------------------
     def form_for(self, nbytes: int) -> str:
@@ -188,7 +206,7 @@ class DeviceP2P:
     def timed_out(self, stream=None) -> bool:
         """Whether a wait for a peer gave up (then that launch's results are wrong)."""
         word = np.zeros(1, np.uint32)
-        self.device.copy_to_host(word, self.region.ptr + ERROR_OFF, stream)
+        self.device.copy_to_host(word, self.local + ERROR_OFF, stream)
         self.device.synchronize(stream)
         return bool(word[0])
 
@@ -197,8 +215,14 @@ class DeviceP2P:
         ours, then let go of everything."""
         self.device.synchronize()
         self.exchange(b"closing")                                                            # 3
+        self._release_peers()
+        self.exchange(b"closed")                                                             # 4
+        self._release_own()
+
+    def _release_peers(self) -> None:
         for allocation in self.peers.values():
             self.device.close_handle(allocation)
         self.peers = {}
-        self.exchange(b"closed")                                                             # 4
+
+    def _release_own(self) -> None:
         self.device.free(self.region)

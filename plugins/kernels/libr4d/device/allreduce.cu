@@ -19,6 +19,18 @@
 // Grids are the same on every rank for the same call (the host computes them from the sizes), and
 // block b only ever waits for the peers' block b, so blocks never wait for blocks of their own card.
 //
+// Host-staged form (compiled with -DRAD_P2P_HOST_MAPPED=1; collectives/device_peers.py): on cards
+// without P2P, every rank's region (control flags and slots) lives in POSIX shared memory that every
+// card maps (cuMemHostRegister, DEVICEMAP); peers.base[] are those mapped addresses and the same
+// kernels move the bytes over PCIe. Memory ordering there: the PTX model's system-scope release /
+// acquire holds for mapped host memory as for peer memory, but the card's L2 may hold lines of system
+// memory that another card rewrote over PCIe, so in that form every slot load is ld.global.cv (drop
+// a cached system-memory line, fetch again) and every thread fences at system scope
+// (__threadfence_system) before the barrier that precedes a flag's release store. The words only
+// this card touches (EPOCH, ARRIVE, ERROR, with their atomics) are at peers.local, a small device
+// allocation, in either form (peers.local = peers.base[rank] in the P2P form): no atomic ever
+// operates on mapped host memory.
+//
 // Sums are in rank order, ((x_0 + x_1) + x_2) + ..., in f32, rounded once to the output type:
 // every rank holds the same bits, whichever form ran.
 
@@ -42,8 +54,9 @@ typedef unsigned short u16;
 #define RAD_HIP 1
 #endif
 
-// Every rank's region base, own included; passed by value (64 bytes).
-struct RadP2PPeers { u64 base[RAD_P2P_MAX_WORLD]; };
+// Every rank's region base, own included; passed by value.
+// `local`: this card's own EPOCH / ARRIVE / ERROR words (the same offsets, in device memory). 72 bytes.
+struct RadP2PPeers { u64 base[RAD_P2P_MAX_WORLD]; u64 local; };
 
 // ---- memory ordering: system scope ------------------------------------------------------------
 __device__ __forceinline__ u64 rad_ld_acquire_sys(const u64* p) {
@@ -75,6 +88,12 @@ __device__ __forceinline__ u64 rad_now_ns() {
 }
 
 // A peer's bytes: bypass L1 (.cg), they change under this kernel from one epoch to the next.
+// Host-staged: .cv, which also drops a cached line of system memory (see the top of this file).
+#ifdef RAD_P2P_HOST_MAPPED
+#define RAD_LD_PEER_COP "cv"
+#else
+#define RAD_LD_PEER_COP "cg"
+#endif
 __device__ __forceinline__ uint4 rad_ld_peer(const uint4* p) {
     uint4 v;
 #ifdef RAD_HIP
@@ -82,7 +101,7 @@ __device__ __forceinline__ uint4 rad_ld_peer(const uint4* p) {
     v.x = __builtin_nontemporal_load(w); v.y = __builtin_nontemporal_load(w + 1);
     v.z = __builtin_nontemporal_load(w + 2); v.w = __builtin_nontemporal_load(w + 3);
 #else
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global." RAD_LD_PEER_COP ".v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
 #endif
     return v;
@@ -93,7 +112,7 @@ __device__ __forceinline__ float rad_ld_peer(const float* p) {
     return __builtin_nontemporal_load(p);
 #else
     float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    asm volatile("ld.global." RAD_LD_PEER_COP ".f32 %0, [%1];" : "=f"(v) : "l"(p));
     return v;
 #endif
 }
@@ -103,13 +122,19 @@ __device__ __forceinline__ u16 rad_ld_peer(const u16* p) {
     return __builtin_nontemporal_load(p);
 #else
     u16 v;
-    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    asm volatile("ld.global." RAD_LD_PEER_COP ".u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
 #endif
 }
 
+// Host-staged: a slot of this rank's own is system memory that peers write too, so every load that
+// may touch a slot takes the peer path (x and y are device memory; .cv there costs nothing extra).
 template <typename V> __device__ __forceinline__ V rad_ld(const V* p, bool peer) {
+#ifdef RAD_P2P_HOST_MAPPED
+    return rad_ld_peer(p);
+#else
     return peer ? rad_ld_peer(p) : *p;
+#endif
 }
 
 // ---- element types: f32 and bf16 (u16 bits), f32 arithmetic ------------------------------------
@@ -145,9 +170,9 @@ __device__ __forceinline__ void rad_piece(u64 total, u32 parts, u32 idx, u32 E, 
 // only grow, within an epoch and from one epoch to the next, whatever kernel stored them.
 __device__ __forceinline__ u64 rad_tag(u64 e, u32 s) { return (e << RAD_P2P_TAG_STEP_BITS) + s + 1; }
 
-__device__ __forceinline__ u64 rad_epoch(u64 own) {
+__device__ __forceinline__ u64 rad_epoch(u64 local) {
     __shared__ u64 epoch;
-    u64* words = (u64*)(own + RAD_P2P_EPOCH_OFF);
+    u64* words = (u64*)(local + RAD_P2P_EPOCH_OFF);
     if (threadIdx.x == 0) epoch = words[blockIdx.x] + 1;
     __syncthreads();
     u64 e = epoch;
@@ -159,6 +184,9 @@ __device__ __forceinline__ u64 rad_epoch(u64 own) {
 // After every thread of the block has written what the flag announces: one release store per peer
 // into that peer's control region (READY or DONE, row = this rank, column = this block).
 __device__ __forceinline__ void rad_signal(const RadP2PPeers& peers, u32 flag_off, int rank, int world, u64 tag) {
+#ifdef RAD_P2P_HOST_MAPPED
+    __threadfence_system();   // this thread's stores to mapped host memory, out of the card's L2
+#endif
     __syncthreads();
     int t = threadIdx.x;
     if (t < world && t != rank)
@@ -167,11 +195,12 @@ __device__ __forceinline__ void rad_signal(const RadP2PPeers& peers, u32 flag_of
 
 // Thread p polls peer p's flag for this block in this rank's own control region; the block then
 // passes a barrier. A wait longer than timeout_ns sets ERROR and gives up (the host reports it).
-__device__ __forceinline__ void rad_wait(u64 own, u32 flag_off, int rank, int world, u64 tag, u64 timeout_ns) {
+__device__ __forceinline__ void rad_wait(const RadP2PPeers& peers, int rank, u32 flag_off, int world, u64 tag,
+                                         u64 timeout_ns) {
     int t = threadIdx.x;
     if (t < world && t != rank) {
-        const u64* word = (const u64*)(own + flag_off) + (u64)t * RAD_P2P_MAX_BLOCKS + blockIdx.x;
-        volatile u32* error = (volatile u32*)(own + RAD_P2P_ERROR_OFF);
+        const u64* word = (const u64*)(peers.base[rank] + flag_off) + (u64)t * RAD_P2P_MAX_BLOCKS + blockIdx.x;
+        volatile u32* error = (volatile u32*)(peers.local + RAD_P2P_ERROR_OFF);
         if (rad_ld_acquire_sys(word) < tag && !*error) {
             u64 start = rad_now_ns();
             u32 spins = 0;
@@ -189,10 +218,10 @@ __device__ __forceinline__ void rad_wait(u64 own, u32 flag_off, int rank, int wo
 // Once every block has read its last peer byte: the last block to arrive resets the counter and,
 // colour 2, stores 0 into the mapped host gate word (system scope). linger_ns keeps that block
 // running afterwards (a stand-in for a fused epilogue; the card tests use it, the engine passes 0).
-__device__ __forceinline__ void rad_finish(u64 own, u64 gate, u64 linger_ns) {
+__device__ __forceinline__ void rad_finish(u64 local, u64 gate, u64 linger_ns) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        u32* arrive = (u32*)(own + RAD_P2P_ARRIVE_OFF);
+        u32* arrive = (u32*)(local + RAD_P2P_ARRIVE_OFF);
         if (atomicAdd(arrive, 1u) == gridDim.x - 1) {
             atomicExch(arrive, 0u);
             if (gate) rad_st_release_sys((u64*)gate, 0ull);
@@ -260,18 +289,18 @@ __device__ __forceinline__ void rad_all_reduce_one_shot(const RadP2PPeers& peers
                                                         int rank, int world, u64 slot_bytes, u64 gate,
                                                         u64 timeout_ns, u64 linger_ns) {
     const u64 own = peers.base[rank];
-    const u64 e = rad_epoch(own);
+    const u64 e = rad_epoch(peers.local);
     const u64 slot = RAD_P2P_CTRL_BYTES + (e & 1) * slot_bytes;
     u64 lo, hi;
     rad_piece(count, gridDim.x, blockIdx.x, RadPack<T>::E, lo, hi);
     rad_copy((T*)(own + slot) + lo, x + lo, hi - lo, false);
     rad_signal(peers, RAD_P2P_READY_OFF, rank, world, rad_tag(e, 0));
-    rad_wait(own, RAD_P2P_READY_OFF, rank, world, rad_tag(e, 0), timeout_ns);
+    rad_wait(peers, rank, RAD_P2P_READY_OFF, world, rad_tag(e, 0), timeout_ns);
     const T* src[RAD_P2P_MAX_WORLD];
     for (int p = 0; p < RAD_P2P_MAX_WORLD; ++p)
         src[p] = p == rank ? x + lo : p < world ? (const T*)(peers.base[p] + slot) + lo : 0;
     rad_sum(y + lo, (T*)0, src, world, rank, true, hi - lo);
-    rad_finish(own, gate, linger_ns);
+    rad_finish(peers.local, gate, linger_ns);
 }
 
 // Two-shot: chunk c = part c of `world` of the message, at offset c * stride. Block b owns part b
@@ -291,7 +320,7 @@ __device__ __forceinline__ void rad_all_reduce_two_shot(const RadP2PPeers& peers
                                                         u64 timeout_ns, u64 linger_ns) {
     const u32 E = RadPack<T>::E;
     const u64 own = peers.base[rank];
-    const u64 e = rad_epoch(own);
+    const u64 e = rad_epoch(peers.local);
     const u64 slot = RAD_P2P_CTRL_BYTES + (e & 1) * slot_bytes;
     const u64 step = RAD_P2P_STEP_BYTES / sizeof(T);
     u64 first, stride, lo0, hi0;
@@ -317,7 +346,7 @@ __device__ __forceinline__ void rad_all_reduce_two_shot(const RadP2PPeers& peers
         rad_signal(peers, RAD_P2P_READY_OFF, rank, world, rad_tag(e, s));
     };
     auto gather = [&](u32 s) {
-        rad_wait(own, RAD_P2P_DONE_OFF, rank, world, rad_tag(e, s), timeout_ns);
+        rad_wait(peers, rank, RAD_P2P_DONE_OFF, world, rad_tag(e, s), timeout_ns);
         for (int p = 0; p < world; ++p) {
             if (p == rank) continue;
             u64 clo, lo, hi;
@@ -328,7 +357,7 @@ __device__ __forceinline__ void rad_all_reduce_two_shot(const RadP2PPeers& peers
     push(0);
     for (u32 s = 0; s < steps; ++s) {
         if (s + 1 < steps) push(s + 1);
-        rad_wait(own, RAD_P2P_READY_OFF, rank, world, rad_tag(e, s), timeout_ns);
+        rad_wait(peers, rank, RAD_P2P_READY_OFF, world, rad_tag(e, s), timeout_ns);
         u64 clo, lo, hi;
         range(rank, s, clo, lo, hi);
         const T* src[RAD_P2P_MAX_WORLD];
@@ -339,7 +368,7 @@ __device__ __forceinline__ void rad_all_reduce_two_shot(const RadP2PPeers& peers
         if (s > 0) gather(s - 1);
     }
     gather(steps - 1);
-    rad_finish(own, gate, linger_ns);
+    rad_finish(peers.local, gate, linger_ns);
 }
 
 // all_gather: x is (m, n) on every rank, y is (m, world * n): y[:, p*n:(p+1)*n] = rank p's x. Block b
@@ -350,14 +379,14 @@ __device__ __forceinline__ void rad_all_gather(const RadP2PPeers& peers, const T
                                                u64 timeout_ns, u64 linger_ns) {
     const u32 E = RadPack<T>::E;
     const u64 own = peers.base[rank];
-    const u64 e = rad_epoch(own);
+    const u64 e = rad_epoch(peers.local);
     const u64 slot = RAD_P2P_CTRL_BYTES + (e & 1) * slot_bytes;
     const u64 count = m * n, row = (u64)world * n;
     u64 lo, hi;
     rad_piece(count, gridDim.x, blockIdx.x, E, lo, hi);
     rad_copy((T*)(own + slot) + lo, x + lo, hi - lo, false);
     rad_signal(peers, RAD_P2P_READY_OFF, rank, world, rad_tag(e, 0));
-    rad_wait(own, RAD_P2P_READY_OFF, rank, world, rad_tag(e, 0), timeout_ns);
+    rad_wait(peers, rank, RAD_P2P_READY_OFF, world, rad_tag(e, 0), timeout_ns);
     for (int p = 0; p < world; ++p) {
         const T* src = p == rank ? x : (const T*)(peers.base[p] + slot);
         const bool peer = p != rank;
@@ -373,7 +402,7 @@ __device__ __forceinline__ void rad_all_gather(const RadP2PPeers& peers, const T
             }
         }
     }
-    rad_finish(own, gate, linger_ns);
+    rad_finish(peers.local, gate, linger_ns);
 }
 
 // ---- the entry points -----------------------------------------------------------------------------
