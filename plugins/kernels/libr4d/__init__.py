@@ -47,6 +47,17 @@ def _collective_rows(native):
     return rows_, colours, chains
 
 
+def _device_rows():
+    """device_rows.py's rows (RAD_DOMAIN_DEVICE, kernels in device/*.cu), or nothing if it will not
+    import: the host rows load either way."""
+    try:
+        from . import device_rows
+        return device_rows.build_device_rows()
+    except Exception as error:  # the device rows must not take the host rows down
+        log.warning("libr4d: device rows unavailable (%s: %s)", type(error).__name__, error)
+        return []
+
+
 def _open() -> None:
     if _STATE["rows"] is not None:
         return
@@ -59,7 +70,7 @@ def _open() -> None:
                     "several times slower", why)
     _STATE["native"] = loaded
     collective, colours, chains = _collective_rows(loaded)
-    _STATE["rows"] = rows.build_rows(loaded) + collective
+    _STATE["rows"] = rows.build_rows(loaded) + collective + _device_rows()
     _STATE["colour"], _STATE["chain"] = colours, chains
 
 
@@ -69,7 +80,8 @@ def rad_plugin_abi_version():
 
 def rad_plugin_info():
     return RadPluginInfo(RAD_PLUGIN_KERNEL, "libr4d", "0.1", "host rows: C kernels (AVX2/FMA, OpenMP) built at "
-                         "first load, numpy where no compiler is found", "host")
+                         "first load, numpy where no compiler is found; device rows: device/*.cu through "
+                         "nvrtc/hiprtc", "host cuda hip")
 
 
 def rad_plugin_open():

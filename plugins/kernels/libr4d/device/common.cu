@@ -1,0 +1,83 @@
+// libr4d device rows: helpers every source shares (device_kernels.py puts this text in front of each
+// op's source). HIP-flavoured CUDA C++: nvrtc and hiprtc both take it, no headers needed.
+// Numerics: f32, IEEE round-to-nearest-even; the device layer compiles with --fmad=false, so every
+// a*b+c below is a rounded product then a rounded sum, as libref computes.
+#if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
+#define R4D_WARP 64
+#define R4D_SHFL_XOR(v, o) __shfl_xor((v), (o))
+#else
+#define R4D_WARP 32
+#define R4D_SHFL_XOR(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
+#endif
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// weight formats, the codes of rows.FORMAT_CODES
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_BF16 2
+#define FMT_Q8_0 3
+#define FMT_Q4_1 4
+
+__device__ __forceinline__ float r4d_bf16(u32 bits) { return __uint_as_float(bits << 16); }
+
+__device__ __forceinline__ float r4d_f16(u32 h) {
+    u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    float v;
+    if (e == 0) v = (float)m * 5.9604644775390625e-8f;             // subnormal: m * 2^-24, exact
+    else if (e == 31) v = __uint_as_float(0x7f800000u | (m << 13)); // inf / nan
+    else v = __uint_as_float(((e + 112u) << 23) | (m << 13));
+    return __uint_as_float(__float_as_uint(v) | sign);
+}
+
+__device__ __forceinline__ float r4d_warp_sum(float v) {
+    for (int o = R4D_WARP / 2; o > 0; o >>= 1) v += R4D_SHFL_XOR(v, o);
+    return v;
+}
+
+__device__ __forceinline__ float r4d_warp_max(float v) {
+    for (int o = R4D_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, R4D_SHFL_XOR(v, o));
+    return v;
+}
+
+// Sum over the block (any blockDim.x up to 1024); every thread gets the total. `shared` holds 32 floats.
+__device__ float r4d_block_sum(float v, float* shared) {
+    int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP, warps = (blockDim.x + R4D_WARP - 1) / R4D_WARP;
+    v = r4d_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += shared[w];
+    return total;
+}
+
+// One element of a weight as the core decoder computes it: code*scale (q8_0), code*scale - min
+// (q4_1, where min holds -m), or the plain value. Planes row-major as the container stores them.
+struct R4DWeight {
+    const u8* codes;
+    const u16* scale;
+    const u16* minimum;
+    int fmt, rows, cols;
+};
+
+__device__ __forceinline__ float r4d_weight_at(const R4DWeight& w, long long r, int c) {
+    switch (w.fmt) {
+    case FMT_F32: return ((const float*)w.codes)[r * w.cols + c];
+    case FMT_F16: return r4d_f16(((const u16*)w.codes)[r * w.cols + c]);
+    case FMT_BF16: return r4d_bf16(((const u16*)w.codes)[r * w.cols + c]);
+    case FMT_Q8_0: {
+        float q = (float)((const signed char*)w.codes)[r * w.cols + c];
+        return q * r4d_f16(w.scale[r * (w.cols / 32) + c / 32]);
+    }
+    default: {
+        u8 byte = w.codes[r * ((w.cols + 1) / 2) + c / 2];
+        float q = (float)((c & 1) ? (byte >> 4) : (byte & 15));
+        long long b = r * (w.cols / 32) + c / 32;
+        return q * r4d_f16(w.scale[b]) - r4d_f16(w.minimum[b]);
+    }
+    }
+}

@@ -1,0 +1,64 @@
+// libr4d device rows: embedding, rmsnorm, rope, add, silu_mul, take_rows on f32 activations.
+// Exact where libref is exact (embedding, add, take_rows); rmsnorm sums in parallel; rope and
+// silu_mul take cos/sin/exp in f64 rounded once to f32, as libref does.
+
+// y[m, :] = decode(table[ids[m], :]); grid (ceil(n / blockDim.x), M)
+extern "C" __global__ void r4d_embedding_dev(const int* ids, const u8* codes, const u16* scale, const u16* minimum,
+                                             int fmt, int vocab, int n, float* y) {
+    int m = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    int id = ids[m];
+    R4DWeight w = {codes, scale, minimum, fmt, vocab, n};
+    y[(long long)m * n + c] = (id >= 0 && id < vocab) ? r4d_weight_at(w, id, c) : __uint_as_float(0x7fc00000u);
+}
+
+// y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, one block per row
+extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float* y, int n, float eps) {
+    __shared__ float partial[32];
+    const float* row = x + (long long)blockIdx.x * n;
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) sum += row[c] * row[c];
+    float total = r4d_block_sum(sum, partial);
+    float scale = 1.0f / sqrtf(total / (float)n + eps);
+    float* out = y + (long long)blockIdx.x * n;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) out[c] = (row[c] * scale) * w[c];
+}
+
+// Rotate q [M, q_heads*d] and k [M, kv_heads*d] in place; grid (M, q_heads + kv_heads), d/2 threads
+extern "C" __global__ void r4d_rope_dev(float* q, float* k, const int* positions, const float* inv_freq,
+                                        int q_heads, int kv_heads, int head_dim, int interleaved) {
+    int m = blockIdx.x, h = blockIdx.y, half = head_dim / 2;
+    float* base = h < q_heads ? q + ((long long)m * q_heads + h) * head_dim
+                              : k + ((long long)m * kv_heads + (h - q_heads)) * head_dim;
+    float pos = (float)positions[m];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float angle = pos * inv_freq[i];
+        float c = (float)cos((double)angle), s = (float)sin((double)angle);
+        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+        float a = base[ia], b = base[ib];
+        base[ia] = a * c - b * s;
+        base[ib] = a * s + b * c;
+    }
+}
+
+// Elementwise over count = M*n values
+extern "C" __global__ void r4d_add_dev(const float* a, const float* b, float* y, long long count) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x)
+        y[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void r4d_silu_mul_dev(const float* gate, const float* up, float* y, long long count) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        float sig = (float)(1.0 / (1.0 + exp(-(double)g)));
+        y[i] = (g * sig) * up[i];
+    }
+}
+
+// y[m, :] = x[index[m], :]; grid (ceil(n / blockDim.x), M); rows = x's row count
+extern "C" __global__ void r4d_take_rows_dev(const float* x, const int* index, float* y, int n, int rows) {
+    int m = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    int r = index[m];
+    y[(long long)m * n + c] = (r >= 0 && r < rows) ? x[(long long)r * n + c] : __uint_as_float(0x7fc00000u);
+}

@@ -1,0 +1,82 @@
+"""The device rows' sources and launch geometry: host-checkable arithmetic, no card needed.
+
+Each op's source is device/common.cu followed by the op's file (nvrtc/hiprtc take one string, no
+include path); RadStream.kernel compiles it once per source and target and caches it."""
+
+from pathlib import Path
+
+FOLDER = Path(__file__).resolve().parent / "device"
+FILES = ("elementwise", "gemv", "gemm", "attention", "sample")
+
+GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
+GEMV_WARPS = 8          # warps per GEMV block, one output row each (gemv.cu)
+GEMM_TILE = 64          # gemm.cu's 64x64 output tiles, 256 threads
+ATT_THREADS = 256       # attention.cu: 8 warps per (token, head)
+ATT_MAX_HEAD_DIM = 256  # 8 values per lane of a 32-lane warp
+SAMPLE_THREADS = 1024
+ELEMENTWISE_THREADS = 256
+
+# max|y - ref| / max|ref| against libref, per row (docs/LIBR4D.md 'Device rows'); 0 means bit-exact
+TOLERANCE = {"embedding": 0.0, "add": 0.0, "take_rows": 0.0, "rope": 1e-6, "silu_mul": 1e-6,
+             "rmsnorm": 2e-6, "gemv": 2e-5, "gemm": 0.0, "attention": 2e-5, "sample": 0.0}
+
+_SOURCES: dict = {}
+
+
+def source(name: str) -> str:
+    """common.cu + <name>.cu, read once."""
+    if name not in FILES:
+        raise KeyError(f"no device source {name!r} (known: {', '.join(FILES)})")
+    text = _SOURCES.get(name)
+    if text is None:
+        text = _SOURCES[name] = (FOLDER / "common.cu").read_text() + "\n" + (FOLDER / f"{name}.cu").read_text()
+    return text
+
+
+def gemv_variant(m: int) -> int:
+    """The register rows a GEMV launch carries for M rows: the next of 1, 2, 4, 8."""
+    for mt in (1, 2, 4, 8):
+        if m <= mt:
+            return mt
+    raise ValueError(f"the device GEMV serves M <= {GEMV_MAX_M}, not {m}")
+
+
+def gemv_name(label: str, m: int) -> str:
+    return f"r4d_gemv_{label}_m{gemv_variant(m)}"
+
+
+def gemv_grid(n: int) -> tuple:
+    return (-(-n // GEMV_WARPS), 1, 1), (GEMV_WARPS * 32, 1, 1)
+
+
+def gemm_grid(m: int, n: int) -> tuple:
+    return (-(-n // GEMM_TILE), -(-m // GEMM_TILE), 1), (256, 1, 1)
+
+
+def rows_grid(m: int, n: int) -> tuple:
+    """One thread per column of M rows: (ceil(n / 256), M)."""
+    return (-(-n // ELEMENTWISE_THREADS), m, 1), (ELEMENTWISE_THREADS, 1, 1)
+
+
+def flat_grid(count: int, multiprocessors: int) -> tuple:
+    """A grid-stride launch over `count` values: at most 8 blocks per multiprocessor."""
+    blocks = max(1, min(-(-count // ELEMENTWISE_THREADS), 8 * max(1, multiprocessors)))
+    return (blocks, 1, 1), (ELEMENTWISE_THREADS, 1, 1)
+
+
+def reduce_threads(n: int) -> int:
+    """Threads of a one-block-per-row reduction (rmsnorm): a warp multiple up to 1024."""
+    return max(32, min(1024, -(-n // 4) // 32 * 32 or 32))
+
+
+def padded(vocab: int) -> int:
+    """The power of two the sample row's key sort runs over."""
+    span = 1
+    while span < vocab:
+        span <<= 1
+    return span
+
+
+def sample_scratch_bytes(m: int, vocab: int) -> int:
+    """Per row: `padded(vocab)` u64 keys and `vocab` f32 running sums."""
+    return max(1, int(m)) * (padded(int(vocab)) * 8 + int(vocab) * 4)

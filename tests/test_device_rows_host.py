@@ -1,0 +1,147 @@
+"""libr4d's device rows, what needs no card: the Philox host mirror against numpy, the rows'
+registration (device domain only; host selection unchanged), every kernel a plan names present in
+its source, and each row's launch plan (kernels, grids, packed arguments, caching) through a
+recording RadStream."""
+
+import numpy as np
+import pytest
+
+from radiance.abi import (
+    RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_DT_ENCODED, RAD_DT_F32, RAD_DT_I32, RAD_E_NOMEM, RAD_OK, RadArgs,
+    RadStream, RadTensor, RadWeightPlanes, rad_device_tensor,
+)
+from radiance.engine.selection import resolve
+from test_libr4d_support import make_weight, registry  # noqa: F401 (registry is a fixture)
+
+
+def library(registry):
+    return next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+
+
+def module(registry, name):
+    import importlib
+    return importlib.import_module(f"{library(registry).module.__name__}.{name}")
+
+
+def test_philox_mirror_is_numpy_s_draw(registry):
+    philox = module(registry, "device_philox")
+    for seed, step in [(0, 0), (1, 5), (42, 7), (123456789, 2**63), (2**64 - 1, 2**64 - 1), (7, 2**32 - 1)]:
+        counter = np.array([step, 0, 0, 0], np.uint64)
+        expected = np.random.Generator(np.random.Philox(key=seed, counter=counter)).random()
+        assert philox.uniform(seed, step) == expected, (seed, step)
+
+
+def test_device_rows_are_listed_with_the_device_domain_and_leave_host_selection_alone(registry):
+    lib = library(registry)
+    assert lib.info.build_target.split() == ["host", "cuda", "hip"]
+    device = {row.name: row for row in lib.rows if row.info.domain == RAD_DOMAIN_DEVICE and not row.collective}
+    assert {row.op for row in device.values()} == {"embedding", "rmsnorm", "gemm", "rope", "attention", "add",
+                                                    "silu_mul", "take_rows", "sample"}
+    assert all(name.endswith("_dev") for name in device)
+    gemm = registry.rows_for("gemm")
+    for wdtype, label in (("q4_1", "q4_1"), ("q8_0", "q8_0"), ("bf16", "plain")):
+        geometry = {"N": 4096, "K": 4096, "wdtype": wdtype, "dtype": "f32"}
+        host = resolve("gemm", registry.ops["gemm"].schema, gemm, geometry, {}, RAD_DOMAIN_HOST, 256)
+        assert all(band.row.info.domain == RAD_DOMAIN_HOST for band in host.bands)
+        dev = resolve("gemm", registry.ops["gemm"].schema, gemm, geometry, {}, RAD_DOMAIN_DEVICE, 256)
+        assert [(b.lo, b.hi, b.row.name) for b in dev.bands] == [(1, 8, f"r4d_gemv_{label}_dev"),
+                                                                 (9, 256, f"r4d_gemm_{label}_dev")]
+
+
+def test_every_kernel_name_is_defined_in_its_source(registry):
+    dk = module(registry, "device_kernels")
+    for name in dk.FILES:
+        text = dk.source(name)
+        assert text.startswith("// libr4d device rows: helpers")
+    gemv = dk.source("gemv")
+    for label in ("f32", "f16", "bf16", "q8_0", "q4_1"):
+        assert f"GEMV_ENTRIES({label}," in gemv
+    assert [dk.gemv_variant(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    with pytest.raises(ValueError):
+        dk.gemv_variant(9)
+    assert dk.padded(49152) == 65536 and dk.padded(128256) == 131072 and dk.padded(1) == 1
+    assert dk.sample_scratch_bytes(2, 1000) == 2 * (1024 * 8 + 4000)
+    assert dk.gemm_grid(65, 4097) == ((65, 2, 1), (256, 1, 1))
+    assert dk.gemv_grid(14336) == ((1792, 1, 1), (256, 1, 1))
+
+
+class Recorder(RadStream):
+    vendor, target, multiprocessors = "cuda", "sm_90", 132
+
+    def __init__(self):
+        self.compiled, self.launches = [], []
+
+    def kernel(self, source, name, options=()):
+        assert f" {name}(" in source or f"r4d_gemv_##label##_m##MT" in source, name
+        self.compiled.append(name)
+        return name
+
+    def launch(self, kernel, grid, block, args, shared_bytes=0):
+        assert args.kernel == kernel
+        self.launches.append((kernel, tuple(grid), tuple(block), args))
+
+
+def dev(address, shape, dtype=RAD_DT_F32, itemsize=4):
+    return rad_device_tensor(address, dtype, shape, itemsize)
+
+
+def device_weight(fmt, rows, cols, base):
+    host = make_weight(fmt, rows, cols, 1)
+    planes = [rad_device_tensor(base + 0x100000 * i, 6, (t.data.size,), 1) for i, t in enumerate(host.planes)]
+    weight = RadWeightPlanes(encoding=host.encoding, rows=rows, cols=cols, planes=planes)
+    return RadTensor(data=weight, dtype=RAD_DT_ENCODED, ndim=2, shape=(rows, cols, 0, 0))
+
+
+def launch(row, tensors, params, stream, scratch=None, scratch_bytes=0):
+    return row.info.launch(RadArgs(t=tuple(tensors), params=params, stream=stream, scratch=scratch,
+                                   scratch_bytes=scratch_bytes))
+
+
+def device_row(registry, name):
+    return next(row for row in library(registry).rows if row.name == name)
+
+
+def test_gemv_and_gemm_plans_pack_the_plane_addresses_and_are_cached(registry):
+    stream = Recorder()
+    w = device_weight("q4_1", 192, 576, 0x7000000)
+    x, y = dev(0x1000, (4, 576)), dev(0x2000, (4, 192))
+    params = {"M": 3, "N": 192, "K": 576, "wdtype": "q4_1", "dtype": "f32", "split_k": 1}
+    row = device_row(registry, "r4d_gemv_q4_1_dev")
+    assert launch(row, [x, w, y], params, stream) == RAD_OK
+    assert launch(row, [x, w, y], params, stream) == RAD_OK
+    assert stream.compiled == ["r4d_gemv_q4_1_m4"]  # planned once, launched twice
+    kernel, grid, block, args = stream.launches[-1]
+    assert (kernel, grid, block) == ("r4d_gemv_q4_1_m4", (24, 1, 1), (256, 1, 1))
+    values = [int.from_bytes(args.data[o:o + 8], "little") for o in args.offsets[:5]]
+    assert values == [0x1000, 0x7000000, 0x7100000, 0x7200000, 0x2000]
+    gemm = device_row(registry, "r4d_gemm_q4_1_dev")
+    assert launch(gemm, [x, w, y], {**params, "M": 70}, stream) == RAD_OK
+    assert stream.launches[-1][:3] == ("r4d_gemm_dev", (3, 2, 1), (256, 1, 1))
+
+
+def test_attention_sizes_sequences_and_blocks_from_shapes(registry):
+    stream = Recorder()
+    m, seqs, max_blocks = 5, 3, 7
+    tensors = [dev(0x1000, (m, 9 * 64)), dev(0x2000, (m, 3 * 64)), dev(0x3000, (m, 3 * 64)),
+               dev(0x4000, (256, 192)), dev(0x5000, (256, 192)), dev(0x6000, (m,), RAD_DT_I32),
+               dev(0x7000, (m,), RAD_DT_I32), dev(0x8000, (seqs + 1,), RAD_DT_I32),
+               dev(0x9000, (seqs,), RAD_DT_I32), dev(0xa000, (seqs, max_blocks), RAD_DT_I32), dev(0xb000, (m, 576))]
+    params = {"M": m, "q_heads": 9, "kv_heads": 3, "head_dim": 64, "block_size": 16, "scale": 0.125, "dtype": "f32"}
+    assert launch(device_row(registry, "r4d_attention_dev"), tensors, params, stream) == RAD_OK
+    (store, *_), (attend, grid, block, args) = stream.launches
+    assert store == "r4d_kv_store_dev" and grid == (m, 9, 1) and block == (256, 1, 1)
+    ints = [int.from_bytes(args.data[o:o + 4], "little") for o in args.offsets[8:14]]
+    assert ints == [seqs, max_blocks, 9, 3, 64, 16]
+
+
+def test_sample_refuses_a_missing_scratch_and_packs_the_padded_span(registry):
+    stream, row = Recorder(), device_row(registry, "r4d_sample_dev")
+    tensors = [dev(0x1000, (2, 1000)), dev(0x2000, (2,)), dev(0x3000, (2,), RAD_DT_I32), dev(0x4000, (2,)),
+               dev(0x5000, (2, 2), 12, 8), dev(0x6000, (2,), RAD_DT_I32)]
+    params = {"M": 2, "vocab": 1000}
+    assert launch(row, tensors, params, stream) == RAD_E_NOMEM
+    need = row.info.scratch({"M": 2, "vocab": 1000})
+    assert launch(row, tensors, params, stream, scratch=0x900000, scratch_bytes=need) == RAD_OK
+    kernel, grid, block, args = stream.launches[-1]
+    assert (grid, block) == ((2, 1, 1), (1024, 1, 1))
+    assert int.from_bytes(args.data[args.offsets[-1]:args.offsets[-1] + 4], "little") == 1024
