@@ -22,7 +22,7 @@ log = get_logger("radiance.rank")
 class RankSession:
     def __init__(self, wire, rank: int, world: int, run_id: str, options: dict):
         self.wire, self.rank, self.world, self.run_id, self.options = wire, rank, world, run_id, options
-        self.worker = self.peers = self.gate = None
+        self.worker = self.peers = self.gate = self.device_peers = None
 
     def expect(self, kind: str):
         _, got, meta, arrays = self.wire.recv()
@@ -49,7 +49,16 @@ class RankSession:
         self.peers = HostPeers.create(self.run_id, self.rank, self.world, self.worker.collective_bytes())
         self.wire.send("created")
         self.expect("attach")
-        return self.peers.attach()
+        attached = self.peers.attach()
+        if self.worker.device is None:
+            return attached
+        # A card rank: the device rows' buffers (P2P through IPC handles, or the _host twin's pinned
+        # shared memory), set up over the host buffers just attached.
+        from radiance.collectives.device_peers import DevicePeers
+
+        self.device_peers = DevicePeers(self.worker.device, attached, bool(combined["device.p2p"]),
+                                        self.worker.collective_bytes())
+        return self.device_peers
 
     def run(self) -> None:
         self.card = backend_name() is not None
@@ -88,12 +97,12 @@ class RankSession:
                 arrays = {"tokens": tokens}
                 shown = self.options.get("return_buffer")  # a debugging aid: a buffer's rows, e.g. logits
                 if shown:
-                    arrays[shown] = executor.buffers[shown][:len(tokens)].copy()
+                    arrays[shown] = executor.read_buffer(shown, len(tokens))
                 self.wire.send("result", timing, arrays)
 
     def close(self) -> None:
         """Shared memory first: whatever fails after, nothing of this rank stays in /dev/shm."""
-        for resource in (self.peers, self.gate):
+        for resource in (self.device_peers, self.peers, self.gate):
             if resource is not None:
                 try:
                     resource.close()

@@ -117,6 +117,9 @@ class Executor:
         if not row.chain:
             self.chain.word(0)[0] = index + 1
 
+    def read_buffer(self, name: str, rows: int) -> np.ndarray:
+        return self.buffers[name][:rows].copy()
+
     def release(self) -> None:
         self.overlap.close()
         for resolution in unique_resolutions(self.resolved):

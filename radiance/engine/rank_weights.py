@@ -17,8 +17,10 @@ class RankWeights:
     """Each plane is brought into the rank through the link scheduler, in chunks that never run
     while a collective holds the link gate."""
 
-    def __init__(self, model, shard: Shard, link):
-        self.model, self.link = model, link
+    def __init__(self, model, shard: Shard, link, load: bool = True):
+        """`load`: copy each plane into the rank's memory; a card rank keeps the mapped views, which
+        go to the card directly."""
+        self.model, self.link, self.load = model, link, load
         self.planes: dict[str, RadWeightPlanes] = {}
         self.formats: dict[str, str] = {}
         self._stored: dict = {}
@@ -45,8 +47,10 @@ class RankWeights:
             rows, _ = plane_shape(plane, shape)
             source = planes[plane.name].reshape(-1)
             assert source.size == plane_nbytes(plane, shape), (decl.name, plane.name)
-            loaded = np.empty_like(source)
-            transfers.append(self.link.copy(loaded, source, f"weight {decl.name}.{plane.name}"))
+            loaded = source
+            if self.load:
+                loaded = np.empty_like(source)
+                transfers.append(self.link.copy(loaded, source, f"weight {decl.name}.{plane.name}"))
             tensors.append(rad_tensor(loaded.reshape(rows, -1)))
         for transfer in transfers:
             transfer.wait()

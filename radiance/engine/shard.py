@@ -1,7 +1,7 @@
 """The tensor-parallel plan applied from outside: the architecture declared whole extents and
 which of them split; here one rank's share of every node, buffer and weight is worked out."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from radiance.abi import RAD_SPLIT_COLS, RAD_SPLIT_NONE, RAD_SPLIT_ROWS, RadGraphDecl
 
@@ -73,3 +73,21 @@ def weight_cut(split: int, rows: int, cols: int, shard: Shard, name: str):
     if split == RAD_SPLIT_COLS:
         return (1, *shard.part(cols, f"weight '{name}' columns"))
     raise ShardError(f"weight '{name}': unknown split {split}")
+
+
+def elide_collectives(nodes: list[RankNode]) -> list[RankNode]:
+    """At world 1 a collective moves nothing: an all_reduce goes, and an all_gather's output is its
+    input, so the nodes after it read x where they read y. (The card path elides them, having no
+    peers to hand a row; the host path keeps them, its fused all_reduce+add+rmsnorm row being faster
+    than the add and rmsnorm apart.)"""
+    alias, kept = {}, []
+    for node in nodes:
+        if node.op == "all_reduce":
+            continue
+        if node.op == "all_gather":
+            alias[node.operands[1]] = alias.get(node.operands[0], node.operands[0])
+            continue
+        if alias:
+            node = replace(node, operands=tuple(alias.get(name, name) for name in node.operands))
+        kept.append(node)
+    return kept

@@ -17,11 +17,15 @@ class EngineOptions:
     num_blocks: int = 0  # 0: enough for max_seqs sequences of max_context tokens
     progress: bool = True
     debug_selection: bool = False
+    device: str = "auto"  # auto: the card this process was given, if any; host: host rows even on a card
+    graphs: bool = True  # on a card, capture each decode shape into a graph (one launch per step)
 
     def __post_init__(self):
         for name in ("max_step_tokens", "max_seqs", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.device not in ("auto", "host"):
+            raise ValueError(f"device must be 'auto' or 'host', not {self.device!r}")
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"max_context must be at least 2, not {self.max_context}")
 

@@ -1,18 +1,21 @@
 """One rank's share of the work: its slice of the model, its resolved graph and the executor
-that runs it. The same class serves TP 1 in process and every rank process of a launch."""
+that runs it. The same class serves TP 1 in process and every rank process of a launch, on the host
+rows or, where the process was given a card, on the device rows (the device domain)."""
 
 import numpy as np
 from tqdm import tqdm
 
-from radiance.abi import RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
+from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
 from radiance.collectives.gate import LinkGate, LinkScheduler
+from radiance.engine.device_executor import DeviceExecutor
+from radiance.engine.device_targets import leave_out_foreign_device_code
 from radiance.engine.executor import Executor
 from radiance.engine.fusion import available_rules, fuse
 from radiance.engine.model import open_model
 from radiance.engine.rank_weights import RankWeights
 from radiance.engine.registry import Registry
 from radiance.engine.resolve import graph_digest, graph_lines, resolve_graph
-from radiance.engine.shard import Shard, shard_buffers, shard_nodes
+from radiance.engine.shard import Shard, elide_collectives, shard_buffers, shard_nodes
 from radiance.log import get_logger
 
 from .options import EngineOptions
@@ -27,8 +30,16 @@ class Worker:
     """Opened in two steps, so a rank can size its collective buffers from the graph before it
     resolves: Worker(options, registry) opens and declares; build() resolves and loads."""
 
-    def __init__(self, options: EngineOptions, registry: Registry, shard: Shard = Shard(0, 1)):
+    def __init__(self, options: EngineOptions, registry: Registry, shard: Shard = Shard(0, 1), device=None):
+        """`device`: the card to run on (a radiance.ranks.device Device); None opens the card this
+        process sees when options.device is 'auto', and runs on the host where it sees none."""
         self.options, self.registry, self.shard = options, registry, shard
+        self.device, self._own_device = device, False
+        if device is None and options.device == "auto":
+            from radiance.ranks.device.selection import open_device
+
+            self.device = open_device()
+            self._own_device = self.device is not None
         self.model = open_model(options.model, registry, {"activation_dtype": options.activation_dtype,
                                                           "block_size": options.block_size})
         options.fit(self.model.hyper["context"])
@@ -48,31 +59,43 @@ class Worker:
             self._build(self.registry, facts if facts is not None else {"device.p2p": 0}, peers)
         except BaseException:
             self.model.close()
+            self._close_device()
             raise
         return self
 
     def _build(self, registry: Registry, facts: dict, peers) -> None:
-        options = self.options
-        nodes = fuse(shard_nodes(self.model.graph, self.shard), available_rules(registry))
+        options, device = self.options, self.device
+        nodes = shard_nodes(self.model.graph, self.shard)
+        if self.device is not None and self.shard.world == 1:
+            nodes = elide_collectives(nodes)
+        nodes = fuse(nodes, available_rules(registry))
         buffers = shard_buffers(self.model.graph, self.shard)
-        self.resolved = resolve_graph(nodes, registry, facts, RAD_DOMAIN_HOST, options.max_step_tokens,
+        if device is not None:
+            leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
+        domain = RAD_DOMAIN_HOST if device is None else RAD_DOMAIN_DEVICE
+        self.resolved = resolve_graph(nodes, registry, facts, domain, options.max_step_tokens,
                                       options.max_seqs, options.accept_reference)
         self.digest = graph_digest(self.resolved)
         self.lines = graph_lines(self.resolved)
-        self.weights = RankWeights(self.model, self.shard, self.link)
-        self._load_weights()
+        self.weights = RankWeights(self.model, self.shard, self.link, load=device is None)
         tables = {table.name: table.table for table in self.model.graph.tables}
-        self.executor = Executor(self.resolved, buffers, tables, self.weights, options.max_step_tokens,
-                                 options.max_seqs, options.num_blocks * options.block_size, options.max_blocks,
-                                 self.link, peers)
+        shape = (options.max_step_tokens, options.max_seqs, options.num_blocks * options.block_size, options.max_blocks)
+        if device is None:
+            self._load_weights(lambda name, band: self.weights.operand(name, band.row, band.geometry))
+            self.executor = Executor(self.resolved, buffers, tables, self.weights, *shape, self.link, peers)
+        else:
+            self.executor = DeviceExecutor(self.resolved, buffers, tables, self.weights, *shape, self.link, peers,
+                                           device, graphs=options.graphs)
+            self._load_weights(self.executor.weight)
 
-    def _load_weights(self) -> None:
-        """Every weight in the form its rows read, now, so the first step does no loading."""
+    def _load_weights(self, load) -> None:
+        """Every weight in the form its rows read, now (on the card, for a card rank), so the first
+        step does no loading."""
         uses = [(name, band) for item in self.resolved for band in item.resolution.bands
                 for name in item.node.operands if name in self.weights.planes]
         quiet = not self.options.progress or self.shard.rank != 0
         for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=True if quiet else None, leave=False):
-            self.weights.operand(name, band.row, band.geometry)
+            load(name, band)
 
     def execute(self, arrays: dict) -> np.ndarray:
         """Run one step from its plan arrays; the sampled token of every sequence."""
@@ -88,3 +111,9 @@ class Worker:
         self.executor.release()
         self.link.close()
         self.model.close()
+        self._close_device()
+
+    def _close_device(self) -> None:
+        if self._own_device and self.device is not None:
+            self.device.close()
+            self.device = None

@@ -59,4 +59,8 @@ model_and_mode = _stack(
     sampling,
     click.option("--max-context", type=int, default=None, help="Tokens of context (default: the model's)."),
     click.option("--max-step-tokens", default=256, show_default=True, help="Prefill chunk: tokens in one step."),
+    click.option("--device", type=click.Choice(["auto", "host"]), default="auto", show_default=True,
+                 help="auto: the card this process sees (CUDA_/ROCR_VISIBLE_DEVICES), if any; host: host rows."),
+    click.option("--graphs/--no-graphs", default=True, show_default=True,
+                 help="On a card, capture each decode step into a graph."),
 )

@@ -1,0 +1,154 @@
+"""Generation on the card path, against the host path in the same run (the lent H200s).
+
+    PYTHONUNBUFFERED=1 python3 bench/card_generate.py [--gguf SmolLM2.gguf] [--eight-b] [--tp 1 2] [--tokens 16]
+
+- SmolLM2-135M (from its GGUF): greedy tokens at TP 1 on the card (graphs on and off) and on host
+  rows, and decode ms/token of each.
+- A synthetic Llama-3-8B-shaped bf16 model (hidden 4096, 32 layers, 32/8 heads, ffn 14336, vocab
+  128256): greedy tokens and decode ms/token at each --tp on cards (graphs on and off), against
+  the memory bound (weight bytes a rank reads per token / 4.8 TB/s), and the host path's tokens at
+  TP 1 (--host-8b, slow).
+
+Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
+checkout shim maps it). Launches need pyzmq (carry its wheel). Writes $OUT/card_generate.json."""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from checkout_shim import ROOT  # noqa: F401  (first: maps the checkout under `radiance.`)
+
+HBM_BYTES_PER_S = 4.8e12
+EIGHT_B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, context=4096,
+               rope_theta=500000.0, tie_embeddings=False)
+
+
+def timed_engine(engine, samples):
+    execute = engine.execute
+
+    def timed(arrays):
+        start = time.perf_counter()
+        result = execute(arrays)
+        samples.append(time.perf_counter() - start)
+        return result
+    engine.execute = timed
+
+
+def generate(engine, prompt_ids, tokens):
+    from radiance.generation.sequence import SamplingParams
+
+    samples = []
+    timed_engine(engine, samples)
+    sequence = engine.add(prompt_ids, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+    while not sequence.finished:
+        engine.step()
+    return list(sequence.output_ids), samples
+
+
+def in_process(model, device, graphs, prompt_ids, tokens):
+    from radiance.engine.registry import Registry
+    from radiance.generation.engine import Engine
+    from radiance.generation.options import EngineOptions
+    from radiance.generation.text import TextCodec
+    from radiance.generation.worker import Worker
+
+    options = EngineOptions(model=str(model), progress=False, device=device, graphs=graphs, max_context=1024)
+    start = time.perf_counter()
+    worker = Worker(options, Registry()).build()
+    loaded = time.perf_counter() - start
+    container = worker.model.container
+    engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper))
+    try:
+        ids, samples = generate(engine, prompt_ids, tokens)
+    finally:
+        worker.close()
+    return summary(ids, samples, loaded)
+
+
+def launched(model, tp, graphs, prompt_ids, tokens):
+    from radiance.generation.options import EngineOptions
+    from radiance.launch.cli import run_launch
+
+    result = {}
+
+    def work(engine, coordinator):
+        result["ids"], result["samples"] = generate(engine, prompt_ids, tokens)
+
+    start = time.perf_counter()
+    run_launch(EngineOptions(model=str(model), progress=False, graphs=graphs, max_context=1024), tp, None, False,
+               600.0, 600.0, False, work)
+    return summary(result["ids"], result["samples"], time.perf_counter() - start)
+
+
+def summary(ids, samples, seconds):
+    decode = samples[2:]  # the prefill, then the first decode step (it warms, the second captures)
+    return {"tokens": ids, "prefill_ms": 1e3 * samples[0], "decode_ms": 1e3 * statistics.median(decode),
+            "decode_min_ms": 1e3 * min(decode), "load_s": seconds}
+
+
+def report(name, runs, bound_ms=None):
+    print(f"\n{name}")
+    reference = None
+    for label, run in runs.items():
+        reference = reference or run["tokens"]
+        same = "=" if run["tokens"] == reference else "DIFFERS"
+        extra = f"  bound {bound_ms:.3f} ms ({bound_ms / run['decode_ms']:.0%} of it)" if bound_ms else ""
+        print(f"  {label:28} decode {run['decode_ms']:8.3f} ms/token (min {run['decode_min_ms']:.3f})  "
+              f"prefill {run['prefill_ms']:8.1f} ms  tokens {same}{extra}")
+    print(f"  tokens: {reference}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gguf", type=Path)
+    parser.add_argument("--eight-b", action="store_true")
+    parser.add_argument("--host-8b", action="store_true")
+    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--tokens", type=int, default=16)
+    args = parser.parse_args()
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    results = {}
+    from radiance.convert.api import convert, convert_synthetic
+    from radiance.convert.synthetic import LlamaShape
+
+    with tempfile.TemporaryDirectory() as folder:
+        if args.gguf:
+            model = Path(folder) / "smollm2.rad"
+            convert(args.gguf, model)
+            ids = [1, 504, 1341, 3594, 5567, 314]  # a fixed prompt: the same ids on every path
+            runs = {"card, graphs": in_process(model, "auto", True, ids, args.tokens),
+                    "card, no graphs": in_process(model, "auto", False, ids, args.tokens),
+                    "host rows": in_process(model, "host", True, ids, args.tokens)}
+            report("SmolLM2-135M Q4_1, TP 1", runs)
+            results["smollm2"] = runs
+        if args.eight_b:
+            model = Path(folder) / "llama8b.rad"
+            start = time.perf_counter()
+            convert_synthetic(model, LlamaShape(**EIGHT_B), seed=3)
+            print(f"synthetic 8B-shaped model written in {time.perf_counter() - start:.0f} s")
+            total = model.stat().st_size  # the weights, but for a few KB of header and tokenizer
+            ids = [128000, 791, 2380, 6156, 27230, 527]
+            for tp in args.tp:
+                runs = {}
+                for graphs in (True, False):
+                    label = f"card TP {tp}, {'graphs' if graphs else 'no graphs'}"
+                    runs[label] = in_process(model, "auto", graphs, ids, args.tokens) if tp == 1 else \
+                        launched(model, tp, graphs, ids, args.tokens)
+                if tp == 1 and args.host_8b:
+                    runs["host rows TP 1"] = in_process(model, "host", True, ids, max(4, args.tokens // 4))
+                bound = 1e3 * (total - EIGHT_B["vocab"] * EIGHT_B["hidden"] * 2) / tp / HBM_BYTES_PER_S
+                report(f"Llama-3-8B-shaped bf16, TP {tp}", runs, bound)
+                results[f"llama8b_tp{tp}"] = {"runs": runs, "bound_ms": bound, "weight_bytes": total}
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "card_generate.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Runs one card rank's resolved graph: every row a device row, launched in order on the engine's
+stream. A step is one copy of its inputs to the card, the launches, one copy of the sampled tokens
+back. A decode shape (as many tokens as sequences) is captured into a graph the second time it
+runs (the first run compiles and warms every kernel), so from then on a decode step is one graph
+launch per rank.
+
+Collective rows: the engine takes the link-gate hold by a store into the mapped gate word on the
+stream just before the row's launch; a colour-2 kernel ends it itself once its peers' bytes have
+landed, a colour-1 row has it ended by the engine's store after it. After the step the word must
+read 0."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from radiance.abi import RAD_EXTENT_TOKENS, RAD_LINK_ENDED, RAD_OK, RAD_STEP_TOKENS, RadArgs, rad_tensor
+
+from radiance.collectives.gate import LinkGateError
+
+from .device_memory import DeviceMemory
+from .device_stream import EngineStream
+from .executor import MAX_CACHED_SHAPES, StepError
+from .resolve import ResolvedNode, unique_resolutions
+
+
+class DeviceExecutor:
+    def __init__(self, resolved: list[ResolvedNode], buffers: dict, tables: dict, weights, max_tokens: int,
+                 max_seqs: int, num_slots: int, max_blocks: int, link, peers, device, graphs: bool = True):
+        self.resolved, self.host_weights, self.link, self.peers, self.device = resolved, weights, link, peers, device
+        self.graphs = graphs
+        self.stream = EngineStream(device)
+        self.memory = DeviceMemory(device, link, buffers, {name: t for name, t in tables.items()}, max_tokens,
+                                   max_seqs, num_slots, max_blocks)
+        self.inputs = self.memory.inputs
+        self._gate = None  # (host word, device address) once a collective row needs it
+        self._scratch = {}
+        for resolution in unique_resolutions(resolved):
+            resolution.instantiate()
+            for band in resolution.bands:
+                if band.row.info.scratch:
+                    nbytes = int(band.row.info.scratch(dict(band.geometry)))
+                    self._scratch[id(band)] = (self.memory.zeros(nbytes, f"scratch {band.row.name}").ptr, nbytes)
+        self._plans: dict = {}
+        self._graphs: dict = {}  # (tokens, seqs) -> instantiated graph
+        self._seen: set = set()
+        self.profile = False
+        self.op_seconds = defaultdict(float)
+
+    # ---- building a step's launches --------------------------------------------------------------
+    def weight(self, name: str, band):
+        """A weight as `band`'s row reads it, uploaded on first use."""
+        return self.memory.weight(self.host_weights.operand(name, band.row, band.geometry), f"weight {name}")
+
+    def _operand(self, name: str, band, tokens: int, seqs: int):
+        if name == "":
+            return rad_tensor(None)
+        if name in self.inputs:
+            return self.inputs.tensor(name, tokens, seqs)
+        if name in self.memory.buffers:
+            return self.memory.buffer(name, tokens, seqs)
+        if name in self.memory.tables:
+            return self.memory.tables[name]
+        return self.weight(name, band)
+
+    def _gate_address(self) -> int:
+        if self._gate is None:
+            word = self.link.gate.word
+            self._gate = (word, self.device.map_host(word))
+        return self._gate[1]
+
+    def _build(self, item: ResolvedNode, tokens: int, seqs: int):
+        extent = tokens if item.node.extent == RAD_EXTENT_TOKENS else seqs
+        band = item.resolution.band_for(extent)
+        tensors = tuple(self._operand(name, band, tokens, seqs) for name in item.node.operands)
+        scratch, scratch_bytes = self._scratch.get(id(band), (None, 0))
+        args = RadArgs(t=tensors, params={**band.geometry, item.resolution.ranged: extent}, scratch=scratch,
+                       scratch_bytes=scratch_bytes, instance=band.instance, stream=self.stream, peers=self.peers,
+                       link_gate=self._gate_address() if band.row.collective else None)
+        return band.row, args
+
+    def _plan(self, tokens: int, seqs: int) -> list:
+        plan = self._plans.get((tokens, seqs))
+        if plan is None:
+            if len(self._plans) >= MAX_CACHED_SHAPES:
+                self._plans.clear()
+            plan = self._plans[(tokens, seqs)] = [self._build(item, tokens, seqs) for item in self.resolved]
+        return plan
+
+    # ---- running a step -------------------------------------------------------------------------
+    def _issue(self, plan: list, events=None) -> None:
+        stream = self.stream
+        for index, (row, args) in enumerate(plan):
+            if row.collective:
+                stream.memset32(args.link_gate, 1, 1)  # the hold, taken where the stream reaches the row
+            status = row.info.launch(args)
+            if row.collective == 1:
+                stream.memset32(args.link_gate, 0, 1)
+            if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):
+                item = self.resolved[index]
+                raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
+            if events is not None:
+                self.device.record(events[index + 1], stream.handle)
+
+    def run(self, tokens: int, seqs: int) -> None:
+        """One step; the step inputs are written already; the sampled tokens are in inputs after."""
+        device, handle, key = self.device, self.stream.handle, (tokens, seqs)
+        device.copy_to_device(self.inputs.device, self.inputs.block, handle)
+        if self.profile:
+            self._run_profiled(self._plan(tokens, seqs))
+        elif key in self._graphs:
+            device.launch_graph(self._graphs[key], handle)
+        elif self.graphs and tokens == seqs and key in self._seen and len(self._graphs) < MAX_CACHED_SHAPES:
+            device.begin_capture(handle)
+            try:
+                self._issue(self._plan(tokens, seqs))
+            finally:
+                graph = device.end_capture(handle)
+            self._graphs[key] = device.instantiate(graph)
+            device.launch_graph(self._graphs[key], handle)
+        else:
+            self._issue(self._plan(tokens, seqs))
+            self._seen.add(key)
+        tokens_out = self.inputs[RAD_STEP_TOKENS][:seqs]
+        device.copy_to_host(tokens_out, self.inputs.device + self.inputs.offsets[RAD_STEP_TOKENS], handle)
+        device.synchronize(handle)
+        if self._gate is not None and self._gate[0][0] != 0:
+            held = [f"{row.plugin.name}:{row.name}" for row, _ in self._plan(tokens, seqs) if row.collective]
+            raise LinkGateError(f"the link gate is still held after the step: a colour-2 device row ({', '.join(held)}) "
+                                f"must store 0 into RadArgs.link_gate once its peers' bytes have landed")
+
+    def _run_profiled(self, plan: list) -> None:
+        events = [self.device.event() for _ in range(len(plan) + 1)]
+        self.device.record(events[0], self.stream.handle)
+        self._issue(plan, events)
+        self.device.synchronize(self.stream.handle)
+        for index, item in enumerate(self.resolved):
+            self.op_seconds[item.node.op] += self.device.elapsed_ms(events[index], events[index + 1]) / 1e3
+
+    def read_buffer(self, name: str, rows: int) -> np.ndarray:
+        return self.memory.read_buffer(name, rows)
+
+    def release(self) -> None:
+        self.device.synchronize(self.stream.handle)
+        for resolution in unique_resolutions(self.resolved):
+            resolution.release()
+        if self._gate is not None:
+            try:
+                self.device.unmap_host(self._gate[0])
+            except Exception:  # the rank closed its shared memory first (ranks/session.py): nothing to undo
+                pass
+            self._gate = None
+        self.memory.release()

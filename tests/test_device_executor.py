@@ -1,0 +1,135 @@
+"""The engine's device path on the fake card: resolution on the device domain, weights, tables and
+buffers on the card, the step inputs' single copy, launches in stream order, decode graphs captured
+and replayed, and a library whose device code does not run on the card left out. The fake card's
+'kernels' run libref's rows over its memory (tests/fixtures/fakedev.py), so the tokens must be the
+host path's own, bit for bit."""
+
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from radiance.abi import NUMPY, RAD_OK, RadArgs, rad_tensor
+from radiance.engine.device_targets import runs_on
+from radiance.engine.registry import Registry
+from radiance.engine.selection import SelectionError
+from radiance.generation.engine import Engine
+from radiance.generation.options import EngineOptions
+from radiance.generation.sequence import SamplingParams
+from radiance.generation.text import TextCodec
+from radiance.generation.worker import Worker
+from radiance.ranks.device.fake import FakeDevice
+
+FIXTURE = Path(__file__).parent / "fixtures" / "fakedev.py"
+PROMPTS = [list(range(1, 30)), [5, 9, 200, 17]]
+
+
+def fake_home(tmp_path, build_target="fake") -> str:
+    kernels = tmp_path / "home" / "kernels"
+    kernels.mkdir(parents=True)
+    source = FIXTURE.read_text().replace('BUILD_TARGET = "fake"', f'BUILD_TARGET = {build_target!r}')
+    (kernels / "fakedev.py").write_text(source)
+    return str(tmp_path / "home")
+
+
+def host_view(device, tensor):
+    if tensor.data is None:
+        return rad_tensor(None)
+    shape = tuple(int(extent) for extent in tensor.shape[:tensor.ndim])
+    return rad_tensor(device.view(tensor.data, int(np.prod(shape)), NUMPY[tensor.dtype]).reshape(shape))
+
+
+def fake_card(registry) -> FakeDevice:
+    """A FakeDevice whose one kernel runs the launching node's libref row on the card's memory."""
+    fakedev = next(library for library in registry.hierarchy if library.name == "fakedev").module
+    oracle = {row.op: row for library in registry.hierarchy if library.name == "libref" for row in library.rows}
+
+    def body(device, launch):
+        (launch_id,) = struct.unpack_from("<q", launch.args.data, 0)
+        op, args = fakedev.LAUNCHES[launch_id]
+        on_host = RadArgs(t=tuple(host_view(device, t) for t in args.t), params=args.params)
+        assert oracle[op].info.launch(on_host) == RAD_OK
+
+    return FakeDevice({"fakedev_launch": body}, device_bytes=1 << 30)
+
+
+def generate(model, registry, device=None, **overrides):
+    options = EngineOptions(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
+    worker = Worker(options, registry, device=device).build()
+    container = worker.model.container
+    engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper))
+    sequences = [engine.add(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for prompt in PROMPTS]
+    while engine.scheduler.has_work:
+        engine.step()
+    return [s.output_ids for s in sequences], worker
+
+
+@pytest.fixture(scope="module")
+def host_tokens(tiny_model):
+    tokens, worker = generate(tiny_model, Registry(radiance_home="", kernels="libref"), max_seqs=2)
+    worker.close()
+    return tokens
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_the_fake_card_gives_the_host_paths_tokens(tmp_path, tiny_model, host_tokens, graphs):
+    registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
+    device = fake_card(registry)
+    tokens, worker = generate(tiny_model, registry, device, max_seqs=2, graphs=graphs)
+    try:
+        assert tokens == host_tokens
+        assert {band.row.plugin.name for item in worker.resolved for band in item.resolution.bands} == {"fakedev"}
+        executor = worker.executor
+        assert bool(executor._graphs) == graphs
+        if graphs:
+            assert all(tokens == seqs for tokens, seqs in executor._graphs)
+        assert device.budget.used > 0
+    finally:
+        worker.close()
+    assert device.budget.used == 0, "the executor gave back every allocation"
+
+
+def test_a_decode_step_replays_its_graph_without_building_launches(tmp_path, tiny_model):
+    registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
+    device = fake_card(registry)
+    _, worker = generate(tiny_model, registry, device, max_seqs=2)
+    try:
+        fakedev = next(library for library in registry.hierarchy if library.name == "fakedev").module
+        known = len(fakedev.LAUNCHES)
+        executor, inputs = worker.executor, worker.executor.inputs
+        before = len(device.launches)
+        assert (2, 2) in executor._graphs
+        inputs["step.ids"][:2] = 7  # the last step's inputs otherwise: its slots are simply written again
+        executor.run(2, 2)  # a decode shape seen before: a graph launch, no row launch is called
+        assert len(fakedev.LAUNCHES) == known
+        assert len(device.launches) - before == len(worker.resolved)
+    finally:
+        worker.close()
+
+
+def test_a_library_whose_device_code_does_not_run_on_the_card_is_left_out(tmp_path, tiny_model, capfd):
+    registry = Registry(radiance_home=fake_home(tmp_path, build_target="hip"), kernels="fakedev,libref")
+    options = EngineOptions(model=str(tiny_model), accept_reference=True, progress=False, device="host")
+    worker = Worker(options, registry, device=FakeDevice())
+    with pytest.raises(SelectionError) as error:
+        worker.build()
+    assert "device domain" in str(error.value) and "embedding" in str(error.value)
+    said = [line for line in capfd.readouterr().err.splitlines() if "fakedev" in line]
+    assert len(said) == 1 and "built for 'hip'" in said[0] and "fake fake_90" in said[0], said
+    assert not any(row.info.domain == 2 for library in registry.hierarchy for row in library.rows)
+
+
+@pytest.mark.parametrize("build_target,vendor,target,runs", [
+    ("host cuda hip", "cuda", "sm_90", True), ("host cuda hip", "hip", "gfx942:sramecc+:xnack-", True),
+    ("host", "cuda", "sm_90", False), ("sm_80 sm_90", "cuda", "sm_90", True), ("sm_80", "cuda", "sm_90", False),
+    ("gfx942", "hip", "gfx942:sramecc+:xnack-", True), ("host cuda", "fake", "fake_90", False),
+])
+def test_build_targets(build_target, vendor, target, runs):
+    assert runs_on(build_target, vendor, target) is runs
+
+
+def test_an_unknown_device_choice_is_refused(tiny_model):
+    with pytest.raises(ValueError, match="device must be 'auto' or 'host'"):
+        EngineOptions(model=str(tiny_model), device="gpu")
