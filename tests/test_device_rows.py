@@ -1,0 +1,203 @@
+"""libr4d's device rows on a real card against libref's rows, on SmolLM2-135M's geometries (q4_1
+linear weights, the q8_0 tied table / lm head) and Llama-3-8B-shaped bf16 ones, decode and prefill
+M, attention over 2-3 sequences mixing prefill and decode. Tolerances: device_kernels.TOLERANCE
+(docs/LIBR4D.md 'Device rows'). Skips where no card is visible."""
+
+import numpy as np
+import pytest
+
+from test_device_rows_support import Card, card
+from test_libr4d_support import (  # noqa: F401 (registry is a fixture)
+    FFN, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, LINEAR, VOCAB, activations, launch, make_weight, registry, rel_err,
+    row_of,
+)
+
+DEVICE, STREAM, WHY = card()
+pytestmark = pytest.mark.skipif(DEVICE is None, reason=f"device rows need a card: {WHY}")
+LLAMA = dict(hidden=4096, heads=32, kv=8, head_dim=128, ffn=14336, vocab=128256)
+LLAMA_LINEAR = [("gate", 14336, 4096), ("down", 4096, 14336), ("o", 4096, 4096)]
+
+
+@pytest.fixture(scope="module")
+def on_card():
+    c = Card(DEVICE, STREAM)
+    yield c
+    c.close()
+
+
+def dev_row(registry, name):
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    return next(row for row in lib.rows if row.name == name)
+
+
+def tolerance(registry, op):
+    import importlib
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    return importlib.import_module(f"{lib.module.__name__}.device_kernels").TOLERANCE[op]
+
+
+def ref(registry, op, operands, params, weights=None, read=()):
+    arrays = [None if (weights and i in weights) else np.array(o, copy=True) for i, o in enumerate(operands)]
+    assert launch(row_of(registry, op, "libref"), arrays, params, weights) == 0
+    return {i: arrays[i] for i in read}
+
+
+def check(registry, op, row_name, on_card, operands, params, weights=None, read=(), kind=None):
+    got = on_card.run(dev_row(registry, row_name), operands, params, weights, read)
+    want = ref(registry, op, operands, params, weights, read)
+    limit = tolerance(registry, kind or op)
+    for i in read:
+        err = rel_err(got[i], want[i]) if limit else 0.0
+        if limit == 0.0:
+            np.testing.assert_array_equal(got[i], want[i], err_msg=row_name)
+        assert err <= limit, (row_name, i, err)
+    return got, want
+
+
+@pytest.mark.parametrize("fmt,vocab,n", [("q8_0", VOCAB, HIDDEN), ("q4_1", 4096, HIDDEN), ("bf16", 2000, 4096),
+                                         ("f16", 1000, HIDDEN), ("f32", 1000, HIDDEN)])
+def test_embedding(registry, on_card, fmt, vocab, n):
+    ids = np.random.default_rng(0).integers(0, vocab, 64).astype(np.int32)
+    ids[:2] = [0, vocab - 1]
+    params = {"M": 64, "n": n, "vocab": vocab, "wdtype": fmt, "dtype": "f32"}
+    check(registry, "embedding", "r4d_embedding_dev", on_card, [ids, None, np.zeros((64, n), np.float32)], params,
+          {1: make_weight(fmt, vocab, n, 21)}, read=(2,))
+
+
+@pytest.mark.parametrize("m,n", [(1, HIDDEN), (64, HIDDEN), (3, 4096), (64, 4096)])
+def test_rmsnorm_add_silu_take_rows(registry, on_card, m, n):
+    x, b = activations(m, n, 1), activations(m, n, 2)
+    w = make_weight("f32", 1, n, 3)
+    y = np.zeros((m, n), np.float32)
+    check(registry, "rmsnorm", "r4d_rmsnorm_dev", on_card, [x, None, y], {"M": m, "n": n, "eps": 1e-5, "dtype": "f32"},
+          {1: w}, read=(2,))
+    params = {"M": m, "n": n, "dtype": "f32"}
+    check(registry, "add", "r4d_add_dev", on_card, [x, b, y], params, read=(2,))
+    check(registry, "silu_mul", "r4d_silu_mul_dev", on_card, [x, b, y], params, read=(2,))
+    index = np.random.default_rng(4).integers(0, m, m).astype(np.int32)
+    check(registry, "take_rows", "r4d_take_rows_dev", on_card, [x, index, y], params, read=(2,))
+
+
+@pytest.mark.parametrize("heads,kv,d,interleaved,theta", [(HEADS, KV_HEADS, HEAD_DIM, 1, 10000.0),
+                                                            (32, 8, 128, 0, 500000.0)])
+@pytest.mark.parametrize("m", [1, 64])
+def test_rope(registry, on_card, heads, kv, d, interleaved, theta, m):
+    q, k = activations(m, heads * d, 5), activations(m, kv * d, 6)
+    positions = np.random.default_rng(7).integers(0, 8192, m).astype(np.int32)
+    inv_freq = (1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
+    params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "interleaved": interleaved, "dtype": "f32"}
+    check(registry, "rope", "r4d_rope_dev", on_card, [q, k, positions, inv_freq], params, read=(0, 1))
+
+
+_WEIGHTS: dict = {}
+
+
+def gemm_case(registry, on_card, fmt, n, k, m, seed):
+    if (fmt, n, k, seed) not in _WEIGHTS:
+        _WEIGHTS[(fmt, n, k, seed)] = make_weight(fmt, n, k, seed)
+    weight = _WEIGHTS[(fmt, n, k, seed)]
+    x = activations(m, k, seed + 1)
+    label = fmt if fmt in ("q4_1", "q8_0") else "plain"
+    name = f"r4d_gemv_{label}_dev" if m <= 8 else f"r4d_gemm_{label}_dev"
+    params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+    return check(registry, "gemm", name, on_card, [x, None, np.zeros((m, n), np.float32)], params, {1: weight},
+                 read=(2,), kind="gemv" if m <= 8 else "gemm")
+
+
+@pytest.mark.parametrize("name,n,k", LINEAR, ids=[item[0] for item in LINEAR])
+@pytest.mark.parametrize("m", [1, 3, 64])
+def test_gemm_smollm2_q4_1(registry, on_card, name, n, k, m):
+    gemm_case(registry, on_card, "q4_1", n, k, m, seed=n + k)
+
+
+@pytest.mark.parametrize("m", [1, 4, 8, 64])
+def test_gemm_smollm2_q8_0_lm_head(registry, on_card, m):
+    got, want = gemm_case(registry, on_card, "q8_0", VOCAB, HIDDEN, m, seed=11)
+    np.testing.assert_array_equal(np.argmax(got[2], axis=1), np.argmax(want[2], axis=1))
+
+
+@pytest.mark.parametrize("name,n,k", LLAMA_LINEAR, ids=[item[0] for item in LLAMA_LINEAR])
+@pytest.mark.parametrize("m", [1, 4, 64])
+def test_gemm_llama8b_bf16(registry, on_card, name, n, k, m):
+    gemm_case(registry, on_card, "bf16", n, k, m, seed=3)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+@pytest.mark.parametrize("m", [2, 37])
+def test_gemm_plain(registry, on_card, fmt, m):
+    gemm_case(registry, on_card, fmt, 96, 576, m, seed=5)
+
+
+def attention_case(registry, on_card, heads, kv, d, sequences, block_size=16, seed=0):
+    """sequences: (first position, new tokens); the cache holds random rows for earlier positions."""
+    rng = np.random.default_rng(seed)
+    seqs = len(sequences)
+    lengths = [p + t for p, t in sequences]
+    max_blocks = max(-(-n // block_size) for n in lengths)
+    blocks = rng.permutation(seqs * max_blocks + 4)[: seqs * max_blocks].reshape(seqs, max_blocks).astype(np.int32)
+    num_slots = (seqs * max_blocks + 4) * block_size
+    width = kv * d
+    k_cache = rng.standard_normal((num_slots, width)).astype(np.float32)
+    v_cache = rng.standard_normal((num_slots, width)).astype(np.float32)
+    positions, slots = [], []
+    for s, (first, count) in enumerate(sequences):
+        for j in range(first, first + count):
+            positions.append(j)
+            slots.append(blocks[s, j // block_size] * block_size + j % block_size)
+    m = len(positions)
+    cu = np.concatenate([[0], np.cumsum([t for _, t in sequences])]).astype(np.int32)
+    operands = [rng.standard_normal((m, heads * d)).astype(np.float32), rng.standard_normal((m, width)).astype(np.float32),
+                rng.standard_normal((m, width)).astype(np.float32), k_cache, v_cache, np.array(slots, np.int32),
+                np.array(positions, np.int32), cu, np.array(lengths, np.int32), blocks,
+                np.zeros((m, heads * d), np.float32)]
+    params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "block_size": block_size,
+              "scale": 1.0 / np.sqrt(d), "dtype": "f32", "seqs": seqs}
+    got = on_card.run(dev_row(registry, "r4d_attention_dev"), operands, params, read=(3, 4, 10))
+    want = ref(registry, "attention", operands, params, read=(3, 4, 10))
+    np.testing.assert_array_equal(got[3], want[3])
+    np.testing.assert_array_equal(got[4], want[4])
+    assert rel_err(got[10], want[10]) <= tolerance(registry, "attention"), rel_err(got[10], want[10])
+
+
+def test_attention_smollm2_prefill_decode_and_a_chunk(registry, on_card):
+    attention_case(registry, on_card, HEADS, KV_HEADS, HEAD_DIM, [(0, 20), (40, 1), (10, 7)])
+
+
+def test_attention_llama8b_decode_and_prefill(registry, on_card):
+    attention_case(registry, on_card, 32, 8, 128, [(300, 1), (0, 64), (77, 1)], seed=1)
+
+
+def test_sample_greedy_is_the_first_maximum(registry, on_card):
+    rng = np.random.default_rng(9)
+    logits = rng.standard_normal((4, VOCAB)).astype(np.float32)
+    logits[0, [5, 900, 40000]] = 50.0  # ties: the first wins
+    logits[1, [7, 8]] = np.nan          # np.argmax: the first NaN
+    logits[2, :] = 1.0
+    zeros = np.zeros(4, np.float32)
+    operands = [logits, zeros, np.zeros(4, np.int32), np.ones(4, np.float32), np.zeros((4, 2), np.uint64),
+                np.full(4, -1, np.int32)]
+    params = {"M": 4, "vocab": VOCAB}
+    got = on_card.run(dev_row(registry, "r4d_sample_dev"), operands, params, read=(5,))[5]
+    np.testing.assert_array_equal(got, np.argmax(logits, axis=1))
+    np.testing.assert_array_equal(got, ref(registry, "sample", operands, params, read=(5,))[5])
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, LLAMA["vocab"]])
+def test_sample_with_temperature_is_libref_s_token(registry, on_card, vocab):
+    rng = np.random.default_rng(vocab)
+    rows = 12
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    logits[3, :] = 0.5              # flat: the whole vocabulary is the head
+    logits[4, ::2] = 7.0            # many ties
+    temperature = np.array([0.7, 1.0, 0.3, 1.0, 0.9, 0.0, 1.5, 0.8, 2.0, 1.0, 0.6, 1.2], np.float32)
+    top_k = np.array([0, 40, 0, 0, 100, 0, 5, 0, 50000, 1, 0, 3], np.int32)
+    top_p = np.array([1.0, 1.0, 0.9, 0.5, 0.95, 1.0, 0.7, 0.01, 1.0, 1.0, 0.99, 1.0], np.float32)
+    rng_words = np.stack([np.arange(rows, dtype=np.uint64) * 7919 + 3, np.arange(rows, dtype=np.uint64) + 11], 1)
+    tokens = np.full(rows, -1, np.int32)
+    operands = [logits, temperature, top_k, top_p, rng_words, tokens]
+    params = {"M": rows, "vocab": vocab}
+    for step in range(3):
+        operands[4] = rng_words + np.array([0, step], np.uint64)
+        got = on_card.run(dev_row(registry, "r4d_sample_dev"), operands, params, read=(5,))[5]
+        want = ref(registry, "sample", operands, params, read=(5,))[5]
+        np.testing.assert_array_equal(got, want)

@@ -1,0 +1,91 @@
+"""Calling libr4d's device rows on a real card as the engine will (imported by test_device_rows.py
+and bench/device_ops.py; holds no tests): operands uploaded with device.alloc / copy_to_device,
+weights as RadWeightPlanes of device plane tensors (or the uploaded relayout where the row's layout
+hook asks for one), scratch of the hook's size, the launch on an EngineStream, the result read back.
+`card()` is None, with the reason, where no CUDA/HIP card is visible or its binding is missing."""
+
+import numpy as np
+
+from radiance.abi import (
+    RAD_DT_ENCODED, RAD_DT_U8, RAD_E_UNSUPPORTED, RAD_OK, RadArgs, RadTensor, RadWeightPlanes, dtype_from_numpy,
+    rad_device_tensor,
+)
+
+
+def card():
+    """(device, stream, None) or (None, None, why)."""
+    try:
+        from radiance.ranks.device.selection import backend_name, open_device
+        name = backend_name()
+        if name is None:
+            return None, None, "no card visible (CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES name none)"
+        device = open_device()
+    except Exception as error:  # the binding missing, or no card behind the variable
+        return None, None, f"no card: {type(error).__name__}: {error}"
+    from radiance.engine.device_stream import EngineStream
+    return device, EngineStream(device), None
+
+
+class Card:
+    """Uploads and launches on one device; keeps every allocation until `close`."""
+
+    def __init__(self, device, stream):
+        self.device, self.stream, self.keep = device, stream, []
+
+    def alloc(self, nbytes, label="test"):
+        allocation = self.device.alloc(max(int(nbytes), 4), label)
+        self.keep.append(allocation)
+        return allocation.ptr
+
+    def upload(self, array) -> RadTensor:
+        array = np.ascontiguousarray(array)
+        address = self.alloc(array.nbytes)
+        self.device.copy_to_device(address, array, self.stream.handle)
+        self.device.synchronize(self.stream.handle)
+        return rad_device_tensor(address, dtype_from_numpy(array.dtype), array.shape, array.itemsize)
+
+    def download(self, tensor: RadTensor, like) -> np.ndarray:
+        out = np.empty_like(like)
+        self.device.synchronize(self.stream.handle)
+        self.device.copy_to_host(out, tensor.data, self.stream.handle)
+        self.device.synchronize(self.stream.handle)
+        return out
+
+    def weight(self, row, weight: RadWeightPlanes, geometry) -> RadTensor:
+        code = row.info.layout("w", weight.encoding, dict(geometry)) if row.info.layout else RAD_E_UNSUPPORTED
+        if code == RAD_OK:
+            return self.upload(np.ascontiguousarray(row.info.relayout(weight, dict(geometry))))
+        assert code == RAD_E_UNSUPPORTED, f"{row.name}: layout answered {code}"
+        planes = [self.upload(np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)) for t in weight.planes]
+        planes = [rad_device_tensor(p.data, RAD_DT_U8, p.shape[:1], 1) for p in planes]
+        device_planes = RadWeightPlanes(encoding=weight.encoding, rows=weight.rows, cols=weight.cols, planes=planes)
+        return RadTensor(data=device_planes, dtype=RAD_DT_ENCODED, ndim=2, shape=(weight.rows, weight.cols, 0, 0))
+
+    def args(self, row, operands, params, weights=None) -> RadArgs:
+        """RadArgs of device tensors: numpy operands uploaded, weights as the row's layout asks."""
+        tensors = []
+        for i, operand in enumerate(operands):
+            if weights and i in weights:
+                tensors.append(self.weight(row, weights[i], params))
+            elif isinstance(operand, RadTensor):
+                tensors.append(operand)
+            else:
+                tensors.append(self.upload(operand))
+        scratch, size = None, 0
+        if row.info.scratch:
+            size = int(row.info.scratch(dict(params)))
+            scratch = self.alloc(size, "scratch")
+        return RadArgs(t=tuple(tensors), params=dict(params), scratch=scratch, scratch_bytes=size, stream=self.stream)
+
+    def run(self, row, operands, params, weights=None, read=()):
+        """Launch once; returns {index: host copy} of the operands in `read` (shaped as given)."""
+        a = self.args(row, operands, params, weights)
+        status = row.info.launch(a)
+        assert status == RAD_OK, (row.name, status)
+        return {i: self.download(a.t[i], operands[i]) for i in read}
+
+    def close(self):
+        self.device.synchronize(self.stream.handle)
+        for allocation in self.keep:
+            self.device.free(allocation)
+        self.keep.clear()
