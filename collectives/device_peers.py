@@ -97,10 +97,19 @@ class ShmBoard:
         self.own.unlink()
 
 
+# Host-staged messages up to this many bytes go one-shot, larger ones two-shot: over PCIe the
+# two-shot kernel's halved traffic wins from 2 MiB (bench/allreduce_device_rows.py on 2 x H200:
+# 1 MiB 51 / 52 us, 2 MiB 91 / 85 us, 8 MiB 348 / 317 us, one-shot / two-shot, graph replay).
+HOST_ONE_SHOT_MAX_BYTES = 1 << 20
+
+
 class DeviceHostStaged(DeviceP2P):
     """DeviceP2P's kernels over regions in shared memory mapped on every card (no P2P needed)."""
 
     COMPILE_OPTIONS = ("-DRAD_P2P_HOST_MAPPED=1",)
+
+    def form_for(self, nbytes: int) -> str:
+        return "one_shot" if nbytes <= HOST_ONE_SHOT_MAX_BYTES else "two_shot"
 
     def __init__(self, device, rank: int, world: int, buffer_bytes: int, board: ShmBoard, **options):
         self.board, self.mapped, self.local_words = board, [], None

@@ -125,6 +125,15 @@ def _card_checks(rank, run_id, barrier, report):
                 exact = check(m, seed)
                 result[f"{op} {nbytes}"] = {"status_ended": status == RAD_LINK_ENDED, "exact": exact,
                                             "gate": int(word[0])}
+        # both kernels in both forms, whichever the size would pick (DevicePeers picks by size)
+        for nbytes in (1 * MiB, 8 * MiB):
+            count = nbytes // 4
+            for kernel in ("one_shot", "two_shot"):
+                seed = 300 + nbytes % 1000
+                device.copy_to_device(x, inputs(rank, count, seed), stream.handle)
+                peers.impl.all_reduce(x.ptr, x.ptr, count, "f32", stream=stream.handle, form=kernel)
+                result[f"kernel {kernel} {nbytes}"] = check_reduce(count // ROW, seed)
+        result["default_kernel"] = {n: peers.impl.form_for(n) for n in SIZES}
         # the same launches captured in one graph (gate memsets included, as the executor captures
         # them), replayed twice with new inputs. Should capturing the memset of the mapped gate word
         # fail, the error is reported and the kernels alone are captured, so the rest still runs.
@@ -238,6 +247,17 @@ def test_rows_are_exact_and_end_the_gate(card_reports, form, op, nbytes):
     for report in card_reports:
         got = report[form][f"{op} {nbytes}"]
         assert got == {"status_ended": True, "exact": True, "gate": 0}, (report["rank"], form, op, nbytes, got)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_both_kernels_are_exact_in_both_forms(card_reports, form):
+    for report in card_reports:
+        for kernel in ("one_shot", "two_shot"):
+            for nbytes in (1 * MiB, 8 * MiB):
+                assert report[form][f"kernel {kernel} {nbytes}"] is True, (report["rank"], form, kernel, nbytes)
+    # the rows above ran the kernel the size picks: one-shot on P2P up to 8 MiB, two-shot past 1 MiB host-staged
+    assert card_reports[0]["p2p"]["default_kernel"] == {n: "one_shot" for n in SIZES}
+    assert card_reports[0]["host"]["default_kernel"] == {n: "one_shot" if n <= MiB else "two_shot" for n in SIZES}
 
 
 @pytest.mark.parametrize("form", FORMS)
