@@ -133,3 +133,19 @@ def test_build_targets(build_target, vendor, target, runs):
 def test_an_unknown_device_choice_is_refused(tiny_model):
     with pytest.raises(ValueError, match="device must be 'auto' or 'host'"):
         EngineOptions(model=str(tiny_model), device="gpu")
+
+
+def test_a_profiled_step_times_every_op_with_card_events(tmp_path, tiny_model):
+    registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
+    device = fake_card(registry)
+    _, worker = generate(tiny_model, registry, device, max_seqs=2)
+    try:
+        executor = worker.executor
+        executor.profile = True
+        before = len(device.launches)
+        executor.run(2, 2)
+        assert len(device.launches) - before == len(worker.resolved)  # launched one by one, not the graph
+        assert set(executor.op_seconds) == {item.node.op for item in worker.resolved}
+        assert all(seconds >= 0 for seconds in executor.op_seconds.values())
+    finally:
+        worker.close()

@@ -45,7 +45,8 @@ class DeviceExecutor:
         self._plans: dict = {}
         self._graphs: dict = {}  # (tokens, seqs) -> instantiated graph
         self._seen: set = set()
-        self.profile = False
+        self.profile = False  # when set: no graphs, and each op's time (card events) adds to op_seconds
+        self._events = []
         self.op_seconds = defaultdict(float)
 
     # ---- building a step's launches --------------------------------------------------------------
@@ -131,7 +132,9 @@ class DeviceExecutor:
                                 f"must store 0 into RadArgs.link_gate once its peers' bytes have landed")
 
     def _run_profiled(self, plan: list) -> None:
-        events = [self.device.event() for _ in range(len(plan) + 1)]
+        while len(self._events) < len(plan) + 1:
+            self._events.append(self.device.event())
+        events = self._events
         self.device.record(events[0], self.stream.handle)
         self._issue(plan, events)
         self.device.synchronize(self.stream.handle)
