@@ -70,7 +70,7 @@ def run_launch(engine_options: EngineOptions, tp: int, threads: int | None, disa
 @options.accept_reference
 @click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
 def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, stop, max_context, max_step_tokens,
-         device, graphs,
+         device, graphs, chain,
          threads_per_rank, disable_p2p, stage_timeout, step_timeout, serve, host, port, api_key, max_seqs, radiance_home,
          kernels, accept_reference, verbose):
     """Generate with a .rad model over TP ranks, or serve it (--serve)."""
@@ -83,7 +83,7 @@ def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, s
         engine_options = EngineOptions(model=model, radiance_home=radiance_home, kernels=kernels,
                                        accept_reference=accept_reference, max_context=max_context,
                                        max_step_tokens=max_step_tokens, max_seqs=max_seqs_for(serve, max_seqs),
-                                       device=device, graphs=graphs)
+                                       device=device, graphs=graphs, chain=chain)
         if serve:
             from radiance.serving.server import ServeSettings, serve_launch
 

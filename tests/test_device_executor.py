@@ -26,10 +26,11 @@ FIXTURE = Path(__file__).parent / "fixtures" / "fakedev.py"
 PROMPTS = [list(range(1, 30)), [5, 9, 200, 17]]
 
 
-def fake_home(tmp_path, build_target="fake") -> str:
+def fake_home(tmp_path, build_target="fake", chain=False) -> str:
     kernels = tmp_path / "home" / "kernels"
     kernels.mkdir(parents=True)
     source = FIXTURE.read_text().replace('BUILD_TARGET = "fake"', f'BUILD_TARGET = {build_target!r}')
+    source = source.replace("CHAIN = False", f"CHAIN = {chain}")
     (kernels / "fakedev.py").write_text(source)
     return str(tmp_path / "home")
 
@@ -147,5 +148,18 @@ def test_a_profiled_step_times_every_op_with_card_events(tmp_path, tiny_model):
         assert len(device.launches) - before == len(worker.resolved)  # launched one by one, not the graph
         assert set(executor.op_seconds) == {item.node.op for item in worker.resolved}
         assert all(seconds >= 0 for seconds in executor.op_seconds.values())
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_chained_rows_are_programmatic_dependent_launches_where_asked(tmp_path, tiny_model, host_tokens, chain):
+    registry = Registry(radiance_home=fake_home(tmp_path, chain=True), kernels="fakedev,libref")
+    device = fake_card(registry)
+    tokens, worker = generate(tiny_model, registry, device, max_seqs=2, chain=chain)
+    try:
+        assert tokens == host_tokens
+        assert all(band.row.chain for item in worker.resolved for band in item.resolution.bands)
+        assert {launch.programmatic for launch in device.launches} == {chain}
     finally:
         worker.close()

@@ -4,6 +4,11 @@ back. A decode shape (as many tokens as sequences) is captured into a graph the 
 runs (the first run compiles and warms every kernel), so from then on a decode step is one graph
 launch per rank.
 
+Chained rows (`r4dchain`): on a card with programmatic dependent launch (NVIDIA Hopper) every kernel
+such a row launches is a programmatic dependent launch, which the kernel's own prologue waits for
+(`griddepcontrol.wait`): the next kernel is launched while the one before it drains, instead of
+after it. Elsewhere, or with `--no-chain`, they launch in plain stream order.
+
 Collective rows: the engine takes the link-gate hold by a store into the mapped gate word on the
 stream just before the row's launch; a colour-2 kernel ends it itself once its peers' bytes have
 landed, a colour-1 row has it ended by the engine's store after it. After the step the word must
@@ -27,9 +32,11 @@ from .resolve import ResolvedNode, unique_resolutions
 
 class DeviceExecutor:
     def __init__(self, resolved: list[ResolvedNode], buffers: dict, tables: dict, weights, max_tokens: int,
-                 max_seqs: int, num_slots: int, max_blocks: int, link, peers, device, graphs: bool = True):
+                 max_seqs: int, num_slots: int, max_blocks: int, link, peers, device, graphs: bool = True,
+                 chain: bool = True):
         self.resolved, self.host_weights, self.link, self.peers, self.device = resolved, weights, link, peers, device
         self.graphs = graphs
+        self.chain = chain and device.programmatic_launch
         self.stream = EngineStream(device)
         self.memory = DeviceMemory(device, link, buffers, {name: t for name, t in tables.items()}, max_tokens,
                                    max_seqs, num_slots, max_blocks)
@@ -95,7 +102,9 @@ class DeviceExecutor:
         for index, (row, args) in enumerate(plan):
             if row.collective:
                 stream.memset32(args.link_gate, 1, 1)  # the hold, taken where the stream reaches the row
+            stream.programmatic = self.chain and row.chain
             status = row.info.launch(args)
+            stream.programmatic = False
             if row.collective == 1:
                 stream.memset32(args.link_gate, 0, 1)
             if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):

@@ -17,6 +17,7 @@ class EngineStream(RadStream):
         self.multiprocessors = int(getattr(device, "multiprocessors", 1))
         self._modules: dict = {}
         self._kernels: dict = {}
+        self.programmatic = False  # set by the executor around a chained row's launch
 
     def kernel(self, source: str, name: str, options: Sequence[str] = ()):
         key = (name, source, tuple(options))
@@ -30,7 +31,7 @@ class EngineStream(RadStream):
         return kernel
 
     def launch(self, kernel, grid, block, args: PackedArgs, shared_bytes: int = 0) -> None:
-        self.device.launch(kernel, grid, block, args, shared_bytes, stream=self.handle)
+        self.device.launch(kernel, grid, block, args, shared_bytes, stream=self.handle, programmatic=self.programmatic)
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         self.device.copy_device(dst, src, nbytes, self.handle)

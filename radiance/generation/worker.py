@@ -85,7 +85,7 @@ class Worker:
             self.executor = Executor(self.resolved, buffers, tables, self.weights, *shape, self.link, peers)
         else:
             self.executor = DeviceExecutor(self.resolved, buffers, tables, self.weights, *shape, self.link, peers,
-                                           device, graphs=options.graphs)
+                                           device, graphs=options.graphs, chain=options.chain)
             self._load_weights(self.executor.weight)
 
     def _load_weights(self, load) -> None:

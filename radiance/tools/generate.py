@@ -22,11 +22,12 @@ log = get_logger("radiance.cli")
 
 
 def build_engine(model, radiance_home, kernels, accept_reference, debug_selection, max_context, max_step_tokens,
-                 max_seqs=1, device="auto", graphs=True) -> tuple[Engine, Worker]:
+                 max_seqs=1, device="auto", graphs=True, chain=True) -> tuple[Engine, Worker]:
     registry = Registry(radiance_home, kernels)
     engine_options = EngineOptions(model=model, radiance_home=radiance_home, kernels=kernels,
                                    accept_reference=accept_reference, max_context=max_context,
-                                   max_step_tokens=max_step_tokens, max_seqs=max_seqs, device=device, graphs=graphs)
+                                   max_step_tokens=max_step_tokens, max_seqs=max_seqs, device=device, graphs=graphs,
+                                   chain=chain)
     worker = Worker(engine_options, registry).build()
     if debug_selection:
         click.echo("\n".join(selection_report(worker.resolved)), err=True)
@@ -72,7 +73,7 @@ def stream_prompt(engine: Engine, prompt: str, params: dict) -> None:
 @options.debug_selection
 @click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
 def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, stop, max_context, max_step_tokens,
-         device, graphs,
+         device, graphs, chain,
          serve, host, port, api_key, max_seqs, radiance_home, kernels, accept_reference, debug_selection, verbose):
     """Generate with a .rad model on this machine's CPU, or serve it (--serve)."""
     check_mode(serve, prompt, chat)
@@ -90,9 +91,9 @@ def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, s
 
             return serve_single(model, ServeSettings(host, port, api_key, params), lambda: build_engine(
                 model, radiance_home, kernels, accept_reference, debug_selection, max_context, max_step_tokens,
-                max_seqs_for(serve, max_seqs), device, graphs))
+                max_seqs_for(serve, max_seqs), device, graphs, chain))
         engine, worker = build_engine(model, radiance_home, kernels, accept_reference, debug_selection,
-                                      max_context, max_step_tokens, max_seqs_for(serve, max_seqs), device, graphs)
+                                      max_context, max_step_tokens, max_seqs_for(serve, max_seqs), device, graphs, chain)
         try:
             if chat:
                 chat_loop(engine, params)

@@ -63,4 +63,6 @@ model_and_mode = _stack(
                  help="auto: the card this process sees (CUDA_/ROCR_VISIBLE_DEVICES), if any; host: host rows."),
     click.option("--graphs/--no-graphs", default=True, show_default=True,
                  help="On a card, capture each decode step into a graph."),
+    click.option("--chain/--no-chain", default=True, show_default=True,
+                 help="On a Hopper card, launch r4dchain rows as programmatic dependent launches."),
 )
