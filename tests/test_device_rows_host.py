@@ -62,7 +62,7 @@ def test_every_kernel_name_is_defined_in_its_source(registry):
     assert dk.padded(49152) == 65536 and dk.padded(128256) == 131072 and dk.padded(1) == 1
     assert dk.sample_scratch_bytes(2, 1000) == 2 * (1024 * 8 + 4000)
     assert dk.gemm_grid(65, 4097) == ((65, 2, 1), (256, 1, 1))
-    assert dk.gemv_grid(14336) == ((1792, 1, 1), (256, 1, 1))
+    assert dk.gemv_grid(14336) == ((896, 1, 1), (128, 1, 1))
 
 
 class Recorder(RadStream):
@@ -111,7 +111,7 @@ def test_gemv_and_gemm_plans_pack_the_plane_addresses_and_are_cached(registry):
     assert launch(row, [x, w, y], params, stream) == RAD_OK
     assert stream.compiled == ["r4d_gemv_q4_1_m4"]  # planned once, launched twice
     kernel, grid, block, args = stream.launches[-1]
-    assert (kernel, grid, block) == ("r4d_gemv_q4_1_m4", (24, 1, 1), (256, 1, 1))
+    assert (kernel, grid, block) == ("r4d_gemv_q4_1_m4", (12, 1, 1), (128, 1, 1))
     values = [int.from_bytes(args.data[o:o + 8], "little") for o in args.offsets[:5]]
     assert values == [0x1000, 0x7000000, 0x7100000, 0x7200000, 0x2000]
     gemm = device_row(registry, "r4d_gemm_q4_1_dev")

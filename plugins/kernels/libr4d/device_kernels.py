@@ -9,10 +9,11 @@ FOLDER = Path(__file__).resolve().parent / "device"
 FILES = ("elementwise", "gemv", "gemm", "attention", "sample")
 
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
-GEMV_WARPS = 8          # warps per GEMV block, one output row each (gemv.cu)
+GEMV_WARPS = 4          # warps per GEMV block (gemv.cu)
+GEMV_ROWS = 4           # output rows per warp (gemv.cu)
 GEMM_TILE = 64          # gemm.cu's 64x64 output tiles, 256 threads
-ATT_THREADS = 256       # attention.cu: 8 warps per (token, head)
-ATT_MAX_HEAD_DIM = 256  # 8 values per lane of a 32-lane warp
+ATT_WARPS = 8           # attention.cu: 8 warps per (token, head)
+ATT_MAX_HEAD_DIM = 256  # 8 values per lane of a 32-lane warp (16 of 64 lanes on AMD: 512 would fit)
 SAMPLE_THREADS = 1024
 ELEMENTWISE_THREADS = 256
 
@@ -45,8 +46,13 @@ def gemv_name(label: str, m: int) -> str:
     return f"r4d_gemv_{label}_m{gemv_variant(m)}"
 
 
-def gemv_grid(n: int) -> tuple:
-    return (-(-n // GEMV_WARPS), 1, 1), (GEMV_WARPS * 32, 1, 1)
+def warp_size(vendor: str) -> int:
+    """Lanes of a warp as the sources see it (R4D_WARP): 64 on AMD's wavefronts, 32 on NVIDIA."""
+    return 64 if vendor == "hip" else 32
+
+
+def gemv_grid(n: int, warp: int = 32) -> tuple:
+    return (-(-n // (GEMV_WARPS * GEMV_ROWS)), 1, 1), (GEMV_WARPS * warp, 1, 1)
 
 
 def gemm_grid(m: int, n: int) -> tuple:

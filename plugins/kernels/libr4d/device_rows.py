@@ -134,7 +134,7 @@ def _gemv(a):
     x, weight, y = a.t
     w, m = DeviceWeight(weight), int(a.params["M"])
     name = dk.gemv_name(w.label, m)
-    grid, block = dk.gemv_grid(w.rows)
+    grid, block = dk.gemv_grid(w.rows, dk.warp_size(getattr(a.stream, "vendor", "")))
     args = (KernelArgs(name).pointer(_address(x)).pointer(w.codes).pointer(w.scale).pointer(w.min)
             .pointer(_address(y)).i32(m).i32(w.rows).i32(w.cols))
     return [(name, "gemv", grid, block, args, 0)]
@@ -165,7 +165,8 @@ def _attention(a):
               .pointer(_address(context_lens)).pointer(_address(block_tables)).pointer(_address(out))
               .i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d).i32(p["block_size"]).f32(p["scale"]))
     return [("r4d_kv_store_dev", "attention", grid, block, store, 0),
-            ("r4d_attention_dev", "attention", (m, heads, 1), (dk.ATT_THREADS, 1, 1), attend, 0)]
+            ("r4d_attention_dev", "attention", (m, heads, 1),
+             (dk.ATT_WARPS * dk.warp_size(getattr(a.stream, "vendor", "")), 1, 1), attend, 0)]
 
 
 def _sample(a):

@@ -1,10 +1,11 @@
 // libr4d device rows: the decode GEMV, y[M, N] = x[M, K] . w[N, K]^T for M <= 8, reading the planes
-// as stored. One warp per output row n, every lane streaming 16 bytes of the weight per step, four
-// steps in flight; all M activation rows ride along (MT = 1, 2, 4 or 8, the next size up from M), so
+// as stored. One warp per GEMV_ROWS output rows, every lane streaming 16 bytes of each row per step;
+// all M activation rows ride along (MT = 1, 2, 4 or 8, the next size up from M), so
 // the weight crosses HBM once. f32 accumulation, another order than libref's: per-lane partial sums,
 // then the warp's tree. Quantised blocks are factored: q8_0 sums x*q per 16 codes then multiplies by
 // the scale; q4_1 adds scale*sum(x*q) - min*sum(x) per block of 32.
-#define GEMV_WARPS 8
+#define GEMV_WARPS 4
+#define GEMV_ROWS 4  // output rows per warp: x is read once for the four
 
 __device__ __forceinline__ uint4 r4d_ld16(const u8* p) { return *(const uint4*)p; }
 
@@ -24,69 +25,64 @@ __device__ __forceinline__ long long chunk_byte(long long n, int K, int e) {
     return n * (K / 2) + e / 2;
 }
 
-__device__ __forceinline__ void unpack_plain(uint4 v, float* w, int fmt) {
+// elements 4j..4j+3 of a 16-byte chunk, as f32 (plain values; codes for q8_0 and q4_1)
+template <int FMT>
+__device__ __forceinline__ void decode4(const uint4& v, int j, float* w) {
     u32 word[4] = {v.x, v.y, v.z, v.w};
-    if (fmt == FMT_F32) {
+    if (FMT == FMT_F32) {
         for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(word[i]);
-    } else if (fmt == FMT_BF16) {
-        for (int i = 0; i < 4; ++i) { w[2 * i] = r4d_bf16(word[i] & 0xffffu); w[2 * i + 1] = r4d_bf16(word[i] >> 16); }
+    } else if (FMT == FMT_BF16) {
+        u32 a = word[2 * j], b = word[2 * j + 1];
+        w[0] = r4d_bf16(a & 0xffffu); w[1] = r4d_bf16(a >> 16); w[2] = r4d_bf16(b & 0xffffu); w[3] = r4d_bf16(b >> 16);
+    } else if (FMT == FMT_F16) {
+        u32 a = word[2 * j], b = word[2 * j + 1];
+        w[0] = r4d_f16(a & 0xffffu); w[1] = r4d_f16(a >> 16); w[2] = r4d_f16(b & 0xffffu); w[3] = r4d_f16(b >> 16);
+    } else if (FMT == FMT_Q8_0) {
+        u32 a = word[j];
+        for (int i = 0; i < 4; ++i) w[i] = (float)(signed char)((a >> (8 * i)) & 0xffu);
     } else {
-        for (int i = 0; i < 4; ++i) { w[2 * i] = r4d_f16(word[i] & 0xffffu); w[2 * i + 1] = r4d_f16(word[i] >> 16); }
+        u32 a = word[j / 2] >> (16 * (j % 2));
+        for (int i = 0; i < 4; ++i) w[i] = (float)((a >> (4 * i)) & 15u);
     }
 }
 
-// add one chunk's contribution to acc[0..MT)
+// One 16-byte chunk at element e of each of the warp's GEMV_ROWS rows, for all MT activation rows:
+// each float4 of x is loaded once for the R rows, each weight quad decoded once for the MT rows.
 template <int FMT, int MT>
-__device__ __forceinline__ void consume(uint4 v, int e, long long n, int M, int K, const float* x,
-                                        const u16* scale, const u16* minimum, float* acc) {
+__device__ __forceinline__ void consume(const uint4* v, int e, const long long* n, int M, int K, const float* x,
+                                        const u16* scale, const u16* minimum, float (*acc)[MT]) {
     const int E = Chunk<FMT>::E;
-    if (FMT == FMT_F32 || FMT == FMT_F16 || FMT == FMT_BF16) {
-        float w[E];
-        unpack_plain(v, w, FMT);
+    float part[GEMV_ROWS][MT], xs[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        xs[m] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r) part[r][m] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j) {
+        float w[GEMV_ROWS][4];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r) decode4<FMT>(v[r], j, w[r]);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const float4* xv = (const float4*)(x + (long long)min(m, M - 1) * K + e);
+            float4 a = *(const float4*)(x + (long long)min(m, M - 1) * K + e + 4 * j);
+            if (FMT == FMT_Q4_1) xs[m] += (a.x + a.y) + (a.z + a.w);
 #pragma unroll
-            for (int j = 0; j < E / 4; ++j) {
-                float4 a = xv[j];
-                acc[m] += a.x * w[4 * j] + a.y * w[4 * j + 1] + a.z * w[4 * j + 2] + a.w * w[4 * j + 3];
-            }
+            for (int r = 0; r < GEMV_ROWS; ++r)
+                part[r][m] += a.x * w[r][0] + a.y * w[r][1] + a.z * w[r][2] + a.w * w[r][3];
         }
-    } else if (FMT == FMT_Q8_0) {
-        float q[16];
-        u32 word[4] = {v.x, v.y, v.z, v.w};
+    }
 #pragma unroll
-        for (int i = 0; i < 16; ++i) q[i] = (float)(signed char)((word[i / 4] >> (8 * (i % 4))) & 0xffu);
-        float s = r4d_f16(scale[n * (K / 32) + e / 32]);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            const float4* xv = (const float4*)(x + (long long)min(m, M - 1) * K + e);
-            float part = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                float4 a = xv[j];
-                part += a.x * q[4 * j] + a.y * q[4 * j + 1] + a.z * q[4 * j + 2] + a.w * q[4 * j + 3];
-            }
-            acc[m] += s * part;
-        }
-    } else {
-        float q[32];
-        u32 word[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 32; ++i) q[i] = (float)((word[i / 8] >> (4 * (i % 8))) & 15u);
-        long long b = n * (K / 32) + e / 32;
-        float s = r4d_f16(scale[b]), mn = r4d_f16(minimum[b]);
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+        float s = 1.0f, mn = 0.0f;
+        if (FMT == FMT_Q8_0 || FMT == FMT_Q4_1) s = r4d_f16(scale[n[r] * (K / 32) + e / 32]);
+        if (FMT == FMT_Q4_1) mn = r4d_f16(minimum[n[r] * (K / 32) + e / 32]);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const float4* xv = (const float4*)(x + (long long)min(m, M - 1) * K + e);
-            float part = 0.0f, xs = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                float4 a = xv[j];
-                part += a.x * q[4 * j] + a.y * q[4 * j + 1] + a.z * q[4 * j + 2] + a.w * q[4 * j + 3];
-                xs += (a.x + a.y) + (a.z + a.w);
-            }
-            acc[m] += s * part - mn * xs;
+            if (FMT == FMT_Q8_0) acc[r][m] += s * part[r][m];
+            else if (FMT == FMT_Q4_1) acc[r][m] += s * part[r][m] - mn * xs[m];
+            else acc[r][m] += part[r][m];
         }
     }
 }
@@ -96,26 +92,30 @@ __device__ void gemv(const float* __restrict__ x, const u8* __restrict__ codes, 
                      const u16* __restrict__ minimum, float* __restrict__ y, int M, int N, int K) {
     const int E = Chunk<FMT>::E, S = R4D_WARP * E;
     int lane = threadIdx.x % R4D_WARP;
-    long long n = (long long)blockIdx.x * GEMV_WARPS + threadIdx.x / R4D_WARP;
-    if (n >= N) return;
-    float acc[MT];
+    long long first = ((long long)blockIdx.x * GEMV_WARPS + threadIdx.x / R4D_WARP) * GEMV_ROWS;
+    if (first >= N) return;
+    long long n[GEMV_ROWS];
+    float acc[GEMV_ROWS][MT];
 #pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
-    int e = lane * E;
-    for (; e + 3 * S < K; e += 4 * S) {
-        uint4 v0 = r4d_ld16(codes + chunk_byte<FMT>(n, K, e)), v1 = r4d_ld16(codes + chunk_byte<FMT>(n, K, e + S));
-        uint4 v2 = r4d_ld16(codes + chunk_byte<FMT>(n, K, e + 2 * S)), v3 = r4d_ld16(codes + chunk_byte<FMT>(n, K, e + 3 * S));
-        consume<FMT, MT>(v0, e, n, M, K, x, scale, minimum, acc);
-        consume<FMT, MT>(v1, e + S, n, M, K, x, scale, minimum, acc);
-        consume<FMT, MT>(v2, e + 2 * S, n, M, K, x, scale, minimum, acc);
-        consume<FMT, MT>(v3, e + 3 * S, n, M, K, x, scale, minimum, acc);
-    }
-    for (; e < K; e += S) consume<FMT, MT>(r4d_ld16(codes + chunk_byte<FMT>(n, K, e)), e, n, M, K, x, scale, minimum, acc);
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+        n[r] = min(first + r, (long long)N - 1);  // rows past N read row N-1 and store nothing
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        float total = r4d_warp_sum(acc[m]);
-        if (lane == 0 && m < M) y[(long long)m * N + n] = total;
+        for (int m = 0; m < MT; ++m) acc[r][m] = 0.0f;
     }
+#pragma unroll 2
+    for (int e = lane * E; e < K; e += S) {
+        uint4 v[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r) v[r] = r4d_ld16(codes + chunk_byte<FMT>(n[r], K, e));
+        consume<FMT, MT>(v, e, n, M, K, x, scale, minimum, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            float total = r4d_warp_sum(acc[r][m]);
+            if (lane == 0 && m < M && first + r < N) y[(long long)m * N + first + r] = total;
+        }
 }
 
 #define GEMV_ENTRY(label, FMT, MT)                                                                               \
