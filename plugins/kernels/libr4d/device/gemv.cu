@@ -102,12 +102,21 @@ __device__ void gemv(const float* __restrict__ x, const u8* __restrict__ codes, 
 #pragma unroll
         for (int m = 0; m < MT; ++m) acc[r][m] = 0.0f;
     }
-#pragma unroll 2
-    for (int e = lane * E; e < K; e += S) {
-        uint4 v[GEMV_ROWS];
+    // software-pipelined: the next step's chunks are in flight while this step's are consumed
+    uint4 v[GEMV_ROWS], next[GEMV_ROWS];
+    int e = lane * E;
+    if (e < K) {
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r) v[r] = r4d_ld16(codes + chunk_byte<FMT>(n[r], K, e));
+    }
+    for (; e < K; e += S) {
+        if (e + S < K) {
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; ++r) next[r] = r4d_ld16(codes + chunk_byte<FMT>(n[r], K, e + S));
+        }
         consume<FMT, MT>(v, e, n, M, K, x, scale, minimum, acc);
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r) v[r] = next[r];
     }
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r)
