@@ -84,7 +84,7 @@ def main():
             weight = make_weight(fmt, n, k, 1)
             kind = fmt if fmt != "bf16" else "plain"
             for m in (1, 4, 8, 512):
-                name = f"r4d_gemv_{kind}_dev" if m <= 8 else f"r4d_gemm_{kind}_dev"
+                name = f"r4dchain_gemv_{kind}_dev" if m <= 8 else f"r4dchain_gemm_{kind}_dev"
                 x = activations(m, k, 2)
                 params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
                 y = np.zeros((m, n), np.float32)

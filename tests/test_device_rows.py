@@ -60,7 +60,7 @@ def test_embedding(registry, on_card, fmt, vocab, n):
     ids = np.random.default_rng(0).integers(0, vocab, 64).astype(np.int32)
     ids[:2] = [0, vocab - 1]
     params = {"M": 64, "n": n, "vocab": vocab, "wdtype": fmt, "dtype": "f32"}
-    check(registry, "embedding", "r4d_embedding_dev", on_card, [ids, None, np.zeros((64, n), np.float32)], params,
+    check(registry, "embedding", "r4dchain_embedding_dev", on_card, [ids, None, np.zeros((64, n), np.float32)], params,
           {1: make_weight(fmt, vocab, n, 21)}, read=(2,))
 
 
@@ -69,13 +69,13 @@ def test_rmsnorm_add_silu_take_rows(registry, on_card, m, n):
     x, b = activations(m, n, 1), activations(m, n, 2)
     w = make_weight("f32", 1, n, 3)
     y = np.zeros((m, n), np.float32)
-    check(registry, "rmsnorm", "r4d_rmsnorm_dev", on_card, [x, None, y], {"M": m, "n": n, "eps": 1e-5, "dtype": "f32"},
+    check(registry, "rmsnorm", "r4dchain_rmsnorm_dev", on_card, [x, None, y], {"M": m, "n": n, "eps": 1e-5, "dtype": "f32"},
           {1: w}, read=(2,))
     params = {"M": m, "n": n, "dtype": "f32"}
-    check(registry, "add", "r4d_add_dev", on_card, [x, b, y], params, read=(2,))
-    check(registry, "silu_mul", "r4d_silu_mul_dev", on_card, [x, b, y], params, read=(2,))
+    check(registry, "add", "r4dchain_add_dev", on_card, [x, b, y], params, read=(2,))
+    check(registry, "silu_mul", "r4dchain_silu_mul_dev", on_card, [x, b, y], params, read=(2,))
     index = np.random.default_rng(4).integers(0, m, m).astype(np.int32)
-    check(registry, "take_rows", "r4d_take_rows_dev", on_card, [x, index, y], params, read=(2,))
+    check(registry, "take_rows", "r4dchain_take_rows_dev", on_card, [x, index, y], params, read=(2,))
 
 
 @pytest.mark.parametrize("heads,kv,d,interleaved,theta", [(HEADS, KV_HEADS, HEAD_DIM, 1, 10000.0),
@@ -86,7 +86,7 @@ def test_rope(registry, on_card, heads, kv, d, interleaved, theta, m):
     positions = np.random.default_rng(7).integers(0, 8192, m).astype(np.int32)
     inv_freq = (1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
     params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "interleaved": interleaved, "dtype": "f32"}
-    check(registry, "rope", "r4d_rope_dev", on_card, [q, k, positions, inv_freq], params, read=(0, 1))
+    check(registry, "rope", "r4dchain_rope_dev", on_card, [q, k, positions, inv_freq], params, read=(0, 1))
 
 
 _WEIGHTS: dict = {}
@@ -98,7 +98,7 @@ def gemm_case(registry, on_card, fmt, n, k, m, seed):
     weight = _WEIGHTS[(fmt, n, k, seed)]
     x = activations(m, k, seed + 1)
     label = fmt if fmt in ("q4_1", "q8_0") else "plain"
-    name = f"r4d_gemv_{label}_dev" if m <= 8 else f"r4d_gemm_{label}_dev"
+    name = f"r4dchain_gemv_{label}_dev" if m <= 8 else f"r4dchain_gemm_{label}_dev"
     params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
     return check(registry, "gemm", name, on_card, [x, None, np.zeros((m, n), np.float32)], params, {1: weight},
                  read=(2,), kind="gemv" if m <= 8 else "gemm")
@@ -152,7 +152,7 @@ def attention_case(registry, on_card, heads, kv, d, sequences, block_size=16, se
                 np.zeros((m, heads * d), np.float32)]
     params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "block_size": block_size,
               "scale": 1.0 / np.sqrt(d), "dtype": "f32", "seqs": seqs}
-    got = on_card.run(dev_row(registry, "r4d_attention_dev"), operands, params, read=(3, 4, 10))
+    got = on_card.run(dev_row(registry, "r4dchain_attention_dev"), operands, params, read=(3, 4, 10))
     want = ref(registry, "attention", operands, params, read=(3, 4, 10))
     np.testing.assert_array_equal(got[3], want[3])
     np.testing.assert_array_equal(got[4], want[4])
@@ -177,7 +177,7 @@ def test_sample_greedy_is_the_first_maximum(registry, on_card):
     operands = [logits, zeros, np.zeros(4, np.int32), np.ones(4, np.float32), np.zeros((4, 2), np.uint64),
                 np.full(4, -1, np.int32)]
     params = {"M": 4, "vocab": VOCAB}
-    got = on_card.run(dev_row(registry, "r4d_sample_dev"), operands, params, read=(5,))[5]
+    got = on_card.run(dev_row(registry, "r4dchain_sample_dev"), operands, params, read=(5,))[5]
     np.testing.assert_array_equal(got, np.argmax(logits, axis=1))
     np.testing.assert_array_equal(got, ref(registry, "sample", operands, params, read=(5,))[5])
 
@@ -198,6 +198,6 @@ def test_sample_with_temperature_is_libref_s_token(registry, on_card, vocab):
     params = {"M": rows, "vocab": vocab}
     for step in range(3):
         operands[4] = rng_words + np.array([0, step], np.uint64)
-        got = on_card.run(dev_row(registry, "r4d_sample_dev"), operands, params, read=(5,))[5]
+        got = on_card.run(dev_row(registry, "r4dchain_sample_dev"), operands, params, read=(5,))[5]
         want = ref(registry, "sample", operands, params, read=(5,))[5]
         np.testing.assert_array_equal(got, want)

@@ -3,6 +3,8 @@ registration (device domain only; host selection unchanged), every kernel a plan
 its source, and each row's launch plan (kernels, grids, packed arguments, caching) through a
 recording RadStream."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -38,14 +40,17 @@ def test_device_rows_are_listed_with_the_device_domain_and_leave_host_selection_
     assert {row.op for row in device.values()} == {"embedding", "rmsnorm", "gemm", "rope", "attention", "add",
                                                     "silu_mul", "take_rows", "sample"}
     assert all(name.endswith("_dev") for name in device)
+    chained = [name for name in device if device[name].op not in ("all_reduce", "all_gather")]
+    assert all(name.startswith("r4dchain_") for name in chained)
+    assert all(lib.module.rad_kernel_chain(i) for i, row in enumerate(lib.rows) if row.name in chained)
     gemm = registry.rows_for("gemm")
     for wdtype, label in (("q4_1", "q4_1"), ("q8_0", "q8_0"), ("bf16", "plain")):
         geometry = {"N": 4096, "K": 4096, "wdtype": wdtype, "dtype": "f32"}
         host = resolve("gemm", registry.ops["gemm"].schema, gemm, geometry, {}, RAD_DOMAIN_HOST, 256)
         assert all(band.row.info.domain == RAD_DOMAIN_HOST for band in host.bands)
         dev = resolve("gemm", registry.ops["gemm"].schema, gemm, geometry, {}, RAD_DOMAIN_DEVICE, 256)
-        assert [(b.lo, b.hi, b.row.name) for b in dev.bands] == [(1, 8, f"r4d_gemv_{label}_dev"),
-                                                                 (9, 256, f"r4d_gemm_{label}_dev")]
+        assert [(b.lo, b.hi, b.row.name) for b in dev.bands] == [(1, 8, f"r4dchain_gemv_{label}_dev"),
+                                                                 (9, 256, f"r4dchain_gemm_{label}_dev")]
 
 
 def test_every_kernel_name_is_defined_in_its_source(registry):
@@ -106,7 +111,7 @@ def test_gemv_and_gemm_plans_pack_the_plane_addresses_and_are_cached(registry):
     w = device_weight("q4_1", 192, 576, 0x7000000)
     x, y = dev(0x1000, (4, 576)), dev(0x2000, (4, 192))
     params = {"M": 3, "N": 192, "K": 576, "wdtype": "q4_1", "dtype": "f32", "split_k": 1}
-    row = device_row(registry, "r4d_gemv_q4_1_dev")
+    row = device_row(registry, "r4dchain_gemv_q4_1_dev")
     assert launch(row, [x, w, y], params, stream) == RAD_OK
     assert launch(row, [x, w, y], params, stream) == RAD_OK
     assert stream.compiled == ["r4d_gemv_q4_1_m4"]  # planned once, launched twice
@@ -114,7 +119,7 @@ def test_gemv_and_gemm_plans_pack_the_plane_addresses_and_are_cached(registry):
     assert (kernel, grid, block) == ("r4d_gemv_q4_1_m4", (12, 1, 1), (128, 1, 1))
     values = [int.from_bytes(args.data[o:o + 8], "little") for o in args.offsets[:5]]
     assert values == [0x1000, 0x7000000, 0x7100000, 0x7200000, 0x2000]
-    gemm = device_row(registry, "r4d_gemm_q4_1_dev")
+    gemm = device_row(registry, "r4dchain_gemm_q4_1_dev")
     assert launch(gemm, [x, w, y], {**params, "M": 70}, stream) == RAD_OK
     assert stream.launches[-1][:3] == ("r4d_gemm_dev", (3, 2, 1), (256, 1, 1))
 
@@ -127,7 +132,7 @@ def test_attention_sizes_sequences_and_blocks_from_shapes(registry):
                dev(0x7000, (m,), RAD_DT_I32), dev(0x8000, (seqs + 1,), RAD_DT_I32),
                dev(0x9000, (seqs,), RAD_DT_I32), dev(0xa000, (seqs, max_blocks), RAD_DT_I32), dev(0xb000, (m, 576))]
     params = {"M": m, "q_heads": 9, "kv_heads": 3, "head_dim": 64, "block_size": 16, "scale": 0.125, "dtype": "f32"}
-    assert launch(device_row(registry, "r4d_attention_dev"), tensors, params, stream) == RAD_OK
+    assert launch(device_row(registry, "r4dchain_attention_dev"), tensors, params, stream) == RAD_OK
     (store, *_), (attend, grid, block, args) = stream.launches
     assert store == "r4d_kv_store_dev" and grid == (m, 9, 1) and block == (256, 1, 1)
     ints = [int.from_bytes(args.data[o:o + 4], "little") for o in args.offsets[8:14]]
@@ -135,7 +140,7 @@ def test_attention_sizes_sequences_and_blocks_from_shapes(registry):
 
 
 def test_sample_refuses_a_missing_scratch_and_packs_the_padded_span(registry):
-    stream, row = Recorder(), device_row(registry, "r4d_sample_dev")
+    stream, row = Recorder(), device_row(registry, "r4dchain_sample_dev")
     tensors = [dev(0x1000, (2, 1000)), dev(0x2000, (2,)), dev(0x3000, (2,), RAD_DT_I32), dev(0x4000, (2,)),
                dev(0x5000, (2, 2), 12, 8), dev(0x6000, (2,), RAD_DT_I32)]
     params = {"M": 2, "vocab": 1000}
@@ -145,3 +150,17 @@ def test_sample_refuses_a_missing_scratch_and_packs_the_padded_span(registry):
     kernel, grid, block, args = stream.launches[-1]
     assert (grid, block) == ((2, 1, 1), (1024, 1, 1))
     assert int.from_bytes(args.data[args.offsets[-1]:args.offsets[-1] + 4], "little") == 1024
+
+
+def test_every_chained_kernel_waits_in_its_prologue():
+    """A programmatic dependent launch is only safe if the kernel waits before touching memory."""
+    import re
+
+    folder = Path(__file__).resolve().parent.parent / "plugins" / "kernels" / "libr4d" / "device"
+    for name in ("elementwise", "gemv", "gemm", "attention", "sample"):
+        source = (folder / f"{name}.cu").read_text()
+        kernels = list(re.finditer(r"__global__", source))
+        assert kernels, name
+        for kernel in kernels:
+            body = source[source.index("{", kernel.end()) + 1:].lstrip()
+            assert body.startswith("R4D_CHAIN_PROLOGUE();"), (name, source[kernel.start():kernel.start() + 80])

@@ -70,7 +70,9 @@ def _open() -> None:
                     "several times slower", why)
     _STATE["native"] = loaded
     collective, colours, chains = _collective_rows(loaded)
-    _STATE["rows"] = rows.build_rows(loaded) + collective + _device_rows()
+    device = _device_rows()
+    _STATE["rows"] = rows.build_rows(loaded) + collective + device
+    chains.update({row.name: True for row in device if "r4dchain" in row.name})  # device_rows.chained
     _STATE["colour"], _STATE["chain"] = colours, chains
 
 

@@ -190,12 +190,19 @@ def sample_scratch(geometry) -> int:
 # the table
 
 F32_ACTIVATIONS = RAD_CEQ("dtype", "f32")
+
+
+def chained(name: str) -> str:
+    """Every device row is a chained row (rad_kernel_chain): each of its kernels starts with
+    R4D_CHAIN_PROLOGUE (device/common.cu), so it may be a programmatic dependent launch. The
+    specification recognises chained forms by `r4dchain` in the name."""
+    return name.replace("r4d_", "r4dchain_", 1)
 FORMATS = "q8_0 q4_1 f32 f16 bf16"
 
 
 def build_device_rows() -> list[RadKernelInfo]:
     def row(name, op, build, constraints, computes, shape, dtypes, **hooks):
-        return RadKernelInfo(name=name, op=op, family="r4d", computes=f"{computes} (device/*.cu)", shape=shape,
+        return RadKernelInfo(name=chained(name), op=op, family="r4d", computes=f"{computes} (device/*.cu)", shape=shape,
                              dtypes=dtypes, domain=RAD_DOMAIN_DEVICE, priority=10,
                              constraints=[F32_ACTIVATIONS, *constraints], launch=_planned(name, build), **hooks)
 
@@ -224,7 +231,7 @@ def build_device_rows() -> list[RadKernelInfo]:
         row("r4d_silu_mul_dev", "silu_mul", _elementwise("r4d_silu_mul_dev"), [], "sigmoid in f64 rounded to f32",
             "any", "f32"),
         row("r4d_take_rows_dev", "take_rows", _take_rows, [], "row gather", "any", "f32"),
-        RadKernelInfo(name="r4d_sample_dev", op="sample", family="r4d",
+        RadKernelInfo(name=chained("r4d_sample_dev"), op="sample", family="r4d",
                       computes="greedy first maximum; temperature > 0: libref's top-k, top-p and Philox draw "
                                "(device/sample.cu)", shape="any", dtypes="f32 logits", domain=RAD_DOMAIN_DEVICE,
                       priority=10, constraints=[], launch=_planned("r4d_sample_dev", _sample), scratch=sample_scratch),

@@ -9,7 +9,7 @@
 
 // k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m]; grid (ceil(width / blockDim.x), M)
 extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, float* k_cache, float* v_cache,
-                                            const int* slots, int width) {
+                                            const int* slots, int width) { R4D_CHAIN_PROLOGUE();
     int m = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
     long long slot = slots[m];
@@ -20,7 +20,7 @@ extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, floa
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * R4D_WARP) r4d_attention_dev(
         const float* q, const float* k_cache, const float* v_cache, const int* positions, const int* cu_seqlens,
         const int* context_lens, const int* block_tables, float* out, int seqs, int max_blocks, int q_heads,
-        int kv_heads, int head_dim, int block_size, float scale) {
+        int kv_heads, int head_dim, int block_size, float scale) { R4D_CHAIN_PROLOGUE();
     __shared__ float s_max[ATT_WARPS], s_sum[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][ATT_MAX_DPL * R4D_WARP];
     int m = blockIdx.x, h = blockIdx.y;

@@ -10,6 +10,15 @@
 #define R4D_SHFL_XOR(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
 #endif
 
+// Every kernel's first statement. A chained (r4dchain) row's kernels are programmatic dependent
+// launches on Hopper: this waits until the kernel before it has finished and its writes are visible,
+// then lets the next kernel launch while this one runs. Launched plainly, both are no-ops.
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define R4D_CHAIN_PROLOGUE() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define R4D_CHAIN_PROLOGUE() do { } while (0)
+#endif
+
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;

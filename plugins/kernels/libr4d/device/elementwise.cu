@@ -4,7 +4,7 @@
 
 // y[m, :] = decode(table[ids[m], :]); grid (ceil(n / blockDim.x), M)
 extern "C" __global__ void r4d_embedding_dev(const int* ids, const u8* codes, const u16* scale, const u16* minimum,
-                                             int fmt, int vocab, int n, float* y) {
+                                             int fmt, int vocab, int n, float* y) { R4D_CHAIN_PROLOGUE();
     int m = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= n) return;
     int id = ids[m];
@@ -13,7 +13,7 @@ extern "C" __global__ void r4d_embedding_dev(const int* ids, const u8* codes, co
 }
 
 // y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, one block per row
-extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float* y, int n, float eps) {
+extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float* y, int n, float eps) { R4D_CHAIN_PROLOGUE();
     __shared__ float partial[32];
     const float* row = x + (long long)blockIdx.x * n;
     float sum = 0.0f;
@@ -26,7 +26,7 @@ extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float
 
 // Rotate q [M, q_heads*d] and k [M, kv_heads*d] in place; grid (M, q_heads + kv_heads), d/2 threads
 extern "C" __global__ void r4d_rope_dev(float* q, float* k, const int* positions, const float* inv_freq,
-                                        int q_heads, int kv_heads, int head_dim, int interleaved) {
+                                        int q_heads, int kv_heads, int head_dim, int interleaved) { R4D_CHAIN_PROLOGUE();
     int m = blockIdx.x, h = blockIdx.y, half = head_dim / 2;
     float* base = h < q_heads ? q + ((long long)m * q_heads + h) * head_dim
                               : k + ((long long)m * kv_heads + (h - q_heads)) * head_dim;
@@ -42,12 +42,12 @@ extern "C" __global__ void r4d_rope_dev(float* q, float* k, const int* positions
 }
 
 // Elementwise over count = M*n values
-extern "C" __global__ void r4d_add_dev(const float* a, const float* b, float* y, long long count) {
+extern "C" __global__ void r4d_add_dev(const float* a, const float* b, float* y, long long count) { R4D_CHAIN_PROLOGUE();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x)
         y[i] = a[i] + b[i];
 }
 
-extern "C" __global__ void r4d_silu_mul_dev(const float* gate, const float* up, float* y, long long count) {
+extern "C" __global__ void r4d_silu_mul_dev(const float* gate, const float* up, float* y, long long count) { R4D_CHAIN_PROLOGUE();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
         float g = gate[i];
         float sig = (float)(1.0 / (1.0 + exp(-(double)g)));
@@ -56,7 +56,7 @@ extern "C" __global__ void r4d_silu_mul_dev(const float* gate, const float* up, 
 }
 
 // y[m, :] = x[index[m], :]; grid (ceil(n / blockDim.x), M); rows = x's row count
-extern "C" __global__ void r4d_take_rows_dev(const float* x, const int* index, float* y, int n, int rows) {
+extern "C" __global__ void r4d_take_rows_dev(const float* x, const int* index, float* y, int n, int rows) { R4D_CHAIN_PROLOGUE();
     int m = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= n) return;
     int r = index[m];

@@ -9,7 +9,7 @@
 
 extern "C" __global__ void __launch_bounds__(256) r4d_gemm_dev(const float* __restrict__ x, const u8* codes,
                                                                const u16* scale, const u16* minimum, int fmt,
-                                                               float* __restrict__ y, int M, int N, int K) {
+                                                               float* __restrict__ y, int M, int N, int K) { R4D_CHAIN_PROLOGUE();
     __shared__ float4 As[GM_BK][GM_BM / 4];
     __shared__ float4 Ws[GM_BK][GM_BN / 4];
     float* as = (float*)As;

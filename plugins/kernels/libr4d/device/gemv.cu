@@ -129,7 +129,7 @@ __device__ void gemv(const float* __restrict__ x, const u8* __restrict__ codes, 
 
 #define GEMV_ENTRY(label, FMT, MT)                                                                               \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * R4D_WARP) r4d_gemv_##label##_m##MT(                \
-        const float* x, const u8* codes, const u16* scale, const u16* minimum, float* y, int M, int N, int K) { \
+        const float* x, const u8* codes, const u16* scale, const u16* minimum, float* y, int M, int N, int K) { R4D_CHAIN_PROLOGUE(); \
         gemv<FMT, MT>(x, codes, scale, minimum, y, M, N, K);                                                     \
     }
 #define GEMV_ENTRIES(label, FMT) GEMV_ENTRY(label, FMT, 1) GEMV_ENTRY(label, FMT, 2) GEMV_ENTRY(label, FMT, 4) GEMV_ENTRY(label, FMT, 8)

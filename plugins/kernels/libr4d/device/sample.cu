@@ -37,7 +37,7 @@ __device__ double r4d_philox_uniform(u64 seed, u64 step) {
 // scratch per row: `padded` u64 keys (padded = a power of two >= vocab), then vocab f32 running sums
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) r4d_sample_dev(
         const float* logits, const float* temperature, const int* top_k, const float* top_p, const u64* rng,
-        int* tokens, int vocab, u8* scratch, int padded) {
+        int* tokens, int vocab, u8* scratch, int padded) { R4D_CHAIN_PROLOGUE();
     __shared__ float s_val[32];
     __shared__ int s_idx[32];
     __shared__ int s_count, s_result;
