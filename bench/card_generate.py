@@ -24,6 +24,7 @@ from pathlib import Path
 from checkout_shim import ROOT  # noqa: F401  (first: maps the checkout under `radiance.`)
 
 HBM_BYTES_PER_S = 4.8e12
+USER_CARDS = os.environ.get("CUDA_VISIBLE_DEVICES")
 EIGHT_B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, context=4096,
                rope_theta=500000.0, tie_embeddings=False)
 
@@ -50,14 +51,16 @@ def generate(engine, prompt_ids, tokens):
     return list(sequence.output_ids), samples
 
 
-def in_process(model, device, graphs, prompt_ids, tokens):
+def in_process(model, device, graphs, prompt_ids, tokens, chain=True):
     from radiance.engine.registry import Registry
     from radiance.generation.engine import Engine
     from radiance.generation.options import EngineOptions
     from radiance.generation.text import TextCodec
     from radiance.generation.worker import Worker
 
-    options = EngineOptions(model=str(model), progress=False, device=device, graphs=graphs, max_context=1024)
+    os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"  # in process: one card
+    options = EngineOptions(model=str(model), progress=False, device=device, graphs=graphs, chain=chain,
+                            max_context=1024)
     start = time.perf_counter()
     worker = Worker(options, Registry()).build()
     loaded = time.perf_counter() - start
@@ -70,7 +73,7 @@ def in_process(model, device, graphs, prompt_ids, tokens):
     return summary(ids, samples, loaded)
 
 
-def launched(model, tp, graphs, prompt_ids, tokens):
+def launched(model, tp, graphs, prompt_ids, tokens, chain=True):
     from radiance.generation.options import EngineOptions
     from radiance.launch.cli import run_launch
 
@@ -79,8 +82,12 @@ def launched(model, tp, graphs, prompt_ids, tokens):
     def work(engine, coordinator):
         result["ids"], result["samples"] = generate(engine, prompt_ids, tokens)
 
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # the launcher pins each rank to the card it is given
+    if USER_CARDS is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = USER_CARDS
     start = time.perf_counter()
-    run_launch(EngineOptions(model=str(model), progress=False, graphs=graphs, max_context=1024), tp, None, False,
+    run_launch(EngineOptions(model=str(model), progress=False, graphs=graphs, chain=chain, max_context=1024), tp,
+               None, False,
                600.0, 600.0, False, work)
     return summary(result["ids"], result["samples"], time.perf_counter() - start)
 
@@ -111,7 +118,6 @@ def main() -> int:
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--tokens", type=int, default=16)
     args = parser.parse_args()
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
     results = {}
     from radiance.convert.api import convert, convert_synthetic
     from radiance.convert.synthetic import LlamaShape
@@ -121,7 +127,8 @@ def main() -> int:
             model = Path(folder) / "smollm2.rad"
             convert(args.gguf, model)
             ids = [1, 504, 1341, 3594, 5567, 314]  # a fixed prompt: the same ids on every path
-            runs = {"card, graphs": in_process(model, "auto", True, ids, args.tokens),
+            runs = {"card, graphs, chain": in_process(model, "auto", True, ids, args.tokens),
+                    "card, graphs, no chain": in_process(model, "auto", True, ids, args.tokens, chain=False),
                     "card, no graphs": in_process(model, "auto", False, ids, args.tokens),
                     "host rows": in_process(model, "host", True, ids, args.tokens)}
             report("SmolLM2-135M Q4_1, TP 1", runs)
@@ -135,10 +142,10 @@ def main() -> int:
             ids = [128000, 791, 2380, 6156, 27230, 527]
             for tp in args.tp:
                 runs = {}
-                for graphs in (True, False):
-                    label = f"card TP {tp}, {'graphs' if graphs else 'no graphs'}"
-                    runs[label] = in_process(model, "auto", graphs, ids, args.tokens) if tp == 1 else \
-                        launched(model, tp, graphs, ids, args.tokens)
+                for graphs, chain in ((True, True), (True, False), (False, True), (False, False)):
+                    label = f"card TP {tp}, {'graphs' if graphs else 'no graphs'}, {'chain' if chain else 'no chain'}"
+                    runs[label] = in_process(model, "auto", graphs, ids, args.tokens, chain) if tp == 1 else \
+                        launched(model, tp, graphs, ids, args.tokens, chain)
                 if tp == 1 and args.host_8b:
                     runs["host rows TP 1"] = in_process(model, "host", True, ids, max(4, args.tokens // 4))
                 bound = 1e3 * (total - EIGHT_B["vocab"] * EIGHT_B["hidden"] * 2) / tp / HBM_BYTES_PER_S

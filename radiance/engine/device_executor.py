@@ -49,6 +49,7 @@ class DeviceExecutor:
                 if band.row.info.scratch:
                     nbytes = int(band.row.info.scratch(dict(band.geometry)))
                     self._scratch[id(band)] = (self.memory.zeros(nbytes, f"scratch {band.row.name}").ptr, nbytes)
+        device.synchronize()  # scratch zeroed on the device's own stream
         self._plans: dict = {}
         self._graphs: dict = {}  # (tokens, seqs) -> instantiated graph
         self._seen: set = set()

@@ -61,6 +61,7 @@ class DeviceMemory:
             self.buffers[b.name] = (allocation.ptr, dtype, rows[b.extent], b.cols, b.extent)
         self.tables = {name: self.upload_tensor(table, f"table {name}") for name, table in tables.items()}
         self._weights: dict = {}
+        device.synchronize()  # the zeroing above ran on the device's own stream, not the engine's
 
     # ---- allocation and upload ------------------------------------------------------------------
     def alloc(self, nbytes: int, label: str):
