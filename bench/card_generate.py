@@ -112,6 +112,7 @@ def report(name, runs, bound_ms=None):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="first a small synthetic model: TP 1 and 2, card and host")
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--eight-b", action="store_true")
     parser.add_argument("--host-8b", action="store_true")
@@ -123,6 +124,16 @@ def main() -> int:
     from radiance.convert.synthetic import LlamaShape
 
     with tempfile.TemporaryDirectory() as folder:
+        if args.small:
+            model = Path(folder) / "small.rad"
+            convert_synthetic(model, LlamaShape(hidden=576, layers=4, heads=6, kv_heads=6, ffn=1536, vocab=49152), seed=5)
+            ids = [1, 504, 1341, 3594, 5567, 314]
+            runs = {"host rows TP 1": in_process(model, "host", True, ids, args.tokens),
+                    "card TP 1, graphs, chain": in_process(model, "auto", True, ids, args.tokens),
+                    "card TP 1, no graphs, no chain": in_process(model, "auto", False, ids, args.tokens, False),
+                    "card TP 2, graphs, chain": launched(model, 2, True, ids, args.tokens)}
+            report("small synthetic (576 hidden, 4 layers, bf16)", runs)
+            results["small"] = runs
         if args.gguf:
             model = Path(folder) / "smollm2.rad"
             convert(args.gguf, model)
