@@ -94,8 +94,10 @@ def launched(model, tp, graphs, prompt_ids, tokens, chain=True):
 
 def summary(ids, samples, seconds):
     decode = samples[2:]  # the prefill, then the first decode step (it warms, the second captures)
-    return {"tokens": ids, "prefill_ms": 1e3 * samples[0], "decode_ms": 1e3 * statistics.median(decode),
-            "decode_min_ms": 1e3 * min(decode), "load_s": seconds}
+    result = {"tokens": ids, "prefill_ms": 1e3 * samples[0], "decode_ms": 1e3 * statistics.median(decode),
+              "decode_min_ms": 1e3 * min(decode), "load_s": seconds}
+    print(f"    ... decode {result['decode_ms']:.3f} ms/token, load {seconds:.1f} s, tokens {ids}", flush=True)
+    return result
 
 
 def report(name, runs, bound_ms=None):

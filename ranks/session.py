@@ -56,7 +56,7 @@ class RankSession:
         # shared memory), set up over the host buffers just attached.
         from radiance.collectives.device_peers import DevicePeers
 
-        self.device_peers = DevicePeers(self.worker.device, attached, bool(combined["device.p2p"]),
+        self.device_peers = DevicePeers(self.worker.device, self.peers, bool(combined["device.p2p"]),
                                         self.worker.collective_bytes())
         return self.device_peers
 
