@@ -73,14 +73,22 @@ def in_process(model, device, graphs, prompt_ids, tokens, chain=True):
     return summary(ids, samples, loaded)
 
 
-def launched(model, tp, graphs, prompt_ids, tokens, chain=True):
+def launched(model, tp, graphs, prompt_ids, tokens, chain=True, profile=False):
     from radiance.generation.options import EngineOptions
     from radiance.launch.cli import run_launch
 
     result = {}
 
     def work(engine, coordinator):
+        steps, execute = [], engine.execute
+
+        def noted(arrays):  # rank 0's own time in each step (compute; collectives when profiled)
+            answer = execute(arrays)
+            steps.append(dict(coordinator.last_step))
+            return answer
+        engine.execute = noted
         result["ids"], result["samples"] = generate(engine, prompt_ids, tokens)
+        result["rank0"] = {key: 1e3 * statistics.median(step[key] for step in steps[2:]) for key in ("compute", "collectives")}
 
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # the launcher pins each rank to the card it is given
     if USER_CARDS is not None:
@@ -88,8 +96,12 @@ def launched(model, tp, graphs, prompt_ids, tokens, chain=True):
     start = time.perf_counter()
     run_launch(EngineOptions(model=str(model), progress=False, graphs=graphs, chain=chain, max_context=1024), tp,
                None, False,
-               600.0, 600.0, False, work)
-    return summary(result["ids"], result["samples"], time.perf_counter() - start)
+               600.0, 600.0, profile, work)
+    figures = summary(result["ids"], result["samples"], time.perf_counter() - start)
+    figures["rank0_ms"] = result["rank0"]
+    print(f"    ... rank 0: {result['rank0']['compute']:.3f} ms in the step, "
+          f"{result['rank0']['collectives']:.3f} ms in collectives (profiled runs only)", flush=True)
+    return figures
 
 
 def summary(ids, samples, seconds):
@@ -118,6 +130,7 @@ def main() -> int:
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--eight-b", action="store_true")
     parser.add_argument("--host-8b", action="store_true")
+    parser.add_argument("--defaults-only", action="store_true", help="8B: graphs and chain on only (no on/off pairs)")
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--tokens", type=int, default=16)
     args = parser.parse_args()
@@ -155,10 +168,13 @@ def main() -> int:
             ids = [128000, 791, 2380, 6156, 27230, 527]
             for tp in args.tp:
                 runs = {}
-                for graphs, chain in ((True, True), (True, False), (False, True), (False, False)):
+                combos = ((True, True),) if args.defaults_only else ((True, True), (True, False), (False, True), (False, False))
+                for graphs, chain in combos:
                     label = f"card TP {tp}, {'graphs' if graphs else 'no graphs'}, {'chain' if chain else 'no chain'}"
                     runs[label] = in_process(model, "auto", graphs, ids, args.tokens, chain) if tp == 1 else \
                         launched(model, tp, graphs, ids, args.tokens, chain)
+                if tp > 1:
+                    runs[f"card TP {tp}, profiled (no graphs)"] = launched(model, tp, False, ids, args.tokens, True, True)
                 if tp == 1 and args.host_8b:
                     runs["host rows TP 1"] = in_process(model, "host", True, ids, max(4, args.tokens // 4))
                 bound = 1e3 * (total - EIGHT_B["vocab"] * EIGHT_B["hidden"] * 2) / tp / HBM_BYTES_PER_S
