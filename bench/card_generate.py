@@ -117,7 +117,8 @@ def report(name, runs, bound_ms=None):
     reference = None
     for label, run in runs.items():
         reference = reference or run["tokens"]
-        same = "=" if run["tokens"] == reference else "DIFFERS"
+        common = min(len(reference), len(run["tokens"]))  # the host path of the 8B model runs fewer tokens
+        same = f"= ({common})" if run["tokens"][:common] == reference[:common] else "DIFFER"
         extra = f"  bound {bound_ms:.3f} ms ({bound_ms / run['decode_ms']:.0%} of it)" if bound_ms else ""
         print(f"  {label:28} decode {run['decode_ms']:8.3f} ms/token (min {run['decode_min_ms']:.3f})  "
               f"prefill {run['prefill_ms']:8.1f} ms  tokens {same}{extra}")
