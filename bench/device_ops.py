@@ -1,6 +1,6 @@
 """libr4d's device rows on a card: agreement with libref per op, and the speed of the gemm paths.
 
-    CUDA_VISIBLE_DEVICES=0 PYTHONUNBUFFERED=1 python3 bench/device_ops.py
+    CUDA_VISIBLE_DEVICES=0 PYTHONUNBUFFERED=1 python3 bench/device_ops.py [--gemv-only]
 
 Runs where radiance is not installed (checkout_shim maps the checkout). Agreement: the per-op
 tests (tests/test_device_rows.py) are the proof; here a summary of max|y - ref| / max|ref| for the
@@ -28,7 +28,9 @@ from test_device_rows_support import Card, card  # noqa: E402
 from test_libr4d_support import activations, launch, make_weight, rel_err, row_of  # noqa: E402
 
 HBM = 4.8e12
-SHAPES = [("gate/up 14336x4096", 14336, 4096), ("down 4096x14336", 4096, 14336)]
+SHAPES = [("gate/up 14336x4096", 14336, 4096), ("down 4096x14336", 4096, 14336),
+          ("TP 2 gate/up 7168x4096", 7168, 4096), ("TP 2 q 2048x4096", 2048, 4096), ("TP 2 k/v 512x4096", 512, 4096),
+          ("TP 2 o 4096x2048", 4096, 2048)]
 
 
 def weight_bytes(fmt, n, k):
@@ -66,6 +68,7 @@ def copy_ceiling(on_card, nbytes=1 << 30):
 
 
 def main():
+    quick = "--gemv-only" in sys.argv[1:]  # bf16 GEMVs at M = 1 and 4 only: the decode path's figures
     device, stream, why = card()
     if device is None:
         print(f"no card: {why}")
@@ -78,12 +81,12 @@ def main():
     results["copy_read_plus_write_GBps"] = copy_ceiling(on_card) / 1e9
     print(f"card {results['card']} ({device.target}); device-to-device copy {results['copy_read_plus_write_GBps']:.0f} GB/s (read+write)")
     print(f"{'path':34} {'fmt':5} {'M':>4} {'us':>9} {'GB/s':>7} {'%4.8TB/s':>8} {'TFLOP/s':>8} {'rel err':>9}")
-    for fmt in ("bf16", "q8_0", "q4_1"):
+    for fmt in ("bf16",) if quick else ("bf16", "q8_0", "q4_1"):
         for label, n, k in SHAPES:
             t0 = time.perf_counter()
             weight = make_weight(fmt, n, k, 1)
             kind = fmt if fmt != "bf16" else "plain"
-            for m in (1, 4, 8, 512):
+            for m in (1, 4) if quick else (1, 4, 8, 512):
                 name = f"r4dchain_gemv_{kind}_dev" if m <= 8 else f"r4dchain_gemm_{kind}_dev"
                 x = activations(m, k, 2)
                 params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}

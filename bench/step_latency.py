@@ -5,7 +5,7 @@ collective rows, which includes waiting for its peers).
     python bench/step_latency.py [--tp 1 2 3] [--tokens 64] [--layers 30]
 
 The model is synthetic, SmolLM2-sized but with 6 heads and 6 KV heads so that 2 and 3 both divide
-it, Q4_1 linear weights and a Q8_0 embedding, as SmolLM2's GGUF has."""
+it (`--heads 8 --hidden 512` for TP 4), Q4_1 linear weights and a Q8_0 embedding, as SmolLM2's GGUF has."""
 
 import argparse
 import statistics
@@ -63,6 +63,8 @@ def main() -> None:
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--heads", type=int, default=6, help="query heads (and KV heads): --tp must divide it")
+    parser.add_argument("--hidden", type=int, default=576, help="--tp must leave whole Q4_1 blocks: 512 for TP 4")
     args = parser.parse_args()
     from radiance.convert.api import convert_synthetic
     from radiance.convert.synthetic import LlamaShape
@@ -71,7 +73,7 @@ def main() -> None:
         recipe = Path(folder) / "recipe.toml"
         recipe.write_text(RECIPE)
         model = Path(folder) / "model.rad"
-        convert_synthetic(model, LlamaShape(hidden=576, layers=args.layers, heads=6, kv_heads=6, ffn=1536,
+        convert_synthetic(model, LlamaShape(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.heads, ffn=1536,
                                             vocab=49152, context=2048), seed=1, recipe=recipe)
         print(f"decode step, median of {args.tokens} steps, host ranks (ms)")
         print(f"{'tp':>3}{'step':>9}{'delivery':>10}{'compute':>9}{'collect.':>10}{'tok/s':>8}")

@@ -15,7 +15,8 @@ from test_libr4d_support import (  # noqa: F401 (registry is a fixture)
 DEVICE, STREAM, WHY = card()
 pytestmark = pytest.mark.skipif(DEVICE is None, reason=f"device rows need a card: {WHY}")
 LLAMA = dict(hidden=4096, heads=32, kv=8, head_dim=128, ffn=14336, vocab=128256)
-LLAMA_LINEAR = [("gate", 14336, 4096), ("down", 4096, 14336), ("o", 4096, 4096)]
+LLAMA_LINEAR = [("gate", 14336, 4096), ("down", 4096, 14336), ("o", 4096, 4096),
+                ("k_tp2", 512, 4096), ("o_tp2", 4096, 2048)]  # the last three split K (narrow shapes)
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +202,23 @@ def test_sample_with_temperature_is_libref_s_token(registry, on_card, vocab):
         got = on_card.run(dev_row(registry, "r4dchain_sample_dev"), operands, params, read=(5,))[5]
         want = ref(registry, "sample", operands, params, read=(5,))[5]
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("fmt,n,k", [("bf16", 512, 4096), ("q8_0", 256, 4096), ("q4_1", 512, 8192)])
+def test_a_split_k_gemv_gives_the_same_bits_launch_after_launch(registry, on_card, fmt, n, k):
+    """Its last block per row group resets the group's counter: a second launch (a graph replay)
+    with the same scratch must add the chunks again, in the same order."""
+    label = fmt if fmt in ("q4_1", "q8_0") else "plain"
+    row = dev_row(registry, f"r4dchain_gemv_{label}_dev")
+    params = {"M": 2, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+    operands = [activations(2, k, 5), None, np.zeros((2, n), np.float32)]
+    a = on_card.args(row, operands, params, {1: make_weight(fmt, n, k, 9)})
+    assert a.scratch_bytes > 0, "this shape should split K"
+    results = []
+    for _ in range(3):
+        assert row.info.launch(a) == 0
+        results.append(on_card.download(a.t[2], operands[2]))
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+    want = ref(registry, "gemm", operands, params, {1: make_weight(fmt, n, k, 9)}, read=(2,))[2]
+    assert rel_err(results[0], want) <= tolerance(registry, "gemv")

@@ -164,3 +164,36 @@ def test_every_chained_kernel_waits_in_its_prologue():
         for kernel in kernels:
             body = source[source.index("{", kernel.end()) + 1:].lstrip()
             assert body.startswith("R4D_CHAIN_PROLOGUE();"), (name, source[kernel.start():kernel.start() + 80])
+
+
+def test_narrow_gemvs_split_k_into_whole_pipelined_steps(registry):
+    dk = module(registry, "device_kernels")
+    assert dk.gemv_split(14336, 4096, "bf16") == (1, 4096)      # 896 blocks fill the card already
+    assert dk.gemv_split(512, 4096, "bf16") == (8, 512)         # 32 blocks: K in 8 chunks of 2 steps
+    for n, k, fmt in [(512, 4096, "bf16"), (2048, 4096, "bf16"), (4096, 2048, "bf16"), (4096, 14336, "q8_0"),
+                      (1000, 4000, "q4_1"), (576, 1536, "q4_1")]:
+        splits, chunk = dk.gemv_split(n, k, fmt)
+        step = 32 * dk.GEMV_CHUNK_ELEMENTS[fmt]
+        assert 1 <= splits <= dk.GEMV_MAX_SPLITS and (splits - 1) * chunk < k <= splits * chunk
+        assert splits == 1 or (chunk % step == 0 and chunk >= 2 * step)
+        offset, total = dk.gemv_scratch_layout(8, n, k, fmt)
+        assert (total == 0) == (splits == 1)
+        assert splits == 1 or total - offset == 4 * splits * 8 * n
+
+
+def test_a_split_gemv_plans_its_partials_in_the_rows_scratch(registry):
+    stream = Recorder()
+    w = device_weight("q8_0", 256, 4096, 0x7000000)
+    x, y = dev(0x1000, (1, 4096)), dev(0x2000, (1, 256))
+    params = {"M": 8, "N": 256, "K": 4096, "wdtype": "q8_0", "dtype": "f32", "split_k": 1}
+    row = device_row(registry, "r4dchain_gemv_q8_0_dev")
+    need = row.info.scratch({**params, "M": 1})
+    assert 0 < need < row.info.scratch(dict(params))  # the band's M = 8 bounds what M = 1 needs
+    assert launch(row, [x, w, y], {**params, "M": 1}, stream, 0x9000000, need - 1) == RAD_E_NOMEM
+    assert launch(row, [x, w, y], {**params, "M": 1}, stream, 0x9000000, need) == RAD_OK
+    kernel, grid, block, args = stream.launches[-1]
+    splits, chunk = module(registry, "device_kernels").gemv_split(256, 4096, "q8_0")
+    assert grid == (16, splits, 1) and splits > 1
+    k_chunk = int.from_bytes(args.data[args.offsets[8]:args.offsets[8] + 4], "little")
+    partial, counters = (int.from_bytes(args.data[o:o + 8], "little") for o in args.offsets[9:11])
+    assert k_chunk == chunk and counters == 0x9000000 and partial > counters

@@ -75,6 +75,7 @@ class Card:
         if row.info.scratch:
             size = int(row.info.scratch(dict(params)))
             scratch = self.alloc(size, "scratch")
+            self.device.memset32(scratch, 0, -(-max(size, 4) // 4), self.stream.handle)  # as the engine does
         return RadArgs(t=tuple(tensors), params=dict(params), scratch=scratch, scratch_bytes=size, stream=self.stream)
 
     def run(self, row, operands, params, weights=None, read=()):

@@ -51,8 +51,36 @@ def warp_size(vendor: str) -> int:
     return 64 if vendor == "hip" else 32
 
 
-def gemv_grid(n: int, warp: int = 32) -> tuple:
-    return (-(-n // (GEMV_WARPS * GEMV_ROWS)), 1, 1), (GEMV_WARPS * warp, 1, 1)
+def gemv_grid(n: int, warp: int = 32, splits: int = 1) -> tuple:
+    return (-(-n // (GEMV_WARPS * GEMV_ROWS)), splits, 1), (GEMV_WARPS * warp, 1, 1)
+
+
+GEMV_CHUNK_ELEMENTS = {"f32": 4, "f16": 8, "bf16": 8, "q8_0": 16, "q4_1": 32}  # one lane's 16 bytes
+GEMV_TARGET_BLOCKS = 512  # about 4 blocks per multiprocessor of an H200 (132): below it, K is split
+GEMV_MAX_SPLITS = 16
+
+
+def gemv_split(n: int, k: int, fmt: str, warp: int = 32) -> tuple[int, int]:
+    """(splits, k_chunk): K cut into `splits` chunks of `k_chunk` elements, each a whole number of a
+    warp's steps and at least two of them (the loads are pipelined two deep), when N alone gives
+    fewer than GEMV_TARGET_BLOCKS blocks. One split: k_chunk = K."""
+    step = warp * GEMV_CHUNK_ELEMENTS[fmt]
+    steps = -(-k // step)
+    blocks = -(-n // (GEMV_WARPS * GEMV_ROWS))
+    splits = max(1, min(-(-GEMV_TARGET_BLOCKS // blocks), GEMV_MAX_SPLITS, steps // 2))
+    if splits == 1:
+        return 1, k
+    chunk = -(-steps // splits) * step
+    return -(-k // chunk), chunk
+
+
+def gemv_scratch_layout(m: int, n: int, k: int, fmt: str, warp: int = 32) -> tuple[int, int]:
+    """(offset of the partial sums, total bytes): a u32 counter per row group, then [splits, M, N] f32."""
+    splits, _ = gemv_split(n, k, fmt, warp)
+    if splits == 1:
+        return 0, 0
+    counters = -(-(4 * -(-n // (GEMV_WARPS * GEMV_ROWS))) // 256) * 256
+    return counters, counters + 4 * splits * m * n
 
 
 def gemm_grid(m: int, n: int) -> tuple:

@@ -133,11 +133,23 @@ def _take_rows(a):
 def _gemv(a):
     x, weight, y = a.t
     w, m = DeviceWeight(weight), int(a.params["M"])
-    name = dk.gemv_name(w.label, m)
-    grid, block = dk.gemv_grid(w.rows, dk.warp_size(getattr(a.stream, "vendor", "")))
+    name, warp = dk.gemv_name(w.label, m), dk.warp_size(getattr(a.stream, "vendor", ""))
+    splits, k_chunk = dk.gemv_split(w.rows, w.cols, w.label, warp)
+    partial, need = dk.gemv_scratch_layout(m, w.rows, w.cols, w.label, warp)
+    if need > int(a.scratch_bytes or 0):
+        return RAD_E_NOMEM
+    scratch = int(a.scratch or 0)
+    grid, block = dk.gemv_grid(w.rows, warp, splits)
     args = (KernelArgs(name).pointer(_address(x)).pointer(w.codes).pointer(w.scale).pointer(w.min)
-            .pointer(_address(y)).i32(m).i32(w.rows).i32(w.cols))
+            .pointer(_address(y)).i32(m).i32(w.rows).i32(w.cols).i32(k_chunk)
+            .pointer(scratch + partial if splits > 1 else 0).pointer(scratch if splits > 1 else 0))
     return [(name, "gemv", grid, block, args, 0)]
+
+
+def gemv_scratch(geometry) -> int:
+    """Split-K partial sums and counters (device_kernels.gemv_scratch_layout) at the band's largest M."""
+    fmt = geometry["wdtype"] if geometry["wdtype"] in dk.GEMV_CHUNK_ELEMENTS else "f32"
+    return dk.gemv_scratch_layout(int(geometry["M"]), int(geometry["N"]), int(geometry["K"]), fmt)[1]
 
 
 def _gemm(a):
@@ -212,7 +224,8 @@ def build_device_rows() -> list[RadKernelInfo]:
         layout = _layout_as_stored(fmt.split())
         gemm_rows.append(row(f"r4d_gemv_{label}_dev", "gemm", _gemv, [RAD_CLE("M", dk.GEMV_MAX_M), *common],
                              "decode GEMV: a warp per output row, the planes streamed once for all M rows",
-                             f"M<={dk.GEMV_MAX_M}, K%{div}==0", f"f32 x {fmt}", layout=layout))
+                             f"M<={dk.GEMV_MAX_M}, K%{div}==0", f"f32 x {fmt}", layout=layout,
+                             scratch=gemv_scratch))
         gemm_rows.append(row(f"r4d_gemm_{label}_dev", "gemm", _gemm, [RAD_CGE("M", dk.GEMV_MAX_M + 1), *common],
                              "prefill GEMM: 64x64 f32 tiles through shared memory, weights decoded per tile",
                              f"M>={dk.GEMV_MAX_M + 1}, K%{div}==0", f"f32 x {fmt}", layout=layout))

@@ -87,13 +87,18 @@ __device__ __forceinline__ void consume(const uint4* v, int e, const long long* 
     }
 }
 
+// Split K (gridDim.y > 1, for shapes too narrow to fill the card): block (bx, s) sums K's s-th
+// chunk of its rows into partial[s][m][n]; the last of a row group's blocks to finish (a counter per
+// group, reset by that block for the next launch) adds the chunks in s order, so y does not depend on
+// which block finished last.
 template <int FMT, int MT>
 __device__ void gemv(const float* __restrict__ x, const u8* __restrict__ codes, const u16* __restrict__ scale,
-                     const u16* __restrict__ minimum, float* __restrict__ y, int M, int N, int K) {
+                     const u16* __restrict__ minimum, float* __restrict__ y, int M, int N, int K, int k_chunk,
+                     float* partial, u32* counters) {
     const int E = Chunk<FMT>::E, S = R4D_WARP * E;
     int lane = threadIdx.x % R4D_WARP;
     long long first = ((long long)blockIdx.x * GEMV_WARPS + threadIdx.x / R4D_WARP) * GEMV_ROWS;
-    if (first >= N) return;
+    int k_end = min(K, (int)(blockIdx.y + 1) * k_chunk);
     long long n[GEMV_ROWS];
     float acc[GEMV_ROWS][MT];
 #pragma unroll
@@ -104,13 +109,13 @@ __device__ void gemv(const float* __restrict__ x, const u8* __restrict__ codes, 
     }
     // software-pipelined: the next step's chunks are in flight while this step's are consumed
     uint4 v[GEMV_ROWS], next[GEMV_ROWS];
-    int e = lane * E;
-    if (e < K) {
+    int e = (int)blockIdx.y * k_chunk + lane * E;
+    if (first < N && e < k_end) {
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r) v[r] = r4d_ld16(codes + chunk_byte<FMT>(n[r], K, e));
     }
-    for (; e < K; e += S) {
-        if (e + S < K) {
+    for (; first < N && e < k_end; e += S) {
+        if (e + S < k_end) {
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; ++r) next[r] = r4d_ld16(codes + chunk_byte<FMT>(n[r], K, e + S));
         }
@@ -118,19 +123,43 @@ __device__ void gemv(const float* __restrict__ x, const u8* __restrict__ codes, 
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r) v[r] = next[r];
     }
+    bool split = gridDim.y > 1;
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r)
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             float total = r4d_warp_sum(acc[r][m]);
-            if (lane == 0 && m < M && first + r < N) y[(long long)m * N + first + r] = total;
+            if (lane == 0 && m < M && first + r < N) {
+                if (split) partial[((long long)blockIdx.y * M + m) * N + first + r] = total;
+                else y[(long long)m * N + first + r] = total;
+            }
         }
+    if (!split) return;
+    __shared__ int last;
+    __threadfence();  // this block's partials visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int rows = GEMV_WARPS * GEMV_ROWS;
+    long long base = (long long)blockIdx.x * rows;
+    for (int i = threadIdx.x; i < rows * M; i += blockDim.x) {
+        long long col = base + i % rows;
+        int m = i / rows;
+        if (col >= N) continue;
+        float total = 0.0f;
+        for (int s = 0; s < (int)gridDim.y; ++s) total += ((volatile const float*)partial)[((long long)s * M + m) * N + col];
+        y[(long long)m * N + col] = total;
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0u;  // ready for the next launch (a graph replays it)
 }
 
 #define GEMV_ENTRY(label, FMT, MT)                                                                               \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * R4D_WARP) r4d_gemv_##label##_m##MT(                \
-        const float* x, const u8* codes, const u16* scale, const u16* minimum, float* y, int M, int N, int K) { R4D_CHAIN_PROLOGUE(); \
-        gemv<FMT, MT>(x, codes, scale, minimum, y, M, N, K);                                                     \
+        const float* x, const u8* codes, const u16* scale, const u16* minimum, float* y, int M, int N, int K,      \
+        int k_chunk, float* partial, u32* counters) { R4D_CHAIN_PROLOGUE();                                        \
+        gemv<FMT, MT>(x, codes, scale, minimum, y, M, N, K, k_chunk, partial, counters);                         \
     }
 #define GEMV_ENTRIES(label, FMT) GEMV_ENTRY(label, FMT, 1) GEMV_ENTRY(label, FMT, 2) GEMV_ENTRY(label, FMT, 4) GEMV_ENTRY(label, FMT, 8)
 
