@@ -142,13 +142,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         if args.small:
             model = Path(folder) / "small.rad"
-            convert_synthetic(model, LlamaShape(hidden=576, layers=4, heads=6, kv_heads=6, ffn=1536, vocab=49152), seed=5)
+            # hidden 1024 bf16: the GEMVs of K = 1024 split K in two (device_kernels.gemv_split)
+            convert_synthetic(model, LlamaShape(hidden=1024, layers=4, heads=8, kv_heads=8, ffn=2048, vocab=49152), seed=5)
             ids = [1, 504, 1341, 3594, 5567, 314]
             runs = {"host rows TP 1": in_process(model, "host", True, ids, args.tokens),
                     "card TP 1, graphs, chain": in_process(model, "auto", True, ids, args.tokens),
                     "card TP 1, no graphs, no chain": in_process(model, "auto", False, ids, args.tokens, False),
                     "card TP 2, graphs, chain": launched(model, 2, True, ids, args.tokens)}
-            report("small synthetic (576 hidden, 4 layers, bf16)", runs)
+            report("small synthetic (1024 hidden, 4 layers, bf16)", runs)
             results["small"] = runs
         if args.gguf:
             model = Path(folder) / "smollm2.rad"

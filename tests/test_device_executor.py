@@ -163,3 +163,24 @@ def test_chained_rows_are_programmatic_dependent_launches_where_asked(tmp_path, 
         assert {launch.programmatic for launch in device.launches} == {chain}
     finally:
         worker.close()
+
+
+def test_a_scratch_hook_that_asks_for_nothing_gets_nothing(tmp_path, tiny_model):
+    """An unsplit GEMV's hook answers 0: no allocation (a 1-byte one made the card's memset fail)."""
+    registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
+    fakedev = next(library for library in registry.hierarchy if library.name == "fakedev")
+    gemm = next(row for row in fakedev.rows if row.op == "gemm")
+    gemm.info.scratch = lambda geometry: 0
+    rmsnorm = next(row for row in fakedev.rows if row.op == "rmsnorm")
+    rmsnorm.info.scratch = lambda geometry: 6  # not a whole number of words
+    device = fake_card(registry)
+    _, worker = generate(tiny_model, registry, device, max_seqs=2)
+    try:
+        scratch = worker.executor._scratch
+        bands = [band for item in worker.resolved for band in item.resolution.bands]
+        assert not any(id(band) in scratch for band in bands if band.row.op == "gemm")
+        sizes = {scratch[id(band)][1] for band in bands if band.row.op == "rmsnorm"}
+        assert sizes == {6}
+        assert all(a.nbytes % 4 == 0 for a in worker.executor.memory.allocations)
+    finally:
+        worker.close()

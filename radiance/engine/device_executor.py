@@ -46,8 +46,8 @@ class DeviceExecutor:
         for resolution in unique_resolutions(resolved):
             resolution.instantiate()
             for band in resolution.bands:
-                if band.row.info.scratch:
-                    nbytes = int(band.row.info.scratch(dict(band.geometry)))
+                nbytes = int(band.row.info.scratch(dict(band.geometry))) if band.row.info.scratch else 0
+                if nbytes > 0:  # a hook may say a band needs none (an unsplit GEMV)
                     self._scratch[id(band)] = (self.memory.zeros(nbytes, f"scratch {band.row.name}").ptr, nbytes)
         device.synchronize()  # scratch zeroed on the device's own stream
         self._plans: dict = {}

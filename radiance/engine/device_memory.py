@@ -70,8 +70,9 @@ class DeviceMemory:
         return allocation
 
     def zeros(self, nbytes: int, label: str):
-        allocation = self.alloc(nbytes, label)
-        self.device.memset32(allocation.ptr, 0, -(-max(int(nbytes), 1) // 4))
+        words = -(-max(int(nbytes), 1) // 4)
+        allocation = self.alloc(4 * words, label)  # whole words: a 32-bit memset may not pass the end
+        self.device.memset32(allocation.ptr, 0, words)
         return allocation
 
     def upload(self, array: np.ndarray, label: str) -> int:
