@@ -163,3 +163,20 @@ def test_native_add_rmsnorm_is_libref_s_add_then_rmsnorm(registry, m):
                   {"M": m, "n": HIDDEN, "eps": 1e-5, "dtype": "f32"}, {1: norm}) == 0
     np.testing.assert_array_equal(ours_r, ref_r)
     np.testing.assert_array_equal(ours_y, ref_y)
+
+
+def test_sample_when_the_draw_rounds_to_one_after_a_top_p_cut(registry, monkeypatch):
+    """f32(u) == 1 (u > 1 - 2**-25): no running sum exceeds u * total, and libref takes the last
+    token its top_p cut kept; so must libr4d, whose order is only the head of libref's."""
+    import sys
+
+    for library in LIBRARIES:
+        package = row_of(registry, "sample", library).plugin.module.__name__
+        monkeypatch.setattr(sys.modules[f"{package}.sample"], "uniform", lambda seed, step: 1.0 - 2.0 ** -30)
+    values = np.full((1, VOCAB), -100.0, np.float32)
+    values[0, :3] = [10.0, 9.5, 9.0]  # the head: three values within 20 of the maximum
+    operands = lambda: [values, np.ones(1, np.float32), np.zeros(1, np.int32), np.full(1, 0.9999, np.float32),
+                        np.ones((1, 2), np.uint64), np.zeros(1, np.int32)]
+    ours, ref = both(registry, "sample", operands, {"M": 1, "vocab": VOCAB})
+    assert ref[5][0] == 2
+    assert ours[5][0] == ref[5][0]

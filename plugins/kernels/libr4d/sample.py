@@ -85,7 +85,9 @@ def _draw_sorted(scaled, order, top_k, top_p, seed, step, partial=False) -> int:
     running = np.cumsum(weights, dtype=F32)  # an in-order scan, as libref's
     if 0 < top_p < 1:
         cut = int(np.searchsorted(running, F32(top_p) * running[-1], side="left")) + 1
-        order, running, partial = order[:cut], running[:cut], partial and cut == len(order)
+        # libref cuts its full order at the same place (past the head the sums do not move), so
+        # its order ends here too: the fallback below is this order's last, not the full order's
+        order, running, partial = order[:cut], running[:cut], False
     threshold = F32(uniform(seed, step)) * running[-1]
     index = int(np.searchsorted(running, threshold, side="right"))
     if index >= len(order) and partial:
