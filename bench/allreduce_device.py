@@ -2,7 +2,7 @@
 
     PYTHONUNBUFFERED=1 python3 bench/allreduce_device.py [--tests] [--quick]
 
-Two processes started with multiprocessing spawn, one card each (CUDA_VISIBLE_DEVICES), which
+`--ranks N` (default 2) processes started with multiprocessing spawn, one card each (CUDA_VISIBLE_DEVICES), which
 exchange IPC handles through torch.distributed's FileStore and also form an NCCL process group
 (NVLink multicast stays off: NCCL_NVLS_ENABLE=0). bf16 messages of 8 KB to 1 GiB; for each size:
   - ours, plain: back-to-back launches from Python (the device layer's cuLaunchKernel), per op;
@@ -245,17 +245,23 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", action="store_true", help="run tests/test_device_allreduce.py first")
     parser.add_argument("--quick", action="store_true", help="latency sizes and 16/64 MiB only")
+    parser.add_argument("--ranks", type=int, default=2, help="cards, one process each (2 to 8)")
     options = parser.parse_args()
+    if not 2 <= options.ranks <= 8:
+        parser.error(f"--ranks {options.ranks}: 2 to 8 cards")
+    world = options.ranks
     out = os.environ.get("OUT")
     results = {"python": sys.version.split()[0], "command": "python3 bench/allreduce_device.py" +
-               (" --tests" if options.tests else "") + (" --quick" if options.quick else "")}
+               (" --tests" if options.tests else "") + (" --quick" if options.quick else "") +
+               f" --ranks {world}"}
     if options.tests:
         results["tests"] = run_tests(out)
     sizes = LATENCY_SIZES + (BANDWIDTH_SIZES[:2] if options.quick else BANDWIDTH_SIZES)
     context, folder = mp.get_context("spawn"), tempfile.mkdtemp(prefix="radar")
     queue = context.Queue()
     t0 = time.perf_counter()
-    ranks = [context.Process(target=rank_main, args=(r, 2, str(Path(folder) / "store"), sizes, queue)) for r in range(2)]
+    ranks = [context.Process(target=rank_main, args=(r, world, str(Path(folder) / "store"), sizes, queue))
+             for r in range(world)]
     for process in ranks:
         process.start()
     reports = []
@@ -264,7 +270,7 @@ def main():
             reports.append(queue.get(timeout=200))
         except Exception:  # noqa: BLE001  (queue.Empty: a rank hangs; end ours and say so)
             seen = {r["rank"] for r in reports}
-            reports += [{"rank": r, "error": f"rank {r} never reported"} for r in range(2) if r not in seen]
+            reports += [{"rank": r, "error": f"rank {r} never reported"} for r in range(world) if r not in seen]
             break
     reports.sort(key=lambda r: r["rank"])
     for process in ranks:
@@ -279,7 +285,7 @@ def main():
     else:
         results["card"] = reports[0]["card"]
         results["timed_out"] = [r["timed_out"] for r in reports]
-        results["rows"] = combine(reports, 2)
+        results["rows"] = combine(reports, world)
         results["per_rank"] = reports
         print(table(results["rows"]), flush=True)
         print(json.dumps(results["card"]), flush=True)
