@@ -1,6 +1,6 @@
-"""Device P2P all-reduce against NCCL on two cards (the lent nvidia-h200-x2), in the same run.
+"""Device P2P all-reduce against NCCL on N cards (two on the lent nvidia-h200-x2), in the same run.
 
-    PYTHONUNBUFFERED=1 python3 bench/allreduce_device.py [--tests] [--quick]
+    PYTHONUNBUFFERED=1 python3 bench/allreduce_device.py [--tests] [--quick] [--ranks N]
 
 `--ranks N` (default 2) processes started with multiprocessing spawn, one card each (CUDA_VISIBLE_DEVICES), which
 exchange IPC handles through torch.distributed's FileStore and also form an NCCL process group

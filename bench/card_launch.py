@@ -2,11 +2,13 @@
 given (checked by PCI bus id, with the user's CUDA_VISIBLE_DEVICES naming cards out of order), the
 P2P fact measured through IPC handles, and TP generation on card ranks.
 
-    python3 bench/card_launch.py        # on the lent machine; radiance need not be installed
+    python3 bench/card_launch.py [--order 3,1]   # on the lent machine; radiance need not be installed
 
-Until libr4d has device rows, card ranks run the host rows; with P2P measured the collectives need
-device P2P rows, so the run with P2P is expected to stop at resolution, naming the op and the fact.
-Results go to $OUT/card_launch.json when $OUT is set."""
+`--order` is the user's CUDA_VISIBLE_DEVICES, cards named out of order (default: on four or more
+cards 3,1, else the two first reversed); rank r must report the PCI bus id of the r-th card named.
+Two launches: with --disable-p2p (the collectives' _host twins, staged through pinned shared memory)
+and with P2P as measured. Card ranks run libr4d's device rows. Results go to $OUT/card_launch.json
+when $OUT is set."""
 
 import json
 import os
@@ -23,7 +25,8 @@ from radiance.launch.devices import visible_cards  # noqa: E402
 
 
 def launch(model: Path, environ: dict, *extra) -> dict:
-    command = [sys.executable, "-m", "radiance.launch.cli", "--tp", "2", "--model", str(model), "--prompt",
+    tp = str(len(environ["CUDA_VISIBLE_DEVICES"].split(",")))
+    command = [sys.executable, "-m", "radiance.launch.cli", "--tp", tp, "--model", str(model), "--prompt",
                "hello there", "--max-tokens", "8", "--temperature", "0", *extra]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **environ},
                           cwd=tempfile.gettempdir(), timeout=240)
@@ -33,9 +36,14 @@ def launch(model: Path, environ: dict, *extra) -> dict:
 
 
 def main() -> None:
+    import argparse
+
     from radiance.convert.api import convert_synthetic
     from radiance.convert.synthetic import LlamaShape
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--order", default=None, help="CUDA_VISIBLE_DEVICES to launch with, e.g. 3,1")
+    options = parser.parse_args()
     cards = visible_cards()
     results = {"cards": [{"index": c.index, "bus_id": c.bus_id, "uuid": c.uuid} for c in cards]}
     print("visible cards:", results["cards"])
@@ -43,9 +51,14 @@ def main() -> None:
     convert_synthetic(model, LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320,
                                         context=256), seed=7)
     if len(cards) >= 2:
-        order = f"{cards[1].index},{cards[0].index}"  # out of order: rank 0 on the second card
+        by_index = {str(c.index): c for c in cards}
+        order = options.order or ("3,1" if len(cards) >= 4 else f"{cards[1].index},{cards[0].index}")
+        named = order.split(",")
+        results["order"] = order
         results["pinned_out_of_order"] = launch(model, {"CUDA_VISIBLE_DEVICES": order}, "--disable-p2p")
-        results["pinned_out_of_order"]["expected_bus_ids"] = {"0": cards[1].bus_id, "1": cards[0].bus_id}
+        expected = {str(r): by_index[i].bus_id for r, i in enumerate(named)}
+        results["pinned_out_of_order"]["expected_bus_ids"] = expected
+        results["pinned_out_of_order"]["each_rank_on_its_card"] = results["pinned_out_of_order"]["rank_bus_ids"] == expected
         results["with_p2p"] = launch(model, {"CUDA_VISIBLE_DEVICES": order})
     print(json.dumps(results, indent=1))
     if os.environ.get("OUT"):
