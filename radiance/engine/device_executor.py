@@ -38,7 +38,7 @@ class DeviceExecutor:
         self.graphs = graphs
         self.chain = chain and device.programmatic_launch
         self.stream = EngineStream(device)
-        self.memory = DeviceMemory(device, link, buffers, {name: t for name, t in tables.items()}, max_tokens,
+        self.memory = DeviceMemory(device, link, buffers, tables, max_tokens,
                                    max_seqs, num_slots, max_blocks)
         self.inputs = self.memory.inputs
         self._gate = None  # (host word, device address) once a collective row needs it
