@@ -98,3 +98,24 @@ def pin(card: Card | None, environment: dict) -> dict:
     else:
         environment["CUDA_VISIBLE_DEVICES"] = card.uuid if card.uuid.startswith("GPU-") else str(card.index)
     return environment
+
+
+VISIBILITY = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
+def pin_this_process(environ=None) -> Card | None:
+    """For one rank in process (`radiance`, TP 1): pin this process to the first card it may use,
+    unless a visibility variable already names exactly one, before any GPU library starts. The
+    card chosen, or None (no card, or one named already)."""
+    environ = os.environ if environ is None else environ
+    named = [environ.get(variable, "") for variable in VISIBILITY]
+    if any(value and value != "-1" and "," not in value for value in named):
+        return None  # the user (or a launcher) chose the card
+    cards = visible_cards()
+    if not cards:
+        return None
+    pinned = pin(cards[0], {variable: environ[variable] for variable in VISIBILITY if variable in environ})
+    for variable in VISIBILITY:
+        environ.pop(variable, None)
+    environ.update(pinned)
+    return cards[0]

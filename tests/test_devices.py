@@ -93,3 +93,25 @@ def test_nvidia_rank_is_pinned_by_uuid(machine):
 def test_host_rank_sees_no_card(machine, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert "CUDA_VISIBLE_DEVICES" not in rank_environment(0, 2, None, 1, {})
+
+
+def test_one_rank_in_process_pins_itself_to_the_first_visible_card(machine, monkeypatch):
+    _, nv = machine
+    nv(3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,1")  # the user's choice of cards, out of order
+    environ = {"CUDA_VISIBLE_DEVICES": "2,1", "HOME": "/root"}
+    card = devices.pin_this_process(environ)
+    assert card.index == 2 and environ == {"CUDA_VISIBLE_DEVICES": "GPU-aaaa2", "HOME": "/root"}
+
+
+def test_a_process_already_given_one_card_or_none_is_left_alone(machine, monkeypatch):
+    _, nv = machine
+    nv(2)
+    environ = {"CUDA_VISIBLE_DEVICES": "1"}
+    assert devices.pin_this_process(environ) is None and environ == {"CUDA_VISIBLE_DEVICES": "1"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # every card hidden
+    environ = {"CUDA_VISIBLE_DEVICES": ""}
+    assert devices.pin_this_process(environ) is None and environ == {"CUDA_VISIBLE_DEVICES": ""}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    nv_free = {}
+    assert devices.pin_this_process(nv_free).index == 0 and nv_free == {"CUDA_VISIBLE_DEVICES": "GPU-aaaa0"}

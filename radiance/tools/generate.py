@@ -23,6 +23,12 @@ log = get_logger("radiance.cli")
 
 def build_engine(model, radiance_home, kernels, accept_reference, debug_selection, max_context, max_step_tokens,
                  max_seqs=1, device="auto", graphs=True, chain=True) -> tuple[Engine, Worker]:
+    if device == "auto":  # one rank in process: the first card this process may use, if any
+        from radiance.launch.devices import pin_this_process
+
+        card = pin_this_process()
+        if card is not None:
+            log.info("running on %s card %d%s", card.vendor, card.index, f" (PCI {card.bus_id})" if card.bus_id else "")
     registry = Registry(radiance_home, kernels)
     engine_options = EngineOptions(model=model, radiance_home=radiance_home, kernels=kernels,
                                    accept_reference=accept_reference, max_context=max_context,
