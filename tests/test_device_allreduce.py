@@ -22,6 +22,8 @@ import pytest
 from radiance.collectives import device_p2p as p2p
 from radiance.ranks.device import MAX_KERNEL_ARG_BYTES
 
+from ranks_support import cards_reason, run_ranks
+
 # ---- host: the source text and the engine side --------------------------------------------------
 
 def test_the_source_and_the_engine_side_agree_on_the_layout():
@@ -123,20 +125,6 @@ def test_the_source_compiles_with_nvrtc_for_hopper_without_a_card():
 
 
 # ---- the card: two processes, one card each ---------------------------------------------------------
-
-def _cards_reason():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        return "cuda-bindings is not installed (pip install 'radiance[cuda]')"
-    try:
-        if int(driver.cuInit(0)[0]) != 0:
-            return "no usable NVIDIA driver"
-        count = driver.cuDeviceGetCount()[1]
-    except Exception as error:
-        return f"no NVIDIA driver: {type(error).__name__}: {error}"
-    return None if count >= 2 else f"device P2P collectives need 2 NVIDIA cards, {count} visible"
-
 
 class FileExchange:
     """All-gather through files: round r, rank i writes r.i and reads every r.*."""
@@ -310,20 +298,13 @@ def _card_checks(rank, world, folder, report):
 
 @pytest.fixture(scope="module")
 def card_reports():
-    reason = _cards_reason()
+    reason = cards_reason(2, "device P2P collectives")
     if reason:
         pytest.skip(reason)
     context, folder = mp.get_context("spawn"), tempfile.mkdtemp(prefix="radar")
     queue = context.Queue()
     ranks = [context.Process(target=_card_rank, args=(r, 2, folder, queue)) for r in range(2)]
-    for process in ranks:
-        process.start()
-    reports = sorted((queue.get(timeout=180) for _ in ranks), key=lambda r: r["rank"])
-    for process in ranks:
-        process.join(timeout=30)
-    for report in reports:
-        assert "error" not in report, f"rank {report['rank']}: {report['error']}"
-    return reports
+    return run_ranks(ranks, queue, timeout=180)
 
 
 def test_results_are_the_rank_order_sum_for_8k_to_64m_and_odd_sizes(card_reports):

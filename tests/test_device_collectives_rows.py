@@ -17,26 +17,14 @@ import traceback
 import numpy as np
 import pytest
 
+from ranks_support import cards_reason, run_ranks
+
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [8 * KiB, 1 * MiB, 8 * MiB]       # bytes of f32 per rank
 ROW = 1024                                # n: every message is [M, 1024] f32
 BUFFER = 8 * MiB
 FORMS = ("p2p", "host")
 WORLD = 2
-
-
-def _cards_reason():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        return "cuda-bindings is not installed (pip install 'radiance[cuda]')"
-    try:
-        if int(driver.cuInit(0)[0]) != 0:
-            return "no usable NVIDIA driver"
-        count = driver.cuDeviceGetCount()[1]
-    except Exception as error:
-        return f"no NVIDIA driver: {type(error).__name__}: {error}"
-    return None if count >= 2 else f"device collective rows need 2 NVIDIA cards, {count} visible"
 
 
 def inputs(rank, count, seed):
@@ -220,24 +208,17 @@ def _card_checks(rank, run_id, barrier, report):
 
 @pytest.fixture(scope="module")
 def card_reports():
-    reason = _cards_reason()
+    reason = cards_reason(WORLD, "device collective rows")
     if reason:
         pytest.skip(reason)
     from radiance.collectives.shm import new_run_id, unlink_run
     context, run_id = mp.get_context("spawn"), new_run_id()
     queue, barrier = context.Queue(), context.Barrier(WORLD)
     ranks = [context.Process(target=_card_rank, args=(r, run_id, barrier, queue)) for r in range(WORLD)]
-    for process in ranks:
-        process.start()
     try:
-        reports = sorted((queue.get(timeout=120) for _ in ranks), key=lambda r: r["rank"])
+        return run_ranks(ranks, queue)
     finally:
-        for process in ranks:
-            process.join(timeout=30)
         unlink_run(run_id)
-    for report in reports:
-        assert "error" not in report, f"rank {report['rank']}: {report['error']}"
-    return reports
 
 
 @pytest.mark.parametrize("form", FORMS)

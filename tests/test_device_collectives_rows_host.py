@@ -19,6 +19,8 @@ from radiance.engine.registry import Registry
 from radiance.engine.selection import SelectionError, resolve
 from radiance.plugins.kernels.libr4d import collectives_device
 
+from ranks_support import run_ranks
+
 DEVICE_ROWS = {"all_reduce_p2p": ("all_reduce", 1), "all_reduce_p2p_host": ("all_reduce", 0),
                "all_gather_p2p": ("all_gather", 1), "all_gather_p2p_host": ("all_gather", 0)}
 
@@ -59,16 +61,10 @@ def test_the_board_exchange_is_an_all_gather_between_processes_and_leaves_nothin
     queue, barrier = context.Queue(), context.Barrier(world)
     processes = [context.Process(target=_board_rank, args=(run_id, r, world, barrier, queue, generations, rounds))
                  for r in range(world)]
-    for process in processes:
-        process.start()
     try:
-        reports = sorted((queue.get(timeout=120) for _ in processes), key=lambda r: r["rank"])
+        reports = run_ranks(processes, queue)
     finally:
-        for process in processes:
-            process.join(timeout=30)
         unlink_run(run_id)
-    for report in reports:
-        assert "error" not in report, f"rank {report['rank']}: {report['error']}"
     for report in reports:
         assert report["generations"] == [1, 2, 3]
         assert report["regions"] == [True]

@@ -184,3 +184,19 @@ def test_a_scratch_hook_that_asks_for_nothing_gets_nothing(tmp_path, tiny_model)
         assert all(a.nbytes % 4 == 0 for a in worker.executor.memory.allocations)
     finally:
         worker.close()
+
+
+def test_a_device_row_that_returns_an_error_fails_the_step_naming_the_node(tmp_path, tiny_model):
+    from radiance.abi import RAD_E_INVALID
+    from radiance.engine.executor import StepError
+
+    registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
+    device = fake_card(registry)
+    _, worker = generate(tiny_model, registry, device, max_seqs=2, graphs=False)
+    try:
+        silu = next(band.row for item in worker.resolved for band in item.resolution.bands if band.row.op == "silu_mul")
+        silu.info.launch = lambda args: RAD_E_INVALID
+        with pytest.raises(StepError, match=r"node 'layers\.0\.ffn\.silu_mul': row fakedev:fakedev_silu_mul returned"):
+            worker.executor.run(2, 2)
+    finally:
+        worker.close()

@@ -20,13 +20,13 @@ from collections import defaultdict
 
 import numpy as np
 
-from radiance.abi import RAD_EXTENT_TOKENS, RAD_LINK_ENDED, RAD_OK, RAD_STEP_TOKENS, RadArgs, rad_tensor
+from radiance.abi import RAD_EXTENT_TOKENS, RAD_STEP_TOKENS, RadArgs, rad_tensor
 
 from radiance.collectives.gate import LinkGateError
 
 from .device_memory import DeviceMemory
 from .device_stream import EngineStream
-from .executor import MAX_CACHED_SHAPES, StepError
+from .executor import MAX_CACHED_SHAPES, check_status
 from .resolve import ResolvedNode, unique_resolutions
 
 
@@ -108,9 +108,7 @@ class DeviceExecutor:
             stream.programmatic = False
             if row.collective == 1:
                 stream.memset32(args.link_gate, 0, 1)
-            if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):
-                item = self.resolved[index]
-                raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
+            check_status(self.resolved[index], row, status)
             if events is not None:
                 self.device.record(events[index + 1], stream.handle)
 

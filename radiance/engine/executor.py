@@ -27,6 +27,12 @@ class StepError(RuntimeError):
     """A row returned an error: names the node, the row and the code."""
 
 
+def check_status(item, row, status: int) -> None:
+    """RAD_OK, or RAD_LINK_ENDED from a colour-2 row; anything else fails the step, naming the node."""
+    if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):
+        raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
+
+
 class Executor:
     def __init__(self, resolved: list[ResolvedNode], buffers: dict, tables: dict, weights: RankWeights,
                  max_tokens: int, max_seqs: int, num_slots: int, max_blocks: int, link: LinkScheduler, peers=None):
@@ -112,8 +118,7 @@ class Executor:
             status = row.info.launch(args)
         if self.profile:
             self.op_seconds[item.node.op] += time.perf_counter() - start
-        if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):
-            raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
+        check_status(item, row, status)
         if not row.chain:
             self.chain.word(0)[0] = index + 1
 
