@@ -1,5 +1,6 @@
 """Shared fixtures: a temporary home to write small plugins into."""
 
+import hashlib
 import textwrap
 from pathlib import Path
 
@@ -78,14 +79,33 @@ def second_home(tmp_path) -> Home:
 TINY_SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320, context=256)
 
 
+SHARED_MODELS: dict = {}  # path -> sha256 of a model file the whole session shares
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def _shared_models_unchanged():
+    """A session-wide model file is the same bytes after every test (a test that changed one would
+    break every later test that reads it, far from the cause)."""
+    yield
+    for path, digest in SHARED_MODELS.items():
+        assert _digest(path) == digest, f"this test changed the session's shared model {path}"
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """A small synthetic llama .rad (f32 weights, byte-level tokenizer), made once per session."""
+    """A small synthetic llama .rad (f32 weights, byte-level tokenizer), made once per session;
+    read-only, and checked unchanged after every test."""
     from radiance.convert.api import convert_synthetic
     from radiance.convert.synthetic import LlamaShape
 
     path = tmp_path_factory.mktemp("models") / "tiny.rad"
     convert_synthetic(path, LlamaShape(**TINY_SHAPE), seed=7)
+    path.chmod(0o444)
+    SHARED_MODELS[path] = _digest(path)
     return path
 
 

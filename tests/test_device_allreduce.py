@@ -111,17 +111,18 @@ def test_the_source_compiles_with_nvrtc_for_hopper_without_a_card():
         flags = [b"--gpu-architecture=sm_90", b"--std=c++17", b"--fmad=false"]
         (err,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
         size = nvrtc.nvrtcGetProgramLogSize(program)[1]
-        log = b" " * size
+        log = bytearray(size)  # b" " * 1 would be the shared b" ", written over
         nvrtc.nvrtcGetProgramLog(program, log)
-        assert int(err) == 0, log.decode(errors="replace")
-        ptx = b" " * nvrtc.nvrtcGetPTXSize(program)[1]
+        assert int(err) == 0, bytes(log).decode(errors="replace")
+        ptx = bytearray(nvrtc.nvrtcGetPTXSize(program)[1])
         nvrtc.nvrtcGetPTX(program, ptx)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
-    ptx = ptx.decode(errors="replace")
+    ptx = bytes(ptx).decode(errors="replace")
     for name in p2p.KERNELS:
         assert f".entry {name}(" in ptx
     assert "ld.acquire.sys" in ptx and "st.release.sys" in ptx and "vprintf" not in ptx
+    assert b" " * 1 == bytes([32]), "nvrtc wrote into the interpreter's shared one-byte object"
 
 
 # ---- the card: two processes, one card each ---------------------------------------------------------

@@ -4,6 +4,8 @@ weights as RadWeightPlanes of device plane tensors (or the uploaded relayout whe
 hook asks for one), scratch of the hook's size, the launch on an EngineStream, the result read back.
 `card()` is None, with the reason, where no CUDA/HIP card is visible or its binding is missing."""
 
+import os
+
 import numpy as np
 
 from radiance.abi import (
@@ -13,13 +15,16 @@ from radiance.abi import (
 
 
 def card():
-    """(device, stream, None) or (None, None, why)."""
+    """(device, stream, None) or (None, None, why). The card is found as `radiance` finds it: the
+    one a visibility variable names, else the first card of the machine."""
     try:
+        from radiance.launch.devices import pin_this_process
         from radiance.ranks.device.selection import backend_name, open_device
-        name = backend_name()
-        if name is None:
-            return None, None, "no card visible (CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES name none)"
-        device = open_device()
+        environ = dict(os.environ)
+        pin_this_process(environ)
+        if backend_name(environ) is None:
+            return None, None, "no card on this machine (none in /proc/driver/nvidia/gpus or the kfd topology)"
+        device = open_device(environ)
     except Exception as error:  # the binding missing, or no card behind the variable
         return None, None, f"no card: {type(error).__name__}: {error}"
     from radiance.engine.device_stream import EngineStream

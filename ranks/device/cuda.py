@@ -163,14 +163,14 @@ class CudaDevice(Device):
             (err,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
             if int(err) != 0:
                 size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-                log = b" " * size
+                log = bytearray(size)  # never a bytes object: b" " * 1 is the interpreter's shared b" "
                 _check(nvrtc.nvrtcGetProgramLog(program, log), "nvrtcGetProgramLog")
                 lines = [l for l in log.decode(errors="replace").splitlines() if "error" in l] or [_error_name(err)]
                 raise DeviceError(f"nvrtc ({self.target}) refused the source: {lines[0].strip()}")
             size = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-            cubin = b" " * size
+            cubin = bytearray(size)
             _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
-            return cubin
+            return bytes(cubin)
         finally:
             nvrtc.nvrtcDestroyProgram(program)
 

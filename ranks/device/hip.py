@@ -158,14 +158,14 @@ class HipDevice(Device):
             (err,) = hiprtc.hiprtcCompileProgram(program, len(flags), flags)
             if int(err) != 0:
                 size = _check(hiprtc.hiprtcGetProgramLogSize(program), "hiprtcGetProgramLogSize")
-                log = b" " * size
+                log = bytearray(size)  # never a bytes object: b" " * 1 is the interpreter's shared b" "
                 _check(hiprtc.hiprtcGetProgramLog(program, log), "hiprtcGetProgramLog")
                 lines = [l for l in log.decode(errors="replace").splitlines() if "error" in l] or [_error_name(err)]
                 raise DeviceError(f"hiprtc ({self.target}) refused the source: {lines[0].strip()}")
             size = _check(hiprtc.hiprtcGetCodeSize(program), "hiprtcGetCodeSize")
-            code = b" " * size
+            code = bytearray(size)
             _check(hiprtc.hiprtcGetCode(program, code), "hiprtcGetCode")
-            return code
+            return bytes(code)
         finally:
             hiprtc.hiprtcDestroyProgram(program.createRef())
 
