@@ -1,8 +1,14 @@
 """Writing a model: declare every weight, then stream each one row block by row block (quantise or
-split, write the planes, decode them back for the error report), so memory is bounded by a row block,
-not by the model. The error summary joins the metadata at the end, in header bytes reserved for it."""
+split, write the planes, decode them back for the error report), so memory is bounded by a row block
+per thread, not by the model. Weights are streamed by a pool of threads, one weight per thread at a
+time: numpy's generators, casts and sums, zlib and pwrite release the GIL on large arrays, and every
+offset is fixed by the declarations, so the file and the report are the same whatever the threads.
+The error summary joins the metadata at the end, in header bytes reserved for it."""
 
+import os
 import sys
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -18,6 +24,10 @@ from .decoding import decode_weight
 from .errors import ConvertError
 from .job import WeightJob
 from .report import WeightError, summary, summary_bytes
+
+# Memory grows by a row block per thread (a whole weight for fp8 and nvfp4); 8 is a guess at where
+# pwrite and the disk, not the CPUs, set the pace.
+MAX_THREADS = 8
 
 
 @dataclass
@@ -49,7 +59,20 @@ def _check_planes(job: WeightJob, planes: dict, shape: tuple) -> None:
                              f"of rows {shape[0]}")
 
 
-def _stream(writer, job: WeightJob, quantizers: dict, bar) -> WeightError:
+class _Stopped(Exception):
+    """An earlier weight failed: this one gives up at its next row block."""
+
+
+def default_threads() -> int:
+    """The CPUs this process may use, at most MAX_THREADS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform (macOS)
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_THREADS))
+
+
+def _stream(writer, job: WeightJob, quantizers: dict, advance, stopped) -> WeightError:
     rows, cols = job.matrix
     step = job.row_block or rows
     for plane in job.encoding.planes:
@@ -58,6 +81,8 @@ def _stream(writer, job: WeightJob, quantizers: dict, bar) -> WeightError:
     nbytes = sum(plane_nbytes(plane, job.matrix) for plane in job.encoding.planes)
     error, shared = WeightError(job.name, job.method, nbytes), {}
     for r0 in range(0, rows, step):
+        if stopped():
+            raise _Stopped
         r1 = min(rows, r0 + step)
         planes, source = job.produce(r0, r1)
         _check_planes(job, planes, (r1 - r0, cols))
@@ -71,7 +96,7 @@ def _stream(writer, job: WeightJob, quantizers: dict, bar) -> WeightError:
             if _whole(plane):
                 shared[plane.name] = data
             writer.write(job.name, plane.name, data)
-            bar.update(data.nbytes)
+            advance(data.nbytes)
         error.add(decode_weight(job.encoding, planes, (r1 - r0, cols), quantizers, job.name), source)
     return error
 
@@ -87,14 +112,53 @@ def _about(model: Model, job: WeightJob):
         raise ConvertError(model.source, f"weight {job.name!r}: {error}") from None
 
 
-def write_model(path, model: Model, quantizers: dict | None = None) -> list[WeightError]:
+def _stream_all(writer, model: Model, quantizers: dict, bar, threads: int) -> list[WeightError]:
+    """Every weight's error, in the model's order, or the failure of the first weight (in that order)
+    that fails, as the sequential writer would raise it: a failure stops the weights after it at
+    their next row block and drops those not begun; the weights before it run on, since one of them
+    may fail too (the pool starts weights in order, so every one before it has begun)."""
+    lock = threading.Lock()
+    first_failed = [len(model.jobs)]  # the index of the first weight failed so far
+
+    def advance(nbytes):
+        with lock:  # tqdm's count is not thread-safe
+            bar.update(nbytes)
+
+    def one(index, job):
+        try:
+            with _about(model, job):
+                return _stream(writer, job, quantizers, advance, lambda: index > first_failed[0])
+        except _Stopped:
+            raise
+        except BaseException:
+            with lock:
+                first_failed[0] = min(first_failed[0], index)
+            raise
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="rad-convert") as pool:
+        futures = [pool.submit(one, index, job) for index, job in enumerate(model.jobs)]
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # Ctrl-C: every weight stops at its next row block
+            first_failed[0] = -1
+            raise
+        finally:
+            pool.shutdown(cancel_futures=True)  # waits for the weights running
+    for future in futures:
+        if not future.cancelled() and not isinstance(future.exception(), _Stopped):
+            future.result()  # raises this weight's failure, if it had one
+    return [future.result() for future in futures]
+
+
+def write_model(path, model: Model, quantizers: dict | None = None,
+                threads: int | None = None) -> list[WeightError]:
     """Write `model` to the .rad file `path`; nothing is left at `path` (or beside it) on failure.
-    `quantizers` ({name: Quantizer}) decode schemes of their own for the error report."""
+    `quantizers` ({name: Quantizer}) decode schemes of their own for the error report; `threads`
+    weights are streamed at a time (default_threads() when None)."""
     quantizers = quantizers or {}
     metadata = {**model.metadata, "source": model.source,
                 "methods": {job.name: job.method for job in model.jobs}}
     reserve = summary_bytes([job.name for job in model.jobs])
-    errors = []
     with ContainerWriter(path, model.architecture, model.hyper, model.tokenizer, model.chat_template,
                          metadata, header_reserve=reserve) as writer:
         sizes = {}
@@ -105,8 +169,6 @@ def write_model(path, model: Model, quantizers: dict | None = None) -> list[Weig
         total = sum(sum(planes.values()) for planes in sizes.values())
         with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, disable=None,
                   desc=f"rad-convert {path}") as bar:
-            for job in model.jobs:
-                with _about(model, job):
-                    errors.append(_stream(writer, job, quantizers, bar))
+            errors = _stream_all(writer, model, quantizers, bar, threads or default_threads())
         writer.update_metadata(summary(errors) if errors else {})
     return errors

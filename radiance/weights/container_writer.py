@@ -3,7 +3,10 @@
 The declarations fix every offset, so the header (with placeholder checksums) is written before the
 first byte of data and rewritten in place, at the same length, once the checksums are known. Planes
 may be written interleaved (a quantiser emits codes, scale and min per row block); within a plane the
-chunks arrive in order. Memory is bounded by the caller's chunk. The file is `path + ".partial"`
+chunks arrive in order. write() may be called from several threads at once for different planes
+(each plane's chunks from one thread, in order): a plane's state is its own, the first write fixes
+the layout under a lock, and pwrite at distinct offsets needs none; close() comes after the last
+write has returned. Memory is bounded by the caller's chunk. The file is `path + ".partial"`
 until close() renames it, so a crash never leaves a half file under the final name. Metadata known
 only at the end (a converter's error report) is added by update_metadata() into `header_reserve`
 bytes of header set aside at the first write.
@@ -12,6 +15,7 @@ bytes of header set aside at the first write.
 import json
 import operator
 import os
+import threading
 import zlib
 
 import numpy as np
@@ -47,6 +51,7 @@ class ContainerWriter:
         self._planes = {}  # (weight, plane) -> [file offset, bytes still due, running crc32]; after start
         self._layout = None  # tensor -> [start, stop) in the data area; fixed by the first write
         self._header_length = None
+        self._starting = threading.Lock()  # the first write fixes the layout once, whichever thread makes it
         self._fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def declare(self, weight, shape, encoding, plane_nbytes):
@@ -147,10 +152,14 @@ class ContainerWriter:
 
     def _start(self):
         """On the first write (or close): fix the layout, write the header, size the file."""
-        if self._fd is None:
-            raise ContainerError(f"{self.path}: the writer is closed")
-        if self._header_length is not None:
-            return
+        with self._starting:
+            if self._fd is None:
+                raise ContainerError(f"{self.path}: the writer is closed")
+            if self._header_length is None:
+                self._lay_out()
+
+    def _lay_out(self):
+        """Fix every plane's offset, write the placeholder header, size the file; once."""
         self._layout, data_size = plan_layout(
             (weight, planes) for weight, (_, _, planes) in self._weights.items())
         header = self._header({}, None)
