@@ -54,13 +54,14 @@ def bits(array):
 def test_the_fused_schema_and_replaces():
     kernel = load_kernel()
     schema = kernel.FUSED_SCHEMA
-    assert schema.op == "all_reduce_add_rmsnorm" and kernel.FUSED_REPLACES == "all_reduce+add+rmsnorm"
+    assert schema.op == "all_reduce_add_rmsnorm"
+    assert kernel.FUSED_REPLACES == "all_reduce(x)+add(residual,x,residual)+rmsnorm(residual,w,y)"
     assert [(p.name, p.type, p.req, p.role) for p in schema.params] == [
         ("M", 1, 0, 1), ("n", 1, 0, 0), ("eps", 2, 0, 0), ("dtype", 3, 0, 0)]
     assert [(o.name, o.role, o.fixed) for o in schema.operands] == [
         ("x", 3, 0), ("residual", 3, 0), ("w", 4, 1), ("y", 2, 0)]
     (row,) = [r for r in kernel.HOST_ROWS if r.op == schema.op]
-    assert row.replaces == "all_reduce+add+rmsnorm" and row.launch is kernel.all_reduce_add_rmsnorm_host
+    assert row.replaces == kernel.FUSED_REPLACES and row.launch is kernel.all_reduce_add_rmsnorm_host
 
 
 @pytest.mark.parametrize("m, n", SHAPES)

@@ -26,11 +26,23 @@ FIXTURE = Path(__file__).parent / "fixtures" / "fakedev.py"
 PROMPTS = [list(range(1, 30)), [5, 9, 200, 17]]
 
 
-def fake_home(tmp_path, build_target="fake", chain=False) -> str:
+def fused_chains() -> dict:
+    """libref's fused ops and the chains they replace: the fake card offers each of them."""
+    registry = Registry(radiance_home="", kernels="libref")
+    try:
+        return {row.op: row.info.replaces for library in registry.hierarchy if library.name == "libref"
+                for row in library.rows if row.info.replaces}
+    finally:
+        registry.close()
+
+
+def fake_home(tmp_path, build_target="fake", chain=False, fused=False) -> str:
     kernels = tmp_path / "home" / "kernels"
     kernels.mkdir(parents=True)
     source = FIXTURE.read_text().replace('BUILD_TARGET = "fake"', f'BUILD_TARGET = {build_target!r}')
     source = source.replace("CHAIN = False", f"CHAIN = {chain}")
+    if fused:
+        source = source.replace("REPLACES = {}", f"REPLACES = {fused_chains()!r}")
     (kernels / "fakedev.py").write_text(source)
     return str(tmp_path / "home")
 
@@ -81,7 +93,7 @@ def test_the_fake_card_gives_the_host_paths_tokens(tmp_path, tiny_model, host_to
     tokens, worker = generate(tiny_model, registry, device, max_seqs=2, graphs=graphs)
     try:
         assert tokens == host_tokens
-        assert {band.row.plugin.name for item in worker.resolved for band in item.resolution.bands} == {"fakedev"}
+        assert {launch.band.row.plugin.name for launch, _, _ in worker.graph.issued()} == {"fakedev"}
         executor = worker.executor
         assert bool(executor._graphs) == graphs
         if graphs:
@@ -105,7 +117,7 @@ def test_a_decode_step_replays_its_graph_without_building_launches(tmp_path, tin
         inputs["step.ids"][:2] = 7  # the last step's inputs otherwise: its slots are simply written again
         executor.run(2, 2)  # a decode shape seen before: a graph launch, no row launch is called
         assert len(fakedev.LAUNCHES) == known
-        assert len(device.launches) - before == len(worker.resolved)
+        assert len(device.launches) - before == len(worker.graph.launches(2, 2))
     finally:
         worker.close()
 
@@ -145,8 +157,8 @@ def test_a_profiled_step_times_every_op_with_card_events(tmp_path, tiny_model):
         executor.profile = True
         before = len(device.launches)
         executor.run(2, 2)
-        assert len(device.launches) - before == len(worker.resolved)  # launched one by one, not the graph
-        assert set(executor.op_seconds) == {item.node.op for item in worker.resolved}
+        assert len(device.launches) - before == len(worker.graph.launches(2, 2))  # one by one, not the graph
+        assert set(executor.op_seconds) == {launch.node.op for launch in worker.graph.launches(2, 2)}
         assert all(seconds >= 0 for seconds in executor.op_seconds.values())
     finally:
         worker.close()
@@ -159,7 +171,7 @@ def test_chained_rows_are_programmatic_dependent_launches_where_asked(tmp_path, 
     tokens, worker = generate(tiny_model, registry, device, max_seqs=2, chain=chain)
     try:
         assert tokens == host_tokens
-        assert all(band.row.chain for item in worker.resolved for band in item.resolution.bands)
+        assert all(launch.band.row.chain for launch, _, _ in worker.graph.issued())
         assert {launch.programmatic for launch in device.launches} == {chain}
     finally:
         worker.close()
@@ -177,7 +189,7 @@ def test_a_scratch_hook_that_asks_for_nothing_gets_nothing(tmp_path, tiny_model)
     _, worker = generate(tiny_model, registry, device, max_seqs=2)
     try:
         scratch = worker.executor._scratch
-        bands = [band for item in worker.resolved for band in item.resolution.bands]
+        bands = [launch.band for launch, _, _ in worker.graph.issued()]
         assert not any(id(band) in scratch for band in bands if band.row.op == "gemm")
         sizes = {scratch[id(band)][1] for band in bands if band.row.op == "rmsnorm"}
         assert sizes == {6}
@@ -194,9 +206,28 @@ def test_a_device_row_that_returns_an_error_fails_the_step_naming_the_node(tmp_p
     device = fake_card(registry)
     _, worker = generate(tiny_model, registry, device, max_seqs=2, graphs=False)
     try:
-        silu = next(band.row for item in worker.resolved for band in item.resolution.bands if band.row.op == "silu_mul")
+        silu = next(launch.band.row for launch, _, _ in worker.graph.issued() if launch.band.row.op == "silu_mul")
         silu.info.launch = lambda args: RAD_E_INVALID
         with pytest.raises(StepError, match=r"node 'layers\.0\.ffn\.silu_mul': row fakedev:fakedev_silu_mul returned"):
             worker.executor.run(2, 2)
     finally:
         worker.close()
+
+
+def test_fused_rows_on_the_fake_card_give_the_unfused_tokens_in_fewer_launches(tmp_path, tiny_model, host_tokens):
+    registry = Registry(radiance_home=fake_home(tmp_path, fused=True), kernels="fakedev,libref")
+    device = fake_card(registry)
+    results = {}
+    for fusion in (True, False):
+        tokens, worker = generate(tiny_model, registry, device, max_seqs=2, fusion=fusion)
+        try:
+            launches = worker.graph.launches(2, 2)
+            results[fusion] = (tokens, [launch.node.op for launch in launches])
+        finally:
+            worker.close()
+    assert results[True][0] == results[False][0] == host_tokens
+    fused_ops, plain_ops = results[True][1], results[False][1]
+    # per layer: rmsnorm_gemm3, rope_attention, gemm_add, rmsnorm_gemm2_silu_mul, gemm_add; then the lm head
+    assert fused_ops == ["embedding"] + ["rmsnorm_gemm3", "rope_attention", "gemm_add", "rmsnorm_gemm2_silu_mul",
+                                         "gemm_add"] * 2 + ["take_rows_rmsnorm_gemm_sample"]
+    assert len(plain_ops) == 1 + 14 * 2 + 4  # 14 plain ops a layer

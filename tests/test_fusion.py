@@ -1,58 +1,179 @@
-"""A row whose `replaces` names the exact chain is run in the chain's place; one that is only close
-fuses nothing; where no fused row serves a band, the chain runs as declared."""
+"""Fused rows by `replaces`: a row whose `replaces` spells the graph's chain exactly (ops and wiring)
+runs in its place, only where its own library serves every link (the hierarchy is absolute), and
+only in the bands it declares; anything close publishes nothing; a declaration that cannot be what
+its op computes is refused at load."""
 
-from radiance.abi import RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS
-from radiance.engine.fusion import available_rules, fuse
+import numpy as np
+import pytest
+
+from radiance.abi import RAD_DOMAIN_HOST, RAD_DT_F32, RAD_EXTENT_TOKENS
+from radiance.collectives.gate import LinkScheduler
+from radiance.engine.executor import Executor
 from radiance.engine.registry import Registry
 from radiance.engine.resolve import resolve_graph
-from radiance.engine.shard import RankNode
+from radiance.engine.shard import RankBuffer, RankNode
 
-
-def chain(i=0):
-    return [RankNode(i, "all_reduce", "ar", RAD_EXTENT_TOKENS, {"n": 8, "dtype": "f32"}, ("t",)),
-            RankNode(i + 1, "add", "res", RAD_EXTENT_TOKENS, {"n": 8, "dtype": "f32"}, ("h", "t", "h")),
-            RankNode(i + 2, "rmsnorm", "norm", RAD_EXTENT_TOKENS, {"n": 8, "eps": 1e-5, "dtype": "f32"},
-                     ("h", "norm.w", "x"))]
-
+ADD_NORM = "add(residual,delta,residual)+rmsnorm(residual,w,y)"
 
 FUSED = """
-ROWS = [row("fused", "all_reduce_add_rmsnorm", {constraint}replaces={replaces!r}),
-        row("reduce", "all_reduce"), row("plus", "add"), row("norm", "rmsnorm")]
-SCHEMAS = []
+import numpy as np
+
+def _norm(x, w, y, eps):
+    scale = np.float32(1) / np.sqrt((x * x).sum(axis=1, keepdims=True, dtype=np.float32) / np.float32(x.shape[1])
+                                    + np.float32(eps))
+    y[:] = (x * scale) * w.reshape(-1)
+
+
+def plus(a):
+    first, second, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    y[:m] = first[:m] + second[:m]
+    return RAD_OK
+
+
+def norm(a):
+    x, w, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    _norm(x[:m], w, y[:m], a.params["eps"])
+    return RAD_OK
+
+
+def add_norm(a):
+    residual, delta, w, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    residual[:m] = residual[:m] + delta[:m]
+    _norm(residual[:m], w, y[:m], a.params["eps"])
+    CALLS.append(m)
+    return RAD_OK
+
+CALLS = []
+P = lambda name, kind=RAD_P_INT: RadParamSpec(name, kind, RAD_REQUIRED, RAD_PROLE_NONE)
+SCHEMAS = [RadOpSchema("t_add_norm", [RadParamSpec("M", RAD_P_INT, RAD_REQUIRED, RAD_PROLE_SEQ_CHUNK), P("n"),
+                                      P("eps", RAD_P_F64), P("dtype", RAD_P_STR)], 0,
+                       [RadOperandSpec("residual", RAD_OPD_INOUT, 0), RadOperandSpec("delta", RAD_OPD_IN, 0),
+                        RadOperandSpec("w", RAD_OPD_WEIGHT, 1), RadOperandSpec("y", RAD_OPD_OUT, 0)], 0,
+                       "residual += delta; y = rmsnorm(residual) * w")]
+ROWS = [row("fused", "t_add_norm", {constraints}replaces={replaces!r}, launch=add_norm),
+        {plain}]
 """
+PLAIN = 'row("plus", "add", launch=plus), row("norm", "rmsnorm", launch=norm)'
 
 
-def registry_with(home, replaces, constraint=""):
-    home.kernel("fuser", FUSED.format(replaces=replaces, constraint=constraint))
-    return Registry(str(home.root), kernels="fuser,libref")
+def write_fuser(home, name="fuser", replaces=ADD_NORM, constraints="", plain=PLAIN):
+    home.kernel(name, FUSED.format(replaces=replaces, constraints=constraints, plain=plain))
 
 
-def test_exact_replaces_fuses_the_chain_binding_its_operands(home):
-    registry = registry_with(home, "all_reduce+add+rmsnorm")
-    (node,) = fuse(chain(), available_rules(registry))
-    assert (node.op, node.operands, node.params) == (
-        "all_reduce_add_rmsnorm", ("t", "h", "norm.w", "x"), {"n": 8, "eps": 1e-5, "dtype": "f32"})
-    resolved = resolve_graph([node], registry, {}, RAD_DOMAIN_HOST, 16, 1, accept_reference=True)
-    assert [r.resolution.bands[0].row.name for r in resolved] == ["fused"]
+def chain(residual_out="h"):
+    """add(h, t, h); rmsnorm(h, w, x), or wired otherwise."""
+    return [RankNode(0, "add", "res", RAD_EXTENT_TOKENS, {"n": 8, "dtype": "f32"}, ("h", "t", residual_out)),
+            RankNode(1, "rmsnorm", "norm", RAD_EXTENT_TOKENS, {"n": 8, "eps": 1e-5, "dtype": "f32"},
+                     (residual_out, "norm.w", "x"))]
 
 
-def test_a_row_that_is_only_close_fuses_nothing(home):
-    registry = registry_with(home, "all_reduce+add")
-    registry.hierarchy = [library for library in registry.hierarchy if library.name == "fuser"]
-    assert [node.op for node in fuse(chain(), available_rules(registry))] == ["all_reduce", "add", "rmsnorm"]
+def graph_of(registry, nodes, max_tokens=16, **kw):
+    return resolve_graph(nodes, registry, {}, RAD_DOMAIN_HOST, max_tokens, 1, accept_reference=True, **kw)
 
 
-def test_a_chain_wired_otherwise_is_not_fused(home):
-    registry = registry_with(home, "all_reduce+add+rmsnorm")
+def test_an_exact_replaces_runs_in_place_of_the_chain_binding_its_operands(home):
+    write_fuser(home)
+    graph = graph_of(Registry(str(home.root), kernels="fuser,libref"), chain())
+    (launch,) = graph.launches(3, 1)
+    assert (launch.node.op, launch.node.operands, launch.node.params) == (
+        "t_add_norm", ("h", "t", "norm.w", "x"), {"n": 8, "eps": 1e-5, "dtype": "f32"})
+    assert launch.band.row.name == "fused" and launch.node.name == "res+norm"
+    assert graph.lines() == ["res+norm|t_add_norm|[1, 16]|fuser:fused"]
+    assert any("fused, replaces " + ADD_NORM in line for line in graph.report())
+    without = graph_of(Registry(str(home.root), kernels="fuser,libref"), chain(), fusion=False)
+    assert [launch.band.row.name for launch in without.launches(3, 1)] == ["plus", "norm"]
+
+
+def test_a_replaces_that_differs_by_one_op_fuses_nothing(home):
+    write_fuser(home)
     nodes = chain()
-    nodes[1] = RankNode(1, "add", "res", RAD_EXTENT_TOKENS, {"n": 8, "dtype": "f32"}, ("h", "other", "h"))
-    assert [node.op for node in fuse(nodes, available_rules(registry))] == ["all_reduce", "add", "rmsnorm"]
+    nodes[1] = RankNode(1, "silu_mul", "act", RAD_EXTENT_TOKENS, {"n": 8, "dtype": "f32"}, ("h", "norm.w", "x"))
+    graph = graph_of(Registry(str(home.root), kernels="fuser,libref"), nodes)
+    assert [launch.band.row.name for launch in graph.launches(3, 1)] == ["plus", "ref_silu_mul"]
+    assert graph.fusions == []
+    (note,) = [note for note in graph.notes if "fuser:fused" in note]
+    assert note.startswith("fusion not taken: fuser:fused") and "occurs nowhere" in note
 
 
-def test_without_a_fused_row_for_every_band_the_chain_runs(home):
-    registry = registry_with(home, "all_reduce+add+rmsnorm", constraint='RAD_CLE("M", 4), ')
-    fused = fuse(chain(), available_rules(registry))
-    assert [node.op for node in fused] == ["all_reduce_add_rmsnorm"]
-    resolved = resolve_graph(fused, registry, {}, RAD_DOMAIN_HOST, 16, 1, accept_reference=False)
-    assert [(r.node.op, r.resolution.bands[0].row.name) for r in resolved] == [
-        ("all_reduce", "reduce"), ("add", "plus"), ("rmsnorm", "norm")]
+def test_a_chain_wired_otherwise_is_not_fused_and_says_so(home):
+    write_fuser(home)
+    graph = graph_of(Registry(str(home.root), kernels="fuser,libref"), chain(residual_out="t"))
+    assert [launch.band.row.name for launch in graph.launches(3, 1)] == ["plus", "norm"]
+    (note,) = [note for note in graph.notes if "fuser:fused" in note]
+    assert "wired otherwise" in note and "add(residual,delta,delta)+rmsnorm(delta,w,y)" in note
+
+
+def test_a_later_librarys_fused_row_never_displaces_an_earlier_librarys_rows(home):
+    home.kernel("first", "ROWS = [row('plus1', 'add'), row('norm1', 'rmsnorm')]\nSCHEMAS = []\n")
+    write_fuser(home, name="second")
+    graph = graph_of(Registry(str(home.root), kernels="first,second,libref"), chain())
+    assert [launch.band.row.name for launch in graph.launches(3, 1)] == ["plus1", "norm1"]
+    report = "\n".join(graph.report())
+    assert "M=[1, 16]: the chain runs: hierarchy: first serves add at res" in report
+    # the same library serving the links and offering the fusion: taken
+    assert [launch.band.row.name for launch in
+            graph_of(Registry(str(home.root), kernels="second,first,libref"), chain()).launches(3, 1)] == ["fused"]
+
+
+def test_the_fused_row_serves_its_bands_and_the_chain_the_rest(home):
+    write_fuser(home, constraints='RAD_CLE("M", 4), ')
+    graph = graph_of(Registry(str(home.root), kernels="fuser,libref"), chain())
+    assert [launch.band.row.name for launch in graph.launches(4, 1)] == ["fused"]
+    assert [launch.band.row.name for launch in graph.launches(5, 1)] == ["plus", "norm"]
+    assert graph.lines() == ["res+norm|t_add_norm|[1, 4]|fuser:fused", "res|add|[5, 16]|fuser:plus",
+                             "norm|rmsnorm|[5, 16]|fuser:norm"]
+    assert "M=[5, 16]: the chain runs: no fused row serves it (fuser:fused: M <= 4 does not hold" in \
+        "\n".join(graph.report())
+
+
+@pytest.mark.parametrize("replaces,why", [
+    ("add(residual,delta,residual)+rmsnorm(residual,w)", "link 1 (rmsnorm) names 2 operands, its schema has 3"),
+    ("add(delta,residual,residual)+rmsnorm(residual,w,y)", "names operands ['delta', 'residual', 'w', 'y'] in first use"),
+    ("add(residual,delta,w)+rmsnorm(residual,w,y)", "operand 'residual' is in in the chain"),
+    ("add(residual,delta,residual)+nope(residual,w,y)", "link 1 is op 'nope', which no loaded library declares"),
+    ("add+rmsnorm", "link 'add' is not op(operand,...)"),
+])
+def test_a_replaces_that_cannot_be_its_op_is_refused_at_load(home, replaces, why):
+    write_fuser(home, replaces=replaces)
+    registry = Registry(str(home.root), kernels="libref")
+    (refusal,) = [r for r in registry.refused if r.path.stem == "fuser"]
+    assert "row 'fused'" in refusal.reason and why in refusal.reason, refusal.reason
+
+
+def test_the_host_executor_runs_the_fused_row_and_leaves_every_operand_as_the_chain_would(home):
+    write_fuser(home)
+    nodes = chain()
+    buffers = {name: RankBuffer(name, RAD_DT_F32, RAD_EXTENT_TOKENS, 8) for name in ("h", "t", "x")}
+    outputs, calls = {}, {}
+    for fusion in (True, False):
+        registry = Registry(str(home.root), kernels="fuser,libref")
+        graph = graph_of(registry, nodes, max_tokens=4, fusion=fusion)
+        weights = FixedWeights({"norm.w": np.linspace(0.5, 1.5, 8, dtype=np.float32)})
+        link = LinkScheduler()
+        executor = Executor(graph, buffers, {}, weights, 4, 1, 16, 1, link)
+        rng = np.random.default_rng(3)
+        for name in ("h", "t"):
+            executor.buffers[name][:] = rng.standard_normal((4, 8), dtype=np.float32)
+        executor.run(3, 1)
+        outputs[fusion] = {name: executor.read_buffer(name, 3) for name in ("h", "x")}
+        calls[fusion] = list(next(lib for lib in registry.hierarchy if lib.name == "fuser").module.CALLS)
+        executor.release()
+        link.close()
+    assert calls == {True: [3], False: []}  # the fused row ran once, in the fused run only
+    for name in ("h", "x"):
+        np.testing.assert_allclose(outputs[True][name], outputs[False][name], rtol=2e-6, atol=1e-7)
+
+
+class FixedWeights:
+    """Plain f32 weights handed to rows as they are."""
+
+    def __init__(self, arrays):
+        from radiance.abi import rad_tensor
+        self.arrays = {name: rad_tensor(array) for name, array in arrays.items()}
+        self.planes = self.arrays
+
+    def operand(self, name, row, geometry):
+        return self.arrays[name]

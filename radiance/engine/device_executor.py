@@ -27,14 +27,14 @@ from radiance.collectives.gate import LinkGateError
 from .device_memory import DeviceMemory
 from .device_stream import EngineStream
 from .executor import MAX_CACHED_SHAPES, check_status
-from .resolve import ResolvedNode, unique_resolutions
+from .resolve import Launch, ResolvedGraph
 
 
 class DeviceExecutor:
-    def __init__(self, resolved: list[ResolvedNode], buffers: dict, tables: dict, weights, max_tokens: int,
+    def __init__(self, graph: ResolvedGraph, buffers: dict, tables: dict, weights, max_tokens: int,
                  max_seqs: int, num_slots: int, max_blocks: int, link, peers, device, graphs: bool = True,
                  chain: bool = True):
-        self.resolved, self.host_weights, self.link, self.peers, self.device = resolved, weights, link, peers, device
+        self.graph, self.host_weights, self.link, self.peers, self.device = graph, weights, link, peers, device
         self.graphs = graphs
         self.chain = chain and device.programmatic_launch
         self.stream = EngineStream(device)
@@ -43,7 +43,7 @@ class DeviceExecutor:
         self.inputs = self.memory.inputs
         self._gate = None  # (host word, device address) once a collective row needs it
         self._scratch = {}
-        for resolution in unique_resolutions(resolved):
+        for resolution in graph.resolutions():
             resolution.instantiate()
             for band in resolution.bands:
                 nbytes = int(band.row.info.scratch(dict(band.geometry))) if band.row.info.scratch else 0
@@ -79,28 +79,31 @@ class DeviceExecutor:
             self._gate = (word, self.device.map_host(word))
         return self._gate[1]
 
-    def _build(self, item: ResolvedNode, tokens: int, seqs: int):
-        extent = tokens if item.node.extent == RAD_EXTENT_TOKENS else seqs
-        band = item.resolution.band_for(extent)
-        tensors = tuple(self._operand(name, band, tokens, seqs) for name in item.node.operands)
+    def _build(self, launch: Launch, tokens: int, seqs: int):
+        extent = tokens if launch.node.extent == RAD_EXTENT_TOKENS else seqs
+        band = launch.band
+        tensors = tuple(self._operand(name, band, tokens, seqs) for name in launch.node.operands)
         scratch, scratch_bytes = self._scratch.get(id(band), (None, 0))
-        args = RadArgs(t=tensors, params={**band.geometry, item.resolution.ranged: extent}, scratch=scratch,
+        args = RadArgs(t=tensors, params={**band.geometry, launch.schema.params[0].name: extent}, scratch=scratch,
                        scratch_bytes=scratch_bytes, instance=band.instance, stream=self.stream, peers=self.peers,
                        link_gate=self._gate_address() if band.row.collective else None)
-        return band.row, args
+        return launch, args
 
     def _plan(self, tokens: int, seqs: int) -> list:
+        """[(launch, args)] of one step shape, built once."""
         plan = self._plans.get((tokens, seqs))
         if plan is None:
             if len(self._plans) >= MAX_CACHED_SHAPES:
                 self._plans.clear()
-            plan = self._plans[(tokens, seqs)] = [self._build(item, tokens, seqs) for item in self.resolved]
+            plan = self._plans[(tokens, seqs)] = [self._build(launch, tokens, seqs)
+                                                  for launch in self.graph.launches(tokens, seqs)]
         return plan
 
     # ---- running a step -------------------------------------------------------------------------
     def _issue(self, plan: list, events=None) -> None:
         stream = self.stream
-        for index, (row, args) in enumerate(plan):
+        for index, (launch, args) in enumerate(plan):
+            row = launch.band.row
             if row.collective:
                 stream.memset32(args.link_gate, 1, 1)  # the hold, taken where the stream reaches the row
             stream.programmatic = self.chain and row.chain
@@ -108,7 +111,7 @@ class DeviceExecutor:
             stream.programmatic = False
             if row.collective == 1:
                 stream.memset32(args.link_gate, 0, 1)
-            check_status(self.resolved[index], row, status)
+            check_status(launch, row, status)
             if events is not None:
                 self.device.record(events[index + 1], stream.handle)
 
@@ -135,7 +138,8 @@ class DeviceExecutor:
         device.copy_to_host(tokens_out, self.inputs.device + self.inputs.offsets[RAD_STEP_TOKENS], handle)
         device.synchronize(handle)
         if self._gate is not None and self._gate[0][0] != 0:
-            held = [f"{row.plugin.name}:{row.name}" for row, _ in self._plan(tokens, seqs) if row.collective]
+            held = [f"{launch.band.row.plugin.name}:{launch.band.row.name}" for launch, _ in self._plan(tokens, seqs)
+                    if launch.band.row.collective]
             raise LinkGateError(f"the link gate is still held after the step: a colour-2 device row ({', '.join(held)}) "
                                 f"must store 0 into RadArgs.link_gate once its peers' bytes have landed")
 
@@ -146,15 +150,15 @@ class DeviceExecutor:
         self.device.record(events[0], self.stream.handle)
         self._issue(plan, events)
         self.device.synchronize(self.stream.handle)
-        for index, item in enumerate(self.resolved):
-            self.op_seconds[item.node.op] += self.device.elapsed_ms(events[index], events[index + 1]) / 1e3
+        for index, (launch, _) in enumerate(plan):
+            self.op_seconds[launch.node.op] += self.device.elapsed_ms(events[index], events[index + 1]) / 1e3
 
     def read_buffer(self, name: str, rows: int) -> np.ndarray:
         return self.memory.read_buffer(name, rows)
 
     def release(self) -> None:
         self.device.synchronize(self.stream.handle)
-        for resolution in unique_resolutions(self.resolved):
+        for resolution in self.graph.resolutions():
             resolution.release()
         if self._gate is not None:
             try:

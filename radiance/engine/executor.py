@@ -1,7 +1,7 @@
 """Runs one rank's resolved graph, step after step. Buffers are allocated once at their largest;
-a step's launch plan (every node's row and RadArgs, and which runs of concurrent rows overlap) is
-built once per (tokens, seqs) shape and reused, so a decode step costs one dict lookup and then
-only launches."""
+a step's launch plan (every launch's row and RadArgs, fused rows where they serve, and which runs of
+concurrent rows overlap) is built once per (tokens, seqs) shape and reused, so a decode step costs
+one dict lookup and then only launches."""
 
 import time
 from collections import defaultdict
@@ -15,9 +15,9 @@ from radiance.abi import (
 from radiance.collectives.chain import ChainWords
 from radiance.collectives.gate import LinkScheduler
 
-from .overlap import Overlap
+from .overlap import Overlap, runs
 from .rank_weights import RankWeights
-from .resolve import ResolvedNode, unique_resolutions
+from .resolve import Launch, ResolvedGraph
 from .step_inputs import StepInputs
 
 MAX_CACHED_SHAPES = 64  # (tokens, seqs) shapes whose launch plans are kept; decode reuses a handful
@@ -27,16 +27,16 @@ class StepError(RuntimeError):
     """A row returned an error: names the node, the row and the code."""
 
 
-def check_status(item, row, status: int) -> None:
+def check_status(launch: Launch, row, status: int) -> None:
     """RAD_OK, or RAD_LINK_ENDED from a colour-2 row; anything else fails the step, naming the node."""
     if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):
-        raise StepError(f"node '{item.node.name}': row {row.plugin.name}:{row.name} returned {status}")
+        raise StepError(f"node '{launch.node.name}': row {row.plugin.name}:{row.name} returned {status}")
 
 
 class Executor:
-    def __init__(self, resolved: list[ResolvedNode], buffers: dict, tables: dict, weights: RankWeights,
+    def __init__(self, graph: ResolvedGraph, buffers: dict, tables: dict, weights: RankWeights,
                  max_tokens: int, max_seqs: int, num_slots: int, max_blocks: int, link: LinkScheduler, peers=None):
-        self.resolved, self.weights, self.tables, self.peers, self.link = resolved, weights, tables, peers, link
+        self.graph, self.weights, self.tables, self.peers, self.link = graph, weights, tables, peers, link
         # Word 0 counts the launches done this step: a chained row waits in its prologue for the
         # launch before it and bumps the count itself (RadChainRec).
         self.chain = ChainWords.local(1)
@@ -46,13 +46,13 @@ class Executor:
         self.buffers = {b.name: np.zeros((rows[b.extent], b.cols), NUMPY[b.dtype]) for b in buffers.values()}
         self.extents = {b.name: b.extent for b in buffers.values()}
         self._scratch = {}
-        for resolution in unique_resolutions(resolved):
+        for resolution in graph.resolutions():
             resolution.instantiate()
             for band in resolution.bands:
                 if band.row.info.scratch:
                     self._scratch[id(band)] = np.zeros(int(band.row.info.scratch(dict(band.geometry))), np.uint8)
-        self._plans: dict = {}  # (tokens, seqs) -> [(first index, [(row, args), ...]), ...]
-        self.overlap = Overlap(resolved)
+        self._plans: dict = {}  # (tokens, seqs) -> [(first index, [(launch, args), ...]), ...]
+        self.overlap = Overlap()
         self.profile = False  # when set, seconds spent per op accumulate in `op_seconds`
         self.op_seconds = defaultdict(float)
 
@@ -69,15 +69,15 @@ class Executor:
             return self.tables[name]
         return self.weights.operand(name, band.row, band.geometry)
 
-    def _build(self, item: ResolvedNode, tokens: int, seqs: int) -> tuple:
-        extent = tokens if item.node.extent == RAD_EXTENT_TOKENS else seqs
-        band = item.resolution.band_for(extent)
-        tensors = tuple(self._operand(name, band, tokens, seqs) for name in item.node.operands)
-        params = {**band.geometry, item.resolution.ranged: extent}
+    def _build(self, launch: Launch, tokens: int, seqs: int) -> tuple:
+        extent = tokens if launch.node.extent == RAD_EXTENT_TOKENS else seqs
+        band = launch.band
+        tensors = tuple(self._operand(name, band, tokens, seqs) for name in launch.node.operands)
+        params = {**band.geometry, launch.schema.params[0].name: extent}
         scratch = self._scratch.get(id(band))
         args = RadArgs(t=tensors, params=params, scratch=scratch,
                        scratch_bytes=0 if scratch is None else scratch.size, instance=band.instance, peers=self.peers)
-        return band.row, args
+        return launch, args
 
     def run(self, tokens: int, seqs: int) -> None:
         """One step over `tokens` tokens of `seqs` sequences; the step inputs are written already."""
@@ -98,17 +98,12 @@ class Executor:
                 future.result()
 
     def _plan(self, tokens: int, seqs: int) -> list:
-        built = [self._build(item, tokens, seqs) for item in self.resolved]
-        rows = [row for row, _ in built]
-        plan, index = [], 0
-        while index < len(built):
-            count = self.overlap.group(self.resolved, rows, index)
-            plan.append((index, built[index:index + count]))
-            index += count
-        return plan
+        launches = self.graph.launches(tokens, seqs)
+        built = [self._build(launch, tokens, seqs) for launch in launches]
+        return [(index, built[index:index + count]) for index, count in runs(launches)]
 
-    def _launch(self, index: int, row, args) -> None:
-        item = self.resolved[index]
+    def _launch(self, index: int, launch: Launch, args) -> None:
+        row = launch.band.row
         start = time.perf_counter() if self.profile else 0.0
         if row.chain:
             args.chain = self.chain.record(0, index, 0, index + 1)
@@ -117,8 +112,8 @@ class Executor:
         else:
             status = row.info.launch(args)
         if self.profile:
-            self.op_seconds[item.node.op] += time.perf_counter() - start
-        check_status(item, row, status)
+            self.op_seconds[launch.node.op] += time.perf_counter() - start
+        check_status(launch, row, status)
         if not row.chain:
             self.chain.word(0)[0] = index + 1
 
@@ -127,5 +122,5 @@ class Executor:
 
     def release(self) -> None:
         self.overlap.close()
-        for resolution in unique_resolutions(self.resolved):
+        for resolution in self.graph.resolutions():
             resolution.release()

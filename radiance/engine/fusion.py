@@ -1,64 +1,205 @@
-"""Fused rows. A row whose `replaces` names a chain of ops computes that chain in one launch; where
-the graph holds that chain, wired as the fused op's rule says, the engine runs the fused op in
-its place. `replaces` is compared byte for byte: a row that is only close fuses nothing. The rules
-(which operand of which link each fused operand is) live here and in docs/OPS.md."""
+"""Fused rows, as the specification's `replaces` says: a row whose `replaces` spells a chain of
+conventional ops computes that chain in one launch, leaving every operand as the chain would.
 
+`replaces` spells each link with its operands, named by the fused op's own operands:
+
+    rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)+gemm(normed,wv,v)
+
+The fused op's operands are the chain's distinct operands in the order they first appear (the
+text names them in that order). A run of consecutive graph nodes is that chain when, with its
+buffers renamed the same way, it reads byte for byte as the text: same ops, same wiring. A chain
+that is only close (another op, another wiring) fuses nothing. The fused op's parameters after the
+ranged extent are taken from the links by name: `p` is the value every link declaring `p` agrees
+on, `p.i` is link i's own (links counted from 0).
+
+Which fusions run is decided after every node is resolved (resolve.py), so the hierarchy stays
+absolute: a fused row serves a band only where its own library serves every link of the chain."""
+
+import re
 from dataclasses import dataclass
 
-from .registry import Registry
+from radiance.abi import RAD_DERIVED, RAD_OPD_IN, RAD_OPD_INOUT, RAD_OPD_OUT, RAD_OPD_WEIGHT, RAD_OPD_WTAB, RadOpSchema
+
+from .records import Plugin, Row
 from .shard import RankNode
+
+LINK = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\(([^()]*)\)")
+QUALIFIED = re.compile(r"^(.+)\.(\d+)$")
+ROLE_NAMES = {RAD_OPD_IN: "in", RAD_OPD_OUT: "out", RAD_OPD_INOUT: "inout", RAD_OPD_WEIGHT: "weight",
+              RAD_OPD_WTAB: "wtab"}
 
 
 @dataclass(frozen=True)
-class FusionRule:
-    op: str  # the fused op
-    chain: tuple[str, ...]
-    operands: tuple[tuple[int, int], ...]  # per fused operand: (link, operand index in that link)
-    same: tuple[tuple[tuple[int, int], tuple[int, int]], ...]  # operands that must be one buffer
-    params: dict  # fused parameter -> (link, parameter)
+class Chain:
+    ops: tuple[str, ...]
+    slots: tuple[tuple[str, ...], ...]  # per link, the fused operand each of its operands is
 
     @property
-    def replaces(self) -> str:
-        return "+".join(self.chain)
+    def text(self) -> str:
+        return spell(self.ops, self.slots)
+
+    def names(self) -> list[str]:
+        """The fused operands, in the order they first appear."""
+        return list(dict.fromkeys(name for link in self.slots for name in link if name))
 
 
-RULES = [
-    # all_reduce(x); add(a=h, b=x, y=h); rmsnorm(x=h, w, y)  ->  all_reduce_add_rmsnorm(x, residual=h, w, y)
-    FusionRule("all_reduce_add_rmsnorm", ("all_reduce", "add", "rmsnorm"),
-               operands=((0, 0), (1, 0), (2, 1), (2, 2)),
-               same=(((1, 1), (0, 0)), ((1, 2), (1, 0)), ((2, 0), (1, 0))),
-               params={"n": (1, "n"), "eps": (2, "eps"), "dtype": (1, "dtype")}),
-]
+def spell(ops, slots) -> str:
+    return "+".join(f"{op}({','.join(names)})" for op, names in zip(ops, slots))
 
 
-def available_rules(registry: Registry) -> list[FusionRule]:
-    """The rules some loaded row offers, by its exact `replaces`."""
-    offered = {row.info.replaces for library in registry.hierarchy for row in library.rows if row.info.replaces}
-    return [rule for rule in RULES if rule.replaces in offered and rule.op in registry.ops]
+def parse_chain(text: str) -> Chain:
+    """`op(a,b)+op(b,c)` -> Chain; ValueError naming what does not parse."""
+    links = text.split("+")
+    ops, slots = [], []
+    for link in links:
+        match = LINK.fullmatch(link.strip())
+        if match is None or link != link.strip():
+            raise ValueError(f"link {link!r} is not op(operand,...)")
+        ops.append(match.group(1))
+        slots.append(tuple(match.group(2).split(",")) if match.group(2) else ())
+    if len(ops) < 2:
+        raise ValueError("a chain has at least two links")
+    return Chain(tuple(ops), tuple(slots))
 
 
-def _matches(rule: FusionRule, links: list[RankNode]) -> bool:
-    if tuple(link.op for link in links) != rule.chain or len({link.extent for link in links}) != 1:
-        return False
-    return all(links[a[0]].operands[a[1]] == links[b[0]].operands[b[1]] for a, b in rule.same)
+def _role(accesses: list[int]) -> int:
+    """A fused operand's role from its links' roles, in chain order."""
+    kinds = set(accesses)
+    if kinds & {RAD_OPD_WEIGHT, RAD_OPD_WTAB}:
+        return accesses[0] if len(kinds) == 1 else -1
+    if accesses[0] == RAD_OPD_OUT:
+        return RAD_OPD_OUT  # written first: an output, or an intermediate the chain reads back
+    written = kinds & {RAD_OPD_OUT, RAD_OPD_INOUT}
+    return RAD_OPD_INOUT if written else RAD_OPD_IN
 
 
-def fuse(nodes: list[RankNode], rules: list[FusionRule]) -> list[RankNode]:
-    """The graph with every chain a rule matches replaced by its fused node, which keeps the
-    chain in `unfused` so the engine can fall back where no fused row serves a band."""
-    fused, i = [], 0
-    while i < len(nodes):
-        for rule in rules:
-            links = nodes[i:i + len(rule.chain)]
-            if len(links) == len(rule.chain) and _matches(rule, links):
-                node = RankNode(links[0].index, rule.op, "+".join(link.name for link in links), links[0].extent,
-                                {key: links[link].params[param] for key, (link, param) in rule.params.items()},
-                                tuple(links[link].operands[index] for link, index in rule.operands))
-                node.unfused = links
-                fused.append(node)
-                i += len(rule.chain)
-                break
-        else:
-            fused.append(nodes[i])
-            i += 1
-    return fused
+def declaration_problem(row: Row, schema: RadOpSchema, vocabulary: dict) -> str | None:
+    """Why a row's `replaces` cannot be what its op computes, or None. Checked at load."""
+    try:
+        chain = parse_chain(row.info.replaces)
+    except ValueError as error:
+        return f"replaces {row.info.replaces!r}: {error}"
+    where = f"replaces {row.info.replaces!r}"
+    links = []
+    for i, (op, slots) in enumerate(zip(chain.ops, chain.slots)):
+        entry = vocabulary.get(op)
+        if entry is None:
+            return f"{where}: link {i} is op '{op}', which no loaded library declares"
+        if len(slots) != len(entry.schema.operands):
+            return f"{where}: link {i} ({op}) names {len(slots)} operands, its schema has {len(entry.schema.operands)}"
+        links.append(entry.schema)
+    names, declared = chain.names(), [operand.name for operand in schema.operands]
+    if names != declared:
+        return f"{where}: names operands {names} in first use, op '{schema.op}' declares {declared}"
+    accesses: dict = {}
+    fixed: dict = {}
+    for link, slots in zip(links, chain.slots):
+        for spec, name in zip(link.operands, slots):
+            if name:
+                accesses.setdefault(name, []).append(spec.role)
+                fixed.setdefault(name, spec.fixed)
+    for operand in schema.operands:
+        role = _role(accesses[operand.name])
+        if role != operand.role:
+            found = ROLE_NAMES.get(role, "both a weight and an activation")
+            return f"{where}: operand '{operand.name}' is {found} in the chain, op '{schema.op}' declares it " \
+                   f"{ROLE_NAMES.get(operand.role, operand.role)}"
+        if operand.fixed != fixed[operand.name]:
+            return f"{where}: operand '{operand.name}' has fixed {fixed[operand.name]} in the chain, " \
+                   f"{operand.fixed} in op '{schema.op}'"
+    ranged = {link.params[0].name for link in links}
+    if ranged != {schema.params[0].name}:
+        return f"{where}: the links' ranged extents {sorted(ranged)} are not op '{schema.op}''s " \
+               f"'{schema.params[0].name}'"
+    for param in schema.params[1:]:
+        if param.req == RAD_DERIVED:
+            continue
+        qualified = QUALIFIED.match(param.name)
+        if qualified and int(qualified.group(2)) < len(links):
+            key, index = qualified.group(1), int(qualified.group(2))
+            if key not in {p.name for p in links[index].params}:
+                return f"{where}: parameter '{param.name}': link {index} ({chain.ops[index]}) has no '{key}'"
+        elif not any(param.name in {p.name for p in link.params} for link in links):
+            return f"{where}: parameter '{param.name}' is no link's (name it p or p.i, link i counted from 0)"
+    return None
+
+
+@dataclass
+class Candidate:
+    """A run of graph nodes that a library's fused rows replace, bound to the fused op."""
+    start: int  # position of the first link in the rank's node list
+    links: list[RankNode]
+    node: RankNode
+    schema: RadOpSchema
+    library: Plugin
+    rows: list[Row]
+
+
+def _rename(links: list[RankNode], names: list[str]) -> tuple[str | None, dict]:
+    """The chain as the row would spell it (graph buffers renamed to `names` in first-use order),
+    or (None, reason) when the chain touches another number of operands."""
+    distinct = list(dict.fromkeys(name for link in links for name in link.operands if name))
+    if len(distinct) != len(names):
+        return None, {"why": f"touches {len(distinct)} operands, the fused op has {len(names)}"}
+    mapping = dict(zip(distinct, names))
+    text = spell([link.op for link in links], [[mapping.get(name, "") for name in link.operands] for link in links])
+    return text, {"distinct": distinct}
+
+
+def _parameters(schema: RadOpSchema, links: list[RankNode]) -> tuple[dict | None, str]:
+    params = {}
+    for param in schema.params[1:]:
+        if param.req == RAD_DERIVED:
+            continue
+        qualified = QUALIFIED.match(param.name)
+        if qualified and int(qualified.group(2)) < len(links):
+            key, index = qualified.group(1), int(qualified.group(2))
+            if key in links[index].params:
+                params[param.name] = links[index].params[key]
+            continue
+        values = {repr(link.params[param.name]): (link.name, link.params[param.name])
+                  for link in links if param.name in link.params}
+        if len(values) > 1:
+            shown = ", ".join(f"{value!r} at {name}" for name, value in values.values())
+            return None, f"parameter '{param.name}' differs between links ({shown})"
+        if values:
+            params[param.name] = next(iter(values.values()))[1]
+    return params, ""
+
+
+def find_candidates(nodes: list[RankNode], registry, domain: int) -> tuple[list[Candidate], list[str]]:
+    """Every run of nodes some library's fused rows replace, and, for --debug-selection, why each
+    fused row that matches nowhere does not (its chain absent, or wired otherwise)."""
+    offered: dict = {}  # (library, fused op, replaces) -> rows, in hierarchy then declaration order
+    for library in registry.hierarchy:
+        for row in library.rows:
+            if row.info.replaces and row.info.domain == domain and row.op in registry.ops:
+                offered.setdefault((library, row.op, row.info.replaces), []).append(row)
+    candidates, notes = [], []
+    for (library, op, text), rows in offered.items():
+        chain, schema = parse_chain(text), registry.ops[op].schema
+        found, near = 0, None
+        for start in range(len(nodes) - len(chain.ops) + 1):
+            links = nodes[start:start + len(chain.ops)]
+            if tuple(link.op for link in links) != chain.ops:
+                continue
+            spelled, extra = _rename(links, chain.names())
+            why = extra.get("why")
+            if why is None and len({link.extent for link in links}) != 1:
+                why = "its links run over different extents"
+            if why is None and spelled != text:
+                why = f"wired otherwise: the graph's chain reads {spelled}"
+            params, problem = _parameters(schema, links) if why is None else (None, "")
+            why = why or problem or None
+            if why is not None:
+                near = near or f"at {links[0].name}: {why}"
+                continue
+            node = RankNode(links[0].index, op, "+".join(link.name for link in links), links[0].extent, params,
+                            tuple(extra["distinct"]))
+            candidates.append(Candidate(start, list(links), node, schema, library, rows))
+            found += 1
+        if not found:
+            names = ", ".join(f"{library.name}:{row.name}" for row in rows)
+            notes.append(f"fusion not taken: {names} (replaces {text}): "
+                         + (near or "its chain occurs nowhere in this graph"))
+    return candidates, notes

@@ -8,6 +8,7 @@ from pathlib import Path
 from radiance.abi import RAD_FACT_PREFIX, RAD_PLUGIN_ARCH, RAD_PLUGIN_KERNEL, RAD_PLUGIN_QUANT, RadOpSchema
 from radiance.log import get_logger
 
+from .fusion import declaration_problem
 from .hierarchy import entry_matches, order_libraries, parse_kernels
 from .homes import discover, search_path
 from .loader import load_plugin
@@ -161,6 +162,10 @@ class Registry:
         if entry is None:
             raise PluginRefused(row.plugin.path, f"row '{row.name}' implements op '{row.op}', which no "
                                                  f"loaded library declares")
+        if row.info.replaces:
+            problem = declaration_problem(row, entry.schema, vocabulary)
+            if problem:
+                raise PluginRefused(row.plugin.path, f"row '{row.name}': {problem}")
         keys = {param.name for param in entry.schema.params}
         for constraint in row.info.constraints:
             if constraint.key not in keys and not constraint.key.startswith(RAD_FACT_PREFIX):

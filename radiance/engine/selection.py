@@ -38,12 +38,19 @@ class Resolution:
     bands: list[Band]
     seq_chunk: str | None  # the parameter the scheduler cuts steps on
     capacity: list[str]
+    gaps: list = field(default_factory=list)  # (lo, hi, losers) no row serves; only where gaps are allowed
 
-    def band_for(self, extent: int) -> Band:
+    def find(self, extent: int) -> Band | None:
         for band in self.bands:
             if band.lo <= extent <= band.hi:
                 return band
-        raise SelectionError(f"op '{self.op}': {self.ranged}={extent} is outside every resolved band")
+        return None
+
+    def band_for(self, extent: int) -> Band:
+        band = self.find(extent)
+        if band is None:
+            raise SelectionError(f"op '{self.op}': {self.ranged}={extent} is outside every resolved band")
+        return band
 
     def instantiate(self) -> None:
         """init() once per (op, band, domain), at the band's upper bound."""
@@ -112,16 +119,22 @@ def _pick(rows, schema, geometry, facts, domain, lo, hi, accept_reference):
 
 
 def resolve(op: str, schema: RadOpSchema, rows: list[Row], geometry: dict, facts: dict, domain: int,
-            max_extent: int, accept_reference: bool = False) -> Resolution:
-    """Resolve an op over its ranged extent [1, max_extent]. `rows` in hierarchy order."""
+            max_extent: int, accept_reference: bool = False, allow_gaps: bool = False) -> Resolution:
+    """Resolve an op over its ranged extent [1, max_extent]. `rows` in hierarchy order. With
+    `allow_gaps` (a fused op, whose chain runs where no fused row serves) a band without a winner
+    is kept as a gap instead of failing."""
     ranged = schema.params[0].name
     candidates = [row for row in rows if row.info.domain == domain]
     starts = sorted(band_starts([c for row in candidates for c in row.info.constraints], ranged, 1, max_extent))
     edges = starts + [max_extent + 1]
     bands: list[Band] = []
+    gaps = []
     for lo, next_lo in zip(edges, edges[1:]):
         hi = next_lo - 1
         winner, losers, reference_match = _pick(candidates, schema, geometry, facts, domain, lo, hi, accept_reference)
+        if winner is None and allow_gaps:
+            gaps.append((lo, hi, losers))
+            continue
         if winner is None:
             where = f"op '{op}' for {ranged} in [{lo}, {hi}] on the {DOMAINS[domain]} domain"
             refused = [f"{row.plugin.name}:{row.name}: {why}" for row, why in losers if not row.reference][:3]
@@ -136,13 +149,13 @@ def resolve(op: str, schema: RadOpSchema, rows: list[Row], geometry: dict, facts
                          for c in winner.info.constraints
                          if c.op == RAD_C_EQ and any(p.name == c.key and p.req == RAD_DERIVED for p in schema.params)})
         previous = bands[-1] if bands else None
-        if previous and previous.row is winner and {**previous.geometry, ranged: hi} == resolved:
+        if previous and previous.hi == lo - 1 and previous.row is winner and {**previous.geometry, ranged: hi} == resolved:
             previous.hi, previous.geometry = hi, resolved
             continue
         bands.append(Band(lo, hi, winner, resolved, losers))
     roles = {p.role: p.name for p in schema.params}
     return Resolution(op, domain, ranged, bands, roles.get(RAD_PROLE_SEQ_CHUNK),
-                      [p.name for p in schema.params if p.role == RAD_PROLE_CAPACITY])
+                      [p.name for p in schema.params if p.role == RAD_PROLE_CAPACITY], gaps)
 
 
 def describe_resolution(resolution: Resolution) -> list[str]:

@@ -31,7 +31,6 @@ class RankNode:
     extent: int
     params: dict  # this rank's extents, every parameter but the ranged one
     operands: tuple
-    unfused: list | None = None  # a fused node: the chain it stands for
 
 
 @dataclass

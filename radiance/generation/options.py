@@ -20,6 +20,7 @@ class EngineOptions:
     device: str = "auto"  # auto: the card this process was given, if any; host: host rows even on a card
     graphs: bool = True  # on a card, capture each decode shape into a graph (one launch per step)
     chain: bool = True  # on a card that has it (Hopper), launch r4dchain rows as programmatic dependent launches
+    fusion: bool = True  # run fused rows (`replaces`) where their library serves the chain; False: every chain as declared
 
     def __post_init__(self):
         for name in ("max_step_tokens", "max_seqs", "block_size"):

@@ -10,11 +10,10 @@ from radiance.collectives.gate import LinkGate, LinkScheduler
 from radiance.engine.device_executor import DeviceExecutor
 from radiance.engine.device_targets import leave_out_foreign_device_code
 from radiance.engine.executor import Executor
-from radiance.engine.fusion import available_rules, fuse
 from radiance.engine.model import open_model
 from radiance.engine.rank_weights import RankWeights
 from radiance.engine.registry import Registry
-from radiance.engine.resolve import graph_digest, graph_lines, resolve_graph
+from radiance.engine.resolve import resolve_graph
 from radiance.engine.shard import Shard, elide_collectives, shard_buffers, shard_nodes
 from radiance.log import get_logger
 
@@ -68,31 +67,30 @@ class Worker:
         nodes = shard_nodes(self.model.graph, self.shard)
         if self.device is not None and self.shard.world == 1:
             nodes = elide_collectives(nodes)
-        nodes = fuse(nodes, available_rules(registry))
         buffers = shard_buffers(self.model.graph, self.shard)
         if device is not None:
             leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
         domain = RAD_DOMAIN_HOST if device is None else RAD_DOMAIN_DEVICE
-        self.resolved = resolve_graph(nodes, registry, facts, domain, options.max_step_tokens,
-                                      options.max_seqs, options.accept_reference)
-        self.digest = graph_digest(self.resolved)
-        self.lines = graph_lines(self.resolved)
+        self.graph = resolve_graph(nodes, registry, facts, domain, options.max_step_tokens, options.max_seqs,
+                                   options.accept_reference, options.fusion)
+        self.digest = self.graph.digest()
+        self.lines = self.graph.lines()
         self.weights = RankWeights(self.model, self.shard, self.link, load=device is None)
         tables = {table.name: table.table for table in self.model.graph.tables}
         shape = (options.max_step_tokens, options.max_seqs, options.num_blocks * options.block_size, options.max_blocks)
         if device is None:
             self._load_weights(lambda name, band: self.weights.operand(name, band.row, band.geometry))
-            self.executor = Executor(self.resolved, buffers, tables, self.weights, *shape, self.link, peers)
+            self.executor = Executor(self.graph, buffers, tables, self.weights, *shape, self.link, peers)
         else:
-            self.executor = DeviceExecutor(self.resolved, buffers, tables, self.weights, *shape, self.link, peers,
+            self.executor = DeviceExecutor(self.graph, buffers, tables, self.weights, *shape, self.link, peers,
                                            device, graphs=options.graphs, chain=options.chain)
             self._load_weights(self.executor.weight)
 
     def _load_weights(self, load) -> None:
         """Every weight in the form its rows read, now (on the card, for a card rank), so the first
         step does no loading."""
-        uses = [(name, band) for item in self.resolved for band in item.resolution.bands
-                for name in item.node.operands if name in self.weights.planes]
+        uses = list({(name, id(launch.band)): (name, launch.band) for launch, _, _ in self.graph.issued()
+                     for name in launch.node.operands if name in self.weights.planes}.values())
         quiet = not self.options.progress or self.shard.rank != 0
         for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=True if quiet else None, leave=False):
             load(name, band)

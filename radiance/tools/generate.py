@@ -6,7 +6,6 @@ import sys
 import click
 
 from radiance.engine.registry import Registry
-from radiance.engine.resolve import selection_report
 from radiance.generation.engine import Engine
 from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
@@ -36,7 +35,7 @@ def build_engine(model, radiance_home, kernels, accept_reference, debug_selectio
                                    chain=chain)
     worker = Worker(engine_options, registry).build()
     if debug_selection:
-        click.echo("\n".join(selection_report(worker.resolved)), err=True)
+        click.echo("\n".join(worker.graph.report()), err=True)
     container = worker.model.container
     text = TextCodec(container.tokenizer, container.chat_template, worker.model.hyper, model)
     return Engine(engine_options, worker.execute, text), worker

@@ -327,7 +327,7 @@ def all_reduce_add_rmsnorm_host(a):
 # ---- the fused op's schema and the rows' declarations, for the library's export table -----------
 
 FUSED_OP = "all_reduce_add_rmsnorm"
-FUSED_REPLACES = "all_reduce+add+rmsnorm"
+FUSED_REPLACES = "all_reduce(x)+add(residual,x,residual)+rmsnorm(residual,w,y)"
 FUSED_SCHEMA = RadOpSchema(
     op=FUSED_OP,
     params=[RadParamSpec("M", RAD_P_INT, RAD_REQUIRED, RAD_PROLE_SEQ_CHUNK),

@@ -7,7 +7,7 @@ from radiance.abi import (
     RadPluginInfo,
 )
 
-from . import attention, collective, dense, sample
+from . import attention, collective, dense, fused, sample
 from .vocabulary import SCHEMAS
 
 F32_ONLY = RadConstraint("dtype", RAD_C_EQ, 0, "f32")
@@ -35,9 +35,10 @@ ROWS = [
     _row("take_rows", "take_rows", dense.take_rows, "row gather"),
     _row("all_reduce", "all_reduce", collective.all_reduce, "one rank"),
     _row("all_gather", "all_gather", collective.all_gather, "one rank"),
-    _row("all_reduce_add_rmsnorm", "all_reduce_add_rmsnorm", collective.all_reduce_add_rmsnorm,
-         "the chain, one rank", weights=True, replaces="all_reduce+add+rmsnorm"),
     _row("sample", "sample", sample.sample, "greedy, top-k, top-p, Philox draw", constraints=()),
+    *(_row(op, op, fused.chain_row(op), "the chain it replaces, libref's rows in order", weights=True,
+           replaces=text)
+      for op, text in fused.REPLACES.items()),
 ]
 
 

@@ -1,9 +1,7 @@
 """Reference collectives for a single rank. Across ranks they need the engine's peer buffers,
 which the multi-process runtime provides; until then a world larger than one is refused."""
 
-from radiance.abi import RAD_E_UNSUPPORTED, RAD_OK, RadArgs, rad_args_geti
-
-from . import dense
+from radiance.abi import RAD_E_UNSUPPORTED, RAD_OK, rad_args_geti
 
 
 def _world(a) -> int:
@@ -20,14 +18,4 @@ def all_gather(a):
     x, y = (t.data for t in a.t)
     m = rad_args_geti(a, "M")
     y[:m] = x[:m]
-    return RAD_OK
-
-
-def all_reduce_add_rmsnorm(a):
-    """The chain it replaces, row after row: all_reduce, add, rmsnorm."""
-    x, residual, w, y = a.t
-    for launch, operands in ((all_reduce, (x,)), (dense.add, (residual, x, residual)), (dense.rmsnorm, (residual, w, y))):
-        status = launch(RadArgs(t=operands, params=a.params, peers=a.peers))
-        if status != RAD_OK:
-            return status
     return RAD_OK
