@@ -16,6 +16,9 @@ from radiance.engine.selection import resolve
 from test_libr4d_support import make_weight, registry  # noqa: F401 (registry is a fixture)
 
 
+FUSED = {"rmsnorm_gemm3", "rmsnorm_gemm2_silu_mul", "gemm_add", "rope_attention", "take_rows_rmsnorm_gemm_sample"}
+
+
 def library(registry):
     return next(lib for lib in registry.hierarchy if lib.name == "libr4d")
 
@@ -38,7 +41,8 @@ def test_device_rows_are_listed_with_the_device_domain_and_leave_host_selection_
     assert lib.info.build_target.split() == ["host", "cuda", "hip"]
     device = {row.name: row for row in lib.rows if row.info.domain == RAD_DOMAIN_DEVICE and not row.collective}
     assert {row.op for row in device.values()} == {"embedding", "rmsnorm", "gemm", "rope", "attention", "add",
-                                                    "silu_mul", "take_rows", "sample"}
+                                                    "silu_mul", "take_rows", "sample", *FUSED}
+    assert all(row.info.replaces for row in device.values() if row.op in FUSED)
     assert all(name.endswith("_dev") for name in device)
     chained = [name for name in device if device[name].op not in ("all_reduce", "all_gather")]
     assert all(name.startswith("r4dchain_") for name in chained)
@@ -59,8 +63,10 @@ def test_every_kernel_name_is_defined_in_its_source(registry):
         text = dk.source(name)
         assert text.startswith("// libr4d device rows: helpers")
     gemv = dk.source("gemv")
-    for label in ("f32", "f16", "bf16", "q8_0", "q4_1"):
-        assert f"GEMV_ENTRIES({label}," in gemv
+    for mt in (1, 2, 4, 8):
+        assert f"GEMV_ENTRY({mt})" in gemv
+    assert dk.gemv_options("q4_1", 2, 1) == ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=2", "-DR4D_GEMV_NORM=1")
+    assert dk.attention_options(128, 4) == ("-DR4D_ATT_DPL=4", "-DR4D_ATT_G=4")
     assert [dk.gemv_variant(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     with pytest.raises(ValueError):
         dk.gemv_variant(9)
@@ -77,8 +83,9 @@ class Recorder(RadStream):
         self.compiled, self.launches = [], []
 
     def kernel(self, source, name, options=()):
-        assert f" {name}(" in source or f"r4d_gemv_##label##_m##MT" in source, name
-        self.compiled.append(name)
+        macro = {"r4d_gemv_m": "r4d_gemv_m##MT(", "r4d_attend": "r4d_attend_##WHICH("}
+        assert f" {name}(" in source or any(name.startswith(k) and v in source for k, v in macro.items()), name
+        self.compiled.append((name, tuple(options)))
         return name
 
     def launch(self, kernel, grid, block, args, shared_bytes=0):
@@ -114,29 +121,67 @@ def test_gemv_and_gemm_plans_pack_the_plane_addresses_and_are_cached(registry):
     row = device_row(registry, "r4dchain_gemv_q4_1_dev")
     assert launch(row, [x, w, y], params, stream) == RAD_OK
     assert launch(row, [x, w, y], params, stream) == RAD_OK
-    assert stream.compiled == ["r4d_gemv_q4_1_m4"]  # planned once, launched twice
+    # planned once, launched twice
+    assert stream.compiled == [("r4d_gemv_m4", ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=0", "-DR4D_GEMV_NORM=0"))]
     kernel, grid, block, args = stream.launches[-1]
-    assert (kernel, grid, block) == ("r4d_gemv_q4_1_m4", (12, 1, 1), (128, 1, 1))
-    values = [int.from_bytes(args.data[o:o + 8], "little") for o in args.offsets[:5]]
-    assert values == [0x1000, 0x7000000, 0x7100000, 0x7200000, 0x2000]
+    assert (kernel, grid, block) == ("r4d_gemv_m4", (12, 1, 1), (128, 1, 1))
+    assert pointers(args, [0, 6, 7, 8, 9]) == [0x1000, 0x7000000, 0x7100000, 0x7200000, 0x2000]
+    assert pointers(args, [11, 16]) == [0, 0]  # no second or third weight
     gemm = device_row(registry, "r4dchain_gemm_q4_1_dev")
     assert launch(gemm, [x, w, y], {**params, "M": 70}, stream) == RAD_OK
     assert stream.launches[-1][:3] == ("r4d_gemm_dev", (3, 2, 1), (256, 1, 1))
 
 
+def pointers(args, indices):
+    return [int.from_bytes(args.data[args.offsets[i]:args.offsets[i] + 8], "little") for i in indices]
+
+
+def ints(args, indices):
+    return [int.from_bytes(args.data[args.offsets[i]:args.offsets[i] + 4], "little", signed=True) for i in indices]
+
+
+def attention_tensors(m, seqs, max_blocks):
+    return [dev(0x1000, (m, 9 * 64)), dev(0x2000, (m, 3 * 64)), dev(0x3000, (m, 3 * 64)),
+            dev(0x4000, (256, 192)), dev(0x5000, (256, 192)), dev(0x6000, (m,), RAD_DT_I32),
+            dev(0x7000, (m,), RAD_DT_I32), dev(0x8000, (seqs + 1,), RAD_DT_I32),
+            dev(0x9000, (seqs,), RAD_DT_I32), dev(0xa000, (seqs, max_blocks), RAD_DT_I32), dev(0xb000, (m, 576))]
+
+
+ATTENTION = {"q_heads": 9, "kv_heads": 3, "head_dim": 64, "block_size": 16, "scale": 0.125, "dtype": "f32"}
+
+
 def test_attention_sizes_sequences_and_blocks_from_shapes(registry):
     stream = Recorder()
     m, seqs, max_blocks = 5, 3, 7
-    tensors = [dev(0x1000, (m, 9 * 64)), dev(0x2000, (m, 3 * 64)), dev(0x3000, (m, 3 * 64)),
-               dev(0x4000, (256, 192)), dev(0x5000, (256, 192)), dev(0x6000, (m,), RAD_DT_I32),
-               dev(0x7000, (m,), RAD_DT_I32), dev(0x8000, (seqs + 1,), RAD_DT_I32),
-               dev(0x9000, (seqs,), RAD_DT_I32), dev(0xa000, (seqs, max_blocks), RAD_DT_I32), dev(0xb000, (m, 576))]
-    params = {"M": m, "q_heads": 9, "kv_heads": 3, "head_dim": 64, "block_size": 16, "scale": 0.125, "dtype": "f32"}
-    assert launch(device_row(registry, "r4dchain_attention_dev"), tensors, params, stream) == RAD_OK
-    (store, *_), (attend, grid, block, args) = stream.launches
-    assert store == "r4d_kv_store_dev" and grid == (m, 9, 1) and block == (256, 1, 1)
-    ints = [int.from_bytes(args.data[o:o + 4], "little") for o in args.offsets[8:14]]
-    assert ints == [seqs, max_blocks, 9, 3, 64, 16]
+    params = {"M": m, **ATTENTION}
+    row = device_row(registry, "r4dchain_attention_dev")
+    need = row.info.scratch({**params, "M": 8})
+    assert launch(row, attention_tensors(m, seqs, max_blocks), params, stream) == RAD_E_NOMEM  # no scratch
+    assert launch(row, attention_tensors(m, seqs, max_blocks), params, stream, 0x9000000, need) == RAD_OK
+    (store, store_grid, store_block, _), (attend, grid, block, args) = stream.launches
+    dk = module(registry, "device_kernels")
+    splits = dk.attention_splits(m, 3, 132)
+    assert (store, store_grid, store_block) == ("r4d_kv_store_dev", (1, m, 1), (256, 1, 1))
+    assert (attend, grid, block) == ("r4d_attend_cache", (m, 3, splits), (128, 1, 1)) and splits > 1
+    assert ints(args, range(14, 21)) == [seqs, max_blocks, 9, 3, 64, 16, 0]
+    assert pointers(args, [11, 13]) == [0, 0x9000000]  # no inv_freq; the counters first in the scratch
+    assert stream.compiled[-1] == ("r4d_attend_cache", ("-DR4D_ATT_DPL=2", "-DR4D_ATT_G=3"))
+
+
+def test_rope_attention_is_one_kernel_that_rotates_and_reads_this_steps_keys(registry):
+    stream = Recorder()
+    q, k, v, k_cache, v_cache, slots, positions, cu, ctx, tables, out = attention_tensors(1, 1, 4)
+    inv_freq = dev(0xc000, (32,))
+    params = {"M": 1, **ATTENTION, "interleaved": 1}
+    row = device_row(registry, "r4dchain_rope_attention_dev")
+    assert row.info.replaces.startswith("rope(q,k,positions,inv_freq)+attention(")
+    need = row.info.scratch({**params, "M": 8})
+    tensors = [q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, ctx, tables, out]
+    assert launch(row, tensors, params, stream, 0x9000000, need) == RAD_OK
+    ((kernel, grid, block, args),) = stream.launches
+    assert kernel == "r4d_attend_fresh" and grid[:2] == (1, 3)
+    assert pointers(args, [0, 1, 2, 6, 11]) == [0x1000, 0x2000, 0x3000, 0x7000, 0xc000]
+    assert ints(args, [20]) == [1]  # interleaved
 
 
 def test_sample_refuses_a_missing_scratch_and_packs_the_padded_span(registry):
@@ -153,17 +198,25 @@ def test_sample_refuses_a_missing_scratch_and_packs_the_padded_span(registry):
 
 
 def test_every_chained_kernel_waits_in_its_prologue():
-    """A programmatic dependent launch is only safe if the kernel waits before touching memory."""
+    """A programmatic dependent launch is only safe if the kernel waits before touching memory the
+    kernel before it writes. The GEMVs load their first weight steps first (weights are written by
+    no kernel), then wait before any activation is read."""
     import re
 
     folder = Path(__file__).resolve().parent.parent / "plugins" / "kernels" / "libr4d" / "device"
-    for name in ("elementwise", "gemv", "gemm", "attention", "sample"):
+    for name in ("elementwise", "gemm", "attention", "sample"):
         source = (folder / f"{name}.cu").read_text()
         kernels = list(re.finditer(r"__global__", source))
         assert kernels, name
         for kernel in kernels:
             body = source[source.index("{", kernel.end()) + 1:].lstrip()
             assert body.startswith("R4D_CHAIN_PROLOGUE();"), (name, source[kernel.start():kernel.start() + 80])
+    gemv = (folder / "gemv.cu").read_text()
+    body = gemv[gemv.index("__device__ void gemv("):gemv.index("#define GEMV_ENTRY")]
+    wait = body.index("R4D_CHAIN_PROLOGUE();")
+    before = body[:wait]
+    assert "r4d_stream16(rows[r].codes" in before and "x[" not in before and "gemv_x(" not in before
+    assert wait < body.index("gemv_norm<MT>(") < body.index("consume<FMT, MT>(")
 
 
 def test_narrow_gemvs_split_k_into_whole_pipelined_steps(registry):
@@ -194,6 +247,57 @@ def test_a_split_gemv_plans_its_partials_in_the_rows_scratch(registry):
     kernel, grid, block, args = stream.launches[-1]
     splits, chunk = module(registry, "device_kernels").gemv_split(256, 4096, "q8_0")
     assert grid == (16, splits, 1) and splits > 1
-    k_chunk = int.from_bytes(args.data[args.offsets[8]:args.offsets[8] + 4], "little")
-    partial, counters = (int.from_bytes(args.data[o:o + 8], "little") for o in args.offsets[9:11])
+    (k_chunk,) = ints(args, [3])
+    partial, counters = pointers(args, [4, 5])
     assert k_chunk == chunk and counters == 0x9000000 and partial > counters
+
+
+def test_fused_gemv_rows_pack_every_weight_the_norm_and_their_epilogue(registry):
+    stream = Recorder()
+    x, normed = dev(0x1000, (1, 576)), dev(0x1800, (1, 576))
+    norm = device_weight("f32", 1, 576, 0x6000000)
+    wq, wk, wv = (device_weight("q4_1", rows, 576, base) for rows, base in
+                  ((576, 0x7000000), (192, 0x8000000), (192, 0x9000000)))
+    q, k, v = dev(0x2000, (1, 576)), dev(0x3000, (1, 192)), dev(0x4000, (1, 192))
+    params = {"M": 1, "n": 576, "eps": 1e-5, "K": 576, "N.1": 576, "N.2": 192, "N.3": 192, "wdtype": "q4_1",
+              "dtype": "f32"}
+    row = device_row(registry, "r4dchain_rmsnorm_gemm3_q4_1_dev")
+    scratch = row.info.scratch(dict(params))
+    assert launch(row, [x, norm, normed, wq, q, wk, k, wv, v], params, stream, 0x5000000, scratch) == RAD_OK
+    kernel, grid, block, args = stream.launches[-1]
+    assert kernel == "r4d_gemv_m1" and grid[0] == -(-960 // 16)
+    assert stream.compiled[-1][1] == ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=0", "-DR4D_GEMV_NORM=1")
+    assert pointers(args, [6, 9, 11, 14, 16, 19, 21]) == [0x7000000, 0x2000, 0x8000000, 0x3000, 0x9000000, 0x4000,
+                                                          0x6000000]
+    assert ints(args, [10, 15, 20]) == [576, 192, 192]
+    # gate and up paired (mode 2), the residual add (mode 1)
+    gate, up = dev(0x2000, (1, 1536)), dev(0x3000, (1, 1536))
+    wg, wu = device_weight("q4_1", 1536, 576, 0x7000000), device_weight("q4_1", 1536, 576, 0x8000000)
+    pair = {"M": 1, "n.0": 576, "eps": 1e-5, "K": 576, "N.1": 1536, "N.2": 1536, "wdtype": "q4_1", "dtype": "f32"}
+    row = device_row(registry, "r4dchain_rmsnorm_gemm2_silu_mul_q4_1_dev")
+    assert launch(row, [x, norm, normed, wg, gate, wu, up], pair, stream, 0x5000000, row.info.scratch(pair)) == RAD_OK
+    assert stream.launches[-1][1][0] == 2 * 1536 // 16 and stream.compiled[-1][1][1] == "-DR4D_GEMV_MODE=2"
+    w, y, residual = device_weight("q4_1", 576, 1536, 0x7000000), dev(0x2000, (1, 576)), dev(0x3000, (1, 576))
+    plus = {"M": 1, "N": 576, "K": 1536, "n": 576, "wdtype": "q4_1", "dtype": "f32"}
+    row = device_row(registry, "r4dchain_gemm_add_q4_1_dev")
+    assert launch(row, [dev(0x1000, (1, 1536)), w, y, residual], plus, stream, 0x5000000, row.info.scratch(plus)) == RAD_OK
+    assert pointers(stream.launches[-1][3], [28]) == [0x3000] and stream.compiled[-1][1][1] == "-DR4D_GEMV_MODE=1"
+
+
+def test_the_fused_lm_head_is_a_gemv_with_an_argmax_then_the_sampler(registry):
+    stream = Recorder()
+    h, index, rows, normed = dev(0x1000, (7, 576)), dev(0x1800, (2,), RAD_DT_I32), dev(0x2000, (2, 576)), dev(0x2800, (2, 576))
+    norm, w = device_weight("f32", 1, 576, 0x6000000), device_weight("q8_0", 49152, 576, 0x7000000)
+    logits = dev(0x3000, (2, 49152))
+    sampling = [dev(0x4000, (2,)), dev(0x4100, (2,), RAD_DT_I32), dev(0x4200, (2,)), dev(0x4300, (2, 2), 12, 8),
+                dev(0x4400, (2,), RAD_DT_I32)]
+    params = {"M": 2, "n": 576, "eps": 1e-5, "N": 49152, "K": 576, "wdtype": "q8_0", "dtype": "f32", "vocab": 49152}
+    row = device_row(registry, "r4dchain_take_rows_rmsnorm_gemm_sample_q8_0_dev")
+    tensors = [h, index, rows, norm, normed, w, logits, *sampling]
+    assert launch(row, tensors, params, stream, 0x9000000, 100) == RAD_E_NOMEM
+    assert launch(row, tensors, params, stream, 0x9000000, row.info.scratch(dict(params))) == RAD_OK
+    (head, grid, _, args), (sampler, sample_grid, _, sample_args) = stream.launches
+    assert head == "r4d_gemv_m2" and sampler == "r4d_sample_groups_dev" and sample_grid == (2, 1, 1)
+    assert ints(args, [27]) == [7]  # x_rows: the rows take_rows may pick
+    best, best_index = pointers(args, [29, 30])
+    assert pointers(sample_args, [9, 10]) == [best, best_index] and ints(sample_args, [11]) == [49152 // 16]

@@ -140,8 +140,11 @@ def test_libr4d_loads_as_a_plugin_and_serves_every_op(registry):
     assert not registry.refused
     library = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
     assert not library.reference
-    compute = {row.op for row in library.rows if not row.collective}
+    compute = {row.op for row in library.rows if not row.collective and not row.info.replaces}
     assert compute == set(OPS)
+    fused = {row.op for row in library.rows if row.info.replaces and not row.collective}
+    assert fused == {"rmsnorm_gemm3", "rmsnorm_gemm2_silu_mul", "gemm_add", "rope_attention",
+                     "take_rows_rmsnorm_gemm_sample"}  # the device rows' fused ops (docs/OPS.md)
     # the collectives are collectives.py's rows, listed by the export table with their colours
     collective = {row.name: (row.op, row.collective, row.chain) for row in library.rows if row.collective}
     assert {op for op, _, _ in collective.values()} <= {"all_reduce", "all_gather", "all_reduce_add_rmsnorm"}

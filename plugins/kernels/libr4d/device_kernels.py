@@ -11,15 +11,19 @@ FILES = ("elementwise", "gemv", "gemm", "attention", "sample")
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
 GEMV_WARPS = 4          # warps per GEMV block (gemv.cu)
 GEMV_ROWS = 4           # output rows per warp (gemv.cu)
+GEMV_GROUP = GEMV_WARPS * GEMV_ROWS  # a block's row group
 GEMM_TILE = 64          # gemm.cu's 64x64 output tiles, 256 threads
-ATT_WARPS = 8           # attention.cu: 8 warps per (token, head)
-ATT_MAX_HEAD_DIM = 256  # 8 values per lane of a 32-lane warp (16 of 64 lanes on AMD: 512 would fit)
+ATT_WARPS = 4           # attention.cu: 4 warps per (token, kv head, split)
+ATT_MAX_HEAD_DIM = 256  # 8 values per lane of a 32-lane warp
+ATT_MAX_GROUP = 8       # query heads per kv head a block takes
+ATT_MAX_SPLITS = 32
 SAMPLE_THREADS = 1024
 ELEMENTWISE_THREADS = 256
+FMT_MACROS = {"f32": "FMT_F32", "f16": "FMT_F16", "bf16": "FMT_BF16", "q8_0": "FMT_Q8_0", "q4_1": "FMT_Q4_1"}
 
 # max|y - ref| / max|ref| against libref, per row (docs/LIBR4D.md 'Device rows'); 0 means bit-exact
 TOLERANCE = {"embedding": 0.0, "add": 0.0, "take_rows": 0.0, "rope": 1e-6, "silu_mul": 1e-6,
-             "rmsnorm": 2e-6, "gemv": 2e-5, "gemm": 0.0, "attention": 2e-5, "sample": 0.0}
+             "rmsnorm": 5e-6, "gemv": 2e-5, "gemm": 0.0, "attention": 2e-5, "sample": 0.0}
 
 _SOURCES: dict = {}
 
@@ -42,8 +46,9 @@ def gemv_variant(m: int) -> int:
     raise ValueError(f"the device GEMV serves M <= {GEMV_MAX_M}, not {m}")
 
 
-def gemv_name(label: str, m: int) -> str:
-    return f"r4d_gemv_{label}_m{gemv_variant(m)}"
+def gemv_name(m: int) -> str:
+    """gemv.cu's entry for M activation rows (one module per format, mode and norm)."""
+    return f"r4d_gemv_m{gemv_variant(m)}"
 
 
 def warp_size(vendor: str) -> int:
@@ -52,7 +57,12 @@ def warp_size(vendor: str) -> int:
 
 
 def gemv_grid(n: int, warp: int = 32, splits: int = 1) -> tuple:
-    return (-(-n // (GEMV_WARPS * GEMV_ROWS)), splits, 1), (GEMV_WARPS * warp, 1, 1)
+    return (-(-n // GEMV_GROUP), splits, 1), (GEMV_WARPS * warp, 1, 1)
+
+
+def gemv_options(fmt: str, mode: int = 0, norm: int = 0) -> tuple:
+    """The compile options of gemv.cu for a weight format, an epilogue mode and a folded norm."""
+    return (f"-DR4D_GEMV_FMT={FMT_MACROS[fmt]}", f"-DR4D_GEMV_MODE={mode}", f"-DR4D_GEMV_NORM={norm}")
 
 
 GEMV_CHUNK_ELEMENTS = {"f32": 4, "f16": 8, "bf16": 8, "q8_0": 16, "q4_1": 32}  # one lane's 16 bytes
@@ -66,7 +76,7 @@ def gemv_split(n: int, k: int, fmt: str, warp: int = 32) -> tuple[int, int]:
     fewer than GEMV_TARGET_BLOCKS blocks. One split: k_chunk = K."""
     step = warp * GEMV_CHUNK_ELEMENTS[fmt]
     steps = -(-k // step)
-    blocks = -(-n // (GEMV_WARPS * GEMV_ROWS))
+    blocks = -(-n // GEMV_GROUP)
     splits = max(1, min(-(-GEMV_TARGET_BLOCKS // blocks), GEMV_MAX_SPLITS, steps // 2))
     if splits == 1:
         return 1, k
@@ -74,13 +84,43 @@ def gemv_split(n: int, k: int, fmt: str, warp: int = 32) -> tuple[int, int]:
     return -(-k // chunk), chunk
 
 
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 256) * 256
+
+
 def gemv_scratch_layout(m: int, n: int, k: int, fmt: str, warp: int = 32) -> tuple[int, int]:
     """(offset of the partial sums, total bytes): a u32 counter per row group, then [splits, M, N] f32."""
     splits, _ = gemv_split(n, k, fmt, warp)
     if splits == 1:
         return 0, 0
-    counters = -(-(4 * -(-n // (GEMV_WARPS * GEMV_ROWS))) // 256) * 256
+    counters = _aligned(4 * -(-n // GEMV_GROUP))
     return counters, counters + 4 * splits * m * n
+
+
+def argmax_layout(m: int, n: int) -> tuple[int, int, int]:
+    """A fused lm head's scratch after its GEMV's: (offset of each row group's best value [groups, M],
+    of its index, bytes of both), relative to their own start."""
+    groups = -(-n // GEMV_GROUP)
+    values = _aligned(4 * groups * m)
+    return 0, values, values + _aligned(4 * groups * m)
+
+
+def attention_splits(m: int, kv_heads: int, multiprocessors: int) -> int:
+    """Splits of the context per (token, kv head): about two blocks per multiprocessor in all,
+    never more than M * kv_heads + 512 blocks (what attention_scratch_bytes sizes for)."""
+    want = -(-2 * min(max(multiprocessors, 1), 256) // (m * kv_heads))
+    return max(1, min(ATT_MAX_SPLITS, want))
+
+
+def attention_scratch_layout(m: int, kv_heads: int, group: int, head_dim: int) -> tuple[int, int]:
+    """(offset of the split partials, total bytes): a u32 counter per (token, kv head) and one for
+    the grid, then per (token, kv head, split, head) its max, sum and head_dim weighted values."""
+    counters = _aligned(4 * (m * kv_heads + 1))
+    return counters, counters + 4 * (m * kv_heads + 512) * group * (head_dim + 2)
+
+
+def attention_options(head_dim: int, group: int) -> tuple:
+    return (f"-DR4D_ATT_DPL={-(-head_dim // 32)}", f"-DR4D_ATT_G={group}")
 
 
 def gemm_grid(m: int, n: int) -> tuple:
@@ -98,9 +138,9 @@ def flat_grid(count: int, multiprocessors: int) -> tuple:
     return (blocks, 1, 1), (ELEMENTWISE_THREADS, 1, 1)
 
 
-def reduce_threads(n: int) -> int:
-    """Threads of a one-block-per-row reduction (rmsnorm): a warp multiple up to 1024."""
-    return max(32, min(1024, -(-n // 4) // 32 * 32 or 32))
+def norm_grid(m: int, warp: int = 32) -> tuple:
+    """rmsnorm: a warp per row, four rows a block."""
+    return (-(-m // 4), 1, 1), (4 * warp, 1, 1)
 
 
 def padded(vocab: int) -> int:

@@ -1,5 +1,6 @@
-"""libr4d's device rows (RAD_DOMAIN_DEVICE): every compute op of docs/OPS.md on f32 activations,
-kernels in device/*.cu compiled at run time through RadStream.kernel (nvrtc, hiprtc).
+"""libr4d's device rows (RAD_DOMAIN_DEVICE): every compute op of docs/OPS.md on f32 activations, and
+the fused ops (`replaces`) that make a decode step a few launches a layer, kernels in device/*.cu
+compiled at run time through RadStream.kernel (nvrtc, hiprtc).
 
 A launch reads device addresses off RadArgs (RadTensor.data ints, a weight's planes likewise),
 issues its kernels on `a.stream` and never allocates or synchronises. What it issues (kernel handles,
@@ -9,6 +10,7 @@ driver calls. Extents come from the tensors' shapes (seqs from cu_seqlens, max_b
 block_tables, table rows from the weight), never from their contents."""
 
 import logging
+from dataclasses import dataclass
 
 from radiance.abi import (
     RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE, RAD_DOMAIN_DEVICE, RAD_DT_ENCODED, RAD_E_INVALID, RAD_E_NOMEM,
@@ -21,6 +23,10 @@ from .rows import FORMAT_CODES, QK, _layout_as_stored, encoding_format, layout_v
 log = logging.getLogger("radiance.libr4d")
 MAX_PLANS = 4096
 _PLANS: dict = {}
+
+
+class ScratchTooSmall(ValueError):
+    """The launch's scratch is smaller than its plan needs: the row answers RAD_E_NOMEM."""
 
 
 def _address(tensor) -> int:
@@ -52,9 +58,20 @@ class DeviceWeight:
         self.codes, self.scale, self.min = planes["codes"], planes.get("scale", 0), planes.get("min", 0)
 
 
+@dataclass
+class Step:
+    """One kernel of a launch: what RadStream.kernel compiles and what RadStream.launch issues."""
+    kernel: str
+    source: str
+    grid: tuple
+    block: tuple
+    args: KernelArgs
+    shared: int = 0
+    options: tuple = ()
+
+
 def _planned(name, build):
-    """A launch: `build(a) -> [(kernel name, source file, grid, block, KernelArgs, shared)]`, planned
-    once per key and replayed."""
+    """A launch: `build(a) -> [Step]` (or an error code), planned once per key and replayed."""
     def launch(a):
         stream = a.stream
         if stream is None:
@@ -65,6 +82,9 @@ def _planned(name, build):
         if plan is None or plan[0] is not a.params or plan[1] is not stream:
             try:
                 steps = build(a)
+            except ScratchTooSmall as error:
+                log.error("libr4d: %s: %s", name, error)
+                return RAD_E_NOMEM
             except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as error:
                 log.error("libr4d: %s: %s: %s", name, type(error).__name__, error)
                 return RAD_E_INVALID
@@ -73,8 +93,8 @@ def _planned(name, build):
             if len(_PLANS) >= MAX_PLANS:
                 _PLANS.clear()
             plan = _PLANS[key] = (a.params, stream, [
-                (stream.kernel(dk.source(src), kernel), grid, block, args.pack(), shared)
-                for kernel, src, grid, block, args, shared in steps])
+                (stream.kernel(dk.source(step.source), step.kernel, step.options), step.grid, step.block,
+                 step.args.pack(), step.shared) for step in steps])
         for kernel, grid, block, packed, shared in plan[2]:
             stream.launch(kernel, grid, block, packed, shared)
         return RAD_OK
@@ -82,8 +102,196 @@ def _planned(name, build):
     return launch
 
 
+def _vendor(a) -> str:
+    return getattr(a.stream, "vendor", "")
+
+
 # ------------------------------------------------------------------------------------------------
-# the plans of each op
+# the GEMV and the fused rows built on it (gemv.cu)
+
+@dataclass
+class GemvExtras:
+    """What a fused GEMV adds to the plain one: a folded norm (1: rmsnorm of x, 2: of x's rows
+    index[m]) and its outputs, the residual of mode 1, the argmax arrays of mode 3."""
+    norm: int = 0
+    norm_weight: object = None
+    normed: int = 0
+    index: int = 0
+    gathered: int = 0
+    x_rows: int = 0
+    residual: int = 0
+    best: int = 0
+    best_index: int = 0
+
+
+def gemv_scratch_need(m: int, n: int, k: int, fmt: str, warp: int = 32) -> int:
+    return dk.gemv_scratch_layout(m, n, k, fmt, warp)[1]
+
+
+def _gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None = None, scratch: int = 0,
+               scratch_bytes: int = 0) -> Step:
+    """The one kernel of a GEMV over `pairs` [(weight operand, output address)]: concatenated (q, k,
+    v) or, in mode 2, paired row by row (gate, up). `scratch` / `scratch_bytes`: the split-K part."""
+    extras = extras or GemvExtras()
+    weights = [DeviceWeight(weight) for weight, _ in pairs]
+    fmt, k = weights[0].label, weights[0].cols
+    if any(w.label != fmt or w.cols != k for w in weights):
+        raise ValueError("the weights of one GEMV differ in format or columns: "
+                         + ", ".join(f"{w.label} {w.rows}x{w.cols}" for w in weights))
+    if mode == 2 and weights[0].rows != weights[1].rows:
+        raise ValueError(f"gate and up weights of {weights[0].rows} and {weights[1].rows} rows")
+    m, warp = int(a.params["M"]), dk.warp_size(_vendor(a))
+    n = 2 * weights[0].rows if mode == 2 else sum(w.rows for w in weights)
+    splits, k_chunk = dk.gemv_split(n, k, fmt, warp)
+    partial, need = dk.gemv_scratch_layout(m, n, k, fmt, warp)
+    if need > scratch_bytes:
+        raise ScratchTooSmall(f"{scratch_bytes} bytes of scratch, the split GEMV needs {need}")
+    grid, block = dk.gemv_grid(n, warp, splits)
+    name = dk.gemv_name(m)
+    args = (KernelArgs(name).pointer(x).i32(m).i32(k).i32(k_chunk)
+            .pointer(scratch + partial if splits > 1 else 0).pointer(scratch if splits > 1 else 0))
+    for i in range(3):
+        if i < len(pairs):
+            w = weights[i]
+            args.pointer(w.codes).pointer(w.scale).pointer(w.min).pointer(pairs[i][1]).i32(w.rows)
+        else:
+            args.pointer(0).pointer(0).pointer(0).pointer(0).i32(0)
+    norm = DeviceWeight(extras.norm_weight) if extras.norm else None
+    args.pointer(norm.codes if norm else 0).i32(norm.fmt if norm else 0).f32(a.params.get("eps", 0.0))
+    args.pointer(extras.normed).pointer(extras.index).pointer(extras.gathered).i32(extras.x_rows)
+    args.pointer(extras.residual).pointer(extras.best).pointer(extras.best_index)
+    return Step(name, "gemv", grid, block, args, 0, dk.gemv_options(fmt, mode, extras.norm))
+
+
+def _gemv(a):
+    x, weight, y = a.t
+    return [_gemv_step(a, _address(x), [(weight, _address(y))], scratch=int(a.scratch or 0),
+                       scratch_bytes=int(a.scratch_bytes or 0))]
+
+
+def _format_of(geometry) -> str:
+    return geometry["wdtype"] if geometry["wdtype"] in dk.GEMV_CHUNK_ELEMENTS else "f32"
+
+
+def gemv_scratch(geometry) -> int:
+    """Split-K partial sums and counters (device_kernels.gemv_scratch_layout) at the band's largest M."""
+    return gemv_scratch_need(int(geometry["M"]), int(geometry["N"]), int(geometry["K"]), _format_of(geometry))
+
+
+def _rmsnorm_gemm3(a):
+    x, norm, normed, wq, q, wk, k, wv, v = a.t
+    extras = GemvExtras(norm=1, norm_weight=norm, normed=_address(normed))
+    return [_gemv_step(a, _address(x), [(wq, _address(q)), (wk, _address(k)), (wv, _address(v))], 0, extras,
+                       int(a.scratch or 0), int(a.scratch_bytes or 0))]
+
+
+def rmsnorm_gemm3_scratch(geometry) -> int:
+    n = int(geometry["N.1"]) + int(geometry["N.2"]) + int(geometry["N.3"])
+    return gemv_scratch_need(int(geometry["M"]), n, int(geometry["K"]), _format_of(geometry))
+
+
+def _rmsnorm_gemm2_silu_mul(a):
+    x, norm, normed, wg, gate, wu, up = a.t
+    extras = GemvExtras(norm=1, norm_weight=norm, normed=_address(normed))
+    return [_gemv_step(a, _address(x), [(wg, _address(gate)), (wu, _address(up))], 2, extras,
+                       int(a.scratch or 0), int(a.scratch_bytes or 0))]
+
+
+def rmsnorm_gemm2_silu_mul_scratch(geometry) -> int:
+    n = int(geometry["N.1"]) + int(geometry["N.2"])
+    return gemv_scratch_need(int(geometry["M"]), n, int(geometry["K"]), _format_of(geometry))
+
+
+def _gemm_add(a):
+    x, weight, y, residual = a.t
+    extras = GemvExtras(residual=_address(residual))
+    return [_gemv_step(a, _address(x), [(weight, _address(y))], 1, extras, int(a.scratch or 0),
+                       int(a.scratch_bytes or 0))]
+
+
+def _lm_head_layout(geometry) -> tuple[int, int, int, int]:
+    """take_rows_rmsnorm_gemm_sample's scratch: (the GEMV's split part, then the argmax arrays, then
+    the sampler's): offsets of the argmax values, their indices, the sampler's part, and the total."""
+    m, n, k = int(geometry["M"]), int(geometry["N"]), int(geometry["K"])
+    split = -(-gemv_scratch_need(m, n, k, _format_of(geometry)) // 256) * 256
+    _, index_at, argmax = dk.argmax_layout(m, n)
+    return split, split + index_at, split + argmax, split + argmax + dk.sample_scratch_bytes(m, int(geometry["vocab"]))
+
+
+def take_rows_rmsnorm_gemm_sample_scratch(geometry) -> int:
+    return _lm_head_layout(geometry)[3]
+
+
+def _take_rows_rmsnorm_gemm_sample(a):
+    h, index, rows, norm, normed, weight, logits, temperature, top_k, top_p, rng, tokens = a.t
+    m, vocab, scratch = int(a.params["M"]), int(a.params["vocab"]), int(a.scratch or 0)
+    best, best_index, sampler, need = _lm_head_layout({**a.params, "M": m})
+    if need > int(a.scratch_bytes or 0):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the fused lm head needs {need}")
+    extras = GemvExtras(norm=2, norm_weight=norm, normed=_address(normed), index=_address(index),
+                        gathered=_address(rows), x_rows=_rows(h), best=scratch + best, best_index=scratch + best_index)
+    head = _gemv_step(a, _address(h), [(weight, _address(logits))], 3, extras, scratch, best)
+    groups = -(-DeviceWeight(weight).rows // dk.GEMV_GROUP)
+    args = (KernelArgs("r4d_sample_groups_dev").pointer(_address(logits)).pointer(_address(temperature))
+            .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
+            .i32(vocab).pointer(scratch + sampler).i32(dk.padded(vocab)).pointer(scratch + best)
+            .pointer(scratch + best_index).i32(groups))
+    return [head, Step("r4d_sample_groups_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)]
+
+
+# ------------------------------------------------------------------------------------------------
+# attention (attention.cu): the plain row stores k, v then attends over the cache; the fused
+# rope_attention row rotates and reads this step's keys itself
+
+def _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out,
+                 inv_freq, fresh: bool) -> Step:
+    p = a.params
+    m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
+    if d > dk.ATT_MAX_HEAD_DIM or heads % kv or heads // kv > dk.ATT_MAX_GROUP:
+        raise ValueError(f"head_dim {d} (at most {dk.ATT_MAX_HEAD_DIM}), {heads} heads over {kv} kv heads "
+                         f"(at most {dk.ATT_MAX_GROUP} a kv head)")
+    group = heads // kv
+    offset, need = dk.attention_scratch_layout(m, kv, group, d)
+    if need > int(a.scratch_bytes or 0):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, attention needs {need}")
+    scratch = int(a.scratch)
+    splits = dk.attention_splits(m, kv, getattr(a.stream, "multiprocessors", 1))
+    seqs, max_blocks = _rows(cu_seqlens) - 1, int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
+    name = "r4d_attend_fresh" if fresh else "r4d_attend_cache"
+    args = KernelArgs(name)
+    for tensor in (q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out, inv_freq):
+        args.pointer(_address(tensor) if tensor is not None else 0)
+    args.pointer(scratch + offset).pointer(scratch).i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d)
+    args.i32(p["block_size"]).i32(p.get("interleaved", 0)).f32(p["scale"])
+    return Step(name, "attention", (m, kv, splits), (dk.ATT_WARPS * dk.warp_size(_vendor(a)), 1, 1), args, 0,
+                dk.attention_options(d, group))
+
+
+def attention_scratch(geometry) -> int:
+    heads, kv = int(geometry["q_heads"]), int(geometry["kv_heads"])
+    return dk.attention_scratch_layout(int(geometry["M"]), kv, max(1, heads // max(kv, 1)),
+                                       int(geometry["head_dim"]))[1]
+
+
+def _attention(a):
+    q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
+    m, width = int(a.params["M"]), int(a.params["kv_heads"]) * int(a.params["head_dim"])
+    grid, block = dk.rows_grid(m, width)
+    store = (KernelArgs("r4d_kv_store_dev").pointer(_address(k)).pointer(_address(v)).pointer(_address(k_cache))
+             .pointer(_address(v_cache)).pointer(_address(slots)).i32(width))
+    attend = _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables,
+                          out, None, fresh=False)
+    return [Step("r4d_kv_store_dev", "attention", grid, block, store, 0, attend.options), attend]
+
+
+def _rope_attention(a):
+    q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu_seqlens, context_lens, block_tables, out = a.t
+    return [_attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables,
+                         out, inv_freq, fresh=True)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the other ops
 
 def _embedding(a):
     ids, table, y = a.t
@@ -91,15 +299,16 @@ def _embedding(a):
     grid, block = dk.rows_grid(m, w.cols)
     args = (KernelArgs("r4d_embedding_dev").pointer(_address(ids)).pointer(w.codes).pointer(w.scale)
             .pointer(w.min).i32(w.fmt).i32(w.rows).i32(w.cols).pointer(_address(y)))
-    return [("r4d_embedding_dev", "elementwise", grid, block, args, 0)]
+    return [Step("r4d_embedding_dev", "elementwise", grid, block, args)]
 
 
 def _rmsnorm(a):
     x, w, y = a.t
     m, n = int(a.params["M"]), int(a.params["n"])
+    grid, block = dk.norm_grid(m, dk.warp_size(_vendor(a)))
     args = (KernelArgs("r4d_rmsnorm_dev").pointer(_address(x)).pointer(_address(w)).pointer(_address(y))
-            .i32(n).f32(a.params["eps"]))
-    return [("r4d_rmsnorm_dev", "elementwise", (m, 1, 1), (dk.reduce_threads(n), 1, 1), args, 0)]
+            .i32(m).i32(n).f32(a.params["eps"]))
+    return [Step("r4d_rmsnorm_dev", "elementwise", grid, block, args)]
 
 
 def _rope(a):
@@ -108,7 +317,8 @@ def _rope(a):
     m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
     args = (KernelArgs("r4d_rope_dev").pointer(_address(q)).pointer(_address(k)).pointer(_address(positions))
             .pointer(_address(inv_freq)).i32(heads).i32(kv).i32(d).i32(p["interleaved"]))
-    return [("r4d_rope_dev", "elementwise", (m, heads + kv, 1), (max(32, min(256, d // 2 + 31) // 32 * 32), 1, 1), args, 0)]
+    return [Step("r4d_rope_dev", "elementwise", (m, heads + kv, 1), (max(32, min(256, d // 2 + 31) // 32 * 32), 1, 1),
+                 args)]
 
 
 def _elementwise(kernel):
@@ -117,7 +327,7 @@ def _elementwise(kernel):
         count = int(a.params["M"]) * int(a.params["n"])
         grid, block = dk.flat_grid(count, getattr(a.stream, "multiprocessors", 1))
         args = KernelArgs(kernel).pointer(_address(first)).pointer(_address(second)).pointer(_address(y)).i64(count)
-        return [(kernel, "elementwise", grid, block, args, 0)]
+        return [Step(kernel, "elementwise", grid, block, args)]
     return build
 
 
@@ -127,29 +337,7 @@ def _take_rows(a):
     grid, block = dk.rows_grid(m, n)
     args = (KernelArgs("r4d_take_rows_dev").pointer(_address(x)).pointer(_address(index)).pointer(_address(y))
             .i32(n).i32(_rows(x)))
-    return [("r4d_take_rows_dev", "elementwise", grid, block, args, 0)]
-
-
-def _gemv(a):
-    x, weight, y = a.t
-    w, m = DeviceWeight(weight), int(a.params["M"])
-    name, warp = dk.gemv_name(w.label, m), dk.warp_size(getattr(a.stream, "vendor", ""))
-    splits, k_chunk = dk.gemv_split(w.rows, w.cols, w.label, warp)
-    partial, need = dk.gemv_scratch_layout(m, w.rows, w.cols, w.label, warp)
-    if need > int(a.scratch_bytes or 0):
-        return RAD_E_NOMEM
-    scratch = int(a.scratch or 0)
-    grid, block = dk.gemv_grid(w.rows, warp, splits)
-    args = (KernelArgs(name).pointer(_address(x)).pointer(w.codes).pointer(w.scale).pointer(w.min)
-            .pointer(_address(y)).i32(m).i32(w.rows).i32(w.cols).i32(k_chunk)
-            .pointer(scratch + partial if splits > 1 else 0).pointer(scratch if splits > 1 else 0))
-    return [(name, "gemv", grid, block, args, 0)]
-
-
-def gemv_scratch(geometry) -> int:
-    """Split-K partial sums and counters (device_kernels.gemv_scratch_layout) at the band's largest M."""
-    fmt = geometry["wdtype"] if geometry["wdtype"] in dk.GEMV_CHUNK_ELEMENTS else "f32"
-    return dk.gemv_scratch_layout(int(geometry["M"]), int(geometry["N"]), int(geometry["K"]), fmt)[1]
+    return [Step("r4d_take_rows_dev", "elementwise", grid, block, args)]
 
 
 def _gemm(a):
@@ -158,27 +346,7 @@ def _gemm(a):
     grid, block = dk.gemm_grid(m, w.rows)
     args = (KernelArgs("r4d_gemm_dev").pointer(_address(x)).pointer(w.codes).pointer(w.scale).pointer(w.min)
             .i32(w.fmt).pointer(_address(y)).i32(m).i32(w.rows).i32(w.cols))
-    return [("r4d_gemm_dev", "gemm", grid, block, args, 0)]
-
-
-def _attention(a):
-    q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
-    p = a.params
-    m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
-    if d > dk.ATT_MAX_HEAD_DIM or heads % kv:
-        raise ValueError(f"head_dim {d} (at most {dk.ATT_MAX_HEAD_DIM}), {heads} heads over {kv} kv heads")
-    width = kv * d
-    grid, block = dk.rows_grid(m, width)
-    store = (KernelArgs("r4d_kv_store_dev").pointer(_address(k)).pointer(_address(v)).pointer(_address(k_cache))
-             .pointer(_address(v_cache)).pointer(_address(slots)).i32(width))
-    seqs, max_blocks = _rows(cu_seqlens) - 1, int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
-    attend = (KernelArgs("r4d_attention_dev").pointer(_address(q)).pointer(_address(k_cache))
-              .pointer(_address(v_cache)).pointer(_address(positions)).pointer(_address(cu_seqlens))
-              .pointer(_address(context_lens)).pointer(_address(block_tables)).pointer(_address(out))
-              .i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d).i32(p["block_size"]).f32(p["scale"]))
-    return [("r4d_kv_store_dev", "attention", grid, block, store, 0),
-            ("r4d_attention_dev", "attention", (m, heads, 1),
-             (dk.ATT_WARPS * dk.warp_size(getattr(a.stream, "vendor", "")), 1, 1), attend, 0)]
+    return [Step("r4d_gemm_dev", "gemm", grid, block, args)]
 
 
 def _sample(a):
@@ -191,7 +359,7 @@ def _sample(a):
     args = (KernelArgs("r4d_sample_dev").pointer(_address(logits)).pointer(_address(temperature))
             .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
             .i32(vocab).pointer(int(a.scratch)).i32(dk.padded(vocab)))
-    return [("r4d_sample_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args, 0)]
+    return [Step("r4d_sample_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)]
 
 
 def sample_scratch(geometry) -> int:
@@ -202,6 +370,17 @@ def sample_scratch(geometry) -> int:
 # the table
 
 F32_ACTIVATIONS = RAD_CEQ("dtype", "f32")
+DECODE = RAD_CLE("M", dk.GEMV_MAX_M)
+# the chains the fused rows replace, spelled with the fused ops' operands (docs/OPS.md)
+REPLACES = {
+    "rmsnorm_gemm3": "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)+gemm(normed,wv,v)",
+    "rmsnorm_gemm2_silu_mul": "rmsnorm(x,norm,normed)+gemm(normed,wg,gate)+gemm(normed,wu,up)+silu_mul(gate,up,gate)",
+    "gemm_add": "gemm(x,w,y)+add(residual,y,residual)",
+    "rope_attention": "rope(q,k,positions,inv_freq)+attention(q,k,v,k_cache,v_cache,slots,positions,cu_seqlens,"
+                      "context_lens,block_tables,out)",
+    "take_rows_rmsnorm_gemm_sample": "take_rows(h,index,rows)+rmsnorm(rows,norm,normed)+gemm(normed,w,logits)"
+                                     "+sample(logits,temperature,top_k,top_p,rng,tokens)",
+}
 
 
 def chained(name: str) -> str:
@@ -209,7 +388,10 @@ def chained(name: str) -> str:
     R4D_CHAIN_PROLOGUE (device/common.cu), so it may be a programmatic dependent launch. The
     specification recognises chained forms by `r4dchain` in the name."""
     return name.replace("r4d_", "r4dchain_", 1)
+
+
 FORMATS = "q8_0 q4_1 f32 f16 bf16"
+WEIGHT_FORMATS = (("q4_1", "q4_1", QK), ("q8_0", "q8_0", QK), ("f32 f16 bf16", "plain", 8))
 
 
 def build_device_rows() -> list[RadKernelInfo]:
@@ -218,28 +400,55 @@ def build_device_rows() -> list[RadKernelInfo]:
                              dtypes=dtypes, domain=RAD_DOMAIN_DEVICE, priority=10,
                              constraints=[F32_ACTIVATIONS, *constraints], launch=_planned(name, build), **hooks)
 
-    gemm_rows = []
-    for fmt, label, div in (("q4_1", "q4_1", QK), ("q8_0", "q8_0", QK), ("f32 f16 bf16", "plain", 8)):
-        common = [RAD_CIN("wdtype", fmt), RAD_CEQ("split_k", 1), RAD_CDIV("K", div)]
+    gemm_rows, fused_rows = [], []
+    for fmt, label, div in WEIGHT_FORMATS:
+        common = [RAD_CIN("wdtype", fmt), RAD_CDIV("K", div)]
         layout = _layout_as_stored(fmt.split())
-        gemm_rows.append(row(f"r4d_gemv_{label}_dev", "gemm", _gemv, [RAD_CLE("M", dk.GEMV_MAX_M), *common],
-                             "decode GEMV: a warp per output row, the planes streamed once for all M rows",
+        gemm_rows.append(row(f"r4d_gemv_{label}_dev", "gemm", _gemv, [DECODE, RAD_CEQ("split_k", 1), *common],
+                             "decode GEMV: a warp per 4 output rows, the planes streamed once for all M rows",
                              f"M<={dk.GEMV_MAX_M}, K%{div}==0", f"f32 x {fmt}", layout=layout,
                              scratch=gemv_scratch))
-        gemm_rows.append(row(f"r4d_gemm_{label}_dev", "gemm", _gemm, [RAD_CGE("M", dk.GEMV_MAX_M + 1), *common],
+        gemm_rows.append(row(f"r4d_gemm_{label}_dev", "gemm", _gemm,
+                             [RAD_CGE("M", dk.GEMV_MAX_M + 1), RAD_CEQ("split_k", 1), *common],
                              "prefill GEMM: 64x64 f32 tiles through shared memory, weights decoded per tile",
                              f"M>={dk.GEMV_MAX_M + 1}, K%{div}==0", f"f32 x {fmt}", layout=layout))
+        stored = _layout_as_stored(f"{fmt} f32 f16 bf16".split())  # the norm's weight too, as stored
+        fused_rows += [
+            row(f"r4d_rmsnorm_gemm3_{label}_dev", "rmsnorm_gemm3", _rmsnorm_gemm3, [DECODE, *common],
+                "q, k and v in one GEMV, the rmsnorm recomputed in front of it by every block", f"M<={dk.GEMV_MAX_M}",
+                f"f32 x {fmt}", layout=stored, scratch=rmsnorm_gemm3_scratch, replaces=REPLACES["rmsnorm_gemm3"]),
+            row(f"r4d_rmsnorm_gemm2_silu_mul_{label}_dev", "rmsnorm_gemm2_silu_mul", _rmsnorm_gemm2_silu_mul,
+                [DECODE, *common], "gate and up in one GEMV, a gate row beside its up row, silu * mul in its epilogue",
+                f"M<={dk.GEMV_MAX_M}", f"f32 x {fmt}", layout=stored, scratch=rmsnorm_gemm2_silu_mul_scratch,
+                replaces=REPLACES["rmsnorm_gemm2_silu_mul"]),
+            row(f"r4d_gemm_add_{label}_dev", "gemm_add", _gemm_add, [DECODE, *common],
+                "the GEMV with the residual add in its epilogue", f"M<={dk.GEMV_MAX_M}", f"f32 x {fmt}",
+                layout=layout, scratch=gemv_scratch, replaces=REPLACES["gemm_add"]),
+            row(f"r4d_take_rows_rmsnorm_gemm_sample_{label}_dev", "take_rows_rmsnorm_gemm_sample",
+                _take_rows_rmsnorm_gemm_sample, [DECODE, *common],
+                "the lm head: rows taken and normed in front of the GEMV, each row group's first maximum in its "
+                "epilogue, then the sampler (greedy rows reduce those maxima)", f"M<={dk.GEMV_MAX_M}",
+                f"f32 x {fmt}", layout=stored, scratch=take_rows_rmsnorm_gemm_sample_scratch,
+                replaces=REPLACES["take_rows_rmsnorm_gemm_sample"]),
+        ]
     return [
         row("r4d_embedding_dev", "embedding", _embedding, [RAD_CIN("wdtype", FORMATS)], "table rows decoded to f32",
             "any", f"{FORMATS} table", layout=_layout_as_stored(FORMATS.split())),
-        row("r4d_rmsnorm_dev", "rmsnorm", _rmsnorm, [], "a block per row, tree sum of squares", "any", "f32",
+        row("r4d_rmsnorm_dev", "rmsnorm", _rmsnorm, [], "a warp per row, the canonical sum of squares", "any", "f32",
             layout=layout_vector, relayout=relayout_vector),
         *gemm_rows,
         row("r4d_rope_dev", "rope", _rope, [RAD_CDIV("head_dim", 2)], "cos/sin in f64 rounded to f32",
             "head_dim even", "f32"),
         row("r4d_attention_dev", "attention", _attention, [RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM)],
-            "paged KV stored, then a block per (token, head): online softmax per warp, warps merged",
-            f"head_dim<={dk.ATT_MAX_HEAD_DIM}", "f32"),
+            "paged KV stored, then a block per (token, kv head, split of the context): online softmax per warp, "
+            "warps merged, splits merged in order", f"head_dim<={dk.ATT_MAX_HEAD_DIM}", "f32",
+            scratch=attention_scratch),
+        row("r4d_rope_attention_dev", "rope_attention", _rope_attention,
+            [DECODE, RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM), RAD_CDIV("head_dim", 2)],
+            "rope, the KV store and attention split over the context in one kernel; this step's keys rotated and "
+            "read from the k, v rows", f"M<={dk.GEMV_MAX_M}, head_dim<={dk.ATT_MAX_HEAD_DIM}", "f32",
+            scratch=attention_scratch, replaces=REPLACES["rope_attention"]),
+        *fused_rows,
         row("r4d_add_dev", "add", _elementwise("r4d_add_dev"), [], "elementwise", "any", "f32"),
         row("r4d_silu_mul_dev", "silu_mul", _elementwise("r4d_silu_mul_dev"), [], "sigmoid in f64 rounded to f32",
             "any", "f32"),

@@ -1,11 +1,18 @@
 // libr4d device rows: attention over a paged KV cache, prefill and decode tokens of several
-// sequences in one launch. Two kernels in order on the queue: the k, v rows of the step stored at
-// their slots, then one block per (token, query head): each warp walks every ATT_WARPS-th visible
-// key with an online softmax (running max, sum, weighted values), the warps merged at the end.
-// Everything is sized from the tensors' shapes and read from device arrays (cu_seqlens,
-// context_lens, block_tables, positions, slots), so a captured launch replays with new contents.
-#define ATT_WARPS 8
-#define ATT_MAX_DPL 8  // head_dim <= ATT_MAX_DPL * R4D_WARP
+// sequences in one launch, split over the context (flash-decoding's idea):
+// - the attention row: the step's k, v rows stored at their slots (r4d_kv_store_dev), then
+//   r4d_attend_*_cache over the cache;
+// - the fused rope_attention row: r4d_attend_*_fresh alone. It rotates q and the step's own keys
+//   itself (rope's arithmetic) and reads the keys of this step's positions from the k, v rows
+//   instead of the cache (a sequence's tokens in a step are its last positions, in order, as the
+//   scheduler lays them out), stores them at their slots, and leaves q and k rotated, as rope would.
+// Grid (M tokens, kv heads, S splits), ATT_WARPS warps a block: a block takes the G query heads that
+// share one kv head (each key and value row is read once for the G of them) over its split of the
+// token's visible positions; each warp walks every ATT_WARPS-th of them with an online softmax per
+// head, the warps are merged, and the (token, kv head)'s last block merges the S splits in order.
+// Everything is sized from the tensors' shapes and read from device arrays, so a captured launch
+// replays with new contents.
+#define ATT_WARPS 4
 
 // k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m]; grid (ceil(width / blockDim.x), M)
 extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, float* k_cache, float* v_cache,
@@ -17,66 +24,228 @@ extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, floa
     v_cache[slot * width + c] = v[(long long)m * width + c];
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * R4D_WARP) r4d_attention_dev(
-        const float* q, const float* k_cache, const float* v_cache, const int* positions, const int* cu_seqlens,
-        const int* context_lens, const int* block_tables, float* out, int seqs, int max_blocks, int q_heads,
-        int kv_heads, int head_dim, int block_size, float scale) { R4D_CHAIN_PROLOGUE();
-    __shared__ float s_max[ATT_WARPS], s_sum[ATT_WARPS];
-    __shared__ float s_acc[ATT_WARPS][ATT_MAX_DPL * R4D_WARP];
-    int m = blockIdx.x, h = blockIdx.y;
-    int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
-    int s = 0;
-    while (s + 1 < seqs && cu_seqlens[s + 1] <= m) ++s;  // the sequence token m belongs to
-    int length = context_lens[s], position = positions[m];
-    int last = min(position, length - 1);
-    int kvh = h / (q_heads / kv_heads), width = kv_heads * head_dim;
-    const float* qrow = q + ((long long)m * q_heads + h) * head_dim;
-    float qv[ATT_MAX_DPL], acc[ATT_MAX_DPL];
+struct Attend {
+    float* q;  // [M, q_heads * head_dim]
+    float* k;  // [M, kv_heads * head_dim]
+    const float* v;
+    float* k_cache;
+    float* v_cache;
+    const int* slots;
+    const int* positions;
+    const int* cu_seqlens;
+    const int* context_lens;
+    const int* block_tables;
+    float* out;
+    const float* inv_freq;
+    float* partial;  // [M, kv_heads, S, G, head_dim + 2]
+    u32* counters;   // [M * kv_heads] then one for the whole grid
+    int seqs, max_blocks, q_heads, kv_heads, head_dim, block_size, interleaved;
+    float scale;
+};
+
+// Element d of row `row` (head_dim values) rotated by `position` as rope rotates it.
+__device__ __forceinline__ float r4d_rotated(const float* row, int d, int head_dim, int position,
+                                             const float* inv_freq, int interleaved) {
+    int half = head_dim / 2;
+    int i = interleaved ? d / 2 : d % half;  // the pair's index
+    bool second = interleaved ? (d & 1) : d >= half;
+    int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    float angle = (float)position * inv_freq[i];
+    float c = (float)cos((double)angle), s = (float)sin((double)angle);
+    float a = row[ia], b = row[ib];
+    return second ? a * s + b * c : a * c - b * s;
+}
+
+// `heads` consecutive heads of head_dim values from `rows`, each rotated in place by its row's
+// position (positions[head / kv_heads], or `position` for them all). Every value of a head is read
+// before any is written: the block works one head at a time, at most two values a thread.
+__device__ void rotate_in_place(float* rows, int heads, int D, const int* positions, int position, const Attend& p) {
+    for (int head = 0; head < heads; ++head) {  // the same count on every thread: the barriers are uniform
+        float* row = rows + (long long)head * D;
+        int where = positions ? positions[head / p.kv_heads] : position;
+        float value[2];
 #pragma unroll
-    for (int i = 0; i < ATT_MAX_DPL; ++i) {
-        int d = lane + i * R4D_WARP;
-        qv[i] = d < head_dim ? qrow[d] : 0.0f;
-        acc[i] = 0.0f;
-    }
-    float run_max = __uint_as_float(0xff800000u), run_sum = 0.0f;  // -inf, 0
-    const int* table = block_tables + (long long)s * max_blocks;
-    for (int j = warp; j <= last; j += ATT_WARPS) {
-        long long slot = (long long)table[j / block_size] * block_size + j % block_size;
-        const float* krow = k_cache + slot * width + (long long)kvh * head_dim;
-        const float* vrow = v_cache + slot * width + (long long)kvh * head_dim;
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; ++i) {
-            int d = lane + i * R4D_WARP;
-            if (d < head_dim) dot += qv[i] * krow[d];
+        for (int t = 0; t < 2; ++t) {
+            int d = threadIdx.x + t * blockDim.x;
+            if (d < D) value[t] = r4d_rotated(row, d, D, where, p.inv_freq, p.interleaved);
         }
-        float score = r4d_warp_sum(dot) * scale;
-        float next = fmaxf(run_max, score);
-        float keep = expf(run_max - next), weight = expf(score - next);
-        run_sum = run_sum * keep + weight;
+        __syncthreads();
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; ++i) {
-            int d = lane + i * R4D_WARP;
-            if (d < head_dim) acc[i] = acc[i] * keep + weight * vrow[d];
+        for (int t = 0; t < 2; ++t) {
+            int d = threadIdx.x + t * blockDim.x;
+            if (d < D) row[d] = value[t];
         }
-        run_max = next;
-    }
-    if (lane == 0) { s_max[warp] = run_max; s_sum[warp] = run_sum; }
-#pragma unroll
-    for (int i = 0; i < ATT_MAX_DPL; ++i) {
-        int d = lane + i * R4D_WARP;
-        if (d < head_dim) s_acc[warp][d] = acc[i];
-    }
-    __syncthreads();
-    float top = s_max[0];
-    for (int w = 1; w < ATT_WARPS; ++w) top = fmaxf(top, s_max[w]);
-    float total = 0.0f;
-    for (int w = 0; w < ATT_WARPS; ++w) total += s_sum[w] > 0.0f ? s_sum[w] * expf(s_max[w] - top) : 0.0f;
-    float* orow = out + ((long long)m * q_heads + h) * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float mixed = 0.0f;
-        for (int w = 0; w < ATT_WARPS; ++w)
-            if (s_sum[w] > 0.0f) mixed += s_acc[w][d] * expf(s_max[w] - top);
-        orow[d] = mixed / total;
+        __syncthreads();
     }
 }
+
+template <int DPL, int G, bool FRESH>
+__device__ void attend(const Attend& p) {
+    __shared__ float s_max[ATT_WARPS][G], s_sum[ATT_WARPS][G];
+    __shared__ float s_acc[ATT_WARPS][G][DPL * R4D_WARP];
+    __shared__ int s_last;
+    int m = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
+    const int D = p.head_dim, width = p.kv_heads * D;
+    int s = 0;
+    while (s + 1 < p.seqs && p.cu_seqlens[s + 1] <= m) ++s;  // the sequence token m belongs to
+    int length = p.context_lens[s], position = p.positions[m];
+    int visible = min(position, length - 1) + 1;
+    int step_first = p.cu_seqlens[s], fresh = length - (p.cu_seqlens[s + 1] - step_first);  // this step's positions
+    int chunk = (visible + splits - 1) / splits;
+    int j0 = split * chunk, j1 = min(visible, j0 + chunk);
+    float qv[G][DPL], acc[G][DPL], run_max[G], run_sum[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const float* qrow = p.q + ((long long)m * p.q_heads + kvh * G + g) * D;
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            int d = lane + t * R4D_WARP;
+            qv[g][t] = d >= D ? 0.0f : FRESH ? r4d_rotated(qrow, d, D, position, p.inv_freq, p.interleaved) : qrow[d];
+            acc[g][t] = 0.0f;
+        }
+        run_max[g] = __uint_as_float(0xff800000u);  // -inf
+        run_sum[g] = 0.0f;
+    }
+    const int* table = p.block_tables + (long long)s * p.max_blocks;
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        float kv[DPL], vv[DPL];
+        if (FRESH && j >= fresh) {  // this step's key: from the k, v rows, rotated here
+            int row = step_first + (j - fresh);
+            const float* krow = p.k + (long long)row * width + (long long)kvh * D;
+            const float* vrow = p.v + (long long)row * width + (long long)kvh * D;
+#pragma unroll
+            for (int t = 0; t < DPL; ++t) {
+                int d = lane + t * R4D_WARP;
+                kv[t] = d < D ? r4d_rotated(krow, d, D, p.positions[row], p.inv_freq, p.interleaved) : 0.0f;
+                vv[t] = d < D ? vrow[d] : 0.0f;
+            }
+        } else {
+            long long slot = (long long)table[j / p.block_size] * p.block_size + j % p.block_size;
+            const float* krow = p.k_cache + slot * width + (long long)kvh * D;
+            const float* vrow = p.v_cache + slot * width + (long long)kvh * D;
+#pragma unroll
+            for (int t = 0; t < DPL; ++t) {
+                int d = lane + t * R4D_WARP;
+                kv[t] = d < D ? krow[d] : 0.0f;
+                vv[t] = d < D ? vrow[d] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int t = 0; t < DPL; ++t) dot += qv[g][t] * kv[t];
+            float score = r4d_warp_sum(dot) * p.scale;
+            float next = fmaxf(run_max[g], score);
+            float keep = expf(run_max[g] - next), weight = expf(score - next);
+            run_sum[g] = run_sum[g] * keep + weight;
+#pragma unroll
+            for (int t = 0; t < DPL; ++t) acc[g][t] = acc[g][t] * keep + weight * vv[t];
+            run_max[g] = next;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        if (lane == 0) { s_max[warp][g] = run_max[g]; s_sum[warp][g] = run_sum[g]; }
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) s_acc[warp][g][lane + t * R4D_WARP] = acc[g][t];
+    }
+    __syncthreads();
+    // this split's (max, sum, weighted values) of each head: the warps merged
+    long long group = (long long)m * p.kv_heads + kvh;
+    float* mine = p.partial + (group * splits + split) * G * (D + 2);
+    for (int g = 0; g < G; ++g) {
+        float top = s_max[0][g];
+        for (int w = 1; w < ATT_WARPS; ++w) top = fmaxf(top, s_max[w][g]);
+        float* entry = mine + g * (D + 2);
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float mixed = 0.0f;
+            for (int w = 0; w < ATT_WARPS; ++w)
+                if (s_sum[w][g] > 0.0f) mixed += s_acc[w][g][d] * expf(s_max[w][g] - top);
+            entry[2 + d] = mixed;
+        }
+        if (threadIdx.x == 0) {
+            float total = 0.0f;
+            for (int w = 0; w < ATT_WARPS; ++w) total += s_sum[w][g] > 0.0f ? s_sum[w][g] * expf(s_max[w][g] - top) : 0.0f;
+            entry[0] = top;
+            entry[1] = total;
+        }
+    }
+    if (FRESH && split == 0) {  // this token's own k (rotated) and v at its slot; nothing here reads them back
+        long long slot = p.slots[m];
+        const float* krow = p.k + (long long)m * width + (long long)kvh * D;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            p.k_cache[slot * width + (long long)kvh * D + d] = r4d_rotated(krow, d, D, position, p.inv_freq, p.interleaved);
+            p.v_cache[slot * width + (long long)kvh * D + d] = p.v[(long long)m * width + (long long)kvh * D + d];
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(p.counters + group, 1u) == (u32)splits - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    // the (token, kv head)'s last block: the splits merged in order
+    const volatile float* all = p.partial + group * splits * G * (D + 2);
+    for (int g = 0; g < G; ++g) {
+        float top = __uint_as_float(0xff800000u);
+        for (int q = 0; q < splits; ++q) {
+            const volatile float* entry = all + (q * G + g) * (D + 2);
+            if (entry[1] > 0.0f) top = fmaxf(top, entry[0]);
+        }
+        float total = 0.0f;
+        for (int q = 0; q < splits; ++q) {
+            const volatile float* entry = all + (q * G + g) * (D + 2);
+            if (entry[1] > 0.0f) total += entry[1] * expf(entry[0] - top);
+        }
+        float* orow = p.out + ((long long)m * p.q_heads + kvh * G + g) * D;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float mixed = 0.0f;
+            for (int q = 0; q < splits; ++q) {
+                const volatile float* entry = all + (q * G + g) * (D + 2);
+                if (entry[1] > 0.0f) mixed += entry[2 + d] * expf(entry[0] - top);
+            }
+            orow[d] = mixed / total;
+        }
+    }
+    if (!FRESH) {
+        if (threadIdx.x == 0) p.counters[group] = 0u;  // ready for the next launch (a graph replays it)
+        return;
+    }
+    // q rotated in place: only this (token, kv head)'s blocks read these heads, and they are done
+    __syncthreads();
+    rotate_in_place(p.q + ((long long)m * p.q_heads + kvh * G) * D, G, D, nullptr, position, p);
+    // k rotated in place by the grid's last group: later tokens of a sequence read earlier ones' k
+    if (threadIdx.x == 0) {
+        p.counters[group] = 0u;
+        s_last = atomicAdd(p.counters + gridDim.x * p.kv_heads, 1u) == gridDim.x * p.kv_heads - 1;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    rotate_in_place(p.k, gridDim.x * p.kv_heads, D, p.positions, 0, p);
+    if (threadIdx.x == 0) p.counters[gridDim.x * p.kv_heads] = 0u;
+}
+
+// One module per (R4D_ATT_DPL, R4D_ATT_G): head_dim <= 32 * DPL values a lane, G query heads per kv head.
+#ifndef R4D_ATT_DPL
+#define R4D_ATT_DPL 4
+#endif
+#ifndef R4D_ATT_G
+#define R4D_ATT_G 1
+#endif
+#define ATTEND_ENTRY(FRESH, WHICH)                                                                                \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * R4D_WARP) r4d_attend_##WHICH(                        \
+        float* q, float* k, const float* v, float* k_cache, float* v_cache, const int* slots, const int* positions, \
+        const int* cu_seqlens, const int* context_lens, const int* block_tables, float* out, const float* inv_freq, \
+        float* partial, u32* counters, int seqs, int max_blocks, int q_heads, int kv_heads, int head_dim,         \
+        int block_size, int interleaved, float scale) { R4D_CHAIN_PROLOGUE();                                     \
+        Attend p = {q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out,      \
+                    inv_freq, partial, counters, seqs, max_blocks, q_heads, kv_heads, head_dim, block_size,       \
+                    interleaved, scale};                                                                         \
+        attend<R4D_ATT_DPL, R4D_ATT_G, FRESH>(p);                                                                \
+    }
+
+ATTEND_ENTRY(false, cache)
+ATTEND_ENTRY(true, fresh)

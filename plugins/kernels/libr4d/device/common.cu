@@ -64,6 +64,26 @@ __device__ float r4d_block_sum(float v, float* shared) {
     return total;
 }
 
+// (a, ia) ranks before (b, ib) in np.argmax's order: the larger value, a NaN above everything, the
+// lower index among equals
+__device__ __forceinline__ bool r4d_better(float a, int ia, float b, int ib) {
+    bool na = a != a, nb = b != b;
+    if (na != nb) return na;
+    if (na || a == b) return ia < ib;
+    return a > b;
+}
+
+// The sum of squares of a row in the order every rmsnorm of libr4d's device rows uses, so a norm
+// folded into another kernel computes the standalone row's bits: lane l adds the elements of
+// 4-element chunks l, l + R4D_WARP, ... in order, then the warp's tree. One warp; every lane gets it.
+__device__ __forceinline__ float r4d_row_squares(const float* row, int n) {
+    int lane = threadIdx.x % R4D_WARP;
+    float sum = 0.0f;
+    for (int c = lane * 4; c < n; c += R4D_WARP * 4)
+        for (int i = c; i < min(c + 4, n); ++i) sum += row[i] * row[i];
+    return r4d_warp_sum(sum);
+}
+
 // One element of a weight as the core decoder computes it: code*scale (q8_0), code*scale - min
 // (q4_1, where min holds -m), or the plain value. Planes row-major as the container stores them.
 struct R4DWeight {

@@ -12,16 +12,15 @@ extern "C" __global__ void r4d_embedding_dev(const int* ids, const u8* codes, co
     y[(long long)m * n + c] = (id >= 0 && id < vocab) ? r4d_weight_at(w, id, c) : __uint_as_float(0x7fc00000u);
 }
 
-// y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, one block per row
-extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float* y, int n, float eps) { R4D_CHAIN_PROLOGUE();
-    __shared__ float partial[32];
-    const float* row = x + (long long)blockIdx.x * n;
-    float sum = 0.0f;
-    for (int c = threadIdx.x; c < n; c += blockDim.x) sum += row[c] * row[c];
-    float total = r4d_block_sum(sum, partial);
-    float scale = 1.0f / sqrtf(total / (float)n + eps);
-    float* out = y + (long long)blockIdx.x * n;
-    for (int c = threadIdx.x; c < n; c += blockDim.x) out[c] = (row[c] * scale) * w[c];
+// y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, one warp per row of M (the sum in r4d_row_squares'
+// order, which the GEMVs with a folded norm share)
+extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float* y, int M, int n, float eps) { R4D_CHAIN_PROLOGUE();
+    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP;
+    if (m >= M) return;
+    const float* row = x + (long long)m * n;
+    float scale = 1.0f / sqrtf(r4d_row_squares(row, n) / (float)n + eps);
+    float* out = y + (long long)m * n;
+    for (int c = threadIdx.x % R4D_WARP; c < n; c += R4D_WARP) out[c] = (row[c] * scale) * w[c];
 }
 
 // Rotate q [M, q_heads*d] and k [M, kv_heads*d] in place; grid (M, q_heads + kv_heads), d/2 threads

@@ -10,13 +10,6 @@
 // Non-finite logits at temperature > 0 are not reproduced (docs/LIBR4D.md).
 #define SAMPLE_THREADS 1024
 
-__device__ __forceinline__ bool r4d_better(float a, int ia, float b, int ib) {
-    bool na = a != a, nb = b != b;
-    if (na != nb) return na;
-    if (na || a == b) return ia < ib;
-    return a > b;
-}
-
 __device__ __forceinline__ u64 r4d_key(float s, int index) {
     u32 bits = __float_as_uint(-s + 0.0f);  // -0.0 -> +0.0, as argsort compares them equal
     bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
@@ -34,10 +27,12 @@ __device__ double r4d_philox_uniform(u64 seed, u64 step) {
     return (double)(c0 >> 11) * (1.0 / 9007199254740992.0);
 }
 
-// scratch per row: `padded` u64 keys (padded = a power of two >= vocab), then vocab f32 running sums
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) r4d_sample_dev(
-        const float* logits, const float* temperature, const int* top_k, const float* top_p, const u64* rng,
-        int* tokens, int vocab, u8* scratch, int padded) { R4D_CHAIN_PROLOGUE();
+// scratch per row: `padded` u64 keys (padded = a power of two >= vocab), then vocab f32 running sums.
+// `best`, `best_index` [groups, M]: where a fused lm head GEMV left each row group's first maximum
+// (r4d_gemv, mode 3), the greedy rows reduce those instead of the logits; null: the logits.
+__device__ void r4d_sample(const float* logits, const float* temperature, const int* top_k, const float* top_p,
+                           const u64* rng, int* tokens, int vocab, u8* scratch, int padded, const float* best_of,
+                           const int* best_index, int groups) {
     __shared__ float s_val[32];
     __shared__ int s_idx[32];
     __shared__ int s_count, s_result;
@@ -48,8 +43,16 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) r4d_sample_dev(
     if (!(t > 0.0f)) {  // greedy: the first maximum
         float best = __uint_as_float(0xff800000u);
         int where = 0x7fffffff;
-        for (int i = tid; i < vocab; i += blockDim.x)
-            if (r4d_better(x[i], i, best, where)) { best = x[i]; where = i; }
+        if (best_of) {
+            for (int g = tid; g < groups; g += blockDim.x) {
+                float value = best_of[(long long)g * gridDim.x + row];
+                int at = best_index[(long long)g * gridDim.x + row];
+                if (r4d_better(value, at, best, where)) { best = value; where = at; }
+            }
+        } else {
+            for (int i = tid; i < vocab; i += blockDim.x)
+                if (r4d_better(x[i], i, best, where)) { best = x[i]; where = i; }
+        }
         for (int o = R4D_WARP / 2; o > 0; o >>= 1) {
             float b = R4D_SHFL_XOR(best, o);
             int wb = R4D_SHFL_XOR(where, o);
@@ -159,4 +162,18 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) r4d_sample_dev(
         if (wanted > (int)total) { wanted -= (int)total; prefix |= 1ull << bit; }
     }
     if (tid == 0) tokens[row] = (int)(u32)prefix;
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) r4d_sample_dev(
+        const float* logits, const float* temperature, const int* top_k, const float* top_p, const u64* rng,
+        int* tokens, int vocab, u8* scratch, int padded) { R4D_CHAIN_PROLOGUE();
+    r4d_sample(logits, temperature, top_k, top_p, rng, tokens, vocab, scratch, padded, nullptr, nullptr, 0);
+}
+
+// after a fused lm head: M = gridDim.x rows, each row group's maximum in best / best_index
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) r4d_sample_groups_dev(
+        const float* logits, const float* temperature, const int* top_k, const float* top_p, const u64* rng,
+        int* tokens, int vocab, u8* scratch, int padded, const float* best, const int* best_index, int groups) {
+    R4D_CHAIN_PROLOGUE();
+    r4d_sample(logits, temperature, top_k, top_p, rng, tokens, vocab, scratch, padded, best, best_index, groups);
 }
