@@ -1,13 +1,17 @@
-"""Generation on the card path, against the host path in the same run (the lent H200s).
+"""Generation on the card path, against the host path and the PyTorch peer in the same run (the lent H200s).
 
-    PYTHONUNBUFFERED=1 python3 bench/card_generate.py [--gguf SmolLM2.gguf] [--eight-b] [--tp 1 2] [--tokens 16]
+    PYTHONUNBUFFERED=1 python3 bench/card_generate.py [--gguf SmolLM2.gguf] [--eight-b] [--tp 1 2] [--tokens 32]
+        [--context 512] [--peer] [--defaults-only]
 
-- SmolLM2-135M (from its GGUF): greedy tokens at TP 1 on the card (graphs on and off) and on host
-  rows, and decode ms/token of each.
+- SmolLM2-135M (from its GGUF): greedy tokens at TP 1 on the card with fused rows and without
+  (--no-fusion's path), graphs on and off, and on host rows; decode ms/token and kernel launches
+  per step of each.
 - A synthetic Llama-3-8B-shaped bf16 model (hidden 4096, 32 layers, 32/8 heads, ffn 14336, vocab
-  128256): greedy tokens and decode ms/token at each --tp on cards (graphs on and off), against
-  the memory bound (weight bytes a rank reads per token / 4.8 TB/s), and the host path's tokens at
-  TP 1 (--host-8b, slow).
+  128256): greedy tokens and decode ms/token at each --tp after a --context-token prompt, fused and
+  unfused, against the memory bound (weight bytes a rank reads per token / 4.8 TB/s); --peer adds
+  PyTorch on the same shape and context (bench/torch_peer.py: eager ops in one CUDA graph, and
+  gpt-fast's recipe, inductor then one CUDA graph), measured after radiance has let the card go.
+  --host-8b: the host path's first tokens (slow).
 
 Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
 checkout shim maps it). Launches need pyzmq (carry its wheel). Writes $OUT/card_generate.json."""
@@ -22,6 +26,8 @@ import time
 from pathlib import Path
 
 from checkout_shim import ROOT  # noqa: F401  (first: maps the checkout under `radiance.`)
+
+import numpy as np  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12
 USER_CARDS = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -51,7 +57,27 @@ def generate(engine, prompt_ids, tokens):
     return list(sequence.output_ids), samples
 
 
-def in_process(model, device, graphs, prompt_ids, tokens, chain=True):
+def launches_per_step(worker) -> int | None:
+    """Kernels one decode step launches on the card: one profiled (uncaptured) step of the last
+    step's shape, its driver launches counted."""
+    executor = getattr(worker, "executor", None)
+    if executor is None or not hasattr(executor, "device"):
+        return None
+    device, counted = executor.device, [0]
+    launch = device.launch
+
+    def counting(*args, **kwargs):
+        counted[0] += 1
+        return launch(*args, **kwargs)
+    device.launch, executor.profile = counting, True
+    try:
+        executor.run(1, 1)
+    finally:
+        device.launch, executor.profile = launch, False
+    return counted[0]
+
+
+def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=True):
     from radiance.engine.registry import Registry
     from radiance.generation.engine import Engine
     from radiance.generation.options import EngineOptions
@@ -60,7 +86,7 @@ def in_process(model, device, graphs, prompt_ids, tokens, chain=True):
 
     os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"  # in process: one card
     options = EngineOptions(model=str(model), progress=False, device=device, graphs=graphs, chain=chain,
-                            max_context=1024)
+                            fusion=fusion, max_context=max(1024, len(prompt_ids) + tokens + 16))
     start = time.perf_counter()
     worker = Worker(options, Registry()).build()
     loaded = time.perf_counter() - start
@@ -68,9 +94,14 @@ def in_process(model, device, graphs, prompt_ids, tokens, chain=True):
     engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper))
     try:
         ids, samples = generate(engine, prompt_ids, tokens)
+        counted = launches_per_step(worker) if device == "auto" else None
     finally:
         worker.close()
-    return summary(ids, samples, loaded)
+    result = summary(ids, samples, loaded)
+    result["launches_per_step"] = counted
+    if counted is not None:
+        print(f"    ... {counted} kernel launches per decode step", flush=True)
+    return result
 
 
 def launched(model, tp, graphs, prompt_ids, tokens, chain=True, profile=False):
@@ -112,16 +143,40 @@ def summary(ids, samples, seconds):
     return result
 
 
+def peer(context, tokens) -> dict:
+    """PyTorch on the 8B shape (bench/torch_peer.py), each mode in its own process so that the card
+    is PyTorch's alone; its figures under the same labels the report prints."""
+    import subprocess
+
+    runs = {}
+    for mode in ("eager-graph", "compiled-graph"):
+        with tempfile.TemporaryDirectory() as folder:
+            command = [sys.executable, str(Path(__file__).parent / "torch_peer.py"), "--eight-b", "--context",
+                       str(context), "--tokens", str(tokens), "--modes", mode]
+            done = subprocess.run(command, env={**os.environ, "OUT": folder}, timeout=540)
+            path = Path(folder, "torch_peer.json")
+            figures = json.loads(path.read_text()).get("llama8b", {}).get(mode, {}) if path.exists() else {}
+        if done.returncode or "ms_per_token" not in figures:
+            print(f"    ... PyTorch {mode} failed (exit {done.returncode}): {figures.get('error', 'no figures')}")
+            continue
+        runs[f"PyTorch, {mode}"] = {"tokens": [], "decode_ms": figures["ms_per_token"], "decode_min_ms": figures["min_ms"],
+                                    "prefill_ms": float("nan"), "launches_per_step": figures.get("kernels_per_step"),
+                                    "peer": figures}
+    return runs
+
+
 def report(name, runs, bound_ms=None):
     print(f"\n{name}")
     reference = None
     for label, run in runs.items():
-        reference = reference or run["tokens"]
+        reference = reference or run["tokens"] or None
         common = min(len(reference), len(run["tokens"]))  # the host path of the 8B model runs fewer tokens
-        same = f"= ({common})" if run["tokens"][:common] == reference[:common] else "DIFFER"
+        same = "" if not run["tokens"] else f"= ({common})" if run["tokens"][:common] == reference[:common] else "DIFFER"
         extra = f"  bound {bound_ms:.3f} ms ({bound_ms / run['decode_ms']:.0%} of it)" if bound_ms else ""
-        print(f"  {label:28} decode {run['decode_ms']:8.3f} ms/token (min {run['decode_min_ms']:.3f})  "
-              f"prefill {run['prefill_ms']:8.1f} ms  tokens {same}{extra}")
+        launches = run.get("launches_per_step")
+        print(f"  {label:40} decode {run['decode_ms']:8.3f} ms/token (min {run['decode_min_ms']:.3f})  "
+              f"prefill {run['prefill_ms']:8.1f} ms  launches {launches if launches is not None else '-':>5}  "
+              f"tokens {same}{extra}")
     print(f"  tokens: {reference}")
 
 
@@ -133,7 +188,9 @@ def main() -> int:
     parser.add_argument("--host-8b", action="store_true")
     parser.add_argument("--defaults-only", action="store_true", help="8B: graphs and chain on only (no on/off pairs)")
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--context", type=int, default=512, help="8B: tokens of the prompt decoding starts after")
+    parser.add_argument("--peer", action="store_true", help="8B: PyTorch on the same shape (bench/torch_peer.py)")
     args = parser.parse_args()
     results = {}
     from radiance.convert.api import convert, convert_synthetic
@@ -155,9 +212,9 @@ def main() -> int:
             model = Path(folder) / "smollm2.rad"
             convert(args.gguf, model)
             ids = [1, 504, 1341, 3594, 5567, 314]  # a fixed prompt: the same ids on every path
-            runs = {"card, graphs, chain": in_process(model, "auto", True, ids, args.tokens),
-                    "card, graphs, no chain": in_process(model, "auto", True, ids, args.tokens, chain=False),
-                    "card, no graphs": in_process(model, "auto", False, ids, args.tokens),
+            runs = {"card, fused, graphs, chain": in_process(model, "auto", True, ids, args.tokens),
+                    "card, unfused, graphs, chain": in_process(model, "auto", True, ids, args.tokens, fusion=False),
+                    "card, fused, no graphs": in_process(model, "auto", False, ids, args.tokens),
                     "host rows": in_process(model, "host", True, ids, args.tokens)}
             report("SmolLM2-135M Q4_1, TP 1", runs)
             results["smollm2"] = runs
@@ -167,20 +224,24 @@ def main() -> int:
             convert_synthetic(model, LlamaShape(**EIGHT_B), seed=3)
             print(f"synthetic 8B-shaped model written in {time.perf_counter() - start:.0f} s")
             total = model.stat().st_size  # the weights, but for a few KB of header and tokenizer
-            ids = [128000, 791, 2380, 6156, 27230, 527]
+            ids = [128000] + [int(i) for i in np.random.default_rng(3).integers(300, 120000, args.context - 1)]
             for tp in args.tp:
                 runs = {}
-                combos = ((True, True),) if args.defaults_only else ((True, True), (True, False), (False, True), (False, False))
-                for graphs, chain in combos:
-                    label = f"card TP {tp}, {'graphs' if graphs else 'no graphs'}, {'chain' if chain else 'no chain'}"
-                    runs[label] = in_process(model, "auto", graphs, ids, args.tokens, chain) if tp == 1 else \
+                combos = ((True, True, True), (True, True, False)) if args.defaults_only else \
+                    ((True, True, True), (True, True, False), (True, False, True), (False, True, True))
+                for graphs, chain, fusion in combos:
+                    label = (f"card TP {tp}, {'fused' if fusion else 'unfused'}, {'graphs' if graphs else 'no graphs'}, "
+                             f"{'chain' if chain else 'no chain'}")
+                    runs[label] = in_process(model, "auto", graphs, ids, args.tokens, chain, fusion) if tp == 1 else \
                         launched(model, tp, graphs, ids, args.tokens, chain)
                 if tp > 1:
                     runs[f"card TP {tp}, profiled (no graphs)"] = launched(model, tp, False, ids, args.tokens, True, True)
                 if tp == 1 and args.host_8b:
                     runs["host rows TP 1"] = in_process(model, "host", True, ids, max(4, args.tokens // 4))
                 bound = 1e3 * (total - EIGHT_B["vocab"] * EIGHT_B["hidden"] * 2) / tp / HBM_BYTES_PER_S
-                report(f"Llama-3-8B-shaped bf16, TP {tp}", runs, bound)
+                if tp == 1 and args.peer:
+                    runs.update(peer(args.context, args.tokens))
+                report(f"Llama-3-8B-shaped bf16, TP {tp}, after a {args.context}-token prompt", runs, bound)
                 results[f"llama8b_tp{tp}"] = {"runs": runs, "bound_ms": bound, "weight_bytes": total}
     out = os.environ.get("OUT")
     if out:

@@ -1,15 +1,21 @@
-"""libr4d's device rows on a card: agreement with libref per op, and the speed of the gemm paths.
+"""libr4d's decode GEMVs and fused rows on a card, timed as a decode step runs them: each row's
+launches captured in one graph as chained (programmatic dependent) launches, the weights rotated
+over enough copies to be read from HBM, not from the 60 MB L2; the median of 10 replays, per launch.
 
-    CUDA_VISIBLE_DEVICES=0 PYTHONUNBUFFERED=1 python3 bench/device_ops.py [--gemv-only]
+    PYTHONUNBUFFERED=1 python3 bench/device_ops.py [--sweep] [--quick]
 
-Runs where radiance is not installed (checkout_shim maps the checkout). Agreement: the per-op
-tests (tests/test_device_rows.py) are the proof; here a summary of max|y - ref| / max|ref| for the
-gemm rows. Speed, with CUDA events: the decode GEMV (M = 1, 4, 8)
-in GB/s of weight bytes read against the H200's 4.8 TB/s HBM (20 launches queued between two events, so
-the host's per-launch overhead overlaps the card's work; a captured graph would hide it likewise), and the prefill GEMM (M = 512) in
-TFLOP/s (2*M*N*K), on Llama-3-8B's bf16 layer shapes and their q8_0/q4_1 forms, plus a
-device-to-device copy as the measured bandwidth ceiling. Prints a table; writes $OUT/device_ops.json."""
+- GEMV bandwidth at M = 1, 2, 4, 8 on every Llama-3-8B linear shape (bf16, q8_0, q4_1): weight
+  bytes read per second, against 4.8 TB/s and against the device-to-device copy measured first.
+- The fused rows against the launches they replace: rmsnorm + q, k, v (rmsnorm_gemm3), rmsnorm +
+  gate, up + silu_mul (rmsnorm_gemm2_silu_mul), o + add (gemm_add).
+- --sweep: the GEMV's cut of the work (device_kernels.GemvShape: warps a block, rows a warp,
+  steps in flight) at M = 1 and 4 on four shapes, to choose the default.
+- Agreement with libref for every timed GEMV (max |y - ref| / max |ref|).
 
+Runs where radiance is not installed (checkout_shim maps the checkout). Writes $OUT/device_ops.json."""
+
+import argparse
+import importlib
 import json
 import os
 import statistics
@@ -17,41 +23,194 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
-from checkout_shim import ROOT  # noqa: E402  (first: maps the checkout under `radiance.`)
+from checkout_shim import ROOT  # noqa: F401  (first: maps the checkout under `radiance.`)
 
 sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 
+from radiance.abi import RadArgs  # noqa: E402
 from radiance.engine.registry import Registry  # noqa: E402
 from test_device_rows_support import Card, card  # noqa: E402
 from test_libr4d_support import activations, launch, make_weight, rel_err, row_of  # noqa: E402
 
 HBM = 4.8e12
-SHAPES = [("gate/up 14336x4096", 14336, 4096), ("down 4096x14336", 4096, 14336),
-          ("TP 2 gate/up 7168x4096", 7168, 4096), ("TP 2 q 2048x4096", 2048, 4096), ("TP 2 k/v 512x4096", 512, 4096),
-          ("TP 2 o 4096x2048", 4096, 2048)]
+L2_BYTES = 60 << 20
+SHAPES = [("q/o 4096x4096", 4096, 4096), ("k/v 1024x4096", 1024, 4096), ("gate/up 14336x4096", 14336, 4096),
+          ("down 4096x14336", 4096, 14336), ("lm head 128256x4096", 128256, 4096)]
+SWEEP_SHAPES = [("gate/up 14336x4096", 14336, 4096), ("down 4096x14336", 4096, 14336), ("q/o 4096x4096", 4096, 4096),
+                ("k/v 1024x4096", 1024, 4096)]
 
 
 def weight_bytes(fmt, n, k):
     return n * k * {"bf16": 2, "f16": 2, "f32": 4, "q8_0": 1 + 2 / 32, "q4_1": 0.5 + 4 / 32}[fmt]
 
 
-def timed_ms(on_card, row, a, repeats=5, batch=20):
-    """Milliseconds per launch: `batch` launches between two events (the queue runs ahead of the
-    host's launch overhead, so the card's time is what is measured), median of `repeats`."""
-    device, handle = on_card.device, on_card.stream.handle
-    for _ in range(3):
-        row.info.launch(a)
-    times = []
-    for _ in range(repeats):
-        start, end = device.event(), device.event()
-        device.record(start, handle)
-        for _ in range(batch):
-            row.info.launch(a)
-        device.record(end, handle)
-        times.append(device.elapsed_ms(start, end) / batch)
-    return statistics.median(times)
+def label_of(fmt):
+    return fmt if fmt in ("q4_1", "q8_0") else "plain"
+
+
+class Timer:
+    """Launch functions captured into one graph (chained, as the executor launches r4dchain rows)
+    and replayed; milliseconds per launch, the median of `repeats` replays."""
+
+    def __init__(self, on_card):
+        self.on_card = on_card
+
+    def ms(self, launches, repeats=10) -> float:
+        device, stream = self.on_card.device, self.on_card.stream
+        handle = stream.handle
+        for issue in launches[:2]:
+            issue()  # compile, load and plan outside the capture
+        device.synchronize(handle)
+        device.begin_capture(handle)
+        try:
+            stream.programmatic = device.programmatic_launch
+            for issue in launches:
+                issue()
+        finally:
+            stream.programmatic = False
+            graph = device.instantiate(device.end_capture(handle))
+        device.launch_graph(graph, handle)
+        device.synchronize(handle)
+        times = []
+        for _ in range(repeats):
+            start, end = device.event(), device.event()
+            device.record(start, handle)
+            device.launch_graph(graph, handle)
+            device.record(end, handle)
+            times.append(device.elapsed_ms(start, end) / len(launches))
+        return statistics.median(times)
+
+
+def copies_for(nbytes: int) -> int:
+    """Copies of a weight so that a round over them reads at least 4x the L2 from HBM."""
+    return max(2, min(64, -(-4 * L2_BYTES // max(1, int(nbytes)))))
+
+
+def gemv_args(on_card, row, weight, m, n, k, fmt, copies):
+    """One RadArgs per weight copy (the activations and output shared), and the first's output."""
+    x = activations(m, k, 2)
+    y = np.zeros((m, n), np.float32)
+    params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+    first = on_card.args(row, [x, None, y], params, {1: weight})
+    rest = [RadArgs(t=(first.t[0], on_card.weight(row, weight, params), first.t[2]), params=first.params,
+                    scratch=first.scratch, scratch_bytes=first.scratch_bytes, stream=first.stream)
+            for _ in range(copies - 1)]
+    return [first, *rest], x, y, params
+
+
+def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, results):
+    weight = make_weight(fmt, n, k, 1)
+    row = rows[f"r4dchain_gemv_{label_of(fmt)}_dev"]
+    copies = copies_for(weight_bytes(fmt, n, k))
+    for m in ms_list:
+        args, x, y, params = gemv_args(on_card, row, weight, m, n, k, fmt, copies)
+        ms = timer.ms([lambda a=a: row.info.launch(a) for a in args] * 2)
+        got = on_card.download(args[0].t[2], y)
+        want = np.zeros((m, n), np.float32)
+        assert launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == 0
+        err = rel_err(got, want)
+        gbps = weight_bytes(fmt, n, k) / (ms * 1e-3) / 1e9
+        entry = {"fmt": fmt, "shape": label, "M": m, "N": n, "K": k, "us": ms * 1e3, "weight_GBps": gbps,
+                 "of_4.8TBps": gbps * 1e9 / HBM, "of_copy": gbps * 1e9 / results["copy_Bps"], "rel_err": err}
+        results["gemv"].append(entry)
+        print(f"  gemv {fmt:5} {label:22} M={m}  {ms * 1e3:8.2f} us  {gbps:6.0f} GB/s  {entry['of_4.8TBps']:6.1%} of "
+              f"4.8 TB/s  {entry['of_copy']:6.1%} of the copy  err {err:.1e}", flush=True)
+        on_card.close()
+
+
+def sweep(on_card, rows, timer, results):
+    device_rows = importlib.import_module(f"{rows['r4dchain_gemv_plain_dev'].plugin.module.__name__}.device_rows")
+    dk = device_rows.dk
+    shapes = [dk.GemvShape(w, r, p) for w, r, p in
+              [(4, 4, 2), (4, 4, 4), (4, 2, 4), (8, 2, 4), (8, 2, 2), (4, 8, 2), (8, 4, 2), (2, 4, 4), (4, 2, 8)]]
+    for fmt in ("bf16", "q4_1"):
+        for label, n, k in SWEEP_SHAPES:
+            weight = make_weight(fmt, n, k, 1)
+            copies = copies_for(weight_bytes(fmt, n, k))
+            row = rows[f"r4dchain_gemv_{label_of(fmt)}_dev"]
+            for m in (1, 4):
+                line = []
+                for shape in shapes:
+                    args, _, _, _ = gemv_args(on_card, row, weight, m, n, k, fmt, copies)
+                    scratch = dk.gemv_scratch_layout(m, n, k, fmt, 32, shape)[1]
+                    if scratch > args[0].scratch_bytes:
+                        on_card.close()
+                        continue
+                    stream = on_card.stream
+
+                    def issue(a, shape=shape):
+                        step = device_rows.gemv_step(a, device_rows._address(a.t[0]),
+                                                     [(a.t[1], device_rows._address(a.t[2]))],
+                                                     scratch=int(a.scratch or 0), scratch_bytes=a.scratch_bytes,
+                                                     shape=shape)
+                        kernel = stream.kernel(dk.source("gemv"), step.kernel, step.options)
+                        stream.launch(kernel, step.grid, step.block, step.args.pack())
+                    try:
+                        ms = timer.ms([lambda a=a: issue(a) for a in args] * 2)
+                    except Exception as error:  # a shape the compiler or the card refuses: named, skipped
+                        print(f"  sweep {shape}: {type(error).__name__}: {error}", flush=True)
+                        on_card.close()
+                        continue
+                    gbps = weight_bytes(fmt, n, k) / (ms * 1e-3) / 1e9
+                    results["sweep"].append({"fmt": fmt, "shape": label, "M": m, "warps": shape.warps,
+                                             "rows": shape.rows, "pipe": shape.pipe, "us": ms * 1e3, "weight_GBps": gbps})
+                    line.append(f"{shape.warps}/{shape.rows}/{shape.pipe}:{gbps:5.0f}")
+                    on_card.close()
+                print(f"  sweep {fmt:5} {label:20} M={m}  (warps/rows/pipe: GB/s)  " + "  ".join(line), flush=True)
+
+
+def bench_fused(on_card, registry, rows, timer, results):
+    """The fused rows of one 8B layer (bf16) against the unfused rows' launches, M = 1."""
+    h, k, ffn, kv = 4096, 4096, 14336, 1024
+    m = 1
+    norm = make_weight("f32", 1, h, 3)
+    wq, wk, wv = make_weight("bf16", 4096, h, 4), make_weight("bf16", kv, h, 5), make_weight("bf16", kv, h, 6)
+    wg, wu, wd = make_weight("bf16", ffn, h, 7), make_weight("bf16", ffn, h, 8), make_weight("bf16", h, ffn, 9)
+    zeros = lambda n: np.zeros((m, n), np.float32)  # noqa: E731
+    x = activations(m, h, 10)
+    cases = {
+        "rmsnorm + q, k, v": ("r4dchain_rmsnorm_gemm3_plain_dev", [x, None, zeros(h), None, zeros(4096), None, zeros(kv),
+                                                                    None, zeros(kv)],
+                              {"M": m, "n": h, "eps": 1e-5, "K": h, "N.1": 4096, "N.2": kv, "N.3": kv,
+                               "wdtype": "bf16", "dtype": "f32"}, {1: norm, 3: wq, 5: wk, 7: wv},
+                              [("r4dchain_rmsnorm_dev", "n", h, None), ("gemv", 4096, h, wq), ("gemv", kv, h, wk),
+                               ("gemv", kv, h, wv)]),
+        "rmsnorm + gate, up + silu_mul": ("r4dchain_rmsnorm_gemm2_silu_mul_plain_dev",
+                                          [x, None, zeros(h), None, zeros(ffn), None, zeros(ffn)],
+                                          {"M": m, "n.0": h, "eps": 1e-5, "K": h, "N.1": ffn, "N.2": ffn,
+                                           "wdtype": "bf16", "dtype": "f32"}, {1: norm, 3: wg, 5: wu},
+                                          [("r4dchain_rmsnorm_dev", "n", h, None), ("gemv", ffn, h, wg),
+                                           ("gemv", ffn, h, wu), ("r4dchain_silu_mul_dev", "n", ffn, None)]),
+        "down + add": ("r4dchain_gemm_add_plain_dev", [activations(m, ffn, 11), None, zeros(h), activations(m, h, 12)],
+                       {"M": m, "N": h, "K": ffn, "n": h, "wdtype": "bf16", "dtype": "f32"}, {1: wd},
+                       [("gemv", h, ffn, wd), ("r4dchain_add_dev", "n", h, None)]),
+    }
+    for name, (fused, operands, params, weights, parts) in cases.items():
+        row = rows[fused]
+        a = on_card.args(row, operands, params, weights)
+        fused_ms = timer.ms([lambda: row.info.launch(a)] * 8)
+        unfused = []
+        for part, n_or_key, extent, weight in parts:
+            if part == "gemv":
+                prow = rows["r4dchain_gemv_plain_dev"]
+                pa = on_card.args(prow, [activations(m, extent, 13), None, zeros(n_or_key)],
+                                  {"M": m, "N": n_or_key, "K": extent, "wdtype": "bf16", "dtype": "f32", "split_k": 1},
+                                  {1: weight})
+            elif part == "r4dchain_rmsnorm_dev":
+                prow = rows[part]
+                pa = on_card.args(prow, [x, None, zeros(extent)], {"M": m, "n": extent, "eps": 1e-5, "dtype": "f32"},
+                                  {1: norm})
+            else:
+                prow = rows[part]
+                pa = on_card.args(prow, [zeros(extent), zeros(extent), zeros(extent)],
+                                  {"M": m, "n": extent, "dtype": "f32"})
+            unfused.append(lambda prow=prow, pa=pa: prow.info.launch(pa))
+        unfused_ms = timer.ms(unfused * 8) * len(parts)
+        results["fused"].append({"chain": name, "fused_us": fused_ms * 1e3, "unfused_us": unfused_ms * 1e3})
+        print(f"  fused {name:32} {fused_ms * 1e3:8.2f} us   the {len(parts)} launches it replaces "
+              f"{unfused_ms * 1e3:8.2f} us", flush=True)
+        on_card.close()
 
 
 def copy_ceiling(on_card, nbytes=1 << 30):
@@ -64,11 +223,15 @@ def copy_ceiling(on_card, nbytes=1 << 30):
         device.copy_device(b, a, nbytes, handle)
     device.record(end, handle)
     ms = device.elapsed_ms(start, end) / 5
+    on_card.close()
     return 2 * nbytes / (ms * 1e-3)  # bytes read + written
 
 
 def main():
-    quick = "--gemv-only" in sys.argv[1:]  # bf16 GEMVs at M = 1 and 4 only: the decode path's figures
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="time other cuts of the GEMV's work first")
+    parser.add_argument("--quick", action="store_true", help="bf16 only, M = 1 and 8")
+    args = parser.parse_args()
     device, stream, why = card()
     if device is None:
         print(f"no card: {why}")
@@ -76,45 +239,26 @@ def main():
     registry = Registry(radiance_home="")
     lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
     rows = {row.name: row for row in lib.rows}
-    on_card = Card(device, stream)
-    results = {"card": getattr(device, "name", "?"), "target": device.target, "gemv": [], "gemm": [], "agreement": []}
-    results["copy_read_plus_write_GBps"] = copy_ceiling(on_card) / 1e9
-    print(f"card {results['card']} ({device.target}); device-to-device copy {results['copy_read_plus_write_GBps']:.0f} GB/s (read+write)")
-    print(f"{'path':34} {'fmt':5} {'M':>4} {'us':>9} {'GB/s':>7} {'%4.8TB/s':>8} {'TFLOP/s':>8} {'rel err':>9}")
-    for fmt in ("bf16",) if quick else ("bf16", "q8_0", "q4_1"):
-        for label, n, k in SHAPES:
-            t0 = time.perf_counter()
-            weight = make_weight(fmt, n, k, 1)
-            kind = fmt if fmt != "bf16" else "plain"
-            for m in (1, 4) if quick else (1, 4, 8, 512):
-                name = f"r4dchain_gemv_{kind}_dev" if m <= 8 else f"r4dchain_gemm_{kind}_dev"
-                x = activations(m, k, 2)
-                params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
-                y = np.zeros((m, n), np.float32)
-                a = on_card.args(rows[name], [x, None, y], params, {1: weight})
-                ms = timed_ms(on_card, rows[name], a)
-                got = on_card.download(a.t[2], y)
-                err = None
-                if m in (1, 8) and fmt == "bf16" or (m == 1):
-                    want = np.zeros((m, n), np.float32)
-                    assert launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == 0
-                    err = rel_err(got, want)
-                    results["agreement"].append({"row": name, "fmt": fmt, "shape": label, "M": m, "rel_err": err})
-                gbps = weight_bytes(fmt, n, k) / (ms * 1e-3) / 1e9
-                tflops = 2 * m * n * k / (ms * 1e-3) / 1e12
-                entry = {"row": name, "fmt": fmt, "shape": label, "M": m, "N": n, "K": k, "us": ms * 1e3,
-                         "weight_GBps": gbps, "fraction_of_4.8TBps": gbps * 1e9 / HBM, "TFLOPs": tflops, "rel_err": err}
-                results["gemv" if m <= 8 else "gemm"].append(entry)
-                print(f"{name + ' ' + label:34} {fmt:5} {m:>4} {ms * 1e3:>9.1f} {gbps:>7.0f} {gbps * 1e9 / HBM:>8.1%} "
-                      f"{tflops:>8.2f} {'' if err is None else f'{err:.2e}':>9}")
-                on_card.close()
-            print(f"  ({fmt} {label}: {time.perf_counter() - t0:.1f} s with weight generation and references)")
+    on_card, started = Card(device, stream), time.perf_counter()
+    timer = Timer(on_card)
+    results = {"card": getattr(device, "name", "?"), "target": device.target, "gemv": [], "sweep": [], "fused": []}
+    results["copy_Bps"] = copy_ceiling(on_card)
+    print(f"card {results['card']} ({device.target}); device-to-device copy {results['copy_Bps'] / 1e9:.0f} GB/s "
+          f"(read + write)", flush=True)
+    if args.sweep:
+        sweep(on_card, rows, timer, results)
+    for fmt in ("bf16",) if args.quick else ("bf16", "q8_0", "q4_1"):
+        for label, n, k in SHAPES if fmt == "bf16" else SHAPES[:-1]:  # the quantised lm heads: slow to make here
+            bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, (1, 8) if args.quick else (1, 2, 4, 8), results)
+    bench_fused(on_card, registry, rows, timer, results)
     registry.close()
     out = os.environ.get("OUT")
     if out:
         Path(out, "device_ops.json").write_text(json.dumps(results, indent=1))
-    print(json.dumps({"gemv_best_GBps": max(e["weight_GBps"] for e in results["gemv"]),
-                      "gemm_best_TFLOPs": max(e["TFLOPs"] for e in results["gemm"])}))
+    at_one = [e["of_4.8TBps"] for e in results["gemv"] if e["M"] == 1]
+    print(json.dumps({"gemv_m1_min_of_hbm": min(at_one), "gemv_m1_median_of_hbm": statistics.median(at_one),
+                      "gemv_m8_min_of_hbm": min(e["of_4.8TBps"] for e in results["gemv"] if e["M"] == 8),
+                      "seconds": time.perf_counter() - started}))
     return 0
 
 

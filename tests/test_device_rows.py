@@ -222,3 +222,109 @@ def test_a_split_k_gemv_gives_the_same_bits_launch_after_launch(registry, on_car
     np.testing.assert_array_equal(results[0], results[2])
     want = ref(registry, "gemm", operands, params, {1: make_weight(fmt, n, k, 9)}, read=(2,))[2]
     assert rel_err(results[0], want) <= tolerance(registry, "gemv")
+
+
+# ---- the fused rows: each against libref's reference row, which runs the chain it replaces ------
+
+def check_fused(registry, op, row_name, on_card, operands, params, weights, tolerances):
+    """`tolerances`: operand index -> the TOLERANCE kind it is held to (0.0 kinds: equal bits)."""
+    got = on_card.run(dev_row(registry, row_name), operands, params, weights, read=tuple(tolerances))
+    want = ref(registry, op, operands, params, weights, read=tuple(tolerances))
+    for i, kind in tolerances.items():
+        limit = tolerance(registry, kind)
+        if limit == 0.0:
+            np.testing.assert_array_equal(got[i], want[i], err_msg=f"{row_name} operand {i}")
+        else:
+            assert rel_err(got[i], want[i]) <= limit, (row_name, i, rel_err(got[i], want[i]))
+    return got, want
+
+
+FUSED_SHAPES = [("q4_1", HIDDEN, (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM), FFN),
+                ("bf16", LLAMA["hidden"], (4096, 1024), LLAMA["ffn"])]
+
+
+@pytest.mark.parametrize("fmt,hidden,qk,ffn", FUSED_SHAPES, ids=["smollm2", "llama8b"])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_rmsnorm_gemm3_and_gate_up(registry, on_card, fmt, hidden, qk, ffn, m):
+    label = fmt if fmt in ("q4_1", "q8_0") else "plain"
+    x, norm = activations(m, hidden, 31), make_weight("f32", 1, hidden, 32)
+    (nq, nk), zeros = qk, lambda n: np.zeros((m, n), np.float32)
+    weights = {1: norm, 3: make_weight(fmt, nq, hidden, 33), 5: make_weight(fmt, nk, hidden, 34),
+               7: make_weight(fmt, nk, hidden, 35)}
+    params = {"M": m, "n": hidden, "eps": 1e-5, "K": hidden, "N.1": nq, "N.2": nk, "N.3": nk, "wdtype": fmt,
+              "dtype": "f32"}
+    check_fused(registry, "rmsnorm_gemm3", f"r4dchain_rmsnorm_gemm3_{label}_dev", on_card,
+                [x, None, zeros(hidden), None, zeros(nq), None, zeros(nk), None, zeros(nk)], params, weights,
+                {2: "rmsnorm", 4: "gemv", 6: "gemv", 8: "gemv"})
+    weights = {1: norm, 3: make_weight(fmt, ffn, hidden, 36), 5: make_weight(fmt, ffn, hidden, 37)}
+    params = {"M": m, "n.0": hidden, "eps": 1e-5, "K": hidden, "N.1": ffn, "N.2": ffn, "wdtype": fmt, "dtype": "f32"}
+    check_fused(registry, "rmsnorm_gemm2_silu_mul", f"r4dchain_rmsnorm_gemm2_silu_mul_{label}_dev", on_card,
+                [x, None, zeros(hidden), None, zeros(ffn), None, zeros(ffn)], params, weights,
+                {2: "rmsnorm", 4: "gemv", 6: "gemv"})
+
+
+@pytest.mark.parametrize("fmt,n,k", [("q4_1", HIDDEN, FFN), ("bf16", 4096, 14336), ("bf16", 4096, 2048)])
+@pytest.mark.parametrize("m", [1, 8])
+def test_gemm_add(registry, on_card, fmt, n, k, m):
+    label = fmt if fmt in ("q4_1", "q8_0") else "plain"
+    params = {"M": m, "N": n, "K": k, "n": n, "wdtype": fmt, "dtype": "f32"}
+    check_fused(registry, "gemm_add", f"r4dchain_gemm_add_{label}_dev", on_card,
+                [activations(m, k, 41), None, np.zeros((m, n), np.float32), activations(m, n, 42)], params,
+                {1: make_weight(fmt, n, k, 43)}, {2: "gemv", 3: "gemv"})
+
+
+@pytest.mark.parametrize("heads,kv,d,interleaved,sequences", [
+    (HEADS, KV_HEADS, HEAD_DIM, 1, [(40, 1), (3, 2), (700, 1)]),
+    (32, 8, 128, 0, [(511, 1)]), (32, 8, 128, 0, [(0, 5), (1000, 1), (17, 2)])])
+def test_rope_attention(registry, on_card, heads, kv, d, interleaved, sequences):
+    """Fused: this step's keys rotated and read from k, v; the cache, q and k left as rope and
+    attention leave them."""
+    rng = np.random.default_rng(d + len(sequences))
+    block_size = 16
+    lengths = [p + t for p, t in sequences]
+    max_blocks = max(-(-n // block_size) for n in lengths)
+    seqs = len(sequences)
+    blocks = rng.permutation(seqs * max_blocks + 4)[: seqs * max_blocks].reshape(seqs, max_blocks).astype(np.int32)
+    width = kv * d
+    k_cache = rng.standard_normal(((seqs * max_blocks + 4) * block_size, width)).astype(np.float32)
+    v_cache = rng.standard_normal(k_cache.shape).astype(np.float32)
+    positions = [j for first, count in sequences for j in range(first, first + count)]
+    slots = [blocks[s, j // block_size] * block_size + j % block_size
+             for s, (first, count) in enumerate(sequences) for j in range(first, first + count)]
+    m = len(positions)
+    cu = np.concatenate([[0], np.cumsum([t for _, t in sequences])]).astype(np.int32)
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
+    operands = [rng.standard_normal((m, heads * d)).astype(np.float32), rng.standard_normal((m, width)).astype(np.float32),
+                np.array(positions, np.int32), inv_freq, rng.standard_normal((m, width)).astype(np.float32), k_cache,
+                v_cache, np.array(slots, np.int32), cu, np.array(lengths, np.int32), blocks,
+                np.zeros((m, heads * d), np.float32)]
+    params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "interleaved": interleaved,
+              "block_size": block_size, "scale": 1.0 / np.sqrt(d), "dtype": "f32"}
+    check_fused(registry, "rope_attention", "r4dchain_rope_attention_dev", on_card, operands, params, None,
+                {0: "rope", 1: "rope", 5: "rope", 6: "add", 11: "attention"})
+
+
+@pytest.mark.parametrize("fmt,hidden,vocab", [("q8_0", HIDDEN, VOCAB), ("bf16", 4096, LLAMA["vocab"])])
+def test_the_fused_lm_head_samples_what_the_chain_samples(registry, on_card, fmt, hidden, vocab):
+    label = fmt if fmt in ("q4_1", "q8_0") else "plain"
+    m, rows = 4, 9
+    h = activations(rows, hidden, 51)
+    index = np.array([8, 0, 3, 5], np.int32)
+    temperature = np.array([0.0, 0.8, 0.0, 1.3], np.float32)
+    operands = [h, index, np.zeros((m, hidden), np.float32), None, np.zeros((m, hidden), np.float32), None,
+                np.zeros((m, vocab), np.float32), temperature, np.array([0, 40, 0, 0], np.int32),
+                np.array([1.0, 0.9, 1.0, 1.0], np.float32),
+                np.array([[7, 3], [11, 4], [13, 5], [17, 6]], np.uint64), np.full(m, -1, np.int32)]
+    params = {"M": m, "n": hidden, "eps": 1e-5, "N": vocab, "K": hidden, "wdtype": fmt, "dtype": "f32", "vocab": vocab}
+    weights = {3: make_weight("f32", 1, hidden, 52), 5: make_weight(fmt, vocab, hidden, 53)}
+    got = on_card.run(dev_row(registry, f"r4dchain_take_rows_rmsnorm_gemm_sample_{label}_dev"), operands, params,
+                      weights, read=(2, 4, 6, 11))
+    want = ref(registry, "take_rows_rmsnorm_gemm_sample", operands, params, weights, read=(2, 4, 6, 11))
+    np.testing.assert_array_equal(got[2], want[2])
+    assert rel_err(got[4], want[4]) <= tolerance(registry, "rmsnorm")
+    assert rel_err(got[6], want[6]) <= tolerance(registry, "gemv")
+    # greedy rows: the first maximum of the logits; the others: libref's draw over these logits
+    np.testing.assert_array_equal(got[11][[0, 2]], np.argmax(got[6][[0, 2]], axis=1))
+    np.testing.assert_array_equal(got[11][[0, 2]], want[11][[0, 2]])
+    drawn = ref(registry, "sample", [got[6], *operands[7:]], {"M": m, "vocab": vocab}, read=(5,))[5]
+    np.testing.assert_array_equal(got[11][[1, 3]], drawn[[1, 3]])

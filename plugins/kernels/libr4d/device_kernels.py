@@ -3,15 +3,33 @@
 Each op's source is device/common.cu followed by the op's file (nvrtc/hiprtc take one string, no
 include path); RadStream.kernel compiles it once per source and target and caches it."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent / "device"
 FILES = ("elementwise", "gemv", "gemm", "attention", "sample")
 
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
-GEMV_WARPS = 4          # warps per GEMV block (gemv.cu)
-GEMV_ROWS = 4           # output rows per warp (gemv.cu)
-GEMV_GROUP = GEMV_WARPS * GEMV_ROWS  # a block's row group
+
+
+@dataclass(frozen=True)
+class GemvShape:
+    """How gemv.cu cuts the work: warps a block, output rows a warp (even: mode 2 pairs rows),
+    16-byte steps a lane keeps in flight. bench/device_ops.py --sweep times others."""
+    warps: int = 4
+    rows: int = 4
+    pipe: int = 2
+
+    @property
+    def group(self) -> int:
+        return self.warps * self.rows
+
+    def defines(self) -> tuple:
+        return (f"-DGEMV_WARPS={self.warps}", f"-DGEMV_ROWS={self.rows}", f"-DGEMV_PIPE={self.pipe}")
+
+
+GEMV = GemvShape()
+GEMV_GROUP = GEMV.group  # a block's row group
 GEMM_TILE = 64          # gemm.cu's 64x64 output tiles, 256 threads
 ATT_WARPS = 4           # attention.cu: 4 warps per (token, kv head, split)
 ATT_MAX_HEAD_DIM = 256  # 8 values per lane of a 32-lane warp
@@ -56,13 +74,14 @@ def warp_size(vendor: str) -> int:
     return 64 if vendor == "hip" else 32
 
 
-def gemv_grid(n: int, warp: int = 32, splits: int = 1) -> tuple:
-    return (-(-n // GEMV_GROUP), splits, 1), (GEMV_WARPS * warp, 1, 1)
+def gemv_grid(n: int, warp: int = 32, splits: int = 1, shape: GemvShape = GEMV) -> tuple:
+    return (-(-n // shape.group), splits, 1), (shape.warps * warp, 1, 1)
 
 
-def gemv_options(fmt: str, mode: int = 0, norm: int = 0) -> tuple:
+def gemv_options(fmt: str, mode: int = 0, norm: int = 0, shape: GemvShape = GEMV) -> tuple:
     """The compile options of gemv.cu for a weight format, an epilogue mode and a folded norm."""
-    return (f"-DR4D_GEMV_FMT={FMT_MACROS[fmt]}", f"-DR4D_GEMV_MODE={mode}", f"-DR4D_GEMV_NORM={norm}")
+    return (f"-DR4D_GEMV_FMT={FMT_MACROS[fmt]}", f"-DR4D_GEMV_MODE={mode}", f"-DR4D_GEMV_NORM={norm}",
+            *shape.defines())
 
 
 GEMV_CHUNK_ELEMENTS = {"f32": 4, "f16": 8, "bf16": 8, "q8_0": 16, "q4_1": 32}  # one lane's 16 bytes
@@ -70,14 +89,14 @@ GEMV_TARGET_BLOCKS = 512  # about 4 blocks per multiprocessor of an H200 (132): 
 GEMV_MAX_SPLITS = 16
 
 
-def gemv_split(n: int, k: int, fmt: str, warp: int = 32) -> tuple[int, int]:
+def gemv_split(n: int, k: int, fmt: str, warp: int = 32, shape: GemvShape = GEMV) -> tuple[int, int]:
     """(splits, k_chunk): K cut into `splits` chunks of `k_chunk` elements, each a whole number of a
-    warp's steps and at least two of them (the loads are pipelined two deep), when N alone gives
-    fewer than GEMV_TARGET_BLOCKS blocks. One split: k_chunk = K."""
+    warp's steps and at least `shape.pipe` of them, when N alone gives fewer than
+    GEMV_TARGET_BLOCKS blocks. One split: k_chunk = K."""
     step = warp * GEMV_CHUNK_ELEMENTS[fmt]
     steps = -(-k // step)
-    blocks = -(-n // GEMV_GROUP)
-    splits = max(1, min(-(-GEMV_TARGET_BLOCKS // blocks), GEMV_MAX_SPLITS, steps // 2))
+    blocks = -(-n // shape.group)
+    splits = max(1, min(-(-GEMV_TARGET_BLOCKS // blocks), GEMV_MAX_SPLITS, steps // max(2, shape.pipe)))
     if splits == 1:
         return 1, k
     chunk = -(-steps // splits) * step
@@ -88,12 +107,12 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // 256) * 256
 
 
-def gemv_scratch_layout(m: int, n: int, k: int, fmt: str, warp: int = 32) -> tuple[int, int]:
+def gemv_scratch_layout(m: int, n: int, k: int, fmt: str, warp: int = 32, shape: GemvShape = GEMV) -> tuple[int, int]:
     """(offset of the partial sums, total bytes): a u32 counter per row group, then [splits, M, N] f32."""
-    splits, _ = gemv_split(n, k, fmt, warp)
+    splits, _ = gemv_split(n, k, fmt, warp, shape)
     if splits == 1:
         return 0, 0
-    counters = _aligned(4 * -(-n // GEMV_GROUP))
+    counters = _aligned(4 * -(-n // shape.group))
     return counters, counters + 4 * splits * m * n
 
 

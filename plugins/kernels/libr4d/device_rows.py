@@ -128,10 +128,11 @@ def gemv_scratch_need(m: int, n: int, k: int, fmt: str, warp: int = 32) -> int:
     return dk.gemv_scratch_layout(m, n, k, fmt, warp)[1]
 
 
-def _gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None = None, scratch: int = 0,
-               scratch_bytes: int = 0) -> Step:
+def gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None = None, scratch: int = 0,
+              scratch_bytes: int = 0, shape: dk.GemvShape = dk.GEMV) -> Step:
     """The one kernel of a GEMV over `pairs` [(weight operand, output address)]: concatenated (q, k,
-    v) or, in mode 2, paired row by row (gate, up). `scratch` / `scratch_bytes`: the split-K part."""
+    v) or, in mode 2, paired row by row (gate, up). `scratch` / `scratch_bytes`: the split-K part.
+    `shape`: how the kernel cuts the work (bench/device_ops.py --sweep tries others)."""
     extras = extras or GemvExtras()
     weights = [DeviceWeight(weight) for weight, _ in pairs]
     fmt, k = weights[0].label, weights[0].cols
@@ -142,11 +143,11 @@ def _gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None 
         raise ValueError(f"gate and up weights of {weights[0].rows} and {weights[1].rows} rows")
     m, warp = int(a.params["M"]), dk.warp_size(_vendor(a))
     n = 2 * weights[0].rows if mode == 2 else sum(w.rows for w in weights)
-    splits, k_chunk = dk.gemv_split(n, k, fmt, warp)
-    partial, need = dk.gemv_scratch_layout(m, n, k, fmt, warp)
+    splits, k_chunk = dk.gemv_split(n, k, fmt, warp, shape)
+    partial, need = dk.gemv_scratch_layout(m, n, k, fmt, warp, shape)
     if need > scratch_bytes:
         raise ScratchTooSmall(f"{scratch_bytes} bytes of scratch, the split GEMV needs {need}")
-    grid, block = dk.gemv_grid(n, warp, splits)
+    grid, block = dk.gemv_grid(n, warp, splits, shape)
     name = dk.gemv_name(m)
     args = (KernelArgs(name).pointer(x).i32(m).i32(k).i32(k_chunk)
             .pointer(scratch + partial if splits > 1 else 0).pointer(scratch if splits > 1 else 0))
@@ -160,12 +161,12 @@ def _gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None 
     args.pointer(norm.codes if norm else 0).i32(norm.fmt if norm else 0).f32(a.params.get("eps", 0.0))
     args.pointer(extras.normed).pointer(extras.index).pointer(extras.gathered).i32(extras.x_rows)
     args.pointer(extras.residual).pointer(extras.best).pointer(extras.best_index)
-    return Step(name, "gemv", grid, block, args, 0, dk.gemv_options(fmt, mode, extras.norm))
+    return Step(name, "gemv", grid, block, args, 0, dk.gemv_options(fmt, mode, extras.norm, shape))
 
 
 def _gemv(a):
     x, weight, y = a.t
-    return [_gemv_step(a, _address(x), [(weight, _address(y))], scratch=int(a.scratch or 0),
+    return [gemv_step(a, _address(x), [(weight, _address(y))], scratch=int(a.scratch or 0),
                        scratch_bytes=int(a.scratch_bytes or 0))]
 
 
@@ -181,7 +182,7 @@ def gemv_scratch(geometry) -> int:
 def _rmsnorm_gemm3(a):
     x, norm, normed, wq, q, wk, k, wv, v = a.t
     extras = GemvExtras(norm=1, norm_weight=norm, normed=_address(normed))
-    return [_gemv_step(a, _address(x), [(wq, _address(q)), (wk, _address(k)), (wv, _address(v))], 0, extras,
+    return [gemv_step(a, _address(x), [(wq, _address(q)), (wk, _address(k)), (wv, _address(v))], 0, extras,
                        int(a.scratch or 0), int(a.scratch_bytes or 0))]
 
 
@@ -193,7 +194,7 @@ def rmsnorm_gemm3_scratch(geometry) -> int:
 def _rmsnorm_gemm2_silu_mul(a):
     x, norm, normed, wg, gate, wu, up = a.t
     extras = GemvExtras(norm=1, norm_weight=norm, normed=_address(normed))
-    return [_gemv_step(a, _address(x), [(wg, _address(gate)), (wu, _address(up))], 2, extras,
+    return [gemv_step(a, _address(x), [(wg, _address(gate)), (wu, _address(up))], 2, extras,
                        int(a.scratch or 0), int(a.scratch_bytes or 0))]
 
 
@@ -205,7 +206,7 @@ def rmsnorm_gemm2_silu_mul_scratch(geometry) -> int:
 def _gemm_add(a):
     x, weight, y, residual = a.t
     extras = GemvExtras(residual=_address(residual))
-    return [_gemv_step(a, _address(x), [(weight, _address(y))], 1, extras, int(a.scratch or 0),
+    return [gemv_step(a, _address(x), [(weight, _address(y))], 1, extras, int(a.scratch or 0),
                        int(a.scratch_bytes or 0))]
 
 
@@ -230,7 +231,7 @@ def _take_rows_rmsnorm_gemm_sample(a):
         raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the fused lm head needs {need}")
     extras = GemvExtras(norm=2, norm_weight=norm, normed=_address(normed), index=_address(index),
                         gathered=_address(rows), x_rows=_rows(h), best=scratch + best, best_index=scratch + best_index)
-    head = _gemv_step(a, _address(h), [(weight, _address(logits))], 3, extras, scratch, best)
+    head = gemv_step(a, _address(h), [(weight, _address(logits))], 3, extras, scratch, best)
     groups = -(-DeviceWeight(weight).rows // dk.GEMV_GROUP)
     args = (KernelArgs("r4d_sample_groups_dev").pointer(_address(logits)).pointer(_address(temperature))
             .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
