@@ -70,10 +70,14 @@ def launches_per_step(worker) -> int | None:
         counted[0] += 1
         return launch(*args, **kwargs)
     device.launch, executor.profile = counting, True
+    executor.op_seconds.clear()
     try:
         executor.run(1, 1)
     finally:
         device.launch, executor.profile = launch, False
+    ops = sorted(executor.op_seconds.items(), key=lambda item: -item[1])
+    print("    ... one profiled step (launched one by one, so slower than a graph): "
+          + ", ".join(f"{op} {1e3 * seconds:.3f} ms" for op, seconds in ops), flush=True)
     return counted[0]
 
 

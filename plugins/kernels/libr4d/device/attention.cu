@@ -13,6 +13,7 @@
 // Everything is sized from the tensors' shapes and read from device arrays, so a captured launch
 // replays with new contents.
 #define ATT_WARPS 4
+#define ATT_MAX_SPLITS 32  // device_kernels.ATT_MAX_SPLITS
 
 // k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m]; grid (ceil(width / blockDim.x), M)
 extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, float* k_cache, float* v_cache,
@@ -84,6 +85,7 @@ __device__ void attend(const Attend& p) {
     __shared__ float s_max[ATT_WARPS][G], s_sum[ATT_WARPS][G];
     __shared__ float s_acc[ATT_WARPS][G][DPL * R4D_WARP];
     __shared__ int s_last;
+    __shared__ float s_split_max[ATT_MAX_SPLITS * G], s_split_sum[ATT_MAX_SPLITS * G], s_total[G];
     int m = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
     const int D = p.head_dim, width = p.kv_heads * D;
@@ -186,27 +188,38 @@ __device__ void attend(const Attend& p) {
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    // the (token, kv head)'s last block: the splits merged in order
-    const volatile float* all = p.partial + group * splits * G * (D + 2);
+    // the (token, kv head)'s last block: the splits merged in order, their maxima and sums staged
+    // first so that the value loads below stay independent
+    const float* all = p.partial + group * splits * G * (D + 2);
+    for (int i = threadIdx.x; i < splits * G; i += blockDim.x) {
+        s_split_max[i] = r4d_load_l2(all + i * (D + 2));
+        s_split_sum[i] = r4d_load_l2(all + i * (D + 2) + 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+        int g = threadIdx.x;
+        float top = __uint_as_float(0xff800000u), total = 0.0f;
+        for (int q = 0; q < splits; ++q)
+            if (s_split_sum[q * G + g] > 0.0f) top = fmaxf(top, s_split_max[q * G + g]);
+        for (int q = 0; q < splits; ++q) {
+            float sum = s_split_sum[q * G + g];
+            float weight = sum > 0.0f ? expf(s_split_max[q * G + g] - top) : 0.0f;
+            s_split_max[q * G + g] = weight;  // from here on: the split's weight
+            total += sum * weight;
+        }
+        s_total[g] = total;
+    }
+    __syncthreads();
     for (int g = 0; g < G; ++g) {
-        float top = __uint_as_float(0xff800000u);
-        for (int q = 0; q < splits; ++q) {
-            const volatile float* entry = all + (q * G + g) * (D + 2);
-            if (entry[1] > 0.0f) top = fmaxf(top, entry[0]);
-        }
-        float total = 0.0f;
-        for (int q = 0; q < splits; ++q) {
-            const volatile float* entry = all + (q * G + g) * (D + 2);
-            if (entry[1] > 0.0f) total += entry[1] * expf(entry[0] - top);
-        }
         float* orow = p.out + ((long long)m * p.q_heads + kvh * G + g) * D;
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
             float mixed = 0.0f;
+#pragma unroll 4
             for (int q = 0; q < splits; ++q) {
-                const volatile float* entry = all + (q * G + g) * (D + 2);
-                if (entry[1] > 0.0f) mixed += entry[2 + d] * expf(entry[0] - top);
+                float weight = s_split_max[q * G + g];
+                if (weight > 0.0f) mixed += r4d_load_l2(all + (q * G + g) * (D + 2) + 2 + d) * weight;
             }
-            orow[d] = mixed / total;
+            orow[d] = mixed / s_total[g];
         }
     }
     if (!FRESH) {

@@ -64,6 +64,16 @@ __device__ float r4d_block_sum(float v, float* shared) {
     return total;
 }
 
+// A value another block of this launch wrote (its writes fenced, then counted): read at L2, past
+// this SM's L1. Not volatile: independent loads stay in flight together.
+__device__ __forceinline__ float r4d_load_l2(const float* p) {
+#if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
+    return __builtin_nontemporal_load(p);
+#else
+    return __ldcg(p);
+#endif
+}
+
 // (a, ia) ranks before (b, ib) in np.argmax's order: the larger value, a NaN above everything, the
 // lower index among equals
 __device__ __forceinline__ bool r4d_better(float a, int ia, float b, int ib) {

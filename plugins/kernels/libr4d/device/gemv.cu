@@ -48,7 +48,7 @@ __device__ __forceinline__ uint4 r4d_stream16(const u8* p) {
 #if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
     v = *(const uint4*)p;
 #else
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
 #endif
     return v;
@@ -76,11 +76,12 @@ __device__ __forceinline__ void decode4(const uint4& v, int j, float* w) {
         u32 a = word[2 * j], b = word[2 * j + 1];
         w[0] = r4d_f16(a & 0xffffu); w[1] = r4d_f16(a >> 16); w[2] = r4d_f16(b & 0xffffu); w[3] = r4d_f16(b >> 16);
     } else if (FMT == FMT_Q8_0) {
-        u32 a = word[j];
-        for (int i = 0; i < 4; ++i) w[i] = (float)(signed char)((a >> (8 * i)) & 0xffu);
+        // a code c as the float 2^23 + (c + 128), less 2^23 + 128: exact, and no integer conversion
+        u32 a = word[j] ^ 0x80808080u;
+        for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(0x4B000000u | ((a >> (8 * i)) & 0xffu)) - 8388736.0f;
     } else {
         u32 a = word[j / 2] >> (16 * (j % 2));
-        for (int i = 0; i < 4; ++i) w[i] = (float)((a >> (4 * i)) & 15u);
+        for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(0x4B000000u | ((a >> (4 * i)) & 15u)) - 8388608.0f;
     }
 }
 
@@ -359,9 +360,10 @@ __device__ void gemv(const GemvWeights& w, const float* x, const u8* norm, int n
             int m = i / width;
             if (logical >= N) continue;
             float total = 0.0f, partner = 0.0f;
+#pragma unroll 4
             for (int s = 0; s < (int)gridDim.y; ++s) {
-                total += ((volatile const float*)partial)[((long long)s * M + m) * N + logical];
-                if (R4D_GEMV_MODE == 2) partner += ((volatile const float*)partial)[((long long)s * M + m) * N + logical + 1];
+                total += r4d_load_l2(partial + ((long long)s * M + m) * N + logical);
+                if (R4D_GEMV_MODE == 2) partner += r4d_load_l2(partial + ((long long)s * M + m) * N + logical + 1);
             }
             gemv_store(w, out, logical, m, total, partner);
             if (R4D_GEMV_MODE == 3) s_total[logical - base][m] = total;
