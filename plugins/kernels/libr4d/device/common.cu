@@ -86,9 +86,29 @@ __device__ __forceinline__ bool r4d_better(float a, int ia, float b, int ib) {
 // The sum of squares of a row in the order every rmsnorm of libr4d's device rows uses, so a norm
 // folded into another kernel computes the standalone row's bits: lane l adds the elements of
 // 4-element chunks l, l + R4D_WARP, ... in order, then the warp's tree. One warp; every lane gets it.
+// Rows of a multiple of 4 (every model's hidden size) load 8 chunks at a time, so the one warp is
+// not waiting on one load after another; the order of the sum is the same.
 __device__ __forceinline__ float r4d_row_squares(const float* row, int n) {
     int lane = threadIdx.x % R4D_WARP;
     float sum = 0.0f;
+    if (n % 4 == 0 && ((unsigned long long)row & 15) == 0) {
+        const float4* chunks = (const float4*)row;
+        int count = n / 4, c = lane;
+        for (; c + 7 * R4D_WARP < count; c += 8 * R4D_WARP) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) v[u] = chunks[c + u * R4D_WARP];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                sum += v[u].x * v[u].x; sum += v[u].y * v[u].y; sum += v[u].z * v[u].z; sum += v[u].w * v[u].w;
+            }
+        }
+        for (; c < count; c += R4D_WARP) {
+            float4 v = chunks[c];
+            sum += v.x * v.x; sum += v.y * v.y; sum += v.z * v.z; sum += v.w * v.w;
+        }
+        return r4d_warp_sum(sum);
+    }
     for (int c = lane * 4; c < n; c += R4D_WARP * 4)
         for (int i = c; i < min(c + 4, n); ++i) sum += row[i] * row[i];
     return r4d_warp_sum(sum);

@@ -20,6 +20,7 @@ extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float
     const float* row = x + (long long)m * n;
     float scale = 1.0f / sqrtf(r4d_row_squares(row, n) / (float)n + eps);
     float* out = y + (long long)m * n;
+#pragma unroll 8
     for (int c = threadIdx.x % R4D_WARP; c < n; c += R4D_WARP) out[c] = (row[c] * scale) * w[c];
 }
 
