@@ -32,25 +32,24 @@ quantizer = "q8_0"
 def measure(model: Path, tp: int, tokens: int) -> dict:
     from radiance.generation.options import EngineOptions
     from radiance.generation.sequence import SamplingParams
-    from radiance.launch.cli import run_launch
+    from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 
     samples = []
-
-    def work(engine, coordinator):
+    with open_ranks(EngineOptions(model=str(model), progress=False), RankSettings(tp=tp, launched=True,
+                                                                                  profile=True)) as ranks:
+        engine = engine_over(ranks)
         execute = engine.execute
 
         def timed(arrays):
             start = time.perf_counter()
             result = execute(arrays)
-            samples.append((time.perf_counter() - start, dict(coordinator.last_step)))
+            samples.append((time.perf_counter() - start, ranks.step_stats()))
             return result
 
         engine.execute = timed
         sequence = engine.add(list(range(300, 332)), SamplingParams(max_tokens=tokens + 1, temperature=0, ignore_eos=True))
         while not sequence.finished:
             engine.step()
-
-    run_launch(EngineOptions(model=str(model), progress=False), tp, None, False, 60.0, 120.0, True, work)
     decode = samples[1:]  # the first step is the prompt's prefill
     step = statistics.median(total for total, _ in decode)
     compute = statistics.median(meta["compute"] for _, meta in decode)

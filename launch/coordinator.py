@@ -38,8 +38,7 @@ class Coordinator:
                  "RADIANCE_SECRET_FILE": str(self.folder.secret_file), "RADIANCE_RANK_OPTIONS": json.dumps(rank_options)}
         self.ranks = [spawn_rank(rank, world, cards[rank] if cards else None, threads, extra) for rank in range(world)]
         self.supervisor = Supervisor(self.ranks)
-        self.facts = {}
-        self.digest = None
+        self.last_step, self.last_result = {}, {}
         self.early = []  # messages of a later stage that arrived before this one ended
         # zmq routing ids are the ROUTER's own, never a client's choice: a rank is known by the
         # route its signed hello came from, so no one can take over a rank by naming itself.

@@ -91,6 +91,8 @@ class RankSession:
             if self.rank == 0:
                 timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
                           "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_"))}
+                if executor.profile:
+                    timing["ops"] = dict(executor.op_seconds)
                 executor.op_seconds.clear()
                 holds = self.worker.link.hold_stats()  # cumulative, for a server's /metrics
                 timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"])
