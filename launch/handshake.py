@@ -58,8 +58,8 @@ def handshake(coordinator: Coordinator, disable_p2p: bool, load_timeout: float) 
     facts = {rank: meta for rank, (meta, _) in coordinator.gather("facts", "facts").items()}
     for rank, fact in sorted(facts.items()):
         if fact.get("card"):
-            log.info("rank %d: %s at PCI %s (%s)", rank, fact.get("name", "card"), fact.get("bus_id", "?"),
-                     fact.get("device.arch"))
+            where = f" at PCI {fact['bus_id']}" if fact.get("bus_id") else ""
+            log.info("rank %d: %s%s (%s)", rank, fact.get("name", "card"), where, fact.get("device.arch"))
     combined, why = combine_facts(facts, disable_p2p)
     if not combined["device.p2p"]:
         log.info("collectives use the _host twins (device.p2p = 0): %s", why)
