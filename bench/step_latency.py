@@ -1,6 +1,8 @@
 """Step latency of a decode step on host ranks at TP 1, 2 and 3, broken into plan delivery (the
-coordinator's round trip less rank 0's step), compute and collective wait (rank 0's time inside
-collective rows, which includes waiting for its peers).
+coordinator's round trip less rank 0's step; split into `plan`, from the coordinator starting to
+write the plan to rank 0 holding it, and `result`, from rank 0 writing its result to the coordinator
+holding it, both on the machine's monotonic clock), compute and collective wait (rank 0's time
+inside collective rows, which includes waiting for its peers).
 
     python bench/step_latency.py [--tp 1 2 3] [--tokens 64] [--layers 30]
 
@@ -54,7 +56,10 @@ def measure(model: Path, tp: int, tokens: int) -> dict:
     step = statistics.median(total for total, _ in decode)
     compute = statistics.median(meta["compute"] for _, meta in decode)
     collectives = statistics.median(meta["collectives"] for _, meta in decode)
-    return {"step": step, "delivery": step - compute, "compute": compute - collectives, "collectives": collectives}
+    plan = statistics.median(meta["plan_s"] for _, meta in decode)
+    result = statistics.median(meta["result_s"] for _, meta in decode)
+    return {"step": step, "delivery": step - compute, "compute": compute - collectives, "collectives": collectives,
+            "plan": plan, "result": result}
 
 
 def main() -> None:
@@ -75,11 +80,13 @@ def main() -> None:
         convert_synthetic(model, LlamaShape(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.heads, ffn=1536,
                                             vocab=49152, context=2048), seed=1, recipe=recipe)
         print(f"decode step, median of {args.tokens} steps, host ranks (ms)")
-        print(f"{'tp':>3}{'step':>9}{'delivery':>10}{'compute':>9}{'collect.':>10}{'tok/s':>8}")
+        print(f"{'tp':>3}{'step':>9}{'delivery':>10}{'plan':>8}{'result':>8}{'compute':>9}{'collect.':>10}"
+              f"{'tok/s':>8}")
         for tp in args.tp:
             figures = measure(model, tp, args.tokens)
-            print(f"{tp:3}{1e3 * figures['step']:9.2f}{1e3 * figures['delivery']:10.2f}"
-                  f"{1e3 * figures['compute']:9.2f}{1e3 * figures['collectives']:10.2f}{1 / figures['step']:8.1f}")
+            print(f"{tp:3}{1e3 * figures['step']:9.2f}{1e3 * figures['delivery']:10.3f}{1e3 * figures['plan']:8.3f}"
+                  f"{1e3 * figures['result']:8.3f}{1e3 * figures['compute']:9.2f}{1e3 * figures['collectives']:10.2f}"
+                  f"{1 / figures['step']:8.1f}")
 
 
 if __name__ == "__main__":

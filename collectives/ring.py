@@ -28,9 +28,13 @@ record that is torn (a writer that broke the invariant), stale (seq) or written 
 the launch's writer fail loudly instead of running a wrong step, and it costs about 1.5 us for a
 decode plan here (bench/ring_latency.py), against a step of milliseconds.
 
-Waiting. A reader spins `spin_s` (briefly: on a 2-core machine a spinning rank takes a core from a
-peer), then sleeps on the signal word (collectives/futex.py) in slices of `slice_s`, calling the
-caller's `check` between slices and giving up when the writer's process is gone. A writer that
+Waiting. A reader spins up to `spin_s` (1 ms: about what the coordinator takes to make the next
+plan), giving its core to any runnable process every 16 reads, then sleeps on the signal word
+(collectives/futex.py) in slices of `slice_s`, calling the caller's `check` between slices and
+giving up when the writer's process is gone. Why spin at all: waking a sleeping process costs tens
+of microseconds here (a VM wakes an idle virtual CPU), a plan's whole budget. A reader that knows
+the record cannot come before `expect_s` (the coordinator, for a step as long as the last of its
+shape) sleeps until then first, then spins: it takes no core while the ranks compute. A writer that
 finds no free slot waits with rad_backoff's pauses and names the reader it waits for, and a reader
 whose process is gone ends the wait at once.
 """
@@ -43,7 +47,7 @@ import os
 import stat
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
@@ -60,7 +64,7 @@ SLOT_HEADER = 64  # mac 32 | seq 8 | length 8 | pad 16
 MAC_BYTES = 32
 MAX_READERS = (PAGE - READERS_OFF) // LINE
 CHECK_SECONDS = 0.01  # how often a waiting writer looks at its readers' processes
-SPIN_SECONDS = 50e-6
+SPIN_SECONDS = 1e-3  # what a rank waits for the next plan while the coordinator makes it
 SLICE_SECONDS = 0.02
 
 
@@ -161,22 +165,18 @@ class RingWriter(_Ring):
         segment = Segment.create(run_id, kind, 0, ring_bytes(slots, slot_bytes), directory, init=init)
         return cls(segment, secret, f"the {kind} ring")
 
-    def publish(self, parts: Sequence, *, timeout: float | None = None, check: Callable[[], None] | None = None) -> int:
-        """Write one record (the bytes of `parts`, one after another) and wake the readers; its seq.
-        Waits while every slot holds a record some reader has not read yet."""
-        views = [np.frombuffer(part, np.uint8) if not isinstance(part, np.ndarray) else part.reshape(-1).view(np.uint8)
-                 for part in parts]
-        length = sum(view.size for view in views)
+    def publish(self, payload, *, timeout: float | None = None, check: Callable[[], None] | None = None) -> int:
+        """Write one record (`payload`: bytes-like) and wake the readers; its seq. Waits while every
+        slot holds a record some reader has not read yet."""
+        data = np.frombuffer(payload, np.uint8)
+        length = data.size
         if length > self.capacity:
             raise RingError(f"{self.what}: a {length}-byte record does not fit its {self.capacity}-byte slots")
         k = int(self.published[0]) + 1
         if k > self.slots and int(self.consumed.min()) < k - self.slots:
             self._wait_for_room(k - self.slots, timeout, check)
         slot = self.slot(k)
-        offset = SLOT_HEADER
-        for view in views:
-            slot[offset:offset + view.size] = view
-            offset += view.size
+        slot[SLOT_HEADER:SLOT_HEADER + length] = data
         slot[MAC_BYTES:MAC_BYTES + 16] = np.frombuffer(struct.pack("<QQ", k, length), np.uint8)
         slot[:MAC_BYTES] = np.frombuffer(self._mac(slot[MAC_BYTES:SLOT_HEADER + length]), np.uint8)
         self.published[0] = k
@@ -239,11 +239,14 @@ class RingReader(_Ring):
                             f"(owner {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}): refused")
         return cls(Segment.attach(run_id, kind, 0, directory), secret, f"the {kind} ring", index, **waits)
 
-    def read(self, timeout: float | None = None, check: Callable[[], None] | None = None) -> memoryview:
-        """The next record's payload (a copy: the slot is free again once this returns)."""
+    def read(self, timeout: float | None = None, check: Callable[[], None] | None = None, *,
+             spin_s: float | None = None, expect_s: float = 0.0) -> memoryview:
+        """The next record's payload (a copy: the slot is free again once this returns).
+        `spin_s`: how long to spin before sleeping (the reader's own by default); `expect_s`: the
+        record is not expected before this long, so sleep until then first and spin after."""
         k = self.next
         if int(self.published[0]) < k:
-            self._wait(k, timeout, check)
+            self._wait(k, timeout, check, self.spin_ns if spin_s is None else int(spin_s * 1e9), expect_s)
         slot = self.slot(k)
         length = int(slot[MAC_BYTES + 8:MAC_BYTES + 16].view(np.uint64)[0])
         if length > self.capacity:
@@ -259,20 +262,39 @@ class RingReader(_Ring):
         self.consumed[self.index] = k
         return view[SLOT_HEADER:]
 
-    def _wait(self, k: int, timeout: float | None, check) -> None:
-        published = self.published
-        spin_until = time.perf_counter_ns() + self.spin_ns
-        while time.perf_counter_ns() < spin_until:
-            if int(published[0]) >= k:
-                return
+    def _wait(self, k: int, timeout: float | None, check, spin_ns: int, expect_s: float) -> None:
         start = time.monotonic()
+        if expect_s > 0 and self._sleep(k, start + expect_s, start, timeout, check):
+            return
+        if self._spin(k, spin_ns):
+            return
+        self._sleep(k, None, start, timeout, check)
+
+    def _spin(self, k: int, spin_ns: int) -> bool:
+        """Whether record k came while spinning `spin_ns`, giving the core to any runnable process
+        every few reads (a wake from sleep costs tens of microseconds on a VM; a spin costs a core)."""
+        published, until, spins = self.published, time.perf_counter_ns() + spin_ns, 0
+        while time.perf_counter_ns() < until:
+            if int(published[0]) >= k:
+                return True
+            spins += 1
+            if spins % 16 == 0:
+                os.sched_yield()
+        return False
+
+    def _sleep(self, k: int, until: float | None, start: float, timeout: float | None, check) -> bool:
+        """Sleep on the signal word until record k (True) or `until` passes (False; None: no end but
+        the timeout), calling `check` and watching the writer's process between slices."""
         while True:
             seen = int(self.signal[0])
-            if int(published[0]) >= k:
-                return
-            futex.wait(self.signal_address, seen, self.slice_s)
-            if int(published[0]) >= k:
-                return
+            if int(self.published[0]) >= k:
+                return True
+            now = time.monotonic()
+            if until is not None and now >= until:
+                return False
+            futex.wait(self.signal_address, seen, self.slice_s if until is None else min(self.slice_s, until - now))
+            if int(self.published[0]) >= k:
+                return True
             if check is not None:
                 check()
             if not _alive(self.writer_pid):

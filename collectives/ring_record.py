@@ -26,14 +26,15 @@ def _pad(size: int) -> int:
 
 
 class RecordCodec:
-    """encode() -> the parts a RingWriter.publish takes; decode(payload) -> (kind, meta, arrays)."""
+    """encode() -> the payload a RingWriter.publish takes; decode(payload) -> (kind, meta, arrays)."""
 
     def __init__(self):
         self._headers: dict[tuple, bytes] = {}
         self._layouts: dict[bytes, tuple] = {}
 
-    def encode(self, kind: str, meta: dict | None = None, arrays: dict | None = None) -> list:
-        arrays = {name: np.ascontiguousarray(array) for name, array in (arrays or {}).items()}
+    def encode(self, kind: str, meta: dict | None = None, arrays: dict | None = None) -> bytes:
+        """The record's bytes (arrays in C order whatever their strides)."""
+        arrays = arrays or {}
         described = tuple((name, array.dtype.str, array.shape) for name, array in arrays.items())
         key = (kind, described) if not meta else None
         header = self._headers.get(key) if key else None
@@ -46,10 +47,10 @@ class RecordCodec:
                 self._headers[key] = header
         parts = [header]
         for array in arrays.values():
-            parts.append(array)
+            parts.append(array.tobytes())
             if _pad(array.nbytes):
                 parts.append(_PAD[:_pad(array.nbytes)])
-        return parts
+        return b"".join(parts)
 
     def decode(self, payload) -> tuple[str, dict, dict]:
         payload = memoryview(payload)

@@ -51,7 +51,8 @@ def first_difference(reference: list, other: list) -> str:
     return f"{len(other)} resolved bands where rank 0 has {len(reference)}"
 
 
-def handshake(coordinator: Coordinator, disable_p2p: bool, load_timeout: float) -> Agreement:
+def handshake(coordinator: Coordinator, options, disable_p2p: bool, load_timeout: float) -> Agreement:
+    """Every stage in order (docs/RUNTIME.md); `options`: the engine's, which size the plans ring."""
     hellos = coordinator.gather("hello", "hello")
     if any(meta.get("card") for meta, _ in hellos.values()):
         relay_probe(coordinator)
@@ -73,6 +74,7 @@ def handshake(coordinator: Coordinator, disable_p2p: bool, load_timeout: float) 
         if meta["digest"] != resolved[0][0]["digest"]:
             raise LaunchError(f"rank {rank} resolved a different graph from rank 0's: "
                               f"{first_difference(reference, meta['lines'])}")
+    coordinator.open_rings(options)  # rank 0 made its results ring before 'resolved'
     coordinator.broadcast("go")
     coordinator.gather("ready", "ready")
     return Agreement(combined, resolved[0][0]["digest"], reference)

@@ -49,7 +49,7 @@ class LaunchedRanks(Ranks):
         self.coordinator = Coordinator(settings.tp, cards, threads, rank_options, settings.stage_timeout,
                                        settings.step_timeout)
         try:
-            agreement = handshake(self.coordinator, settings.disable_p2p,
+            agreement = handshake(self.coordinator, options, settings.disable_p2p,
                                   load_timeout=max(settings.stage_timeout, LOAD_SECONDS))
         except BaseException:
             self.coordinator.stop(failed=True)

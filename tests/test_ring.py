@@ -73,7 +73,7 @@ def test_every_reader_reads_every_record_in_order_across_wrap_arounds(run_id):
     processes, queue = _start(run_id, readers, count, {2: {"hold": 0.001}})  # one slow reader
     try:
         for k in range(1, count + 1):
-            assert writer.publish([_record(k)], timeout=30) == k
+            assert writer.publish(_record(k), timeout=30) == k
         reports = sorted((queue.get(timeout=60) for _ in processes), key=lambda r: r["index"])
     finally:
         for process in processes:
@@ -90,7 +90,7 @@ def test_a_reader_that_dies_ends_the_writers_wait_naming_it(run_id):
         started = time.monotonic()
         with pytest.raises(PeerGone, match=r"the plans ring: reader 1 \(pid \d+\) is gone before reading record 4"):
             for k in range(1, 51):
-                writer.publish([_record(k)], timeout=30)
+                writer.publish(_record(k), timeout=30)
         assert time.monotonic() - started < 5.0
         processes[1].join(10)
         assert processes[1].exitcode == 3
@@ -104,7 +104,7 @@ def test_a_reader_that_dies_ends_the_writers_wait_naming_it(run_id):
 def _writer(run_id, secret, queue):
     writer = RingWriter.create(run_id, "plans", 1, 2, 4096, secret)
     queue.put("created")
-    writer.publish([_record(1)])
+    writer.publish(_record(1))
     time.sleep(0.3)
     os._exit(0)  # gone without closing: the test unlinks the segment
 
@@ -136,7 +136,7 @@ def test_a_waiting_reader_sleeps_and_wakes_at_once(run_id):
         assert time.process_time() - cpu < 0.1, "the reader burned its core while it waited"
         import threading
 
-        threading.Timer(0.2, lambda: writer.publish([b"late"])).start()
+        threading.Timer(0.2, lambda: writer.publish(b"late")).start()
         started = time.monotonic()
         assert bytes(reader.read(timeout=5)) == b"late"
         assert time.monotonic() - started < 0.5
@@ -150,10 +150,10 @@ def test_a_record_that_does_not_verify_is_refused(run_id):
     honest = RingReader.attach(run_id, "plans", 0, SECRET)
     stranger = RingReader.attach(run_id, "plans", 1, secrets.token_bytes(32))
     try:
-        writer.publish([b"step"])
+        writer.publish(b"step")
         with pytest.raises(RingError, match="record 1 does not verify under the launch's secret"):
             stranger.read(timeout=1)
-        writer.publish([b"step two"])
+        writer.publish(b"step two")
         writer.slot(2)[64] ^= 1  # a byte changed after the mac was made
         assert bytes(honest.read(timeout=1)) == b"step"
         with pytest.raises(RingError, match="record 2 does not verify"):
@@ -167,7 +167,7 @@ def test_a_record_over_the_slot_is_a_clear_error(run_id):
     writer = RingWriter.create(run_id, "plans", 1, 2, 100, SECRET)
     try:
         with pytest.raises(RingError, match=r"a 5000-byte record does not fit its 4032-byte slots"):
-            writer.publish([bytes(5000)])
+            writer.publish(bytes(5000))
     finally:
         writer.close()
 
@@ -191,7 +191,7 @@ def test_records_carry_kind_meta_and_arrays_as_views():
               "rng": np.array([[7, 1]], np.uint64), "empty": np.zeros(0, np.float32), "t": np.float32([0.5])}
     for meta in ({}, {"compute": 0.25}):
         for _ in range(2):  # the second time from the cached header and layout
-            payload = b"".join(bytes(part) for part in codec.encode("step", meta, arrays))
+            payload = codec.encode("step", meta, arrays)
             kind, got_meta, got = codec.decode(payload)
             assert kind == "step" and got_meta == meta and list(got) == list(arrays)
             for name, array in arrays.items():
