@@ -21,12 +21,13 @@ out, checks its mac and seq on the copy, and only then stores consumed = k. The 
 slot, then `published`, then `signal`, then wakes; x86-64 keeps stores in that order for the
 readers (TSO), as the host collectives' flags rely on too.
 
-The mac: HMAC-SHA256 under the launch's secret over everything after it (seq, length, payload).
-The segment is already the owner's alone (0600, in sticky /dev/shm; `attach` refuses one that is not
-this user's or that others may open), so the mac is not what keeps another user out: it makes a
-record that is torn (a writer that broke the invariant), stale (seq) or written by anything but
-the launch's writer fail loudly instead of running a wrong step, and it costs about 1.5 us for a
-decode plan here (bench/ring_latency.py), against a step of milliseconds.
+The mac: keyed BLAKE2b (BLAKE2's own MAC mode, 32 bytes) under the launch's secret over everything
+after it (seq, length, payload). The segment is already the owner's alone (0600, in sticky
+/dev/shm; `attach` refuses one that is not this user's or that others may open), so the mac is not
+what keeps another user out: it makes a record that is torn (a writer that broke the invariant),
+stale (seq) or written by anything but the launch's writer fail loudly instead of running a wrong
+step. It costs about 2 us for a decode plan here (bench/ring_latency.py; HMAC-SHA256 about 3), paid
+by the writer and each reader, against a step of milliseconds.
 
 Waiting. A reader spins up to `spin_s` (1 ms: about what the coordinator takes to make the next
 plan), giving its core to any runnable process every 16 reads, then sleeps on the signal word
@@ -139,7 +140,7 @@ class _Ring:
         return self._slots[(k - 1) % self.slots]
 
     def _mac(self, data) -> bytes:
-        return hmac.digest(self.secret, data, hashlib.sha256)
+        return hashlib.blake2b(data, key=self.secret, digest_size=MAC_BYTES).digest()
 
     def close(self) -> None:
         self._slots, self.published, self.signal, self.consumed, self.pids = [], None, None, None, None

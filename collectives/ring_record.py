@@ -35,12 +35,11 @@ class RecordCodec:
     def encode(self, kind: str, meta: dict | None = None, arrays: dict | None = None) -> bytes:
         """The record's bytes (arrays in C order whatever their strides)."""
         arrays = arrays or {}
-        described = tuple((name, array.dtype.str, array.shape) for name, array in arrays.items())
-        key = (kind, described) if not meta else None
+        key = (kind, *((name, array.dtype, array.shape) for name, array in arrays.items())) if not meta else None
         header = self._headers.get(key) if key else None
         if header is None:
             text = json.dumps({"kind": kind, "meta": meta or {},
-                               "arrays": [[name, dtype, list(shape)] for name, dtype, shape in described]})
+                               "arrays": [[name, a.dtype.str, list(a.shape)] for name, a in arrays.items()]})
             header = _LENGTH.pack(len(text)) + text.encode()
             header += _PAD[:_pad(len(header))]
             if key is not None and len(self._headers) < _CACHE:
@@ -48,7 +47,7 @@ class RecordCodec:
         parts = [header]
         for array in arrays.values():
             parts.append(array.tobytes())
-            if _pad(array.nbytes):
+            if array.nbytes % ALIGN:
                 parts.append(_PAD[:_pad(array.nbytes)])
         return b"".join(parts)
 
@@ -64,15 +63,32 @@ class RecordCodec:
             entries = []
             for name, dtype, shape in header["arrays"]:
                 dtype = np.dtype(dtype)
-                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-                entries.append((name, dtype, tuple(shape), offset, nbytes))
-                offset += nbytes + _pad(nbytes)
+                count = int(np.prod(shape, dtype=np.int64))
+                entries.append((name, dtype, count, offset, tuple(shape) if len(shape) != 1 else None))
+                offset += count * dtype.itemsize + _pad(count * dtype.itemsize)
             if offset > len(payload):
                 raise ValueError(f"a ring record of {len(payload)} bytes describes {offset}")
             layout = (header["kind"], header["meta"], tuple(entries))
             if not header["meta"] and len(self._layouts) < _CACHE:
                 self._layouts[text] = layout
         kind, meta, entries = layout
-        arrays = {name: np.frombuffer(payload, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
-                  for name, dtype, shape, offset, nbytes in entries}
+        arrays = {}
+        for name, dtype, count, offset, shape in entries:
+            array = np.frombuffer(payload, dtype, count, offset)
+            arrays[name] = array if shape is None else array.reshape(shape)
         return kind, dict(meta), arrays
+
+
+# A result's figures travel as one f64 array (no JSON a step): rank 0's seconds in the step and in
+# collectives, its link-gate holds so far (count, seconds), when it had the plan and when it answered.
+FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at")
+
+
+def figures_array(figures: dict) -> np.ndarray:
+    return np.array([float(figures[name]) for name in FIGURES], np.float64)
+
+
+def figures_dict(array: np.ndarray) -> dict:
+    figures = dict(zip(FIGURES, array.tolist()))
+    figures["gate_holds"] = int(figures["gate_holds"])
+    return figures

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
 from radiance.collectives.ring import RingReader, RingTimeout, RingWriter
-from radiance.collectives.ring_record import RecordCodec
+from radiance.collectives.ring_record import RecordCodec, figures_dict
 from radiance.generation.options import EngineOptions
 
 PLAN_SLOTS = 4  # a step and the stop after it fit with room to spare: the ranks run one step at a time
@@ -59,9 +59,10 @@ class StepRings:
         kind, meta, result = self.decoder.decode(payload)
         now = time.perf_counter()
         self.seconds[shape] = now - start
-        if "received_at" in meta:  # the step's delivery, split: plan out (to rank 0), result back
-            meta["plan_s"], meta["result_s"] = meta["received_at"] - start, now - meta.pop("answered_at")
-            del meta["received_at"]
+        if "figures" in result:  # rank 0's; the step's delivery split into plan out and result back
+            figures = figures_dict(result.pop("figures"))
+            figures["plan_s"], figures["result_s"] = figures.pop("received_at") - start, now - figures.pop("answered_at")
+            meta.update(figures)
         return kind, meta, result
 
     def stop(self) -> None:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from radiance.collectives.ring import RingReader, RingWriter
-from radiance.collectives.ring_record import RecordCodec
+from radiance.collectives.ring_record import RecordCodec, figures_array
 from radiance.engine.registry import Registry
 from radiance.engine.shard import Shard
 from radiance.generation.options import EngineOptions
@@ -109,19 +109,18 @@ class RankSession:
             if self.rank == 0:
                 timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
                           "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_"))}
-                if executor.profile:
-                    timing["ops"] = dict(executor.op_seconds)
+                ops = dict(executor.op_seconds) if executor.profile else None
                 executor.op_seconds.clear()
                 holds = self.worker.link.hold_stats()  # cumulative, for a server's /metrics
                 # when the plan was in hand and the result went out (perf_counter: CLOCK_MONOTONIC, the
                 # coordinator's clock too), so the step's delivery splits into plan out and result back
                 timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"], received_at=received,
                               answered_at=time.perf_counter())
-                arrays = {"tokens": tokens}
+                arrays = {"tokens": tokens, "figures": figures_array(timing)}
                 shown = self.options.get("return_buffer")  # a debugging aid: a buffer's rows, e.g. logits
                 if shown:
                     arrays[shown] = executor.read_buffer(shown, len(tokens))
-                self.results.publish(encoder.encode("result", timing, arrays))
+                self.results.publish(encoder.encode("result", {"ops": ops} if ops else None, arrays))
 
     def close(self) -> None:
         """Shared memory first: whatever fails after, nothing of this rank stays in /dev/shm."""
