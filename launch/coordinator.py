@@ -108,6 +108,10 @@ class Coordinator:
     def open_rings(self, options) -> None:
         """The plans ring, and rank 0's results ring attached (it made it before 'resolved')."""
         self.rings = StepRings(self.folder.run_id, self.world, self.folder.secret, options)
+        plans, results = self.rings.plans, self.rings.results
+        log.info("steps go through shared memory: plans ring %d x %d KiB to %d rank%s, results ring %d x %d KiB "
+                 "from rank 0", plans.slots, plans.slot_bytes >> 10, self.world, "" if self.world == 1 else "s",
+                 results.slots, results.slot_bytes >> 10)
 
     def execute(self, arrays: dict):
         """One step on every rank; the tokens rank 0 sampled."""
