@@ -98,3 +98,13 @@ def test_a_bad_fake_card_count_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("RADIANCE_TEST_FAKE_CARDS", "two")
     with pytest.raises(ValueError, match=r"RADIANCE_TEST_FAKE_CARDS=two: a count of fake cards \(for tests\)"):
         visible_cards()
+
+
+def test_more_ranks_than_cards_is_a_one_line_error_before_anything_starts(tiny_model, fake_cards):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "radiance.tools.launch", "--tp", "4", "--model", str(tiny_model),
+                             "--prompt", "hi"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == "radiance-launch: error: --tp 4 needs 4 cards, 2 visible (fake 0, fake 1)"
