@@ -73,3 +73,30 @@ def test_the_cli_the_server_and_the_benches_reach_ranks_only_through_the_interfa
     for path in sorted((ROOT / folder).glob("*.py")):
         bad = [name for name in _imports(path) if name in BEHIND_THE_INTERFACE]
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}: use radiance.launch.ranks.open_ranks"
+
+
+def test_the_plans_ring_holds_the_largest_plan_an_engine_makes(tiny_model):
+    """A step with every sequence and the whole token budget: its record fits plan_bytes."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from radiance.collectives.ring_record import RecordCodec
+    from radiance.generation.engine import Engine
+    from radiance.launch.step_rings import plan_bytes
+
+    options = EngineOptions(model=str(tiny_model), max_seqs=4, max_step_tokens=16)
+    options.fit(256)
+    plans = []
+
+    def execute(arrays):
+        plans.append(arrays)
+        return np.zeros(len(arrays["step.context_lens"]), np.int32)
+
+    engine = Engine(options, execute, SimpleNamespace(stop_ids=set()))
+    for i in range(4):
+        engine.add([1 + i] * 4, SamplingParams(max_tokens=1))
+    engine.step()
+    arrays = plans[0]
+    assert (len(arrays["step.ids"]), len(arrays["step.context_lens"])) == (16, 4)  # the largest shape
+    assert len(RecordCodec().encode("step", None, arrays)) <= plan_bytes(options)
