@@ -82,25 +82,17 @@ def launches_per_step(worker) -> int | None:
 
 
 def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=True):
-    from radiance.engine.registry import Registry
-    from radiance.generation.engine import Engine
     from radiance.generation.options import EngineOptions
-    from radiance.generation.text import TextCodec
-    from radiance.generation.worker import Worker
+    from radiance.launch.ranks import engine_over, open_ranks
 
     os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"  # in process: one card
     options = EngineOptions(model=str(model), progress=False, device=device, graphs=graphs, chain=chain,
                             fusion=fusion, max_context=max(1024, len(prompt_ids) + tokens + 16))
     start = time.perf_counter()
-    worker = Worker(options, Registry()).build()
-    loaded = time.perf_counter() - start
-    container = worker.model.container
-    engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper))
-    try:
-        ids, samples = generate(engine, prompt_ids, tokens)
-        counted = launches_per_step(worker) if device == "auto" else None
-    finally:
-        worker.close()
+    with open_ranks(options) as ranks:
+        loaded = time.perf_counter() - start
+        ids, samples = generate(engine_over(ranks), prompt_ids, tokens)
+        counted = launches_per_step(ranks.worker) if device == "auto" else None
     result = summary(ids, samples, loaded)
     result["launches_per_step"] = counted
     if counted is not None:
@@ -110,28 +102,26 @@ def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=Tru
 
 def launched(model, tp, graphs, prompt_ids, tokens, chain=True, profile=False):
     from radiance.generation.options import EngineOptions
-    from radiance.launch.cli import run_launch
+    from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 
     result = {}
-
-    def work(engine, coordinator):
-        steps, execute = [], engine.execute
-
-        def noted(arrays):  # rank 0's own time in each step (compute; collectives when profiled)
-            answer = execute(arrays)
-            steps.append(dict(coordinator.last_step))
-            return answer
-        engine.execute = noted
-        result["ids"], result["samples"] = generate(engine, prompt_ids, tokens)
-        result["rank0"] = {key: 1e3 * statistics.median(step[key] for step in steps[2:]) for key in ("compute", "collectives")}
-
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # the launcher pins each rank to the card it is given
     if USER_CARDS is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = USER_CARDS
     start = time.perf_counter()
-    run_launch(EngineOptions(model=str(model), progress=False, graphs=graphs, chain=chain, max_context=1024), tp,
-               None, False,
-               600.0, 600.0, profile, work)
+    options = EngineOptions(model=str(model), progress=False, graphs=graphs, chain=chain, max_context=1024)
+    settings = RankSettings(tp=tp, launched=True, stage_timeout=600.0, step_timeout=600.0, profile=profile)
+    with open_ranks(options, settings) as ranks:
+        engine = engine_over(ranks)
+        steps, execute = [], engine.execute
+
+        def noted(arrays):  # rank 0's own time in each step (compute; collectives when profiled)
+            answer = execute(arrays)
+            steps.append(ranks.step_stats())
+            return answer
+        engine.execute = noted
+        result["ids"], result["samples"] = generate(engine, prompt_ids, tokens)
+        result["rank0"] = {key: 1e3 * statistics.median(step[key] for step in steps[2:]) for key in ("compute", "collectives")}
     figures = summary(result["ids"], result["samples"], time.perf_counter() - start)
     figures["rank0_ms"] = result["rank0"]
     print(f"    ... rank 0: {result['rank0']['compute']:.3f} ms in the step, "

@@ -26,7 +26,7 @@ from radiance.launch.devices import visible_cards  # noqa: E402
 
 def launch(model: Path, environ: dict, *extra) -> dict:
     tp = str(len(environ["CUDA_VISIBLE_DEVICES"].split(",")))
-    command = [sys.executable, "-m", "radiance.launch.cli", "--tp", tp, "--model", str(model), "--prompt",
+    command = [sys.executable, "-m", "radiance.tools.launch", "--tp", tp, "--model", str(model), "--prompt",
                "hello there", "--max-tokens", "8", "--temperature", "0", *extra]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **environ},
                           cwd=tempfile.gettempdir(), timeout=240)

@@ -24,29 +24,26 @@ def smollm2_gguf() -> Path:
 
 
 def radiance_run(model: Path, prompt_ids: list[int], decode_tokens: int, profile: bool):
-    from radiance.engine.registry import Registry
-    from radiance.generation.engine import Engine
+    from collections import Counter
+
     from radiance.generation.options import EngineOptions
     from radiance.generation.sequence import SamplingParams
-    from radiance.generation.text import TextCodec
-    from radiance.generation.worker import Worker
+    from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 
     options = EngineOptions(model=str(model), progress=False, max_step_tokens=max(256, len(prompt_ids)))
-    worker = Worker(options, Registry()).build()
-    container = worker.model.container
-    engine = Engine(options, worker.execute, TextCodec(container.tokenizer, None, worker.model.hyper))
-    sequence = engine.add(prompt_ids, SamplingParams(max_tokens=decode_tokens + 1, temperature=0, ignore_eos=True))
-    start = time.perf_counter()
-    engine.step()  # the whole prompt in one step, and the first token
-    prefill = time.perf_counter() - start
-    worker.executor.profile = profile
-    start = time.perf_counter()
-    while not sequence.finished:
-        engine.step()
-    decode = time.perf_counter() - start
-    op_seconds = dict(worker.executor.op_seconds)
-    worker.close()
-    return len(prompt_ids) / prefill, decode_tokens / decode, op_seconds
+    with open_ranks(options, RankSettings(profile=profile)) as ranks:
+        engine = engine_over(ranks)
+        sequence = engine.add(prompt_ids, SamplingParams(max_tokens=decode_tokens + 1, temperature=0, ignore_eos=True))
+        start = time.perf_counter()
+        engine.step()  # the whole prompt in one step, and the first token
+        prefill = time.perf_counter() - start
+        op_seconds = Counter()
+        start = time.perf_counter()
+        while not sequence.finished:
+            engine.step()
+            op_seconds.update(ranks.step_stats().get("ops", {}))  # the decode steps' alone
+        decode = time.perf_counter() - start
+    return len(prompt_ids) / prefill, decode_tokens / decode, dict(op_seconds)
 
 
 def llama_cpp_run(gguf: Path, prompt_ids: list[int], decode_tokens: int, threads: int):

@@ -119,15 +119,18 @@ def rows_part(registry, seeds):
 def greedy(model, kernels, accept, tokens, aq=None):
     if aq is not None:
         os.environ["RADIANCE_R4D_AQ"] = str(aq)
+    from radiance.generation.options import EngineOptions
     from radiance.generation.sequence import SamplingParams
-    from radiance.tools.generate import build_engine
-    engine, worker = build_engine(model, None, kernels, accept, False, None, 256)
+    from radiance.launch.ranks import engine_over, open_ranks
+
     out = []
-    for prompt in PROMPTS:
-        sequence = engine.add(engine.text.encode(prompt), SamplingParams(max_tokens=tokens, temperature=0.0))
-        while not sequence.finished:
-            engine.step()
-        out.append(list(sequence.output_ids))
+    with open_ranks(EngineOptions(model=str(model), kernels=kernels, accept_reference=accept)) as ranks:
+        engine = engine_over(ranks)
+        for prompt in PROMPTS:
+            sequence = engine.add(engine.text.encode(prompt), SamplingParams(max_tokens=tokens, temperature=0.0))
+            while not sequence.finished:
+                engine.step()
+            out.append(list(sequence.output_ids))
     os.environ.pop("RADIANCE_R4D_AQ", None)
     return out
 

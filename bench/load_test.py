@@ -42,7 +42,7 @@ def start_server(model: str, tp: int, max_seqs: int, log_path: str) -> tuple[sub
     if tp == 1:
         command = [sys.executable, "-m", "radiance.tools.generate", "--model", model]
     else:
-        command = [sys.executable, "-m", "radiance.launch.cli", "--tp", str(tp), "--model", model]
+        command = [sys.executable, "-m", "radiance.tools.launch", "--tp", str(tp), "--model", model]
     command += ["--serve", "--host", "127.0.0.1", "--port", "0", "--max-seqs", str(max_seqs)]
     log = open(log_path, "w")
     environment = {name: value for name, value in os.environ.items() if name != "RADIANCE_API_KEY"}

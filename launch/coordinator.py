@@ -1,6 +1,8 @@
 """The coordinator: spawns the ranks, runs the handshake (hello, facts, combined facts, resolve,
-graph digest, ready) with a deadline at every stage, then sends each step's plan to every rank
-and takes the sampled tokens from rank 0. It holds no card and computes nothing."""
+graph digest, ready) over zmq with a deadline at every stage, then writes each step's plan into
+the plans ring every rank reads and takes the sampled tokens from rank 0's results ring
+(step_rings.py), looking after zmq (errors, heartbeats) and the processes while it waits. It holds
+no card and computes nothing."""
 
 import json
 import os
@@ -8,11 +10,13 @@ import time
 
 import zmq
 
+from radiance.collectives.ring import PeerGone
 from radiance.log import get_logger
 from radiance.wire import Wire
 
 from .run_folder import RunFolder
 from .spawn import spawn_rank
+from .step_rings import StepRings
 from .supervisor import RankFailed, Supervisor
 
 log = get_logger("radiance.launch")
@@ -38,8 +42,8 @@ class Coordinator:
                  "RADIANCE_SECRET_FILE": str(self.folder.secret_file), "RADIANCE_RANK_OPTIONS": json.dumps(rank_options)}
         self.ranks = [spawn_rank(rank, world, cards[rank] if cards else None, threads, extra) for rank in range(world)]
         self.supervisor = Supervisor(self.ranks)
-        self.facts = {}
-        self.digest = None
+        self.last_step, self.last_result = {}, {}
+        self.rings: StepRings | None = None  # once every rank has built (open_rings)
         self.early = []  # messages of a later stage that arrived before this one ended
         # zmq routing ids are the ROUTER's own, never a client's choice: a rank is known by the
         # route its signed hello came from, so no one can take over a rank by naming itself.
@@ -101,21 +105,37 @@ class Coordinator:
             waiting.discard(rank)
         return answers
 
+    def open_rings(self, options) -> None:
+        """The plans ring, and rank 0's results ring attached (it made it before 'resolved')."""
+        self.rings = StepRings(self.folder.run_id, self.world, self.folder.secret, options)
+        plans, results = self.rings.plans, self.rings.results
+        log.info("steps go through shared memory: plans ring %d x %d KiB to %d rank%s, results ring %d x %d KiB "
+                 "from rank 0", plans.slots, plans.slot_bytes >> 10, self.world, "" if self.world == 1 else "s",
+                 results.slots, results.slot_bytes >> 10)
+
     def execute(self, arrays: dict):
         """One step on every rank; the tokens rank 0 sampled."""
-        self.broadcast("step", arrays=arrays)
-        deadline = time.monotonic() + self.step_timeout
-        rank, kind, meta, result = self._receive(deadline, "step", {0})
-        if kind != "result" or rank != 0:
-            raise LaunchError(f"step: rank {rank} sent '{kind}' where rank 0's result was due")
+        try:
+            kind, meta, result = self.rings.step(arrays, self.step_timeout, self.look_after)
+        except PeerGone:  # rank 0 ended before its result; the supervisor names how
+            self.supervisor.check()
+            raise RankFailed(self.ranks[0], "gone before its result") from None
+        except TimeoutError as error:
+            raise LaunchError(str(error)) from None
+        if kind != "result":
+            raise LaunchError(f"step: rank 0 wrote '{kind}' where its result was due")
         self.last_step, self.last_result = meta, result
         return result["tokens"]
 
     def idle(self) -> None:
-        """Between steps when there is nothing to run (a server waiting for requests): take the
-        heartbeats that came in and check on the ranks, so an idle launch notices a failed rank and
-        does not take its own silence for a hung one. Nothing but heartbeats is due between steps."""
-        self.supervisor.check()
+        """Between steps when there is nothing to run (a server waiting for requests): look after
+        the ranks, so an idle launch notices a failed rank and does not take its own silence for a
+        hung one."""
+        self.look_after()
+
+    def look_after(self) -> None:
+        """Take what zmq brought (heartbeats; an error ends the launch naming its rank; nothing else
+        is due once the ranks are ready), then check the processes and the heartbeats' ages."""
         while (message := self.wire.recv(timeout_ms=0, routed=True)) is not None:
             route, kind, meta, _ = message
             if kind == "heartbeat":
@@ -123,11 +143,22 @@ class Coordinator:
             elif kind == "error" and route[0] in self.rank_of:
                 raise RankFailed(self.ranks[self.rank_of[route[0]]], meta.get("error", "an error"))
             else:
-                raise LaunchError(f"between steps: an unexpected '{kind}' message")
+                raise LaunchError(f"between handshake and stop: an unexpected '{kind}' message")
+        self.supervisor.check()
         now = time.monotonic()
         for rank, beat in self.last_beat.items():
             if now - beat > self.heartbeat_timeout:
                 raise RankFailed(self.ranks[rank], f"no heartbeat for {now - beat:.0f} s (hung)")
+
+    def _ask_to_stop(self) -> None:
+        """Once the ranks read the plans ring, 'stop' is its last record; before, a zmq message."""
+        if self.rings is None:
+            self.broadcast("stop")
+            return
+        try:
+            self.rings.stop()
+        except Exception as error:  # noqa: BLE001  (a rank that cannot read it gets SIGTERM instead)
+            log.warning("the ranks could not be asked to stop: %s", error)
 
     def stop(self, failed: bool) -> None:
         """End the launch: ask the ranks to stop (unless one failed), then make sure they did."""
@@ -135,9 +166,11 @@ class Coordinator:
             log.warning("dropped %d unauthenticated messages", self.wire.dropped)
         try:
             if not failed:
-                self.broadcast("stop")
+                self._ask_to_stop()
             self.supervisor.teardown(polite_seconds=0.0 if failed else 5.0)
         finally:
+            if self.rings is not None:
+                self.rings.close()
             self.wire.socket.close(0)
             self.context.term()
             from radiance.collectives.shm import unlink_run  # the segments every rank made

@@ -9,6 +9,11 @@ from pathlib import Path
 
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+# For tests only (a user never sets these): RADIANCE_TEST_FAKE_CARDS=N makes the machine show N
+# fake cards in place of its own, and a rank pinned to fake card i gets RADIANCE_TEST_FAKE_CARD=i
+# (ranks/device/fake.py's backend). CI launches "card" ranks this way on a machine without cards.
+FAKE_CARDS = "RADIANCE_TEST_FAKE_CARDS"
+FAKE_CARD = "RADIANCE_TEST_FAKE_CARD"
 
 
 @dataclass(frozen=True)
@@ -73,9 +78,21 @@ def _narrow(cards: list[Card], variable: str, stop_at_unknown: bool) -> list[Car
     return chosen
 
 
+def _fake_cards() -> list[Card] | None:
+    text = os.environ.get(FAKE_CARDS)
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{FAKE_CARDS}={text}: a count of fake cards (for tests), not {text!r}")
+    return [Card("fake", index, f"FAKE-{index}", "fake", integrated=False) for index in range(int(text))]
+
+
 def visible_cards() -> list[Card]:
     """The cards a launch may use: discrete ones if any (all of the first one's architecture),
-    integrated ones only when there is nothing else."""
+    integrated ones only when there is nothing else; the fake ones alone when a test asks."""
+    fake = _fake_cards()
+    if fake is not None:
+        return fake
     amd = _narrow(_narrow(_amd_cards(), "ROCR_VISIBLE_DEVICES", False), "HIP_VISIBLE_DEVICES", False)
     nvidia = _narrow(_nvidia_cards(), "CUDA_VISIBLE_DEVICES", True)
     cards = amd + nvidia
@@ -88,9 +105,12 @@ def visible_cards() -> list[Card]:
 def pin(card: Card | None, environment: dict) -> dict:
     """The environment of a rank that sees exactly this card (or none)."""
     environment = dict(environment)
-    if card is None:
+    environment.pop(FAKE_CARD, None)
+    if card is None or card.vendor == "fake":
         for variable in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
             environment.pop(variable, None)
+        if card is not None:
+            environment[FAKE_CARD] = str(card.index)
     elif card.vendor == "amd":
         environment["ROCR_VISIBLE_DEVICES"] = card.uuid if card.uuid.startswith("GPU-") else str(card.index)
         environment.pop("HIP_VISIBLE_DEVICES", None)
@@ -109,13 +129,13 @@ def pin_this_process(environ=None) -> Card | None:
     card chosen, or None (no card, or one named already)."""
     environ = os.environ if environ is None else environ
     named = [environ.get(variable, "") for variable in VISIBILITY]
-    if any(value and value != "-1" and "," not in value for value in named):
+    if any(value and value != "-1" and "," not in value for value in named) or FAKE_CARD in environ:
         return None  # the user (or a launcher) chose the card
     cards = visible_cards()
     if not cards:
         return None
     pinned = pin(cards[0], {variable: environ[variable] for variable in VISIBILITY if variable in environ})
-    for variable in VISIBILITY:
+    for variable in (*VISIBILITY, FAKE_CARD):
         environ.pop(variable, None)
     environ.update(pinned)
     return cards[0]

@@ -1,7 +1,11 @@
 """The handshake's decisions: the combined facts (P2P holds only if it holds for every pair, or
-the ranks would deadlock on different collective rows) and the agreement of every rank's graph."""
+the ranks would deadlock on different collective rows) and the agreement of every rank's graph.
+`handshake` returns what was agreed; the caller keeps it (nothing is written onto the coordinator)."""
+
+from dataclasses import dataclass
 
 from radiance.log import get_logger
+from radiance.ranks.device.probe import probe_rounds
 
 from .coordinator import Coordinator, LaunchError
 
@@ -23,12 +27,18 @@ def combine_facts(facts: dict, disable_p2p: bool) -> tuple[dict, str]:
     return combined, why
 
 
-PROBE_ROUNDS = 4  # ranks/device/probe.py exchanges exactly this many times, whatever fails
+@dataclass(frozen=True)
+class Agreement:
+    """What the ranks agreed on: the combined facts and the resolved graph (rank 0's lines)."""
+    facts: dict
+    digest: str
+    lines: list
 
 
 def relay_probe(coordinator: Coordinator) -> None:
-    """The P2P probe's all-gathers: each round, every rank's payload to every rank."""
-    for round_number in range(PROBE_ROUNDS):
+    """The P2P probe's all-gathers: each round, every rank's payload to every rank; as many rounds as
+    ranks/device/probe.py exchanges, whatever fails (none for one card rank: it has no peer)."""
+    for round_number in range(probe_rounds(coordinator.world)):
         payloads = coordinator.gather("probe", f"P2P probe, round {round_number + 1}")
         coordinator.broadcast("probed", arrays={f"rank{rank}": arrays["payload"] for rank, (_, arrays) in payloads.items()})
 
@@ -41,19 +51,19 @@ def first_difference(reference: list, other: list) -> str:
     return f"{len(other)} resolved bands where rank 0 has {len(reference)}"
 
 
-def handshake(coordinator: Coordinator, disable_p2p: bool, load_timeout: float) -> None:
+def handshake(coordinator: Coordinator, options, disable_p2p: bool, load_timeout: float) -> Agreement:
+    """Every stage in order (docs/RUNTIME.md); `options`: the engine's, which size the plans ring."""
     hellos = coordinator.gather("hello", "hello")
     if any(meta.get("card") for meta, _ in hellos.values()):
         relay_probe(coordinator)
     facts = {rank: meta for rank, (meta, _) in coordinator.gather("facts", "facts").items()}
     for rank, fact in sorted(facts.items()):
         if fact.get("card"):
-            log.info("rank %d: %s at PCI %s (%s)", rank, fact.get("name", "card"), fact.get("bus_id", "?"),
-                     fact.get("device.arch"))
+            where = f" at PCI {fact['bus_id']}" if fact.get("bus_id") else ""
+            log.info("rank %d: %s%s (%s)", rank, fact.get("name", "card"), where, fact.get("device.arch"))
     combined, why = combine_facts(facts, disable_p2p)
     if not combined["device.p2p"]:
         log.info("collectives use the _host twins (device.p2p = 0): %s", why)
-    coordinator.facts = combined
     coordinator.broadcast("combined", {"facts": combined})
     coordinator.gather("created", "shared memory")
     coordinator.broadcast("attach")
@@ -64,7 +74,7 @@ def handshake(coordinator: Coordinator, disable_p2p: bool, load_timeout: float) 
         if meta["digest"] != resolved[0][0]["digest"]:
             raise LaunchError(f"rank {rank} resolved a different graph from rank 0's: "
                               f"{first_difference(reference, meta['lines'])}")
-    coordinator.digest = resolved[0][0]["digest"]
-    coordinator.lines = reference  # rank 0's resolved graph, for a server's /graph
+    coordinator.open_rings(options)  # rank 0 made its results ring before 'resolved'
     coordinator.broadcast("go")
     coordinator.gather("ready", "ready")
+    return Agreement(combined, resolved[0][0]["digest"], reference)

@@ -12,6 +12,7 @@ import traceback
 
 import zmq
 
+from radiance.collectives.shm import unlink_run
 from radiance.log import get_logger
 from radiance.wire import Wire
 
@@ -47,7 +48,8 @@ def main() -> int:
     wire = Wire(socket, secret)
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(context, endpoint, secret, rank, stop), daemon=True).start()
-    session = RankSession(wire, rank, world, os.environ["RADIANCE_RUN_ID"], json.loads(os.environ["RADIANCE_RANK_OPTIONS"]))
+    session = RankSession(wire, rank, world, os.environ["RADIANCE_RUN_ID"], json.loads(os.environ["RADIANCE_RANK_OPTIONS"]),
+                          secret)
     try:
         session.run()
         return 0
@@ -63,8 +65,9 @@ def main() -> int:
         session.close()
         socket.close(linger=500)
         context.term()
-        if terminated():  # the coordinator died, or is tearing the launch down: either way the folder goes
+        if terminated():  # the coordinator died, or is tearing the launch down: either way the run goes
             shutil.rmtree(os.path.dirname(os.environ["RADIANCE_SECRET_FILE"]), ignore_errors=True)
+            unlink_run(os.environ["RADIANCE_RUN_ID"])  # the coordinator's plans ring too, if it cannot
 
 
 if __name__ == "__main__":

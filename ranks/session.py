@@ -1,11 +1,15 @@
-"""A rank's part of the launch, stage by stage: hello, facts, the combined facts, its collective
-buffers, its slice of the model resolved and loaded, ready; then one step per plan until stop."""
+"""A rank's part of the launch, stage by stage over zmq: hello, facts, the combined facts, its
+collective buffers, its slice of the model resolved and loaded (rank 0 then makes the results
+ring), go (the plans ring is there to attach), ready; then one step per record of the plans ring
+until its stop record, rank 0 writing each step's tokens and figures into the results ring."""
 
 import os
 import time
 
 import numpy as np
 
+from radiance.collectives.ring import RingReader, RingWriter
+from radiance.collectives.ring_record import RecordCodec, figures_array
 from radiance.engine.registry import Registry
 from radiance.engine.shard import Shard
 from radiance.generation.options import EngineOptions
@@ -17,12 +21,15 @@ from radiance.ranks.device.selection import backend_name
 from .facts import measure_facts
 
 log = get_logger("radiance.rank")
+RESULT_SLOTS = 2
+RESULT_META_BYTES = 16384  # the JSON of a result's figures, with every op's seconds when profiling
 
 
 class RankSession:
-    def __init__(self, wire, rank: int, world: int, run_id: str, options: dict):
+    def __init__(self, wire, rank: int, world: int, run_id: str, options: dict, secret: bytes):
         self.wire, self.rank, self.world, self.run_id, self.options = wire, rank, world, run_id, options
-        self.worker = self.peers = self.gate = self.device_peers = None
+        self.secret = secret
+        self.worker = self.peers = self.gate = self.device_peers = self.plans = self.results = None
 
     def expect(self, kind: str):
         _, got, meta, arrays = self.wire.recv()
@@ -72,37 +79,52 @@ class RankSession:
 
         self.gate = LinkGate.create(self.run_id, self.rank)
         self.worker.build(combined, self._peers(combined), LinkScheduler(self.gate))
+        if self.rank == 0:
+            self.results = RingWriter.create(self.run_id, "results", 1, RESULT_SLOTS, self._result_bytes(),
+                                             self.secret)
         self.wire.send("resolved", {"digest": self.worker.digest, "lines": self.worker.lines})
         self.expect("go")
+        self.plans = RingReader.attach(self.run_id, "plans", self.rank, self.secret)
         self.wire.send("ready")
         self._serve()
+
+    def _result_bytes(self) -> int:
+        """Rank 0's largest result: a token per sequence, the figures, and the buffer it shows, if asked."""
+        seqs, shown = self.worker.options.max_seqs, self.options.get("return_buffer")
+        extra = self.worker.executor.read_buffer(shown, seqs).nbytes if shown else 0
+        return RESULT_META_BYTES + seqs * 8 + extra
 
     def _serve(self) -> None:
         executor = self.worker.executor
         executor.profile = bool(self.options.get("profile"))
+        decoder, encoder = RecordCodec(), RecordCodec()
         while True:
-            _, kind, meta, arrays = self.wire.recv()
+            kind, meta, arrays = decoder.decode(self.plans.read())  # sleeps between steps; SIGTERM ends it
             if kind == "stop":
                 return
             if kind != "step":
-                raise RuntimeError(f"unexpected '{kind}' from the coordinator")
+                raise RuntimeError(f"the plans ring holds a '{kind}' record where a step or stop was due")
             received = time.perf_counter()
             tokens = self.worker.execute(arrays)
             if self.rank == 0:
                 timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
                           "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_"))}
+                ops = dict(executor.op_seconds) if executor.profile else None
                 executor.op_seconds.clear()
                 holds = self.worker.link.hold_stats()  # cumulative, for a server's /metrics
-                timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"])
-                arrays = {"tokens": tokens}
+                # when the plan was in hand and the result went out (perf_counter: CLOCK_MONOTONIC, the
+                # coordinator's clock too), so the step's delivery splits into plan out and result back
+                timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"], received_at=received,
+                              answered_at=time.perf_counter())
+                arrays = {"tokens": tokens, "figures": figures_array(timing)}
                 shown = self.options.get("return_buffer")  # a debugging aid: a buffer's rows, e.g. logits
                 if shown:
                     arrays[shown] = executor.read_buffer(shown, len(tokens))
-                self.wire.send("result", timing, arrays)
+                self.results.publish(encoder.encode("result", {"ops": ops} if ops else None, arrays))
 
     def close(self) -> None:
         """Shared memory first: whatever fails after, nothing of this rank stays in /dev/shm."""
-        for resource in (self.device_peers, self.peers, self.gate):
+        for resource in (self.plans, self.results, self.device_peers, self.peers, self.gate):
             if resource is not None:
                 try:
                     resource.close()

@@ -15,7 +15,7 @@ SHM = Path("/dev/shm")
 class Launch:
     def __init__(self, *args, env=None):
         environment = {**os.environ, **(env or {})}
-        self.process = subprocess.Popen([sys.executable, "-m", "radiance.launch.cli", *map(str, args)],
+        self.process = subprocess.Popen([sys.executable, "-m", "radiance.tools.launch", *map(str, args)],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
                                         start_new_session=True)
         self.ranks: list[psutil.Process] = []

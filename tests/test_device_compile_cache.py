@@ -23,7 +23,7 @@ def test_another_source_target_compiler_or_option_misses(tmp_path):
     FakeDevice(cache=cache).compile(SOURCE)
     for device, source, options in [(FakeDevice(cache=cache), SOURCE + " ", ()),
                                     (FakeDevice(cache=cache, target="fake_80"), SOURCE, ()),
-                                    (FakeDevice(cache=cache, compiler_version="fake-2"), SOURCE, ()),
+                                    (FakeDevice(cache=cache, compiler_version="fake-other"), SOURCE, ()),
                                     (FakeDevice(cache=cache), SOURCE, ("-DFAST",))]:
         device.compile(source, options)
         assert device.compiles == 1 and cache.last == "miss"

@@ -177,3 +177,20 @@ class FixedWeights:
 
     def operand(self, name, row, geometry):
         return self.arrays[name]
+
+
+def test_radiance_no_fusion_runs_every_chain_as_declared_with_the_same_tokens(tiny_model):
+    """On host rows at TP 1 the graph keeps its all_reduce nodes, so libr4d's fused
+    all_reduce + add + rmsnorm row is taken; --no-fusion leaves the chain to the plain rows."""
+    import subprocess
+    import sys
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "radiance.tools.generate", "--model", str(tiny_model), "--prompt",
+                               "hello", "--max-tokens", "6", "--temperature", "0", "--debug-selection", *extra],
+                              capture_output=True, text=True, timeout=120)
+    fused, plain = run(), run("--no-fusion")
+    assert fused.returncode == 0 and plain.returncode == 0, (fused.stderr, plain.stderr)
+    assert "fused, replaces all_reduce(x)+add(residual,x,residual)+rmsnorm(residual,w,y)" in fused.stderr
+    assert "fused, replaces" not in plain.stderr
+    assert fused.stdout == plain.stdout and fused.stdout

@@ -6,7 +6,7 @@ import pytest
 
 from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
-from radiance.launch.cli import run_launch
+from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 
 from launch_support import Launch, wait_gone
 
@@ -24,21 +24,19 @@ def wide_model(tmp_path_factory):
     return path
 
 
-def generate(model, tp, prompts, max_tokens=8, **options):
+def generate(model, tp, prompts, max_tokens=8, launched=True, **options):
     """Greedy tokens of each prompt, and the logits of every step rank 0 saw."""
     outputs, logits = [], []
-
-    def work(engine, coordinator):
+    settings = RankSettings(tp=tp, launched=launched, return_buffer="logits")
+    with open_ranks(EngineOptions(model=str(model), progress=False, **options), settings) as ranks:
+        engine = engine_over(ranks)
         for prompt in prompts:
             sequence = engine.add(engine.text.encode(prompt), SamplingParams(max_tokens=max_tokens, temperature=0,
                                                                            ignore_eos=True))
             while not sequence.finished:
                 engine.step()
-                logits.append(np.array(coordinator.last_result["logits"]))
+                logits.append(np.array(ranks.last_result["logits"]))
             outputs.append(sequence.output_ids)
-
-    run_launch(EngineOptions(model=str(model), progress=False, **options), tp, None, False, 60.0, 120.0, False, work,
-               return_buffer="logits")
     return outputs, logits
 
 

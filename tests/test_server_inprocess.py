@@ -8,32 +8,29 @@ import threading
 import httpx
 import pytest
 
-from radiance.engine.registry import Registry
-from radiance.generation.engine import Engine
 from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
+from radiance.launch.ranks import engine_over, open_ranks
 from radiance.serving.loop import TextStream
 from radiance.serving.server import Server, ServeSettings
-from radiance.serving.sources import WorkerSource
 
 from test_server_support import wait_for
 
 
 def make_engine(model, **overrides):
-    options = EngineOptions(model=str(model), accept_reference=True, progress=False, kernels="libref", **overrides)
-    worker = Worker(options, Registry(radiance_home="", kernels="libref")).build()
-    container = worker.model.container
-    return Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template,
-                                                     worker.model.hyper)), worker
+    """An engine over one rank in this process, and those ranks."""
+    options = EngineOptions(model=str(model), radiance_home="", accept_reference=True, progress=False,
+                            kernels="libref", **overrides)
+    ranks = open_ranks(options)
+    return engine_over(ranks), ranks
 
 
 class Running:
     """A Server with an engine attached and its loop on a thread."""
 
-    def __init__(self, server: Server, engine, worker):
-        self.server, self.worker = server, worker
-        self.loop = server.attach(engine, WorkerSource(worker))
+    def __init__(self, server: Server, engine, ranks):
+        self.server, self.ranks = server, ranks
+        self.loop = server.attach(engine, ranks)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -46,7 +43,7 @@ class Running:
     def stop(self):
         self.server.stop()
         self.thread.join(30)
-        self.worker.close()
+        self.ranks.close()
 
 
 @pytest.fixture
@@ -100,7 +97,7 @@ def test_a_request_that_does_not_fit_yet_waits_for_blocks(server, tiny_model):
 
 
 def test_an_engine_failure_ends_the_requests_in_flight_with_500(server, tiny_model):
-    engine, worker = make_engine(tiny_model)
+    engine, ranks = make_engine(tiny_model)
     execute, calls = engine.execute, []
 
     def failing(arrays):
@@ -110,7 +107,7 @@ def test_an_engine_failure_ends_the_requests_in_flight_with_500(server, tiny_mod
         return execute(arrays)
 
     engine.execute = failing
-    running = Running(server, engine, worker)
+    running = Running(server, engine, ranks)
     try:
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body(max_tokens=50, ignore_eos=True,
                                                                          stream=True)) as response:

@@ -16,7 +16,7 @@ from test_server_support import ServerProcess, metrics
 
 @pytest.fixture(scope="module")
 def launch(smollm2):
-    process = ServerProcess("radiance.launch.cli", "--tp", 3, "--model", smollm2, "--max-seqs", 8,
+    process = ServerProcess("radiance.tools.launch", "--tp", 3, "--model", smollm2, "--max-seqs", 8,
                             "--max-context", 512)
     try:
         process.statuses = process.wait_ready()
@@ -68,7 +68,7 @@ def test_sigterm_stops_the_launch_cleanly(launch):
 
 
 def test_a_rank_dying_mid_stream_ends_the_stream_and_the_launch(smollm2):
-    process = ServerProcess("radiance.launch.cli", "--tp", 3, "--model", smollm2, "--max-seqs", 4,
+    process = ServerProcess("radiance.tools.launch", "--tp", 3, "--model", smollm2, "--max-seqs", 4,
                             "--max-context", 512)
     try:
         process.wait_ready()

@@ -6,6 +6,7 @@ a refused request never touches the engine, so the others go on."""
 import asyncio
 import hmac
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextError
 
-from .graph import graph_report, graph_text
+from .graph import graph_report, graph_text, open_declared
 from .loop import EngineLoop, Event, Job
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Sampling, error_body, not_ready
@@ -39,10 +40,22 @@ class ServerState:
         self.defaults = {k: v for k, v in defaults.items() if v is not None}
         self.created = int(time.time())
         self.loop: EngineLoop | None = None
-        self.source = None
+        self.ranks = None  # launch/ranks.py's Ranks, once attached
+        self._declared = None
+        self._declared_lock = threading.Lock()
 
-    def attach(self, loop: EngineLoop, source) -> None:
-        self.source, self.loop = source, loop
+    def attach(self, loop: EngineLoop, ranks) -> None:
+        self.ranks, self.loop = ranks, loop
+
+    def declared(self) -> list[dict]:
+        """The declared graph for /graph, read once from the model (no weight is read)."""
+        with self._declared_lock:
+            if self._declared is None:
+                options = self.loop.engine.options
+                self._declared = open_declared(options.model, options.radiance_home, options.kernels,
+                                               {"activation_dtype": options.activation_dtype,
+                                                "block_size": options.block_size})
+            return self._declared
 
     @property
     def ready(self) -> bool:
@@ -184,7 +197,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health():
         if state.ready:
-            return JSONResponse({"status": "ok", "model": state.model_name, "world": state.source.world})
+            return JSONResponse({"status": "ok", "model": state.model_name, "world": state.ranks.world})
         status = "stopping" if state.loop is not None else "starting"
         return JSONResponse({"status": status}, status_code=503)
 
@@ -195,10 +208,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/graph")
     async def graph(format: str = "json"):
         loop = state.engine_loop()
-        source = state.source
-        declared = await asyncio.to_thread(source.declared)
-        report = graph_report(source.lines, declared, loop.shapes.snapshot(), model=state.model_name,
-                              world=source.world, digest=source.digest)
+        ranks = state.ranks
+        declared = await asyncio.to_thread(state.declared)
+        report = graph_report(ranks.lines, declared, loop.shapes.snapshot(), model=state.model_name,
+                              world=ranks.world, digest=ranks.digest)
         if format == "text":
             return PlainTextResponse(graph_text(report))
         return JSONResponse(report)
@@ -270,7 +283,7 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 def _fingerprint(state: ServerState) -> str | None:
-    digest = state.source.digest if state.source is not None else None
+    digest = state.ranks.digest if state.ranks is not None else None
     return f"rad-{digest[:16]}" if digest else None
 
 

@@ -1,7 +1,8 @@
 """The engine thread: the one thread that owns the Engine. Every add, cancel and step happens here;
 requests arrive through a thread-safe queue, and each request's text goes back to its own asyncio
 queue through `loop.call_soon_threadsafe`. The loop steps while there is work and sleeps while there
-is none (on an Event that a new request sets; a launch's heartbeats are taken meanwhile).
+is none (in the ranks' `idle`, on an Event that a new request sets; a launch's heartbeats are taken
+meanwhile).
 
 Text is made here too: tokens are detokenised incrementally and stop strings are looked for as the
 text grows, so a stop string ends its sequence in the step that completed it, its blocks freed at
@@ -97,8 +98,8 @@ class EngineLoop:
     """`run()` is the engine thread's body (the caller's thread: a CLI's main thread, or a thread of
     its own); `submit`, `cancel` and `stop` may be called from any thread."""
 
-    def __init__(self, engine: Engine, source, metrics: Metrics):
-        self.engine, self.source, self.metrics = engine, source, metrics
+    def __init__(self, engine: Engine, ranks, metrics: Metrics):
+        self.engine, self.ranks, self.metrics = engine, ranks, metrics  # ranks: launch/ranks.py's Ranks
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
         self.stopping = threading.Event()
@@ -106,7 +107,6 @@ class EngineLoop:
         self.shapes = StepShapes()
         self.failure: BaseException | None = None
         self.steps = 0
-        self._execute_seconds = 0.0
         self._last_shape = None
         self._wrap_execute()
         blocks, scheduler = engine.blocks, engine.scheduler
@@ -120,11 +120,7 @@ class EngineLoop:
         def counted(arrays):
             self._last_shape = (len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS]))
             self.shapes.add(*self._last_shape)
-            start = time.perf_counter()
-            try:
-                return execute(arrays)
-            finally:
-                self._execute_seconds = time.perf_counter() - start
+            return execute(arrays)
 
         self.engine.execute = counted
 
@@ -154,7 +150,7 @@ class EngineLoop:
                 if self.engine.scheduler.has_work:
                     self._step()
                 else:
-                    self.source.idle(self.wake)
+                    self.ranks.idle(self.wake)
         except BaseException as error:
             self.failure = error
             log.error("the engine stopped: %s: %s", type(error).__name__, error)
@@ -203,7 +199,7 @@ class EngineLoop:
             self.metrics.step.observe(now - start)
             self.metrics.step_tokens.observe(step_tokens)
             self.metrics.step_seqs.observe(step_seqs)
-            self.metrics.ranks_report(self.source.step_stats(self._execute_seconds))
+            self.metrics.ranks_report(self.ranks.step_stats())
         tokens = {}
         for sequence, token in produced:
             tokens.setdefault(sequence.id, []).append(token)

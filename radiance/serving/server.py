@@ -1,7 +1,7 @@
 """Running a server: the HTTP side on uvicorn in a thread of its own (listening before the model
 loads, so /health can say 503 until every rank is ready), and the engine loop on the thread that
 brought the engine up: the CLI's main thread. `radiance --serve` and `radiance-launch --serve` both
-come here, each with its own way of starting the engine (`start(work)`)."""
+come here through `serve`, with the ranks launch/ranks.py's open_ranks chose."""
 
 import signal
 import socket
@@ -17,7 +17,6 @@ from radiance.log import get_logger
 from .app import ServerState, create_app
 from .loop import EngineLoop
 from .metrics import Metrics
-from .sources import LaunchSource, WorkerSource
 
 log = get_logger("radiance.serving")
 
@@ -96,11 +95,11 @@ class Server:
         self.http.start()
         return self
 
-    def attach(self, engine, source) -> EngineLoop:
+    def attach(self, engine, ranks) -> EngineLoop:
         """Ready: /health answers 200 from here on. The caller runs `loop.run()` on the thread that
-        is to own the engine."""
-        self.loop = EngineLoop(engine, source, self.metrics)
-        self.state.attach(self.loop, source)
+        is to own the engine; `ranks` (launch/ranks.py's Ranks) are the ones the engine steps on."""
+        self.loop = EngineLoop(engine, ranks, self.metrics)
+        self.state.attach(self.loop, ranks)
         return self.loop
 
     def stop(self) -> None:
@@ -109,24 +108,25 @@ class Server:
         self.http.stop()
 
 
-def run_server(model_path: str, settings: ServeSettings, start: Callable) -> None:
-    """Listen, then `start(work)`: it brings the engine up and calls `work(engine, source)`, which
-    runs the engine loop on this thread until SIGINT or SIGTERM (a clean stop) or an engine failure
-    (raised, so the CLI reports it and the launch ends as it would for any failed step)."""
-    server = Server(model_path, settings).start()
+def serve(options, settings: ServeSettings, open_ranks: Callable) -> None:
+    """Listen, then `open_ranks()` (launch/ranks.py: one rank in process or launched ones) and run
+    the engine loop over them on this thread until SIGINT or SIGTERM (a clean stop) or an engine
+    failure (raised, so the CLI reports it and the launch ends as it would for any failed step)."""
+    from radiance.launch.ranks import engine_over
+
+    server = Server(options.model, settings).start()
     log.info("listening on %s (OpenAI API under /v1; /health says 200 once every rank is ready)", server.url)
     interrupt = _Signals()
     try:
-        def work(engine, source):
-            loop = server.attach(engine, source)
+        with open_ranks() as ranks:
+            engine = engine_over(ranks)
+            loop = server.attach(engine, ranks)
             log.info("ready: %s, %d rank%s, up to %d sequences a step, context %d tokens, %d KV blocks",
-                     server.state.model_name, source.world, "" if source.world == 1 else "s",
+                     server.state.model_name, ranks.world, "" if ranks.world == 1 else "s",
                      engine.options.max_seqs, engine.options.max_context, engine.blocks.num_blocks)
             interrupt.redirect(loop.stop)
             loop.run()
             log.info("stopped")
-
-        start(work)
     finally:
         interrupt.restore()
         server.stop()
@@ -154,25 +154,3 @@ class _Signals:
         for signum, handler in self.saved.items():
             signal.signal(signum, handler)
         self.saved = {}
-
-
-def serve_single(model_path: str, settings: ServeSettings, build: Callable) -> None:
-    """`radiance --serve`: `build()` gives (engine, worker) in this process."""
-
-    def start(work):
-        engine, worker = build()
-        try:
-            work(engine, WorkerSource(worker))
-        finally:
-            worker.close()
-
-    run_server(model_path, settings, start)
-
-
-def serve_launch(engine_options, settings: ServeSettings, launch: Callable) -> None:
-    """`radiance-launch --serve`: `launch(work)` starts the ranks and calls work(engine, coordinator)."""
-
-    def start(work):
-        launch(lambda engine, coordinator: work(engine, LaunchSource(coordinator, engine_options)))
-
-    run_server(engine_options.model, settings, start)

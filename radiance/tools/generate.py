@@ -1,44 +1,20 @@
-"""radiance: one rank in process. `--prompt` streams a raw completion to stdout (logs and progress
-go to stderr); `--chat` is an interactive chat through the model's template."""
+"""radiance: one rank in process (`--tp N` launches N rank processes, as radiance-launch does).
+`--prompt` streams a raw completion to stdout (logs and progress go to stderr); `--chat` is an
+interactive chat through the model's template; `--serve` serves the OpenAI API. Which ranks run
+the steps is launch/ranks.py's open_ranks' choice, for this command and radiance-launch alike."""
 
 import sys
 
 import click
 
-from radiance.engine.registry import Registry
 from radiance.generation.engine import Engine
 from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
-from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
-from radiance.log import get_logger
+from radiance.launch.ranks import RANK_ERRORS, RankSettings, engine_over, open_ranks
 from radiance.serving.options import check_mode, max_seqs_for, serve_options
 
 from . import options
 from .errors import user_errors
-
-log = get_logger("radiance.cli")
-
-
-def build_engine(model, radiance_home, kernels, accept_reference, debug_selection, max_context, max_step_tokens,
-                 max_seqs=1, device="auto", graphs=True, chain=True) -> tuple[Engine, Worker]:
-    if device == "auto":  # one rank in process: the first card this process may use, if any
-        from radiance.launch.devices import pin_this_process
-
-        card = pin_this_process()
-        if card is not None:
-            log.info("running on %s card %d%s", card.vendor, card.index, f" (PCI {card.bus_id})" if card.bus_id else "")
-    registry = Registry(radiance_home, kernels)
-    engine_options = EngineOptions(model=model, radiance_home=radiance_home, kernels=kernels,
-                                   accept_reference=accept_reference, max_context=max_context,
-                                   max_step_tokens=max_step_tokens, max_seqs=max_seqs, device=device, graphs=graphs,
-                                   chain=chain)
-    worker = Worker(engine_options, registry).build()
-    if debug_selection:
-        click.echo("\n".join(worker.graph.report()), err=True)
-    container = worker.model.container
-    text = TextCodec(container.tokenizer, container.chat_template, worker.model.hyper, model)
-    return Engine(engine_options, worker.execute, text), worker
 
 
 def chat_loop(engine: Engine, params: dict) -> None:
@@ -68,8 +44,41 @@ def stream_prompt(engine: Engine, prompt: str, params: dict) -> None:
     click.echo()
 
 
+def run(program: str, verbose: bool, settings: RankSettings, mode: dict, sampling: dict, engine: dict,
+        serving: dict) -> None:
+    """What both commands do once their options are read: check the sampling values before anything
+    loads, then generate (`mode`: prompt, chat) or serve, on the ranks `settings` ask for."""
+    check_mode(serving["serve"], mode["prompt"], mode["chat"])
+    with user_errors(program, verbose, extra=RANK_ERRORS):
+        SamplingParams(**sampling)
+        engine_options = EngineOptions(**engine, max_seqs=max_seqs_for(serving["serve"], serving["max_seqs"]))
+        if serving["serve"]:
+            from radiance.serving.server import ServeSettings, serve
+
+            settings.profile = settings.profile or settings.tp > 1 or settings.launched  # rank 0's figures for /metrics
+            return serve(engine_options, ServeSettings(serving["host"], serving["port"], serving["api_key"], sampling),
+                         lambda: open_ranks(engine_options, settings))
+        with open_ranks(engine_options, settings) as ranks:
+            if mode["chat"]:
+                chat_loop(engine_over(ranks), sampling)
+            else:
+                stream_prompt(engine_over(ranks), mode["prompt"], sampling)
+
+
+def split(params: dict) -> tuple[dict, dict, dict, dict]:
+    """The options both commands share, by what they are for: (mode, sampling, engine, serving)."""
+    mode = {name: params.pop(name) for name in ("prompt", "chat")}
+    sampling = {name: params.pop(name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")}
+    serving = {name: params.pop(name) for name in ("serve", "host", "port", "api_key", "max_seqs")}
+    engine = {"model": params.pop("model"), "radiance_home": params.pop("radiance_home"),
+              "kernels": params.pop("kernels"), "accept_reference": params.pop("accept_reference"),
+              **{name: params.pop(name) for name in ("max_context", "max_step_tokens", "device", "graphs", "chain",
+                                                      "fusion")}}
+    return mode, sampling, engine, serving
+
+
 @click.command()
-@click.option("--tp", default=1, show_default=True, help="Ranks: above 1, this is radiance-launch --tp N.")
+@click.option("--tp", default=1, show_default=True, help="Ranks: above 1, rank processes as radiance-launch starts.")
 @options.model_and_mode
 @serve_options
 @options.radiance_home
@@ -77,35 +86,11 @@ def stream_prompt(engine: Engine, prompt: str, params: dict) -> None:
 @options.accept_reference
 @options.debug_selection
 @click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
-def main(tp, model, prompt, chat, max_tokens, temperature, top_p, top_k, seed, stop, max_context, max_step_tokens,
-         device, graphs, chain,
-         serve, host, port, api_key, max_seqs, radiance_home, kernels, accept_reference, debug_selection, verbose):
-    """Generate with a .rad model on this machine's CPU, or serve it (--serve)."""
-    check_mode(serve, prompt, chat)
-    if tp != 1:
-        from radiance.launch.cli import main as launch
-
-        context = click.get_current_context()
-        accepted = {param.name for param in launch.params}
-        return context.invoke(launch, **{k: v for k, v in context.params.items() if k in accepted})
-    with user_errors("radiance", verbose):
-        params = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop)
-        SamplingParams(**params)  # checks them before the model loads
-        if serve:
-            from radiance.serving.server import ServeSettings, serve_single
-
-            return serve_single(model, ServeSettings(host, port, api_key, params), lambda: build_engine(
-                model, radiance_home, kernels, accept_reference, debug_selection, max_context, max_step_tokens,
-                max_seqs_for(serve, max_seqs), device, graphs, chain))
-        engine, worker = build_engine(model, radiance_home, kernels, accept_reference, debug_selection,
-                                      max_context, max_step_tokens, max_seqs_for(serve, max_seqs), device, graphs, chain)
-        try:
-            if chat:
-                chat_loop(engine, params)
-            else:
-                stream_prompt(engine, prompt, params)
-        finally:
-            worker.close()
+def main(tp, debug_selection, verbose, **params):
+    """Generate with a .rad model on this machine's CPU (or the card it sees), or serve it (--serve)."""
+    if tp < 1:
+        raise click.UsageError(f"--tp must be at least 1, not {tp}")
+    run("radiance", verbose, RankSettings(tp=tp, debug_selection=debug_selection), *split(params))
 
 
 if __name__ == "__main__":

@@ -65,4 +65,6 @@ model_and_mode = _stack(
                  help="On a card, capture each decode step into a graph."),
     click.option("--chain/--no-chain", default=True, show_default=True,
                  help="On a Hopper card, launch r4dchain rows as programmatic dependent launches."),
+    click.option("--fusion/--no-fusion", default=True, show_default=True,
+                 help="Run fused rows (replaces) where their library serves the chain; off: every chain as declared."),
 )

@@ -6,9 +6,15 @@ bytes, as two ranks see a card's IPC-mapped buffer. A mapped host word is the ar
 
 "Compilation" turns HIP/CUDA-flavoured source into a PTX-like listing (`.entry` per
 `__global__` function, `call.uni (retval0), vprintf` where it prints), so the launch rules run on
-it; launching a kernel calls the Python function registered under its name with the device and a
+it; entry points a function-like macro defines (libr4d's allreduce.cu) are expanded first.
+Launching a kernel calls the Python function registered under its name with the device and a
 FakeLaunch. Streams run their work at once, in issue order; a stream being captured records it
 instead, and an instantiated graph replays the records in order.
+
+A rank process runs on a fake card only when a test asks (`RADIANCE_TEST_FAKE_CARD`, set by the
+launcher for `RADIANCE_TEST_FAKE_CARDS`; launch/devices.py): `open_device` below then builds the
+FakeDevice, its kernels' Python functions from the file `RADIANCE_TEST_FAKE_KERNELS` names
+(a module with `kernels() -> {name: function}`; docs/DEVICE.md).
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ import numpy as np
 from .base import Device, DeviceError, Kernel
 from .kernel_args import PackedArgs
 
-GLOBAL = re.compile(r"__global__\s+void\s+([A-Za-z_]\w*)\s*\(")
+GLOBAL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\(")
+MACRO = re.compile(r"^#define\s+([A-Za-z_]\w*)\(([^)]*)\)(.*)$", re.M)
+KERNELS_VARIABLE = "RADIANCE_TEST_FAKE_KERNELS"
 ALIGNMENT = 256  # like cudaMalloc, every allocation starts 256-byte aligned (an mmap is page aligned)
 
 
@@ -64,7 +72,7 @@ class FakeDevice(Device):
 
     def __init__(self, kernels: dict[str, Callable | FakeKernel] | None = None, *, target: str = "fake_90",
                  device_bytes: int = 1 << 30, integrated: bool = False, host_bytes: int | None = None,
-                 cache=None, compiler_version: str = "fake-1", ipc: bool = True, programmatic: bool = True):
+                 cache=None, compiler_version: str = "fake-2", ipc: bool = True, programmatic: bool = True):
         super().__init__(target=target, device_bytes=device_bytes, integrated=integrated,
                          compiler_version=compiler_version, host_bytes=host_bytes, cache=cache)
         self.kernels = {name: k if isinstance(k, FakeKernel) else FakeKernel(k) for name, k in (kernels or {}).items()}
@@ -187,6 +195,7 @@ class FakeDevice(Device):
 
     def _compile(self, source: str, options) -> bytes:
         self.compiles += 1
+        source = expand_entry_macros(source)
         names = GLOBAL.findall(source)
         bodies = re.split(r"__global__", source)[1:]
         lines = [f"// fake code object for {self.target}"]
@@ -238,3 +247,43 @@ class FakeDevice(Device):
                 self._free(start)
             else:
                 self._drop_region(start)
+
+
+def expand_entry_macros(source: str) -> str:
+    """The source with every function-like macro that defines a `__global__` entry expanded where
+    it is invoked at the start of a line (text substitution of whole-word parameters, as cpp does
+    for these), and those macros' definitions dropped."""
+    source = source.replace("\\\n", " ")
+    macros = {m[1]: ([p.strip() for p in m[2].split(",")], m[3]) for m in MACRO.finditer(source)
+              if "__global__" in m[3]}
+    if not macros:
+        return source
+    out = []
+    for line in source.splitlines():
+        match = re.match(r"^\s*([A-Za-z_]\w*)\((.*)\)\s*;?\s*(//.*)?$", line)
+        if line.startswith("#define") and MACRO.match(line) and MACRO.match(line)[1] in macros:
+            continue
+        if match and match[1] in macros:
+            params, body = macros[match[1]]
+            args = [a.strip() for a in match[2].split(",")]
+            for param, arg in zip(params, args):
+                body = re.sub(rf"\b{re.escape(param)}\b", arg, body)
+            line = body
+        out.append(line)
+    return "\n".join(out)
+
+
+def open_device(**options) -> FakeDevice:
+    """A rank's fake card (selection.py's backend "fake"): kernels from RADIANCE_TEST_FAKE_KERNELS."""
+    path = os.environ.get(KERNELS_VARIABLE)
+    kernels = {}
+    if path:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_radiance_fake_kernels", path)
+        if spec is None or not os.path.isfile(path):
+            raise DeviceError(f"{KERNELS_VARIABLE}={path}: no such Python file")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        kernels = module.kernels()
+    return FakeDevice(kernels, **options)

@@ -21,6 +21,13 @@ import numpy as np
 from .base import Device
 
 SLOT_BYTES = 64 * 1024
+ROUNDS = 4  # the exchanges of a probe with peers
+
+
+def probe_rounds(world: int) -> int:
+    """How many times probe_p2p calls `exchange` in a world of `world` ranks: none for one rank,
+    which has no peer to probe (the launcher's handshake relays exactly this many rounds)."""
+    return ROUNDS if world > 1 else 0
 
 
 def pattern(writer: int, owner: int, nbytes: int = SLOT_BYTES) -> np.ndarray:
@@ -34,7 +41,7 @@ def probe_p2p(device: Device, rank: int, world: int, exchange: Callable[[bytes],
 
     Every rank calls `exchange` exactly four times whatever fails, so no rank waits for a peer
     that gave up: a failure is reported as the answer "no P2P" with its reason."""
-    if world <= 1:
+    if probe_rounds(world) == 0:
         return {"device.p2p": 1, "peers": {}, "detail": "no peers"}
     peers = [p for p in range(world) if p != rank]
     ok, why, opened, mine, handle = {p: False for p in peers}, {}, {}, None, b""

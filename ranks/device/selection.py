@@ -12,8 +12,11 @@ import importlib
 import os
 from typing import Mapping
 
-BACKENDS = {"cuda": "radiance.ranks.device.cuda", "hip": "radiance.ranks.device.hip"}
+BACKENDS = {"cuda": "radiance.ranks.device.cuda", "hip": "radiance.ranks.device.hip",
+            "fake": "radiance.ranks.device.fake"}
 HIDDEN = ("", "-1", "none", "NoDevFiles")  # values that hide every card
+# For tests only: the launcher gives a rank fake card N (fake.py) for RADIANCE_TEST_FAKE_CARDS.
+FAKE_CARD = "RADIANCE_TEST_FAKE_CARD"
 
 
 def _visible(value: str | None) -> bool:
@@ -21,9 +24,14 @@ def _visible(value: str | None) -> bool:
 
 
 def backend_name(environ: Mapping[str, str] | None = None) -> str | None:
-    """"cuda", "hip" or None (a host rank) from the rank's pinning variables."""
+    """"cuda", "hip", "fake" (tests) or None (a host rank) from the rank's pinning variables."""
     env = os.environ if environ is None else environ
     rocr, cuda = env.get("ROCR_VISIBLE_DEVICES"), env.get("CUDA_VISIBLE_DEVICES")
+    if env.get(FAKE_CARD) is not None:
+        if _visible(rocr) or _visible(cuda):
+            raise ValueError(f"{FAKE_CARD} (a fake card, for tests) is set beside a real card's visibility "
+                             "variable: a rank is pinned to one card")
+        return "fake"
     if _visible(rocr) and _visible(cuda):
         # On AMD the launcher unsets CUDA_VISIBLE_DEVICES (HIP honours it too), so both at once
         # is a rank started by hand that names cards of two vendors.

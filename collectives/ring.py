@@ -1,0 +1,304 @@
+"""A broadcast ring in shared memory: one writer (the process that creates it), `readers` readers,
+every reader reads every record, in the order written. The launch's step plans go through one
+(coordinator -> every rank) and rank 0's results through another (rank 0 -> coordinator), so a step
+costs no zmq round trip; zmq keeps the handshake, errors and heartbeats (docs/RUNTIME.md).
+
+The segment `rad.<run>.<kind>.0` (collectives/shm.py: created 0600 in /dev/shm, built under a
+temporary name and linked into place, refusing a name that exists):
+
+    control, one page; 64-byte lines, so no two processes write the same line:
+      line 0      magic, readers, slots, slot bytes, the writer's pid
+      line 1      published: u64, records written so far (record k, from 1, is in slot (k - 1) % slots)
+      line 2      signal: u32, published mod 2**32, the futex word readers sleep on
+      line 3 + i  reader i: consumed u64 (records it is done with), its pid u64
+    `slots` slots of `slot_bytes` bytes each, a slot being
+      [ mac: 32 B ][ seq: u64 ][ length: u64 ][ 16 B pad ][ payload: length bytes ]
+
+Invariants. Only the writer writes `published`, `signal` and the slots; only reader i writes line
+3 + i. The writer fills slot (k - 1) % slots with record k only once every reader's consumed is at
+least k - slots, so no one still reads the record k - slots it replaces. A reader copies a record
+out, checks its mac and seq on the copy, and only then stores consumed = k. The writer stores the
+slot, then `published`, then `signal`, then wakes; x86-64 keeps stores in that order for the
+readers (TSO), as the host collectives' flags rely on too.
+
+The mac: keyed BLAKE2b (BLAKE2's own MAC mode, 32 bytes) under the launch's secret over everything
+after it (seq, length, payload). The segment is already the owner's alone (0600, in sticky
+/dev/shm; `attach` refuses one that is not this user's or that others may open), so the mac is not
+what keeps another user out: it makes a record that is torn (a writer that broke the invariant),
+stale (seq) or written by anything but the launch's writer fail loudly instead of running a wrong
+step. It costs about 2 us for a decode plan here (bench/ring_latency.py; HMAC-SHA256 about 3), paid
+by the writer and each reader, against a step of milliseconds.
+
+Waiting. A reader spins up to `spin_s` (1 ms: about what the coordinator takes to make the next
+plan), giving its core to any runnable process every 16 reads, then sleeps on the signal word
+(collectives/futex.py) in slices of `slice_s`, calling the caller's `check` between slices and
+giving up when the writer's process is gone. Why spin at all: waking a sleeping process costs tens
+of microseconds here (a VM wakes an idle virtual CPU), a plan's whole budget. A reader that knows
+the record cannot come before `expect_s` (the coordinator, for a step as long as the last of its
+shape) sleeps until then first, then spins: it takes no core while the ranks compute. A writer that
+finds no free slot waits with rad_backoff's pauses and names the reader it waits for, and a reader
+whose process is gone ends the wait at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+import struct
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from radiance.abi import rad_backoff
+
+from . import futex
+from .shm import PAGE, SHM_DIR, Segment, round_up, segment_name
+
+MAGIC = b"RADRING1"
+LINE = 64
+_HEADER = struct.Struct("<8sIIQQ")  # magic, readers, slots, slot_bytes, writer pid
+PUBLISHED_OFF, SIGNAL_OFF, READERS_OFF = LINE, 2 * LINE, 3 * LINE
+SLOT_HEADER = 64  # mac 32 | seq 8 | length 8 | pad 16
+MAC_BYTES = 32
+MAX_READERS = (PAGE - READERS_OFF) // LINE
+CHECK_SECONDS = 0.01  # how often a waiting writer looks at its readers' processes
+SPIN_SECONDS = 1e-3  # what a rank waits for the next plan while the coordinator makes it
+SLICE_SECONDS = 0.02
+
+
+class RingError(RuntimeError):
+    """The ring cannot go on: a record that does not verify, one too large, a bad segment."""
+
+
+class RingTimeout(RingError, TimeoutError):
+    """A wait on the ring passed its deadline; names who was waited for."""
+
+
+class PeerGone(RingError):
+    """The process at the other end of the ring has ended; names it."""
+
+
+def control_bytes() -> int:
+    return PAGE
+
+
+def ring_bytes(slots: int, slot_bytes: int) -> int:
+    return control_bytes() + int(slots) * int(slot_bytes)
+
+
+def slot_size(record_bytes: int) -> int:
+    """A slot that holds a record of `record_bytes` payload bytes, in whole pages."""
+    return round_up(SLOT_HEADER + max(int(record_bytes), 1), PAGE)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    if pid <= 0:
+        return True  # not attached yet: nothing to judge
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+class _Ring:
+    """What the writer and a reader share: the mapping, its words and its slots."""
+
+    def __init__(self, segment: Segment, secret: bytes, what: str):
+        self.segment, self.secret, self.what = segment, bytes(secret), what
+        magic, readers, slots, slot_bytes, writer = _HEADER.unpack_from(segment.array[:_HEADER.size].tobytes())
+        if magic != MAGIC:
+            raise RingError(f"{segment.name} is not a broadcast ring")
+        if segment.size < ring_bytes(slots, slot_bytes):
+            raise RingError(f"{segment.name} is {segment.size} bytes, short of {ring_bytes(slots, slot_bytes)}")
+        self.readers, self.slots, self.slot_bytes, self.writer_pid = readers, slots, slot_bytes, writer
+        array = segment.array
+        self.published = segment.words(PUBLISHED_OFF, 1)
+        self.signal = array[SIGNAL_OFF:SIGNAL_OFF + 4].view(np.uint32)
+        self.signal_address = self.signal.ctypes.data
+        self.consumed = segment.words(READERS_OFF, readers, LINE)
+        self.pids = segment.words(READERS_OFF + 8, readers, LINE)
+        base = control_bytes()
+        self._slots = [array[base + j * slot_bytes:base + (j + 1) * slot_bytes] for j in range(slots)]
+
+    @property
+    def capacity(self) -> int:
+        """The largest payload one record may carry."""
+        return self.slot_bytes - SLOT_HEADER
+
+    def slot(self, k: int) -> np.ndarray:
+        return self._slots[(k - 1) % self.slots]
+
+    def _mac(self, data) -> bytes:
+        return hashlib.blake2b(data, key=self.secret, digest_size=MAC_BYTES).digest()
+
+    def close(self) -> None:
+        self._slots, self.published, self.signal, self.consumed, self.pids = [], None, None, None, None
+        self.segment.close()
+
+
+class RingWriter(_Ring):
+    """The writing end; made by `create`, which also owns (and at `close`, unlinks) the segment."""
+
+    @classmethod
+    def create(cls, run_id: str, kind: str, readers: int, slots: int, record_bytes: int, secret: bytes,
+               directory=SHM_DIR) -> "RingWriter":
+        if not 1 <= int(readers) <= MAX_READERS:
+            raise ValueError(f"a broadcast ring has 1 to {MAX_READERS} readers, not {readers}")
+        if int(slots) < 1:
+            raise ValueError(f"a broadcast ring needs at least one slot, not {slots}")
+        slot_bytes = slot_size(record_bytes)
+        header = _HEADER.pack(MAGIC, int(readers), int(slots), slot_bytes, os.getpid())
+
+        def init(array):
+            array[:_HEADER.size] = np.frombuffer(header, np.uint8)
+
+        segment = Segment.create(run_id, kind, 0, ring_bytes(slots, slot_bytes), directory, init=init)
+        return cls(segment, secret, f"the {kind} ring")
+
+    def publish(self, payload, *, timeout: float | None = None, check: Callable[[], None] | None = None) -> int:
+        """Write one record (`payload`: bytes-like) and wake the readers; its seq. Waits while every
+        slot holds a record some reader has not read yet."""
+        data = np.frombuffer(payload, np.uint8)
+        length = data.size
+        if length > self.capacity:
+            raise RingError(f"{self.what}: a {length}-byte record does not fit its {self.capacity}-byte slots")
+        k = int(self.published[0]) + 1
+        if k > self.slots and int(self.consumed.min()) < k - self.slots:
+            self._wait_for_room(k - self.slots, timeout, check)
+        slot = self.slot(k)
+        slot[SLOT_HEADER:SLOT_HEADER + length] = data
+        slot[MAC_BYTES:MAC_BYTES + 16] = np.frombuffer(struct.pack("<QQ", k, length), np.uint8)
+        slot[:MAC_BYTES] = np.frombuffer(self._mac(slot[MAC_BYTES:SLOT_HEADER + length]), np.uint8)
+        self.published[0] = k
+        self.signal[0] = k & 0xFFFFFFFF
+        futex.wake(self.signal_address)
+        return k
+
+    def _wait_for_room(self, need: int, timeout: float | None, check) -> None:
+        """Until every reader has consumed record `need` (the one the next record replaces)."""
+        start = time.monotonic()
+        looked = start
+        for _ in rad_backoff():
+            behind = [i for i in range(self.readers) if int(self.consumed[i]) < need]
+            if not behind:
+                return
+            now = time.monotonic()
+            if now - looked >= CHECK_SECONDS:
+                looked = now
+                for i in behind:
+                    if not _alive(int(self.pids[i])):
+                        raise PeerGone(f"{self.what}: reader {i} (pid {int(self.pids[i])}) is gone "
+                                       f"before reading record {need}")
+                if check is not None:
+                    check()
+            if timeout is not None and now - start > timeout:
+                raise RingTimeout(f"{self.what}: reader {behind[0]} has not read record {need} in {timeout:g} s")
+
+    def close(self) -> None:
+        """Unmap and unlink (readers keep their mappings until they close)."""
+        path = self.segment.path
+        super().close()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class RingReader(_Ring):
+    """Reader `index` of a ring another process created."""
+
+    def __init__(self, segment: Segment, secret: bytes, what: str, index: int,
+                 spin_s: float = SPIN_SECONDS, slice_s: float = SLICE_SECONDS):
+        super().__init__(segment, secret, what)
+        if not 0 <= index < self.readers:
+            raise RingError(f"{what}: reader {index} of a ring of {self.readers} readers")
+        self.index, self.spin_ns, self.slice_s = index, int(spin_s * 1e9), slice_s
+        self.next = int(self.consumed[index]) + 1
+        self.pids[index] = os.getpid()
+
+    @classmethod
+    def attach(cls, run_id: str, kind: str, index: int, secret: bytes, directory=SHM_DIR, **waits) -> "RingReader":
+        """Map the ring as reader `index`; refuses a segment another user owns or may open."""
+        name = segment_name(run_id, kind, 0)
+        try:
+            info = os.stat(os.path.join(directory, name))
+        except FileNotFoundError:
+            raise RingError(f"the {kind} ring {name} does not exist") from None
+        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+            raise RingError(f"the {kind} ring {name} is not this user's alone "
+                            f"(owner {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}): refused")
+        return cls(Segment.attach(run_id, kind, 0, directory), secret, f"the {kind} ring", index, **waits)
+
+    def read(self, timeout: float | None = None, check: Callable[[], None] | None = None, *,
+             spin_s: float | None = None, expect_s: float = 0.0) -> memoryview:
+        """The next record's payload (a copy: the slot is free again once this returns).
+        `spin_s`: how long to spin before sleeping (the reader's own by default); `expect_s`: the
+        record is not expected before this long, so sleep until then first and spin after."""
+        k = self.next
+        if int(self.published[0]) < k:
+            self._wait(k, timeout, check, self.spin_ns if spin_s is None else int(spin_s * 1e9), expect_s)
+        slot = self.slot(k)
+        length = int(slot[MAC_BYTES + 8:MAC_BYTES + 16].view(np.uint64)[0])
+        if length > self.capacity:
+            raise RingError(f"{self.what}: record {k} claims {length} bytes, over its {self.capacity}-byte slot")
+        record = slot[:SLOT_HEADER + length].tobytes()  # checked and used as copied
+        view = memoryview(record)
+        seq, copied = struct.unpack_from("<QQ", record, MAC_BYTES)
+        if not hmac.compare_digest(record[:MAC_BYTES], self._mac(view[MAC_BYTES:])) or copied != length:
+            raise RingError(f"{self.what}: record {k} does not verify under the launch's secret (forged or torn)")
+        if seq != k:
+            raise RingError(f"{self.what}: slot of record {k} holds record {seq}")
+        self.next = k + 1
+        self.consumed[self.index] = k
+        return view[SLOT_HEADER:]
+
+    def _wait(self, k: int, timeout: float | None, check, spin_ns: int, expect_s: float) -> None:
+        start = time.monotonic()
+        if expect_s > 0 and self._sleep(k, start + expect_s, start, timeout, check):
+            return
+        if self._spin(k, spin_ns):
+            return
+        self._sleep(k, None, start, timeout, check)
+
+    def _spin(self, k: int, spin_ns: int) -> bool:
+        """Whether record k came while spinning `spin_ns`, giving the core to any runnable process
+        every few reads (a wake from sleep costs tens of microseconds on a VM; a spin costs a core)."""
+        published, until, spins = self.published, time.perf_counter_ns() + spin_ns, 0
+        while time.perf_counter_ns() < until:
+            if int(published[0]) >= k:
+                return True
+            spins += 1
+            if spins % 16 == 0:
+                os.sched_yield()
+        return False
+
+    def _sleep(self, k: int, until: float | None, start: float, timeout: float | None, check) -> bool:
+        """Sleep on the signal word until record k (True) or `until` passes (False; None: no end but
+        the timeout), calling `check` and watching the writer's process between slices."""
+        while True:
+            seen = int(self.signal[0])
+            if int(self.published[0]) >= k:
+                return True
+            now = time.monotonic()
+            if until is not None and now >= until:
+                return False
+            futex.wait(self.signal_address, seen, self.slice_s if until is None else min(self.slice_s, until - now))
+            if int(self.published[0]) >= k:
+                return True
+            if check is not None:
+                check()
+            if not _alive(self.writer_pid):
+                raise PeerGone(f"{self.what}: its writer (pid {self.writer_pid}) is gone before record {k}")
+            if timeout is not None and time.monotonic() - start > timeout:
+                raise RingTimeout(f"{self.what}: record {k} did not come in {timeout:g} s")

@@ -1,0 +1,77 @@
+"""N rank processes (`radiance-launch`, or `radiance --tp N`): one per visible card, or host ranks
+where there is none, started, shaken hands with and supervised by a Coordinator in this process."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+
+import numpy as np
+
+from radiance.generation.options import EngineOptions
+from radiance.generation.text import TextCodec
+from radiance.log import get_logger
+from radiance.weights.container_reader import Container
+
+from .coordinator import Coordinator, LaunchError
+from .devices import visible_cards
+from .handshake import handshake
+from .ranks import Ranks, RankSettings
+
+log = get_logger("radiance.launch")
+IDLE_SECONDS = 0.2  # while idle, the ranks' heartbeats are taken at least this often
+LOAD_SECONDS = 600.0  # loading and resolving may take longer than the other stages
+
+
+def choose_cards(tp: int) -> list:
+    """The first `tp` visible cards, or none (host ranks); more ranks than cards is an error."""
+    cards = visible_cards()
+    if not cards:
+        log.info("no card visible: starting %d host rank%s", tp, "" if tp == 1 else "s")
+        return []
+    if tp > len(cards):
+        raise LaunchError(f"--tp {tp} needs {tp} cards, {len(cards)} visible "
+                          f"({', '.join(f'{c.vendor} {c.index}' for c in cards)})")
+    return cards[:tp]
+
+
+class LaunchedRanks(Ranks):
+    def __init__(self, options: EngineOptions, settings: RankSettings):
+        cards = choose_cards(settings.tp)
+        threads = settings.threads or max(1, (os.cpu_count() or 1) // settings.tp)
+        with Container(options.model) as container:
+            options.fit(container.hyper["context"])
+            self.text = TextCodec(container.tokenizer, container.chat_template, container.hyper, options.model)
+        self.options, self.world = options, settings.tp
+        rank_options = {"engine": dataclasses.asdict(options), "profile": settings.profile,
+                        "return_buffer": settings.return_buffer}
+        self.coordinator = Coordinator(settings.tp, cards, threads, rank_options, settings.stage_timeout,
+                                       settings.step_timeout)
+        try:
+            agreement = handshake(self.coordinator, options, settings.disable_p2p,
+                                  load_timeout=max(settings.stage_timeout, LOAD_SECONDS))
+        except BaseException:
+            self.coordinator.stop(failed=True)
+            raise
+        self.facts, self.digest, self.lines = agreement.facts, agreement.digest, list(agreement.lines)
+        self.closed = False
+
+    @property
+    def last_result(self) -> dict:
+        return self.coordinator.last_result
+
+    def execute(self, arrays: dict) -> np.ndarray:
+        return self.coordinator.execute(arrays)
+
+    def idle(self, wake: threading.Event) -> None:
+        wake.wait(IDLE_SECONDS)
+        self.coordinator.idle()
+
+    def step_stats(self) -> dict:
+        return dict(self.coordinator.last_step)
+
+    def close(self, failed: bool = False) -> None:
+        if not self.closed:
+            self.closed = True
+            self.coordinator.stop(failed)

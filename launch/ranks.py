@@ -1,0 +1,99 @@
+"""One interface for the ranks behind an Engine, whether one rank runs in this process or N rank
+processes were launched: execute a step, wait while idle, the last step's figures, the resolved
+graph's lines and digest, close. `open_ranks` is the one place that chooses between them (the idea
+of vLLM v1's executor: one interface, one process or many behind it); the CLIs, the server and the
+benches go through it and nothing else.
+
+    with open_ranks(options, RankSettings(tp=3)) as ranks:
+        engine = engine_over(ranks)
+        ...
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from radiance.generation.engine import Engine
+from radiance.generation.options import EngineOptions
+from radiance.generation.text import TextCodec
+
+from .coordinator import LaunchError
+from .supervisor import RankFailed
+
+# What ends a launch for a reason the user should read in one line (the CLIs report these as they
+# report a bad model file): a rank that failed, or a launch that cannot go on.
+RANK_ERRORS = (RankFailed, LaunchError)
+
+
+@dataclass
+class RankSettings:
+    """How the ranks run, apart from what the engine itself is given (EngineOptions)."""
+    tp: int = 1
+    launched: bool = False  # rank processes even at TP 1 (radiance-launch); TP > 1 always launches
+    threads: int | None = None  # compute threads of each host rank (default: the cores shared out)
+    disable_p2p: bool = False  # launched: the _host twins of the collectives even where P2P holds
+    stage_timeout: float = 60.0  # launched: seconds every handshake stage may take
+    step_timeout: float = 120.0  # seconds one step may take (launched)
+    profile: bool = False  # rank 0 times every op; step_stats() then has the collective seconds
+    return_buffer: str | None = None  # a debugging aid: rank 0 returns this buffer's rows each step
+    debug_selection: bool = False  # in process: print the winner of every band (stderr)
+
+    def __post_init__(self):
+        if self.tp < 1:
+            raise ValueError(f"--tp must be at least 1, not {self.tp}")
+
+
+class Ranks(abc.ABC):
+    """The ranks of one engine. `options` are the engine's (fitted to the model), `text` its codec."""
+
+    world: int
+    digest: str  # the resolved graph's digest, the same on every rank
+    lines: list[str]  # rank 0's resolved graph: one "node|op|band|row" line per node and band
+    options: EngineOptions
+    text: TextCodec
+    last_result: dict  # what rank 0 returned for the last step: "tokens", and the return buffer if asked
+
+    @abc.abstractmethod
+    def execute(self, arrays: dict) -> np.ndarray:
+        """One step of the plan `arrays` (generation/step_plan.py) on every rank; the sampled tokens."""
+
+    @abc.abstractmethod
+    def idle(self, wake: threading.Event) -> None:
+        """Nothing to run: wait for `wake` (a while at most) and look after the ranks meanwhile."""
+
+    @abc.abstractmethod
+    def step_stats(self) -> dict:
+        """Rank 0's figures of the last step: compute, collectives (seconds; collectives with
+        `profile` only), gate_holds, gate_hold_s (cumulative), and with `profile` "ops": seconds by op."""
+
+    @abc.abstractmethod
+    def close(self, failed: bool = False) -> None:
+        """Let go of everything; `failed`: the ranks are not asked to stop politely first."""
+
+    def __enter__(self) -> "Ranks":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        self.close(failed=error is not None)
+
+
+def open_ranks(options: EngineOptions, settings: RankSettings | None = None) -> Ranks:
+    """The ranks `settings` ask for: launched rank processes when TP > 1 or `launched`, else one
+    rank in this process (pinned to the first card it may use, when options.device is auto)."""
+    settings = settings or RankSettings()
+    if settings.tp > 1 or settings.launched:
+        from .launched import LaunchedRanks
+
+        return LaunchedRanks(options, settings)
+    from .in_process import InProcessRanks
+
+    return InProcessRanks(options, settings)
+
+
+def engine_over(ranks: Ranks) -> Engine:
+    """The generation engine that runs its steps on `ranks`."""
+    return Engine(ranks.options, ranks.execute, ranks.text)

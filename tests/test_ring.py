@@ -1,0 +1,198 @@
+"""The broadcast ring between real processes over real shared memory: every reader gets every
+record in order, across many wrap-arounds of a few slots; a reader that dies ends the writer's wait
+naming it, and so does a writer that dies for its readers; a waiting reader sleeps; a record that
+does not verify, one too large and a segment others may open are refused; nothing stays in /dev/shm."""
+
+import multiprocessing as mp
+import os
+import secrets
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+from radiance.collectives.ring import PeerGone, RingError, RingReader, RingTimeout, RingWriter
+from radiance.collectives.ring_record import RecordCodec
+from radiance.collectives.shm import list_run, new_run_id, unlink_run
+
+SECRET = secrets.token_bytes(32)  # handed to every process: a spawned one imports this file anew
+
+
+def _record(k: int) -> bytes:
+    """Record k's bytes: its length varies (0 to 3000) and every byte depends on k."""
+    size = (k * 397) % 3001
+    return k.to_bytes(8, "little") + bytes((k + i) % 251 for i in range(size))
+
+
+def _reader(run_id, secret, index, count, queue, die_after=None, hold=0.0):
+    report = {"index": index}
+    try:
+        reader = RingReader.attach(run_id, "plans", index, secret)
+        queue.put({"index": index, "attached": True})
+        got = []
+        for n in range(count):
+            if die_after is not None and n == die_after:
+                os._exit(3)
+            payload = bytes(reader.read(timeout=30))
+            got.append(payload == _record(n + 1))
+            if hold:
+                time.sleep(hold)
+        report["ok"] = all(got) and len(got) == count
+        reader.close()
+    except Exception as error:  # noqa: BLE001
+        report["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+    queue.put(report)
+
+
+@pytest.fixture
+def run_id():
+    run = new_run_id()
+    yield run
+    left = unlink_run(run)  # removed whatever the test did, so a failing test leaves nothing either
+    assert left == [], f"the test left segments behind: {left}"
+
+
+def _start(run_id, readers, count, options=None):
+    """Reader processes, attached; `options[i]`: reader i's keyword arguments."""
+    options = options or {}
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=_reader, args=(run_id, SECRET, i, count, queue), kwargs=options.get(i, {}))
+                 for i in range(readers)]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        assert queue.get(timeout=60)["attached"]
+    return processes, queue
+
+
+def test_every_reader_reads_every_record_in_order_across_wrap_arounds(run_id):
+    readers, slots, count = 3, 4, 200  # 50 times round the ring
+    writer = RingWriter.create(run_id, "plans", readers, slots, 4096, SECRET)
+    processes, queue = _start(run_id, readers, count, {2: {"hold": 0.001}})  # one slow reader
+    try:
+        for k in range(1, count + 1):
+            assert writer.publish(_record(k), timeout=30) == k
+        reports = sorted((queue.get(timeout=60) for _ in processes), key=lambda r: r["index"])
+    finally:
+        for process in processes:
+            process.join(30)
+        writer.close()
+    for report in reports:
+        assert report.get("ok"), report
+
+
+def test_a_reader_that_dies_ends_the_writers_wait_naming_it(run_id):
+    writer = RingWriter.create(run_id, "plans", 2, 2, 4096, SECRET)
+    processes, queue = _start(run_id, 2, 50, {1: {"die_after": 3}})
+    try:
+        started = time.monotonic()
+        with pytest.raises(PeerGone, match=r"the plans ring: reader 1 \(pid \d+\) is gone before reading record 4"):
+            for k in range(1, 51):
+                writer.publish(_record(k), timeout=30)
+        assert time.monotonic() - started < 5.0
+        processes[1].join(10)
+        assert processes[1].exitcode == 3
+    finally:
+        processes[0].kill()
+        for process in processes:
+            process.join(30)
+        writer.close()
+
+
+def _writer(run_id, secret, queue):
+    writer = RingWriter.create(run_id, "plans", 1, 2, 4096, secret)
+    queue.put("created")
+    writer.publish(_record(1))
+    time.sleep(0.3)
+    os._exit(0)  # gone without closing: the test unlinks the segment
+
+
+def test_a_writer_that_dies_ends_the_readers_wait_naming_it(run_id):
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_writer, args=(run_id, SECRET, queue))
+    process.start()
+    try:
+        assert queue.get(timeout=60) == "created"
+        reader = RingReader.attach(run_id, "plans", 0, SECRET)
+        assert bytes(reader.read(timeout=10)) == _record(1)
+        with pytest.raises(PeerGone, match=r"its writer \(pid \d+\) is gone before record 2"):
+            reader.read(timeout=10)
+        reader.close()
+    finally:
+        process.join(30)
+        unlink_run(run_id)
+
+
+def test_a_waiting_reader_sleeps_and_wakes_at_once(run_id):
+    writer = RingWriter.create(run_id, "plans", 1, 2, 4096, SECRET)
+    reader = RingReader.attach(run_id, "plans", 0, SECRET)
+    try:
+        with pytest.raises(RingTimeout, match="record 1 did not come in 0.5 s"):
+            cpu = time.process_time()
+            reader.read(timeout=0.5)
+        assert time.process_time() - cpu < 0.1, "the reader burned its core while it waited"
+        import threading
+
+        threading.Timer(0.2, lambda: writer.publish(b"late")).start()
+        started = time.monotonic()
+        assert bytes(reader.read(timeout=5)) == b"late"
+        assert time.monotonic() - started < 0.5
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_record_that_does_not_verify_is_refused(run_id):
+    writer = RingWriter.create(run_id, "plans", 2, 2, 4096, SECRET)
+    honest = RingReader.attach(run_id, "plans", 0, SECRET)
+    stranger = RingReader.attach(run_id, "plans", 1, secrets.token_bytes(32))
+    try:
+        writer.publish(b"step")
+        with pytest.raises(RingError, match="record 1 does not verify under the launch's secret"):
+            stranger.read(timeout=1)
+        writer.publish(b"step two")
+        writer.slot(2)[64] ^= 1  # a byte changed after the mac was made
+        assert bytes(honest.read(timeout=1)) == b"step"
+        with pytest.raises(RingError, match="record 2 does not verify"):
+            honest.read(timeout=1)
+    finally:
+        honest.close(), stranger.close()
+        writer.close()
+
+
+def test_a_record_over_the_slot_is_a_clear_error(run_id):
+    writer = RingWriter.create(run_id, "plans", 1, 2, 100, SECRET)
+    try:
+        with pytest.raises(RingError, match=r"a 5000-byte record does not fit its 4032-byte slots"):
+            writer.publish(bytes(5000))
+    finally:
+        writer.close()
+
+
+def test_a_segment_others_may_open_is_refused(run_id):
+    writer = RingWriter.create(run_id, "plans", 1, 2, 100, SECRET)
+    try:
+        assert oct(os.stat(writer.segment.path).st_mode & 0o777) == "0o600"
+        os.chmod(writer.segment.path, 0o644)
+        with pytest.raises(RingError, match=r"is not this user's alone \(owner \d+, mode 644\): refused"):
+            RingReader.attach(run_id, "plans", 0, SECRET)
+        with pytest.raises(RingError, match="the results ring .* does not exist"):
+            RingReader.attach(run_id, "results", 0, SECRET)
+    finally:
+        writer.close()
+
+
+def test_records_carry_kind_meta_and_arrays_as_views():
+    codec = RecordCodec()
+    arrays = {"ids": np.arange(5, dtype=np.int32), "table": np.arange(12, dtype=np.int32).reshape(3, 4),
+              "rng": np.array([[7, 1]], np.uint64), "empty": np.zeros(0, np.float32), "t": np.float32([0.5])}
+    for meta in ({}, {"compute": 0.25}):
+        for _ in range(2):  # the second time from the cached header and layout
+            payload = codec.encode("step", meta, arrays)
+            kind, got_meta, got = codec.decode(payload)
+            assert kind == "step" and got_meta == meta and list(got) == list(arrays)
+            for name, array in arrays.items():
+                assert got[name].dtype == array.dtype and np.array_equal(got[name], array)
