@@ -82,7 +82,7 @@ def test_an_exact_replaces_runs_in_place_of_the_chain_binding_its_operands(home)
         "t_add_norm", ("h", "t", "norm.w", "x"), {"n": 8, "eps": 1e-5, "dtype": "f32"})
     assert launch.band.row.name == "fused" and launch.node.name == "res+norm"
     assert graph.lines() == ["res+norm|t_add_norm|[1, 16]|fuser:fused"]
-    assert any("fused, replaces " + ADD_NORM in line for line in graph.report())
+    assert any("fused by fuser, replaces " + ADD_NORM in line for line in graph.report())
     without = graph_of(Registry(str(home.root), kernels="fuser,libref"), chain(), fusion=False)
     assert [launch.band.row.name for launch in without.launches(3, 1)] == ["plus", "norm"]
 
@@ -191,6 +191,6 @@ def test_radiance_no_fusion_runs_every_chain_as_declared_with_the_same_tokens(ti
                               capture_output=True, text=True, timeout=120)
     fused, plain = run(), run("--no-fusion")
     assert fused.returncode == 0 and plain.returncode == 0, (fused.stderr, plain.stderr)
-    assert "fused, replaces all_reduce(x)+add(residual,x,residual)+rmsnorm(residual,w,y)" in fused.stderr
-    assert "fused, replaces" not in plain.stderr
+    assert "fused by libr4d, replaces all_reduce(x)+add(residual,x,residual)+rmsnorm(residual,w,y)" in fused.stderr
+    assert "fused by" not in plain.stderr
     assert fused.stdout == plain.stdout and fused.stdout

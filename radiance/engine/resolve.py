@@ -149,13 +149,13 @@ class ResolvedGraph:
             lines += ["  " + line for line in describe_resolution(resolution)]
         issued = {}
         for launch, lo, hi in self.issued():
-            issued.setdefault(launch.node.name, []).append((lo, hi))
+            issued.setdefault(id(launch.node), []).append((lo, hi))
         for resolution in {id(f.resolution): f.resolution for f in self.fusions}.values():
             members = [f for f in self.fusions if f.resolution is resolution]
-            lines.append(f"[{_shown([f.node.name for f in members])}] fused, replaces "
-                         f"{members[0].candidate.rows[0].info.replaces}")
+            lines.append(f"[{_shown([f.node.name for f in members])}] fused by {members[0].candidate.library.name}, "
+                         f"replaces {members[0].candidate.rows[0].info.replaces}")
             lines += ["  " + line for line in describe_resolution(resolution)]
-            lines += ["  " + line for line in self._not_taken(members[0], issued.get(members[0].node.name, []))]
+            lines += ["  " + line for line in self._not_taken(members[0], issued.get(id(members[0].node), []))]
         return lines + self.notes
 
     def _not_taken(self, fusion: Fusion, taken: list) -> list[str]:
