@@ -62,6 +62,15 @@ def parse_chain(text: str) -> Chain:
     return Chain(tuple(ops), tuple(slots))
 
 
+def link_parameter(name: str, links: int) -> tuple[str, int | None]:
+    """A fused op's parameter as (the links' name for it, the one link it is taken from or None
+    for every link that declares it): `N.1` is link 1's N, `eps` every link's eps."""
+    qualified = QUALIFIED.match(name)
+    if qualified and int(qualified.group(2)) < links:
+        return qualified.group(1), int(qualified.group(2))
+    return name, None
+
+
 def _role(accesses: list[int]) -> int:
     """A fused operand's role from its links' roles, in chain order."""
     kinds = set(accesses)
@@ -114,9 +123,8 @@ def declaration_problem(row: Row, schema: RadOpSchema, vocabulary: dict) -> str 
     for param in schema.params[1:]:
         if param.req == RAD_DERIVED:
             continue
-        qualified = QUALIFIED.match(param.name)
-        if qualified and int(qualified.group(2)) < len(links):
-            key, index = qualified.group(1), int(qualified.group(2))
+        key, index = link_parameter(param.name, len(links))
+        if index is not None:
             if key not in {p.name for p in links[index].params}:
                 return f"{where}: parameter '{param.name}': link {index} ({chain.ops[index]}) has no '{key}'"
         elif not any(param.name in {p.name for p in link.params} for link in links):
@@ -151,9 +159,8 @@ def _parameters(schema: RadOpSchema, links: list[RankNode]) -> tuple[dict | None
     for param in schema.params[1:]:
         if param.req == RAD_DERIVED:
             continue
-        qualified = QUALIFIED.match(param.name)
-        if qualified and int(qualified.group(2)) < len(links):
-            key, index = qualified.group(1), int(qualified.group(2))
+        key, index = link_parameter(param.name, len(links))
+        if index is not None:
             if key in links[index].params:
                 params[param.name] = links[index].params[key]
             continue
