@@ -116,13 +116,14 @@ def open_ranks(options: EngineOptions, settings: RankSettings | None = None) -> 
 
 def run_ahead_default(settings: RankSettings, card: bool) -> bool:
     """Whether to run ahead when not told: where it was measured to help (docs/RUNTIME.md, "Run
-    ahead"): launched host ranks no more than the cores. Run ahead, the coordinator plans while the
-    ranks compute: with more ranks than cores that work comes out of theirs (TP 3 on 2 cores was no
-    faster). Not yet in process (the engine's planning there is ~0.1 ms of a 13 ms step) nor on a
-    card (correct on the fake card, not yet measured on a real one)."""
+    ahead"), launched host ranks that leave the coordinator a core. Run ahead, the coordinator plans
+    while the ranks compute: with a core of its own that is time out of every step (TP 1 launched on
+    2 cores: 15.5 -> 14.0 ms), without one it comes out of the ranks' (TP 2 and 3 on 2 cores: no
+    faster, no slower). Not yet in process (the engine's planning there is ~0.1 ms of a 13 ms step)
+    nor on a card (correct on the fake card, not yet measured on a real one)."""
     if settings.run_ahead is not None:
         return settings.run_ahead
-    return (settings.tp > 1 or settings.launched) and not card and settings.tp <= usable_cores()
+    return (settings.tp > 1 or settings.launched) and not card and settings.tp < usable_cores()
 
 
 def usable_cores() -> int:

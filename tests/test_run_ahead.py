@@ -296,8 +296,10 @@ def test_run_ahead_by_default_only_where_it_was_measured_to_help(monkeypatch):
 
     monkeypatch.setattr(module, "usable_cores", lambda: 2)
     default = module.run_ahead_default
-    assert default(RankSettings(tp=2), card=False) and default(RankSettings(tp=1, launched=True), card=False)
-    assert not default(RankSettings(tp=3), card=False)  # more ranks than cores
+    assert default(RankSettings(tp=1, launched=True), card=False)
+    assert not default(RankSettings(tp=2), card=False)  # no core left for the coordinator
+    monkeypatch.setattr(module, "usable_cores", lambda: 4)
+    assert default(RankSettings(tp=2), card=False) and default(RankSettings(tp=3), card=False)
     assert not default(RankSettings(tp=1), card=False)  # in process
     assert not default(RankSettings(tp=2), card=True)  # not measured on a card yet
     assert default(RankSettings(tp=3, run_ahead=True), card=True)
