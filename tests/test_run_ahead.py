@@ -162,22 +162,28 @@ def test_a_launch_at_tp_2_runs_ahead_to_the_synchronous_tokens(tiny_model):
     assert ahead["outputs"] == sync["outputs"]
 
 
+def _smollm2_outputs(engine):
+    """Greedy and seeded sampling batched, 16 tokens each."""
+    sequences = [engine.add(engine.text.encode("The capital of France is"), SamplingParams(max_tokens=16, temperature=0)),
+                 engine.add(engine.text.encode("Once upon a time"), SamplingParams(max_tokens=16, temperature=0.8,
+                                                                                   seed=5))]
+    while engine.scheduler.has_work:
+        engine.step()
+    assert all(len(s.output_ids) >= 4 for s in sequences)
+    return [s.output_ids for s in sequences]
+
+
 def test_smollm2_runs_ahead_to_the_synchronous_tokens(smollm2):
-    """The real model, in process: greedy and seeded sampling batched."""
-    prompts = ["The capital of France is", "Once upon a time"]
+    """The real model, in process, and launched at TP 3 (one launch, driven both ways)."""
     results = {}
     for run_ahead in (False, True):
-        engine_options = EngineOptions(model=str(smollm2), progress=False, max_seqs=2)
-        with open_ranks(engine_options, RankSettings(run_ahead=run_ahead)) as ranks:
-            engine = engine_over(ranks)
-            sequences = [engine.add(engine.text.encode(prompts[0]), SamplingParams(max_tokens=16, temperature=0)),
-                         engine.add(engine.text.encode(prompts[1]), SamplingParams(max_tokens=16, temperature=0.8,
-                                                                                   seed=5))]
-            while engine.scheduler.has_work:
-                engine.step()
-            results[run_ahead] = [s.output_ids for s in sequences]
+        with open_ranks(EngineOptions(model=str(smollm2), progress=False, max_seqs=2),
+                        RankSettings(run_ahead=run_ahead)) as ranks:
+            results[run_ahead] = _smollm2_outputs(engine_over(ranks))
     assert results[True] == results[False]
-    assert all(len(output) >= 4 for output in results[False])
+    with open_ranks(EngineOptions(model=str(smollm2), progress=False, max_seqs=2),
+                    RankSettings(tp=3, run_ahead=True)) as ranks:
+        assert _smollm2_outputs(engine_over(ranks)) == _smollm2_outputs(Engine(ranks.options, ranks.execute, ranks.text))
 
 
 def test_a_step_that_fails_running_ahead_raises_where_its_tokens_were_due(tiny_model):
