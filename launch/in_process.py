@@ -17,12 +17,11 @@ from collections import deque
 import numpy as np
 
 from radiance.engine.registry import Registry
+from radiance.generation.feed import Feed
 from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
 from radiance.generation.worker import Worker
 from radiance.log import get_logger
-
-from radiance.generation.feed import Feed
 
 from .devices import pin_this_process
 from .ranks import Ranks, RankSettings, run_ahead_default

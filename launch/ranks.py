@@ -1,8 +1,8 @@
 """One interface for the ranks behind an Engine, whether one rank runs in this process or N rank
 processes were launched: submit a step and collect its tokens (execute: both at once), wait while
-idle, the last step's figures, the resolved graph's lines and digest, close. `open_ranks` is the one place that chooses between them (the idea
-of vLLM v1's executor: one interface, one process or many behind it); the CLIs, the server and the
-benches go through it and nothing else.
+idle, the last step's figures, the resolved graph's lines and digest, close. `open_ranks` is the
+one place that chooses between them (the idea of vLLM v1's executor: one interface, one process or
+many behind it); the CLIs, the server and the benches go through it and nothing else.
 
     with open_ranks(options, RankSettings(tp=3)) as ranks:
         engine = engine_over(ranks)
@@ -60,8 +60,7 @@ class Ranks(abc.ABC):
     lines: list[str]  # rank 0's resolved graph: one "node|op|band|row" line per node and band
     options: EngineOptions
     text: TextCodec
-    last_result: dict  # what rank 0 returned for the last step: "tokens", and the return buffer if asked
-
+    last_result: dict  # what rank 0 returned for the last step collected: "tokens", and the return buffer if asked
     run_ahead: bool  # whether engine_over's Engine plans a step while these ranks run the one before
 
     @abc.abstractmethod
