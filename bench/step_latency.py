@@ -1,16 +1,30 @@
-"""Step latency of a decode step on host ranks at TP 1, 2 and 3, broken into plan delivery (the
-coordinator's round trip less rank 0's step; split into `plan`, from the coordinator starting to
-write the plan to rank 0 holding it, and `result`, from rank 0 writing its result to the coordinator
-holding it, both on the machine's monotonic clock), compute and collective wait (rank 0's time
-inside collective rows, which includes waiting for its peers).
+"""Step latency of a decode step on host ranks at TP 1, 2 and 3, synchronous and run ahead.
+
+A step is the time between one engine step's tokens and the next's (what a token costs), broken
+into rank 0's compute, its collective wait (inside collective rows, waiting for its peers
+included) and `host`: the rest, the step's time on the critical path outside rank 0's graph (the
+plan's delivery, the engine's planning and bookkeeping, the result's way back). Run ahead, the
+engine plans step n + 1 while the ranks run step n and the token feeds it on the ranks, so what
+is left of `host` is rank 0's own turnaround. `waited`: what rank 0 itself reports waiting between
+its answer and the next plan in hand. Synchronously, `plan` (the coordinator starting to write the
+plan to rank 0 holding it) and `result` (rank 0 writing its result to the coordinator holding it),
+both on the machine's monotonic clock, split the delivery.
 
     python bench/step_latency.py [--tp 1 2 3] [--tokens 64] [--layers 30] [--no-in-process]
+                                 [--modes sync ahead] [--rounds 1]
+
+Each measurement runs in a fresh process: libr4d's OpenMP keeps a pool of threads per thread that
+calls it, and a process whose main thread ran steps before its step thread does (in process, run
+ahead) would have two pools on 2 cores, whose workers then sleep between regions (slower by ~1.8x).
 
 The model is synthetic, SmolLM2-sized but with 6 heads and 6 KV heads so that 2 and 3 both divide
 it (`--heads 8 --hidden 512` for TP 4), Q4_1 linear weights and a Q8_0 embedding, as SmolLM2's GGUF has."""
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,43 +45,57 @@ quantizer = "q8_0"
 """
 
 
-def measure(model: Path, tp: int, tokens: int, launched: bool = True) -> dict:
+def measure(model: Path, tp: int, tokens: int, launched: bool = True, run_ahead: bool = False) -> dict:
     from radiance.generation.options import EngineOptions
     from radiance.generation.sequence import SamplingParams
     from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 
     samples = []
-    with open_ranks(EngineOptions(model=str(model), progress=False), RankSettings(tp=tp, launched=launched,
-                                                                                  profile=True)) as ranks:
+    settings = RankSettings(tp=tp, launched=launched, profile=True, run_ahead=run_ahead)
+    with open_ranks(EngineOptions(model=str(model), progress=False), settings) as ranks:
         engine = engine_over(ranks)
-        execute = engine.execute
-
-        def timed(arrays):
-            start = time.perf_counter()
-            result = execute(arrays)
-            samples.append((time.perf_counter() - start, ranks.step_stats()))
-            return result
-
-        engine.execute = timed
-        sequence = engine.add(list(range(300, 332)), SamplingParams(max_tokens=tokens + 1, temperature=0, ignore_eos=True))
+        sequence = engine.add(list(range(300, 332)), SamplingParams(max_tokens=tokens + 2, temperature=0, ignore_eos=True))
+        last = None
         while not sequence.finished:
             engine.step()
-    decode = samples[1:]  # the first step is the prompt's prefill
-    step = statistics.median(total for total, _ in decode)
-    compute = statistics.median(meta["compute"] for _, meta in decode)
-    collectives = statistics.median(meta["collectives"] for _, meta in decode)
-    plan = statistics.median(meta["plan_s"] for _, meta in decode) if launched else None
-    result = statistics.median(meta["result_s"] for _, meta in decode) if launched else None
-    return {"step": step, "delivery": step - compute, "compute": compute - collectives, "collectives": collectives,
-            "plan": plan, "result": result}
+            now = time.perf_counter()
+            if last is not None:
+                samples.append((now - last, ranks.step_stats()))
+            last = now
+    # From the step after the prompt's prefill (the first whole decode step) on. Means, not medians:
+    # run ahead, the engine may take two results back to back after falling a little behind, so
+    # one interval is short and the one before it long; their mean is what a token costs.
+    decode = samples[1:]
+    mean = lambda key: statistics.fmean(meta[key] for _, meta in decode)  # noqa: E731
+    step = statistics.fmean(total for total, _ in decode)
+    compute, collectives = mean("compute"), mean("collectives")
+    return {"step": step, "host": step - compute, "waited": mean("waited"), "compute": compute - collectives,
+            "collectives": collectives, "plan": mean("plan_s") if launched and not run_ahead else None,
+            "result": mean("result_s") if launched and not run_ahead else None}
+
+
+def measured(model: Path, tp: int, tokens: int, launched: bool, run_ahead: bool) -> dict:
+    """measure() in a fresh process (see above)."""
+    one = json.dumps({"model": str(model), "tp": tp, "tokens": tokens, "launched": launched, "run_ahead": run_ahead})
+    result = subprocess.run([sys.executable, __file__, "--one", one], capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"a measurement failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--one"]:
+        one = json.loads(sys.argv[2])
+        print(json.dumps(measure(Path(one.pop("model")), **one)))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--in-process", action=argparse.BooleanOptionalAction, default=True,
                         help="also TP 1 in this process (radiance's own way), against which TP 1 launched compares")
+    parser.add_argument("--modes", nargs="+", choices=["sync", "ahead"], default=["sync", "ahead"],
+                        help="synchronous steps, run ahead, or both (alternated)")
+    parser.add_argument("--rounds", type=int, default=1, help="times over every (TP, mode), alternated")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--heads", type=int, default=6, help="query heads (and KV heads): --tp must divide it")
     parser.add_argument("--hidden", type=int, default=576, help="--tp must leave whole Q4_1 blocks: 512 for TP 4")
@@ -81,16 +109,22 @@ def main() -> None:
         model = Path(folder) / "model.rad"
         convert_synthetic(model, LlamaShape(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.heads, ffn=1536,
                                             vocab=49152, context=2048), seed=1, recipe=recipe)
-        print(f"decode step, median of {args.tokens} steps, host ranks (ms)")
-        print(f"{'tp':>3}{'ranks':>12}{'step':>9}{'delivery':>10}{'plan':>8}{'result':>8}{'compute':>9}"
-              f"{'collect.':>10}{'tok/s':>8}")
         runs = ([(1, False)] if args.in_process else []) + [(tp, True) for tp in args.tp]
-        for tp, launched in runs:
-            figures = measure(model, tp, args.tokens, launched)
-            split = "".join(f"{'-' if figures[key] is None else f'{1e3 * figures[key]:.3f}':>8}" for key in ("plan", "result"))
-            print(f"{tp:3}{'launched' if launched else 'in process':>12}{1e3 * figures['step']:9.2f}"
-                  f"{1e3 * figures['delivery']:10.3f}{split}{1e3 * figures['compute']:9.2f}"
-                  f"{1e3 * figures['collectives']:10.2f}{1 / figures['step']:8.1f}")
+        for round_number in range(args.rounds):
+            load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+            print(f"== round {round_number + 1} (load: {load}); decode step, mean of {args.tokens} steps, "
+                  f"host ranks (ms)")
+            print(f"{'tp':>3}{'ranks':>12}{'mode':>7}{'step':>9}{'host':>8}{'waited':>8}{'plan':>8}{'result':>8}"
+                  f"{'compute':>9}{'collect.':>10}{'tok/s':>8}")
+            for tp, launched in runs:
+                for mode in args.modes:
+                    figures = measured(model, tp, args.tokens, launched, run_ahead=mode == "ahead")
+                    split = "".join(f"{'-' if figures[key] is None else f'{1e3 * figures[key]:.3f}':>8}"
+                                    for key in ("plan", "result"))
+                    print(f"{tp:3}{'launched' if launched else 'in process':>12}{mode:>7}{1e3 * figures['step']:9.2f}"
+                          f"{1e3 * figures['host']:8.3f}{1e3 * figures['waited']:8.3f}{split}"
+                          f"{1e3 * figures['compute']:9.2f}{1e3 * figures['collectives']:10.2f}"
+                          f"{1 / figures['step']:8.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -241,13 +241,16 @@ class RingReader(_Ring):
         return cls(Segment.attach(run_id, kind, 0, directory), secret, f"the {kind} ring", index, **waits)
 
     def read(self, timeout: float | None = None, check: Callable[[], None] | None = None, *,
-             spin_s: float | None = None, expect_s: float = 0.0) -> memoryview:
+             spin_s: float | None = None, expect_s: float = 0.0, poll_s: float = 0.0) -> memoryview:
         """The next record's payload (a copy: the slot is free again once this returns).
         `spin_s`: how long to spin before sleeping (the reader's own by default); `expect_s`: the
-        record is not expected before this long, so sleep until then first and spin after."""
+        record is not expected before this long, so sleep until then first and spin after;
+        `poll_s`: sleep in naps of this long instead of on the futex, for a reader that can take
+        the record late: then the writer has no one to wake, which would cost it (not the reader)
+        about 270 us on this VM (docs/RUNTIME.md, "Run ahead")."""
         k = self.next
         if int(self.published[0]) < k:
-            self._wait(k, timeout, check, self.spin_ns if spin_s is None else int(spin_s * 1e9), expect_s)
+            self._wait(k, timeout, check, self.spin_ns if spin_s is None else int(spin_s * 1e9), expect_s, poll_s)
         slot = self.slot(k)
         length = int(slot[MAC_BYTES + 8:MAC_BYTES + 16].view(np.uint64)[0])
         if length > self.capacity:
@@ -263,13 +266,13 @@ class RingReader(_Ring):
         self.consumed[self.index] = k
         return view[SLOT_HEADER:]
 
-    def _wait(self, k: int, timeout: float | None, check, spin_ns: int, expect_s: float) -> None:
+    def _wait(self, k: int, timeout: float | None, check, spin_ns: int, expect_s: float, poll_s: float) -> None:
         start = time.monotonic()
-        if expect_s > 0 and self._sleep(k, start + expect_s, start, timeout, check):
+        if expect_s > 0 and self._sleep(k, start + expect_s, start, timeout, check, poll_s):
             return
         if self._spin(k, spin_ns):
             return
-        self._sleep(k, None, start, timeout, check)
+        self._sleep(k, None, start, timeout, check, poll_s)
 
     def _spin(self, k: int, spin_ns: int) -> bool:
         """Whether record k came while spinning `spin_ns`, giving the core to any runnable process
@@ -283,9 +286,12 @@ class RingReader(_Ring):
                 os.sched_yield()
         return False
 
-    def _sleep(self, k: int, until: float | None, start: float, timeout: float | None, check) -> bool:
-        """Sleep on the signal word until record k (True) or `until` passes (False; None: no end but
-        the timeout), calling `check` and watching the writer's process between slices."""
+    def _sleep(self, k: int, until: float | None, start: float, timeout: float | None, check,
+               poll_s: float = 0.0) -> bool:
+        """Sleep on the signal word (or in naps of `poll_s`) until record k (True) or `until` passes
+        (False; None: no end but the timeout), calling `check` and watching the writer's process
+        between slices."""
+        looked = time.monotonic()
         while True:
             seen = int(self.signal[0])
             if int(self.published[0]) >= k:
@@ -293,9 +299,16 @@ class RingReader(_Ring):
             now = time.monotonic()
             if until is not None and now >= until:
                 return False
-            futex.wait(self.signal_address, seen, self.slice_s if until is None else min(self.slice_s, until - now))
+            pause = self.slice_s if until is None else min(self.slice_s, until - now)
+            if poll_s > 0:
+                time.sleep(pause if until is not None else min(pause, poll_s))
+            else:
+                futex.wait(self.signal_address, seen, pause)
             if int(self.published[0]) >= k:
                 return True
+            if poll_s > 0 and time.monotonic() - looked < self.slice_s:
+                continue  # napping: the checks below stay once a slice
+            looked = time.monotonic()
             if check is not None:
                 check()
             if not _alive(self.writer_pid):

@@ -80,8 +80,9 @@ class RecordCodec:
 
 
 # A result's figures travel as one f64 array (no JSON a step): rank 0's seconds in the step and in
-# collectives, its link-gate holds so far (count, seconds), when it had the plan and when it answered.
-FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at")
+# collectives, its link-gate holds so far (count, seconds), when it had the plan and when it
+# answered, and how long it waited for the plan after its last answer.
+FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at", "waited")
 
 
 def figures_array(figures: dict) -> np.ndarray:

@@ -113,10 +113,20 @@ class Coordinator:
                  "from rank 0", plans.slots, plans.slot_bytes >> 10, self.world, "" if self.world == 1 else "s",
                  results.slots, results.slot_bytes >> 10)
 
-    def execute(self, arrays: dict):
-        """One step on every rank; the tokens rank 0 sampled."""
+    def submit(self, arrays: dict, feed=None) -> None:
+        """One step's plan (and its feed, run ahead) to every rank."""
         try:
-            kind, meta, result = self.rings.step(arrays, self.step_timeout, self.look_after)
+            self.rings.publish(arrays, feed, self.step_timeout, self.look_after)
+        except PeerGone:  # a rank ended without reading its plans; the supervisor names how
+            self.supervisor.check()
+            raise LaunchError("step: a rank is gone before reading its plan") from None
+        except TimeoutError as error:
+            raise LaunchError(str(error)) from None
+
+    def collect(self):
+        """The tokens rank 0 sampled in the oldest step submitted and not collected."""
+        try:
+            kind, meta, result = self.rings.result(self.step_timeout, self.look_after)
         except PeerGone:  # rank 0 ended before its result; the supervisor names how
             self.supervisor.check()
             raise RankFailed(self.ranks[0], "gone before its result") from None

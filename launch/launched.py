@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 
+from radiance.generation.feed import Feed
 from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
 from radiance.log import get_logger
@@ -17,7 +18,7 @@ from radiance.weights.container_reader import Container
 from .coordinator import Coordinator, LaunchError
 from .devices import visible_cards
 from .handshake import handshake
-from .ranks import Ranks, RankSettings
+from .ranks import Ranks, RankSettings, run_ahead_default
 
 log = get_logger("radiance.launch")
 IDLE_SECONDS = 0.2  # while idle, the ranks' heartbeats are taken at least this often
@@ -55,14 +56,18 @@ class LaunchedRanks(Ranks):
             self.coordinator.stop(failed=True)
             raise
         self.facts, self.digest, self.lines = agreement.facts, agreement.digest, list(agreement.lines)
+        self.run_ahead = run_ahead_default(settings, card=bool(cards))
         self.closed = False
 
     @property
     def last_result(self) -> dict:
         return self.coordinator.last_result
 
-    def execute(self, arrays: dict) -> np.ndarray:
-        return self.coordinator.execute(arrays)
+    def submit(self, arrays: dict, feed: Feed | None = None) -> None:
+        self.coordinator.submit(arrays, feed)
+
+    def collect(self) -> np.ndarray:
+        return self.coordinator.collect()
 
     def idle(self, wake: threading.Event) -> None:
         wake.wait(IDLE_SECONDS)

@@ -1,8 +1,8 @@
 """One interface for the ranks behind an Engine, whether one rank runs in this process or N rank
-processes were launched: execute a step, wait while idle, the last step's figures, the resolved
-graph's lines and digest, close. `open_ranks` is the one place that chooses between them (the idea
-of vLLM v1's executor: one interface, one process or many behind it); the CLIs, the server and the
-benches go through it and nothing else.
+processes were launched: submit a step and collect its tokens (execute: both at once), wait while
+idle, the last step's figures, the resolved graph's lines and digest, close. `open_ranks` is the
+one place that chooses between them (the idea of vLLM v1's executor: one interface, one process or
+many behind it); the CLIs, the server and the benches go through it and nothing else.
 
     with open_ranks(options, RankSettings(tp=3)) as ranks:
         engine = engine_over(ranks)
@@ -12,12 +12,14 @@ benches go through it and nothing else.
 from __future__ import annotations
 
 import abc
+import os
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from radiance.generation.engine import Engine
+from radiance.generation.feed import Feed
 from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
 
@@ -41,6 +43,9 @@ class RankSettings:
     profile: bool = False  # rank 0 times every op; step_stats() then has the collective seconds
     return_buffer: str | None = None  # a debugging aid: rank 0 returns this buffer's rows each step
     debug_selection: bool = False  # in process: print the winner of every band (stderr)
+    # The engine plans step n + 1 while the ranks run step n, the token step n samples feeding step
+    # n + 1 on the ranks (generation/feed.py). None: where it was measured to help (run_ahead_default).
+    run_ahead: bool | None = None
 
     def __post_init__(self):
         if self.tp < 1:
@@ -55,11 +60,24 @@ class Ranks(abc.ABC):
     lines: list[str]  # rank 0's resolved graph: one "node|op|band|row" line per node and band
     options: EngineOptions
     text: TextCodec
-    last_result: dict  # what rank 0 returned for the last step: "tokens", and the return buffer if asked
+    last_result: dict  # what rank 0 returned for the last step collected: "tokens", and the return buffer if asked
+    run_ahead: bool  # whether engine_over's Engine plans a step while these ranks run the one before
 
     @abc.abstractmethod
+    def submit(self, arrays: dict, feed: Feed | None = None) -> None:
+        """Send one step of the plan `arrays` (generation/step_plan.py) to every rank; returns once it
+        is on its way. `feed`: ids it takes from the tokens of the step submitted before it, which
+        each rank finds in its own memory. At most two steps are submitted and not collected."""
+
+    @abc.abstractmethod
+    def collect(self) -> np.ndarray:
+        """The sampled tokens of the oldest step submitted and not yet collected (waits for them);
+        last_result and step_stats() are that step's from then on."""
+
     def execute(self, arrays: dict) -> np.ndarray:
-        """One step of the plan `arrays` (generation/step_plan.py) on every rank; the sampled tokens."""
+        """One step, synchronously: submit, then collect."""
+        self.submit(arrays)
+        return self.collect()
 
     @abc.abstractmethod
     def idle(self, wake: threading.Event) -> None:
@@ -67,8 +85,9 @@ class Ranks(abc.ABC):
 
     @abc.abstractmethod
     def step_stats(self) -> dict:
-        """Rank 0's figures of the last step: compute, collectives (seconds; collectives with
-        `profile` only), gate_holds, gate_hold_s (cumulative), and with `profile` "ops": seconds by op."""
+        """Rank 0's figures of the last step collected: compute, collectives (seconds; collectives
+        with `profile` only), waited (seconds rank 0 spent between its last answer and holding this
+        step's plan), gate_holds, gate_hold_s (cumulative), and with `profile` "ops": seconds by op."""
 
     @abc.abstractmethod
     def close(self, failed: bool = False) -> None:
@@ -94,6 +113,25 @@ def open_ranks(options: EngineOptions, settings: RankSettings | None = None) -> 
     return InProcessRanks(options, settings)
 
 
+def run_ahead_default(settings: RankSettings, card: bool) -> bool:
+    """Whether to run ahead when not told: where it was measured to help (docs/RUNTIME.md, "Run
+    ahead"), launched host ranks that leave the coordinator a core. Run ahead, the coordinator plans
+    while the ranks compute: with a core of its own that is time out of every step (TP 1 launched on
+    2 cores: 15.5 -> 14.0 ms), without one it comes out of the ranks' (TP 2 and 3 on 2 cores: no
+    faster, no slower). Not yet in process (the engine's planning there is ~0.1 ms of a 13 ms step)
+    nor on a card (correct on the fake card, not yet measured on a real one)."""
+    if settings.run_ahead is not None:
+        return settings.run_ahead
+    return (settings.tp > 1 or settings.launched) and not card and settings.tp < usable_cores()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def engine_over(ranks: Ranks) -> Engine:
-    """The generation engine that runs its steps on `ranks`."""
-    return Engine(ranks.options, ranks.execute, ranks.text)
+    """The generation engine that runs its steps on `ranks`, ahead of them where ranks.run_ahead."""
+    return Engine(ranks.options, ranks.execute, ranks.text, ahead=ranks if ranks.run_ahead else None)

@@ -1,32 +1,41 @@
 """The coordinator's end of a step: the plan into the `plans` broadcast ring (one record, read by
 every rank), rank 0's result out of the `results` ring; no zmq message on the way (docs/RUNTIME.md,
 "A step"). zmq is looked after while waiting (`watch`: errors, heartbeats, dead processes), every
-20 ms slice of the wait, so a rank that dies mid-step still ends the launch at once, by name."""
+20 ms slice of the wait, so a rank that dies mid-step still ends the launch at once, by name.
+
+Run ahead, a plan goes out while the step before it runs (publish, then the result of the one
+before: at most two steps between the coordinator and rank 0), and carries its feed."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
 from radiance.collectives.ring import RingReader, RingTimeout, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_dict
+from radiance.generation.feed import Feed
 from radiance.generation.options import EngineOptions
 
-PLAN_SLOTS = 4  # a step and the stop after it fit with room to spare: the ranks run one step at a time
-PLAN_HEADER_BYTES = 4096  # the record's JSON header (11 arrays' names, dtypes, shapes), generously
+# Two steps (run ahead) and the stop after them fit with room to spare: the coordinator publishes
+# a plan only once it holds the result of the step two before it.
+PLAN_SLOTS = 4
+PLAN_HEADER_BYTES = 4096  # the record's JSON header (13 arrays' names, dtypes, shapes), generously
 # Waiting for rank 0's result: asleep until EXPECT_SHARE of the last step of this shape (less a
 # margin), then spinning at most SPIN_SHARE of it (and SPIN_MAX_S), then asleep in slices.
 EXPECT_SHARE, EXPECT_MARGIN_S = 0.85, 3e-4
 SPIN_SHARE, SPIN_MAX_S = 0.3, 5e-3
+# Run ahead, after that sleep: naps of POLL_SHARE of the last step (within the bounds) until it comes.
+POLL_SHARE, POLL_MIN_S, POLL_MAX_S = 0.05, 5e-5, 1e-3
 
 
 def plan_bytes(options: EngineOptions) -> int:
     """The largest plan record of an engine: generation/step_plan.py's arrays at their largest
-    (every array padded to 8 bytes), and its header."""
+    (every array padded to 8 bytes), its feed (a token of every sequence), and its header."""
     tokens, seqs, blocks = options.max_step_tokens, options.max_seqs, options.max_blocks
-    arrays = 3 * tokens * 4 + (seqs + 1) * 4 + 5 * seqs * 4 + seqs * blocks * 4 + seqs * 2 * 8
-    return PLAN_HEADER_BYTES + arrays + 11 * 8
+    arrays = 3 * tokens * 4 + (seqs + 1) * 4 + 5 * seqs * 4 + seqs * blocks * 4 + seqs * 2 * 8 + 2 * seqs * 4
+    return PLAN_HEADER_BYTES + arrays + 13 * 8
 
 
 class StepRings:
@@ -42,23 +51,38 @@ class StepRings:
             raise
         self.encoder, self.decoder = RecordCodec(), RecordCodec()
         self.seconds: dict[tuple[int, int], float] = {}  # the last step of each (tokens, seqs)
+        self.sent: deque = deque()  # (when it was published, its shape) of each step not collected yet
+        self.arrived = 0.0  # when the last result came
 
-    def step(self, arrays: dict, timeout: float, watch: Callable[[], None]) -> tuple[str, dict, dict]:
-        """Publish the plan, wait for rank 0's (kind, meta, arrays). `watch` raises for a failed rank.
-        The wait sleeps through most of a step as long as the last one of the same shape, then spins
-        (a wake from sleep would cost more than the plan's delivery), then sleeps again."""
-        shape = (len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS]))
-        last = self.seconds.get(shape, 0.0)
-        expect, spin = max(0.0, EXPECT_SHARE * last - EXPECT_MARGIN_S), min(SPIN_MAX_S, SPIN_SHARE * last + 2e-4)
+    def publish(self, arrays: dict, feed: Feed | None, timeout: float, watch: Callable[[], None]) -> None:
+        """The plan (and its feed) to every rank. `watch` raises for a failed rank."""
         start = time.perf_counter()
-        self.plans.publish(self.encoder.encode("step", None, arrays), timeout=timeout, check=watch)
+        record = arrays if feed is None else {**arrays, **feed.arrays()}
+        self.plans.publish(self.encoder.encode("step", None, record), timeout=timeout, check=watch)
+        self.sent.append((start, (len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS]))))
+
+    def result(self, timeout: float, watch: Callable[[], None]) -> tuple[str, dict, dict]:
+        """Rank 0's (kind, meta, arrays) of the oldest step published and not collected. The wait
+        sleeps through most of a step as long as the last one of the same shape, then spins (a wake
+        from sleep would cost more than the plan's delivery), then sleeps again."""
+        start, shape = self.sent.popleft()
+        begun = max(start, self.arrived)  # run ahead, rank 0 starts a step once the one before is done
+        last = self.seconds.get(shape, 0.0)
+        expect = max(0.0, begun + EXPECT_SHARE * last - EXPECT_MARGIN_S - time.perf_counter())
+        spin = min(SPIN_MAX_S, SPIN_SHARE * last + 2e-4)
+        poll = 0.0
+        if self.sent:
+            # Run ahead, the ranks have the next step already: the result is off the critical path,
+            # so no spin (it would take a core from them) and no futex (rank 0 would pay ~270 us to
+            # wake a sleeper): asleep until it is due, then naps of a twentieth of a step.
+            spin, poll = 0.0, max(POLL_MIN_S, min(POLL_MAX_S, POLL_SHARE * last))
         try:
-            payload = self.results.read(timeout=timeout, check=watch, spin_s=spin, expect_s=expect)
+            payload = self.results.read(timeout=timeout, check=watch, spin_s=spin, expect_s=expect, poll_s=poll)
         except RingTimeout:
             raise TimeoutError(f"step: rank 0's result did not come within {timeout:g} s") from None
         kind, meta, result = self.decoder.decode(payload)
-        now = time.perf_counter()
-        self.seconds[shape] = now - start
+        now = self.arrived = time.perf_counter()
+        self.seconds[shape] = now - begun
         if "figures" in result:  # rank 0's; the step's delivery split into plan out and result back
             figures = figures_dict(result.pop("figures"))
             figures["plan_s"], figures["result_s"] = figures.pop("received_at") - start, now - figures.pop("answered_at")

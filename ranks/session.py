@@ -1,7 +1,9 @@
 """A rank's part of the launch, stage by stage over zmq: hello, facts, the combined facts, its
 collective buffers, its slice of the model resolved and loaded (rank 0 then makes the results
 ring), go (the plans ring is there to attach), ready; then one step per record of the plans ring
-until its stop record, rank 0 writing each step's tokens and figures into the results ring."""
+until its stop record, rank 0 writing each step's tokens and figures into the results ring. A
+step's feed (run ahead) takes ids from the tokens this rank sampled in the step before: every rank
+samples the same tokens from the same gathered logits, so none waits for rank 0's."""
 
 import os
 import time
@@ -12,6 +14,7 @@ from radiance.collectives.ring import RingReader, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_array
 from radiance.engine.registry import Registry
 from radiance.engine.shard import Shard
+from radiance.generation.feed import Feed
 from radiance.generation.options import EngineOptions
 from radiance.generation.worker import Worker
 from radiance.log import get_logger
@@ -98,6 +101,7 @@ class RankSession:
         executor = self.worker.executor
         executor.profile = bool(self.options.get("profile"))
         decoder, encoder = RecordCodec(), RecordCodec()
+        answered = None
         while True:
             kind, meta, arrays = decoder.decode(self.plans.read())  # sleeps between steps; SIGTERM ends it
             if kind == "stop":
@@ -105,7 +109,8 @@ class RankSession:
             if kind != "step":
                 raise RuntimeError(f"the plans ring holds a '{kind}' record where a step or stop was due")
             received = time.perf_counter()
-            tokens = self.worker.execute(arrays)
+            feed = Feed.take(arrays)
+            tokens = self.worker.execute(arrays, feed)
             if self.rank == 0:
                 timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
                           "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_"))}
@@ -115,7 +120,8 @@ class RankSession:
                 # when the plan was in hand and the result went out (perf_counter: CLOCK_MONOTONIC, the
                 # coordinator's clock too), so the step's delivery splits into plan out and result back
                 timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"], received_at=received,
-                              answered_at=time.perf_counter())
+                              waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())
+                answered = timing["answered_at"]  # from here to the next plan in hand (its result sent), rank 0 waits
                 arrays = {"tokens": tokens, "figures": figures_array(timing)}
                 shown = self.options.get("return_buffer")  # a debugging aid: a buffer's rows, e.g. logits
                 if shown:

@@ -231,3 +231,72 @@ def test_fused_rows_on_the_fake_card_give_the_unfused_tokens_in_fewer_launches(t
     assert fused_ops == ["embedding"] + ["rmsnorm_gemm3", "rope_attention", "gemm_add", "rmsnorm_gemm2_silu_mul",
                                          "gemm_add"] * 2 + ["take_rows_rmsnorm_gemm_sample"]
     assert len(plain_ops) == 1 + 14 * 2 + 4  # 14 plain ops a layer
+
+
+class OnTheCard:
+    """Run ahead over one worker on the fake card (submit/collect, each step run when collected, in
+    order, as InProcessRanks runs them synchronously), noting for every step the ids the plan
+    carried, the ids the card ran (its step inputs after the step) and the device copies the step
+    made. Before each step the host's mirror of the card's token buffer is poisoned: a feed that
+    read it, or an inputs copy that carried it over, would run wrong ids."""
+
+    def __init__(self, worker, device):
+        self.worker, self.device, self.held, self.steps = worker, device, [], []
+        self.copies = 0
+        copy = device._copy_device
+
+        def counted(*args):
+            self.copies += 1
+            return copy(*args)
+
+        device._copy_device = counted
+
+    def submit(self, arrays, feed=None):
+        self.held.append((arrays, feed))
+
+    def collect(self):
+        arrays, feed = self.held.pop(0)
+        inputs = self.worker.executor.inputs
+        inputs["step.tokens"][:] = -5
+        before = self.copies
+        tokens = self.worker.execute(arrays, feed)
+        ran = self.device.view(inputs.device + inputs.offsets["step.ids"], len(arrays["step.ids"]), np.int32).copy()
+        self.steps.append({"planned": arrays["step.ids"].copy(), "ran": ran, "feed": feed,
+                           "copies": self.copies - before})
+        return tokens
+
+
+def generate_ahead(model, registry, device, **overrides):
+    """generate()'s workload run ahead on the card; the tokens, the steps noted, the worker."""
+    options = EngineOptions(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
+    worker = Worker(options, registry, device=device).build()
+    container = worker.model.container
+    card = OnTheCard(worker, device)
+    engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper),
+                    ahead=card)
+    sequences = [engine.add(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for prompt in PROMPTS]
+    while engine.scheduler.has_work:
+        engine.step()
+    return [s.output_ids for s in sequences], card.steps, worker
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_run_ahead_feeds_the_token_on_the_card(tmp_path, tiny_model, host_tokens, graphs):
+    """The id each step runs is the synchronous path's, taken from the card's token buffer by a
+    copy on the stream (one per run of consecutive sequences), while the plan carries placeholders."""
+    registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
+    device = fake_card(registry)
+    tokens, steps, worker = generate_ahead(tiny_model, registry, device, max_seqs=2, graphs=graphs)
+    try:
+        assert tokens == host_tokens
+        fed = [step for step in steps if step["feed"] is not None]
+        assert len(fed) == len(steps) - 1  # every step after the prefill is fed
+        # the synchronous path's ids: the prompts, then each step the tokens the step before sampled
+        sync_ids = [PROMPTS[0] + PROMPTS[1]] + [[first, second] for first, second in zip(*host_tokens)][:7]
+        assert [list(step["ran"]) for step in steps] == sync_ids
+        for step in fed:
+            assert list(step["planned"]) == [0, 0] and step["copies"] == len(step["feed"].runs()) == 1
+        assert bool(worker.executor._graphs) == graphs
+    finally:
+        worker.close()
+    assert device.budget.used == 0

@@ -31,12 +31,14 @@ def fake_cards(tmp_path, monkeypatch):
     return str(tmp_path / "home")
 
 
-def generate(model, home, tp=1, launched=True, disable_p2p=False):
+def generate(model, home, tp=1, launched=True, disable_p2p=False, run_ahead=None):
     """Greedy tokens of PROMPTS, and what the launch agreed on."""
     options = EngineOptions(model=str(model), radiance_home=home, kernels="fakedev,libref", accept_reference=True,
                             progress=False, max_seqs=2)
-    with open_ranks(options, RankSettings(tp=tp, launched=launched, disable_p2p=disable_p2p)) as ranks:
+    settings = RankSettings(tp=tp, launched=launched, disable_p2p=disable_p2p, run_ahead=run_ahead)
+    with open_ranks(options, settings) as ranks:
         engine = engine_over(ranks)
+        assert engine.run_ahead is bool(run_ahead)  # not by default on cards: not measured on one yet
         sequences = [engine.add(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in PROMPTS]
         while engine.scheduler.has_work:
             engine.step()
@@ -81,10 +83,19 @@ def test_two_fake_cards_give_one_cards_tokens(tiny_model, fake_cards, host_token
     assert leftovers(agreed) == []
 
 
-def test_in_process_pins_itself_to_the_first_fake_card(tiny_model, fake_cards, host_tokens, monkeypatch):
+def test_two_fake_cards_run_ahead_to_one_cards_tokens(tiny_model, fake_cards, host_tokens):
+    """Run ahead through the real launcher: each rank's step takes its ids from its own card's token
+    buffer (device_executor.py), the coordinator never sending a token."""
+    tokens, agreed = generate(tiny_model, fake_cards, tp=2, run_ahead=True)
+    assert tokens == host_tokens
+    assert leftovers(agreed) == []
+
+
+@pytest.mark.parametrize("run_ahead", [None, True], ids=["synchronous", "run-ahead"])
+def test_in_process_pins_itself_to_the_first_fake_card(tiny_model, fake_cards, host_tokens, monkeypatch, run_ahead):
     monkeypatch.setenv("RADIANCE_TEST_FAKE_CARD", "unset")  # so monkeypatch removes what the pinning sets
     monkeypatch.delenv("RADIANCE_TEST_FAKE_CARD")
-    tokens, agreed = generate(tiny_model, fake_cards, launched=False)
+    tokens, agreed = generate(tiny_model, fake_cards, launched=False, run_ahead=run_ahead)
     import os
 
     assert os.environ.get("RADIANCE_TEST_FAKE_CARD") == "0"  # pinned by InProcessRanks, as a launcher pins

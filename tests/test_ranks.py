@@ -12,7 +12,7 @@ from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.launch.in_process import InProcessRanks
 from radiance.launch.launched import LaunchedRanks
-from radiance.launch.ranks import RankSettings, engine_over, open_ranks
+from radiance.launch.ranks import RankSettings, engine_over, open_ranks, usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,8 +37,10 @@ def test_in_process_and_launched_ranks_agree_through_one_interface(tiny_model):
         with open_ranks(EngineOptions(**options), RankSettings(launched=launched, profile=True)) as ranks:
             assert isinstance(ranks, LaunchedRanks if launched else InProcessRanks)
             assert ranks.world == 1 and ranks.digest and ranks.lines
+            # by default: launched host ranks leaving the coordinator a core; not in process
+            assert ranks.run_ahead is (launched and usable_cores() > 1)
             tokens, stats = _tokens(ranks, prompts)
-            assert {"compute", "collectives", "gate_holds", "gate_hold_s", "ops"} <= set(stats[-1])
+            assert {"compute", "collectives", "waited", "gate_holds", "gate_hold_s", "ops"} <= set(stats[-1])
             assert list(ranks.last_result["tokens"]) == [tokens[0][-1], tokens[1][-1]]
             results[launched] = (tokens, ranks.digest, ranks.lines)
     assert results[True] == results[False]
@@ -83,6 +85,7 @@ def test_the_plans_ring_holds_the_largest_plan_an_engine_makes(tiny_model):
 
     from radiance.collectives.ring_record import RecordCodec
     from radiance.generation.engine import Engine
+    from radiance.generation.feed import Feed
     from radiance.launch.step_rings import plan_bytes
 
     options = EngineOptions(model=str(tiny_model), max_seqs=4, max_step_tokens=16)
@@ -99,4 +102,5 @@ def test_the_plans_ring_holds_the_largest_plan_an_engine_makes(tiny_model):
     engine.step()
     arrays = plans[0]
     assert (len(arrays["step.ids"]), len(arrays["step.context_lens"])) == (16, 4)  # the largest shape
-    assert len(RecordCodec().encode("step", None, arrays)) <= plan_bytes(options)
+    fed = {**arrays, **Feed.of([(i, i) for i in range(4)]).arrays()}  # run ahead: a token of every sequence fed
+    assert len(RecordCodec().encode("step", None, fed)) <= plan_bytes(options)

@@ -145,6 +145,33 @@ def test_a_waiting_reader_sleeps_and_wakes_at_once(run_id):
         writer.close()
 
 
+def test_a_napping_reader_waits_on_no_futex_and_checks_once_a_slice(run_id):
+    """poll_s (the coordinator running ahead): the reader naps instead of waiting on the futex, so
+    it takes a late record within a nap or so, its writer's wake finding no one to wake, and its
+    `check` runs once a slice (20 ms), not once a nap."""
+    from radiance.collectives import futex
+
+    writer = RingWriter.create(run_id, "plans", 1, 2, 4096, SECRET)
+    reader = RingReader.attach(run_id, "plans", 0, SECRET)
+    waits, checks, wait = [], [], futex.wait
+    try:
+        futex.wait = lambda *args: (waits.append(args), wait(*args))[1]
+        import threading
+
+        threading.Timer(0.2, lambda: writer.publish(b"late")).start()
+        started, cpu = time.monotonic(), time.process_time()
+        assert bytes(reader.read(timeout=5, check=lambda: checks.append(1), spin_s=0.0, poll_s=1e-3)) == b"late"
+        waited = time.monotonic() - started
+        assert 0.19 < waited < 0.5 and time.process_time() - cpu < 0.1
+        assert waits == [] and 3 <= len(checks) <= 12, (len(waits), len(checks))
+        with pytest.raises(RingTimeout, match="record 2 did not come in 0.1 s"):
+            reader.read(timeout=0.1, spin_s=0.0, poll_s=1e-3)
+    finally:
+        futex.wait = wait
+        reader.close()
+        writer.close()
+
+
 def test_a_record_that_does_not_verify_is_refused(run_id):
     writer = RingWriter.create(run_id, "plans", 2, 2, 4096, SECRET)
     honest = RingReader.attach(run_id, "plans", 0, SECRET)

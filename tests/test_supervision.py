@@ -39,6 +39,16 @@ def test_rank_killed_during_a_step(smollm2):
     assert_root_cause(launch, time.monotonic())
 
 
+def test_rank_killed_during_a_step_running_ahead(smollm2):
+    """Run ahead, the coordinator naps rather than waits on the results ring: a dead rank is still
+    named within 5 s, with nothing left behind."""
+    launch = start(smollm2, 3, "Once upon a time", "--run-ahead")
+    launch.wait_for_ranks(3)
+    launch.read_until(" ")
+    kill(launch.rank(1))
+    assert_root_cause(launch, time.monotonic())
+
+
 def test_rank_killed_inside_a_collective(smollm2):
     launch = start(smollm2)
     launch.wait_for_ranks(3)

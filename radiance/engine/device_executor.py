@@ -2,7 +2,9 @@
 stream. A step is one copy of its inputs to the card, the launches, one copy of the sampled tokens
 back. A decode shape (as many tokens as sequences) is captured into a graph the second time it
 runs (the first run compiles and warms every kernel), so from then on a decode step is one graph
-launch per rank.
+launch per rank. Run ahead, a step's feed (generation/feed.py) copies the token buffer the last step's
+sampler wrote into this step's ids, on the stream after the inputs' copy (which leaves the tokens
+alone) and before the graph: the token never leaves the card to feed the next step.
 
 Chained rows (`r4dchain`): on a card with programmatic dependent launch (NVIDIA Hopper) every kernel
 such a row launches is a programmatic dependent launch, which the kernel's own prologue waits for
@@ -20,7 +22,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from radiance.abi import RAD_EXTENT_TOKENS, RAD_STEP_TOKENS, RadArgs, rad_tensor
+from radiance.abi import RAD_EXTENT_TOKENS, RAD_STEP_IDS, RAD_STEP_TOKENS, RadArgs, rad_tensor
 
 from radiance.collectives.gate import LinkGateError
 
@@ -115,10 +117,16 @@ class DeviceExecutor:
             if events is not None:
                 self.device.record(events[index + 1], stream.handle)
 
-    def run(self, tokens: int, seqs: int) -> None:
-        """One step; the step inputs are written already; the sampled tokens are in inputs after."""
+    def run(self, tokens: int, seqs: int, feed=None) -> None:
+        """One step; the step inputs are written already; the sampled tokens are in inputs after.
+        `feed`: ids taken from the card's token buffer, where the last step's sampler left them."""
         device, handle, key = self.device, self.stream.handle, (tokens, seqs)
-        device.copy_to_device(self.inputs.device, self.inputs.block, handle)
+        inputs = self.inputs
+        device.copy_to_device(inputs.device, inputs.block[:inputs.sent], handle)
+        if feed is not None:
+            ids, sampled = inputs.device + inputs.offsets[RAD_STEP_IDS], inputs.device + inputs.offsets[RAD_STEP_TOKENS]
+            for target, source, count in feed.runs():  # 4-byte ids and tokens (int32)
+                self.stream.copy(ids + 4 * target, sampled + 4 * source, 4 * count)
         if self.profile:
             self._run_profiled(self._plan(tokens, seqs))
         elif key in self._graphs:

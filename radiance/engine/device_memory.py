@@ -2,7 +2,9 @@
 allocated once from the device budget before the first step (nothing is allocated inside a launch).
 
 The step inputs live in one host block mirrored by one device block at the same offsets, so a
-step's inputs go over in a single copy and a captured graph finds them at fixed addresses."""
+step's inputs go over in a single copy and a captured graph finds them at fixed addresses. The
+sampled tokens come last and are not in that copy: only the card writes them, so the next step's
+feed (generation/feed.py) reads them on the card whatever the host's mirror holds."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import numpy as np
 
 from radiance.abi import (
     NUMPY, RAD_DT_ENCODED, RAD_DT_U8, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RadTensor,
-    RadWeightPlanes, dtype_from_numpy, rad_device_tensor,
+    RAD_STEP_TOKENS, RadWeightPlanes, dtype_from_numpy, rad_device_tensor,
 )
 
 from .step_inputs import StepInputs
@@ -29,11 +31,12 @@ class DeviceInputs(StepInputs):
     def __init__(self, device, max_tokens: int, max_seqs: int, max_blocks: int):
         super().__init__(max_tokens, max_seqs, max_blocks)
         offsets, end = {}, 0
-        for name, array in self.arrays.items():
+        for name in sorted(self.arrays, key=lambda name: name == RAD_STEP_TOKENS):  # the tokens last
             offsets[name] = end
-            end = _aligned(end + array.nbytes)
+            end = _aligned(end + self.arrays[name].nbytes)
         self.block = np.zeros(end, np.uint8)
         self.offsets = offsets
+        self.sent = offsets[RAD_STEP_TOKENS]  # the bytes a step copies to the card: all but the tokens
         for name, array in list(self.arrays.items()):
             view = self.block[offsets[name]:offsets[name] + array.nbytes].view(array.dtype).reshape(array.shape)
             self.arrays[name] = view

@@ -9,7 +9,8 @@ from collections import defaultdict
 import numpy as np
 
 from radiance.abi import (
-    NUMPY, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_LINK_ENDED, RAD_OK, RadArgs, rad_tensor,
+    NUMPY, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_LINK_ENDED, RAD_OK, RAD_STEP_IDS, RAD_STEP_TOKENS,
+    RadArgs, rad_tensor,
 )
 
 from radiance.collectives.chain import ChainWords
@@ -79,8 +80,12 @@ class Executor:
                        scratch_bytes=0 if scratch is None else scratch.size, instance=band.instance, peers=self.peers)
         return launch, args
 
-    def run(self, tokens: int, seqs: int) -> None:
-        """One step over `tokens` tokens of `seqs` sequences; the step inputs are written already."""
+    def run(self, tokens: int, seqs: int, feed=None) -> None:
+        """One step over `tokens` tokens of `seqs` sequences; the step inputs are written already.
+        `feed` (generation/feed.py): ids taken from the tokens the last step sampled, which the
+        step inputs still hold (a plan never writes the sampled tokens)."""
+        if feed is not None:
+            feed.apply(self.inputs[RAD_STEP_IDS], self.inputs[RAD_STEP_TOKENS])
         plan = self._plans.get((tokens, seqs))
         if plan is None:
             if len(self._plans) >= MAX_CACHED_SHAPES:

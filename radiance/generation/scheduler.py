@@ -57,13 +57,19 @@ class Scheduler:
         victim.num_computed = 0
         self.waiting.appendleft(victim)
 
+    def settled(self, sequence: Sequence) -> bool:
+        """Whether a token in flight is certain to end the sequence (its max_tokens or the context),
+        so it is not planned again: run ahead costs no discarded step for a length limit."""
+        return bool(sequence.pending) and (sequence.num_outputs >= sequence.params.max_tokens
+                                           or sequence.num_tokens >= self.max_context)
+
     def schedule(self) -> StepPlan:
         chunks, budget = [], self.max_tokens
         for sequence in list(self.running):
             if budget == 0:
                 break
-            if sequence not in self.running:
-                continue  # preempted below
+            if sequence not in self.running or self.settled(sequence):
+                continue  # preempted below, or ending with the step in flight
             count = min(sequence.num_tokens - sequence.num_computed, budget)
             while not self.blocks.can_allocate(sequence, sequence.num_computed + count):
                 if self.running[-1] is sequence and len(self.running) == 1:
@@ -78,6 +84,8 @@ class Scheduler:
             budget -= count
         while self.waiting and budget and len(self.running) < self.max_seqs:
             sequence = self.waiting[0]
+            if self.settled(sequence):
+                break  # preempted with its last token in flight: it ends when that token comes
             if not self.blocks.can_allocate(sequence, sequence.num_tokens + 1):
                 break
             self.waiting.popleft()
@@ -90,6 +98,7 @@ class Scheduler:
 
     def finish(self, sequence: Sequence, reason: str) -> None:
         sequence.finish_reason = sequence.finish_reason or reason
+        sequence.pending = 0  # what a step in flight samples for it is dropped when that step comes back
         if sequence in self.running:
             self.running.remove(sequence)
         elif sequence in self.waiting:

@@ -34,17 +34,27 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     output_ids: list[int] = field(default_factory=list)
-    num_computed: int = 0  # tokens whose k/v are in the cache
+    num_computed: int = 0  # tokens whose k/v are in the cache (or on their way: a step in flight)
+    # Tokens the ranks sampled in steps in flight, not known here yet (run ahead; at most 2: one
+    # step collected while the next is submitted). A finished sequence has none: its are dropped.
+    pending: int = 0
     blocks: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length", "cancelled"
 
     @property
     def token_ids(self) -> list[int]:
+        """The tokens known here (the pending ones not among them)."""
         return self.prompt_ids + self.output_ids
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Every token, the pending ones too: what the scheduler plans and the KV cache holds."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.pending
+
+    @property
+    def num_outputs(self) -> int:
+        """Outputs sampled so far, the pending ones too (the sampler's counter of the next)."""
+        return len(self.output_ids) + self.pending
 
     @property
     def finished(self) -> bool:

@@ -1,5 +1,6 @@
 """A scheduled step written as the arrays every rank's step inputs take (and a coordinator can
-send): ids, positions, slots, the sequence boundaries, block tables and sampling parameters."""
+send): ids, positions, slots, the sequence boundaries, block tables and sampling parameters; and,
+when it is planned while the step before it runs, the feed of the ids that step samples (feed.py)."""
 
 import numpy as np
 
@@ -8,11 +9,14 @@ from radiance.abi import (
     RAD_STEP_POSITIONS, RAD_STEP_RNG, RAD_STEP_SLOTS, RAD_STEP_TEMPERATURE, RAD_STEP_TOP_K, RAD_STEP_TOP_P,
 )
 
+from .feed import PLACEHOLDER, Feed
 from .kv_blocks import BlockManager
 from .scheduler import StepPlan
 
 
-def plan_arrays(plan: StepPlan, blocks: BlockManager, max_blocks: int) -> dict:
+def plan_arrays(plan: StepPlan, blocks: BlockManager, max_blocks: int, previous: dict | None = None) -> tuple[dict, Feed | None]:
+    """(the arrays, the feed). `previous`: sequence -> the index of its token among the tokens of
+    the step in flight, for the sequences whose last token that step samples (pending here)."""
     seqs, tokens = len(plan.chunks), plan.tokens
     arrays = {
         RAD_STEP_IDS: np.empty(tokens, np.int32), RAD_STEP_POSITIONS: np.empty(tokens, np.int32),
@@ -22,12 +26,19 @@ def plan_arrays(plan: StepPlan, blocks: BlockManager, max_blocks: int) -> dict:
         RAD_STEP_TEMPERATURE: np.empty(seqs, np.float32), RAD_STEP_TOP_K: np.empty(seqs, np.int32),
         RAD_STEP_TOP_P: np.empty(seqs, np.float32), RAD_STEP_RNG: np.empty((seqs, 2), np.uint64),
     }
-    offset = 0
+    offset, fed = 0, []
     for s, chunk in enumerate(plan.chunks):
         sequence, stop = chunk.sequence, offset + chunk.count
         positions = np.arange(chunk.start, chunk.start + chunk.count)
         table = np.asarray(sequence.blocks, np.int32)
-        arrays[RAD_STEP_IDS][offset:stop] = sequence.token_ids[chunk.start:chunk.start + chunk.count]
+        known = sequence.token_ids[chunk.start:chunk.start + chunk.count]
+        arrays[RAD_STEP_IDS][offset:offset + len(known)] = known
+        if len(known) < chunk.count:  # the last position is the token the step in flight samples
+            if chunk.count - len(known) != 1 or previous is None or sequence not in previous:
+                raise RuntimeError(f"sequence {sequence.id}: {chunk.count - len(known)} ids planned that no step "
+                                   f"in flight samples")
+            arrays[RAD_STEP_IDS][stop - 1] = PLACEHOLDER
+            fed.append((stop - 1, previous[sequence]))
         arrays[RAD_STEP_POSITIONS][offset:stop] = positions
         arrays[RAD_STEP_SLOTS][offset:stop] = table[positions // blocks.block_size] * blocks.block_size + \
             positions % blocks.block_size
@@ -39,7 +50,7 @@ def plan_arrays(plan: StepPlan, blocks: BlockManager, max_blocks: int) -> dict:
         arrays[RAD_STEP_TEMPERATURE][s] = params.temperature
         arrays[RAD_STEP_TOP_K][s] = params.top_k
         arrays[RAD_STEP_TOP_P][s] = params.top_p
-        arrays[RAD_STEP_RNG][s] = (params.seed, len(sequence.output_ids))
+        arrays[RAD_STEP_RNG][s] = (params.seed, sequence.num_outputs)  # the pending ones counted: they come first
         offset = stop
     arrays[RAD_STEP_CU_SEQLENS][seqs] = offset
-    return arrays
+    return arrays, Feed.of(fed)

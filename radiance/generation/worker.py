@@ -17,6 +17,7 @@ from radiance.engine.resolve import resolve_graph
 from radiance.engine.shard import Shard, elide_collectives, shard_buffers, shard_nodes
 from radiance.log import get_logger
 
+from .feed import Feed
 from .options import EngineOptions
 
 log = get_logger("radiance.worker")
@@ -34,6 +35,7 @@ class Worker:
         process sees when options.device is 'auto', and runs on the host where it sees none."""
         self.options, self.registry, self.shard = options, registry, shard
         self.device, self._own_device = device, False
+        self.last_seqs = 0  # tokens the last step sampled, which the next step's feed may read
         if device is None and options.device == "auto":
             from radiance.ranks.device.selection import open_device
 
@@ -95,14 +97,20 @@ class Worker:
         for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=True if quiet else None, leave=False):
             load(name, band)
 
-    def execute(self, arrays: dict) -> np.ndarray:
-        """Run one step from its plan arrays; the sampled token of every sequence."""
+    def execute(self, arrays: dict, feed: Feed | None = None) -> np.ndarray:
+        """Run one step from its plan arrays; the sampled token of every sequence. `feed`: ids this
+        step takes from the tokens of the step this worker ran last (generation/feed.py), which
+        the executor copies where they are (the card's token buffer, or the host's)."""
         inputs = self.executor.inputs
+        tokens, seqs = len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS])
+        if feed is not None:
+            feed.check(tokens, self.last_seqs)
         for name, array in arrays.items():
             target = inputs[name]
             target[tuple(slice(0, extent) for extent in array.shape)] = array
-        seqs = len(arrays[RAD_STEP_CONTEXT_LENS])
-        self.executor.run(len(arrays[RAD_STEP_IDS]), seqs)
+        self.last_seqs = 0  # a step that fails leaves nothing to feed from
+        self.executor.run(tokens, seqs, feed)
+        self.last_seqs = seqs
         return inputs[RAD_STEP_TOKENS][:seqs].copy()
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
@@ -107,22 +107,30 @@ class EngineLoop:
         self.shapes = StepShapes()
         self.failure: BaseException | None = None
         self.steps = 0
-        self._last_shape = None
-        self._wrap_execute()
+        self._collected = None  # the shape of the step whose result the last engine step took
+        self._wrap_steps()
         blocks, scheduler = engine.blocks, engine.scheduler
         metrics.watch(waiting=lambda: len(scheduler.waiting) + self.inbox.qsize(),
                       running=lambda: len(scheduler.running), kv_usage=lambda: blocks.usage,
                       kv_blocks=blocks.num_blocks)
 
-    def _wrap_execute(self) -> None:
-        execute = self.engine.execute
+    def _wrap_steps(self) -> None:
+        """Count every plan's shape as it goes to the ranks, and note when a step's result came
+        (run ahead, a step's plan goes out one engine step before its result comes back)."""
+        submit, collect = self.engine.submit, self.engine.collect
+        shapes = deque()  # of the steps submitted and not collected, oldest first
 
-        def counted(arrays):
-            self._last_shape = (len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS]))
-            self.shapes.add(*self._last_shape)
-            return execute(arrays)
+        def counted(arrays, feed):
+            shapes.append((len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS])))
+            self.shapes.add(*shapes[-1])
+            return submit(arrays, feed)
 
-        self.engine.execute = counted
+        def noted():
+            tokens = collect()
+            self._collected = shapes.popleft()
+            return tokens
+
+        self.engine.submit, self.engine.collect = counted, noted
 
     # ---- any thread -----------------------------------------------------------------------------
 
@@ -150,6 +158,8 @@ class EngineLoop:
                 if self.engine.scheduler.has_work:
                     self._step()
                 else:
+                    self.engine.settle()  # run ahead: a step of ended sequences only, still on the ranks
+                    self._collected = None  # no step of a request's: nothing for the step metrics
                     self.ranks.idle(self.wake)
         except BaseException as error:
             self.failure = error
@@ -193,9 +203,8 @@ class EngineLoop:
         produced = self.engine.step()
         now = time.perf_counter()
         self.steps += 1
-        if self._last_shape is not None:  # a step ran on the ranks
-            step_tokens, step_seqs = self._last_shape
-            self._last_shape = None
+        if self._collected is not None:  # a step came back from the ranks
+            (step_tokens, step_seqs), self._collected = self._collected, None
             self.metrics.step.observe(now - start)
             self.metrics.step_tokens.observe(step_tokens)
             self.metrics.step_seqs.observe(step_seqs)

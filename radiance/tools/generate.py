@@ -85,12 +85,13 @@ def split(params: dict) -> tuple[dict, dict, dict, dict]:
 @options.kernels
 @options.accept_reference
 @options.debug_selection
+@options.run_ahead
 @click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
-def main(tp, debug_selection, verbose, **params):
+def main(tp, debug_selection, run_ahead, verbose, **params):
     """Generate with a .rad model on this machine's CPU (or the card it sees), or serve it (--serve)."""
     if tp < 1:
         raise click.UsageError(f"--tp must be at least 1, not {tp}")
-    run("radiance", verbose, RankSettings(tp=tp, debug_selection=debug_selection), *split(params))
+    run("radiance", verbose, RankSettings(tp=tp, debug_selection=debug_selection, run_ahead=run_ahead), *split(params))
 
 
 if __name__ == "__main__":

@@ -25,13 +25,14 @@ from .generate import run, split
 @options.radiance_home
 @options.kernels
 @options.accept_reference
+@options.run_ahead
 @click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
-def main(tp, threads_per_rank, disable_p2p, stage_timeout, step_timeout, verbose, **params):
+def main(tp, threads_per_rank, disable_p2p, stage_timeout, step_timeout, run_ahead, verbose, **params):
     """Generate with a .rad model over TP ranks, or serve it (--serve)."""
     if tp < 1:
         raise click.UsageError(f"--tp must be at least 1, not {tp}")
     settings = RankSettings(tp=tp, launched=True, threads=threads_per_rank, disable_p2p=disable_p2p,
-                            stage_timeout=stage_timeout, step_timeout=step_timeout)
+                            stage_timeout=stage_timeout, step_timeout=step_timeout, run_ahead=run_ahead)
     run("radiance-launch", verbose, settings, *split(params))
 
 

@@ -11,6 +11,11 @@ kernels = click.option(
 accept_reference = click.option(
     "--debug-accept-reference-kernels", "accept_reference", is_flag=True,
     help="Let reference (oracle) rows serve.")
+run_ahead = click.option(
+    "--run-ahead/--no-run-ahead", default=None,
+    help="Plan step n+1 while the ranks run step n, the sampled token feeding it where it was sampled "
+         "(default: on for launched host ranks fewer than the cores, where it was measured to help; "
+         "off in process and on cards).")
 debug_selection = click.option(
     "--debug-selection", is_flag=True,
     help="Print the winner of every band and, for each loser, the constraint that refused it.")
