@@ -195,3 +195,13 @@ def test_a_wrong_operand_is_an_error_code_not_a_crash(registry):
     assert launch(row, [a, b, wrong], {"M": 2, "n": 8, "dtype": "f32"}) != RAD_OK
     short = np.ones((1, 8), np.float32)
     assert launch(row, [a, short, np.ones((2, 8), np.float32)], {"M": 2, "n": 8, "dtype": "f32"}) != RAD_OK
+
+
+def test_libr4d_fused_rows_replace_exactly_the_chains_libref_declares(registry):
+    """The chain text lives in each plugin (neither imports the other): held equal here."""
+    chains = {}
+    for library in registry.hierarchy:
+        for row in library.rows:
+            if row.info.replaces:
+                chains.setdefault(row.op, set()).add(row.info.replaces)
+    assert all(len(texts) == 1 for texts in chains.values()), chains
