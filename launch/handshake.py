@@ -5,7 +5,7 @@ the ranks would deadlock on different collective rows) and the agreement of ever
 from dataclasses import dataclass
 
 from radiance.log import get_logger
-from radiance.ranks.device.probe import probe_rounds
+from radiance.device.probe import probe_rounds
 
 from .coordinator import Coordinator, LaunchError
 
@@ -37,7 +37,7 @@ class Agreement:
 
 def relay_probe(coordinator: Coordinator) -> None:
     """The P2P probe's all-gathers: each round, every rank's payload to every rank; as many rounds as
-    ranks/device/probe.py exchanges, whatever fails (none for one card rank: it has no peer)."""
+    radiance/device/probe.py exchanges, whatever fails (none for one card rank: it has no peer)."""
     for round_number in range(probe_rounds(coordinator.world)):
         payloads = coordinator.gather("probe", f"P2P probe, round {round_number + 1}")
         coordinator.broadcast("probed", arrays={f"rank{rank}": arrays["payload"] for rank, (_, arrays) in payloads.items()})

@@ -19,7 +19,7 @@ from radiance.generation.options import EngineOptions
 from radiance.generation.worker import Worker
 from radiance.log import get_logger
 
-from radiance.ranks.device.selection import backend_name
+from radiance.device.selection import backend_name
 
 from .facts import measure_facts
 

@@ -59,8 +59,8 @@ def _card_checks(rank, run_id, barrier, report):
     from radiance.collectives.shm import list_run
     from radiance.engine.device_stream import EngineStream
     from radiance.plugins.kernels.libr4d import collectives_device as rows
-    from radiance.ranks.device import CompileCache
-    from radiance.ranks.device.cuda import CudaDevice
+    from radiance.device import CompileCache
+    from radiance.device.cuda import CudaDevice
 
     host = HostPeers.create(run_id, rank, WORLD, 4096)
     barrier.wait(timeout=60)

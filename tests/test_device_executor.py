@@ -20,7 +20,7 @@ from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
 from radiance.generation.worker import Worker
-from radiance.ranks.device.fake import FakeDevice
+from radiance.device.fake import FakeDevice
 
 FIXTURE = Path(__file__).parent / "fixtures" / "fakedev.py"
 PROMPTS = [list(range(1, 30)), [5, 9, 200, 17]]

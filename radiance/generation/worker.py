@@ -31,13 +31,13 @@ class Worker:
     resolves: Worker(options, registry) opens and declares; build() resolves and loads."""
 
     def __init__(self, options: EngineOptions, registry: Registry, shard: Shard = Shard(0, 1), device=None):
-        """`device`: the card to run on (a radiance.ranks.device Device); None opens the card this
+        """`device`: the card to run on (a radiance.device Device); None opens the card this
         process sees when options.device is 'auto', and runs on the host where it sees none."""
         self.options, self.registry, self.shard = options, registry, shard
         self.device, self._own_device = device, False
         self.last_seqs = 0  # tokens the last step sampled, which the next step's feed may read
         if device is None and options.device == "auto":
-            from radiance.ranks.device.selection import open_device
+            from radiance.device.selection import open_device
 
             self.device = open_device()
             self._own_device = self.device is not None
