@@ -12,7 +12,7 @@ import zmq
 
 from radiance.collectives.ring import PeerGone
 from radiance.log import get_logger
-from radiance.wire import Wire
+from radiance.collectives.wire import Wire
 
 from .run_folder import RunFolder
 from .spawn import spawn_rank

@@ -14,7 +14,7 @@ import zmq
 
 from radiance.collectives.shm import unlink_run
 from radiance.log import get_logger
-from radiance.wire import Wire
+from radiance.collectives.wire import Wire
 
 from .lifecycle import die_with_parent, exit_on_sigterm, limit_threads, terminated
 from .session import RankSession
