@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from radiance.abi import RAD_DT_ENCODED, RAD_DT_NONE, RAD_OK, RadArgs, RadTensor, rad_tensor
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from radiance.weights import formats
 from radiance.weights.planes import plane_raw
 

@@ -16,7 +16,7 @@ from collections import deque
 
 import numpy as np
 
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from radiance.generation.feed import Feed
 from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec

@@ -12,8 +12,8 @@ import numpy as np
 
 from radiance.collectives.ring import RingReader, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_array
-from radiance.engine.registry import Registry
-from radiance.engine.shard import Shard
+from radiance.engine.loading.registry import Registry
+from radiance.engine.selection.shard import Shard
 from radiance.generation.feed import Feed
 from radiance.generation.options import EngineOptions
 from radiance.generation.worker import Worker

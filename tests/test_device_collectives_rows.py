@@ -57,7 +57,7 @@ def _card_checks(rank, run_id, barrier, report):
     from radiance.collectives.device_peers import DevicePeers
     from radiance.collectives.peers import HostPeers
     from radiance.collectives.shm import list_run
-    from radiance.engine.device_stream import EngineStream
+    from radiance.engine.running.device_stream import EngineStream
     from radiance.plugins.kernels.libr4d import collectives_device as rows
     from radiance.device import CompileCache
     from radiance.device.cuda import CudaDevice

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from radiance.abi import NUMPY, RAD_OK, RadArgs, rad_tensor
-from radiance.engine.device_targets import runs_on
-from radiance.engine.registry import Registry
-from radiance.engine.selection import SelectionError
+from radiance.engine.selection.device_targets import runs_on
+from radiance.engine.loading.registry import Registry
+from radiance.engine.selection.bands import SelectionError
 from radiance.generation.engine import Engine
 from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
@@ -200,7 +200,7 @@ def test_a_scratch_hook_that_asks_for_nothing_gets_nothing(tmp_path, tiny_model)
 
 def test_a_device_row_that_returns_an_error_fails_the_step_naming_the_node(tmp_path, tiny_model):
     from radiance.abi import RAD_E_INVALID
-    from radiance.engine.executor import StepError
+    from radiance.engine.running.host import StepError
 
     registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
     device = fake_card(registry)

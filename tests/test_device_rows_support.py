@@ -27,7 +27,7 @@ def card():
         device = open_device(environ)
     except Exception as error:  # the binding missing, or no card behind the variable
         return None, None, f"no card: {type(error).__name__}: {error}"
-    from radiance.engine.device_stream import EngineStream
+    from radiance.engine.running.device_stream import EngineStream
     return device, EngineStream(device), None
 
 

@@ -85,7 +85,7 @@ def test_two_fake_cards_give_one_cards_tokens(tiny_model, fake_cards, host_token
 
 def test_two_fake_cards_run_ahead_to_one_cards_tokens(tiny_model, fake_cards, host_tokens):
     """Run ahead through the real launcher: each rank's step takes its ids from its own card's token
-    buffer (device_executor.py), the coordinator never sending a token."""
+    buffer (radiance/engine/running/device.py), the coordinator never sending a token."""
     tokens, agreed = generate(tiny_model, fake_cards, tp=2, run_ahead=True)
     assert tokens == host_tokens
     assert leftovers(agreed) == []

@@ -8,10 +8,10 @@ import pytest
 
 from radiance.abi import RAD_DOMAIN_HOST, RAD_DT_F32, RAD_EXTENT_TOKENS
 from radiance.collectives.gate import LinkScheduler
-from radiance.engine.executor import Executor
-from radiance.engine.registry import Registry
-from radiance.engine.resolve import resolve_graph
-from radiance.engine.shard import RankBuffer, RankNode
+from radiance.engine.running.host import Executor
+from radiance.engine.loading.registry import Registry
+from radiance.engine.selection.resolve import resolve_graph
+from radiance.engine.selection.shard import RankBuffer, RankNode
 
 ADD_NORM = "add(residual,delta,residual)+rmsnorm(residual,w,y)"
 

@@ -3,7 +3,7 @@ stop conditions. The oracle library serves, so the numbers are the reference's."
 
 import pytest
 
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from radiance.generation.engine import Engine
 from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams

@@ -3,7 +3,7 @@
 import pytest
 
 from radiance.abi import RAD_ABI_VERSION
-from radiance.engine.registry import KernelsError, Registry
+from radiance.engine.loading.registry import KernelsError, Registry
 
 GEMM = """
 SCHEMAS = [schema("t_gemm", ("M", "N"))]

@@ -5,10 +5,10 @@ so marked never overlaps anything; dependent nodes never overlap."""
 
 from radiance.abi import RAD_DOMAIN_HOST, RAD_DT_F32, RAD_EXTENT_TOKENS
 from radiance.collectives.gate import LinkScheduler
-from radiance.engine.executor import Executor
-from radiance.engine.registry import Registry
-from radiance.engine.resolve import resolve_graph
-from radiance.engine.shard import RankBuffer, RankNode
+from radiance.engine.running.host import Executor
+from radiance.engine.loading.registry import Registry
+from radiance.engine.selection.resolve import resolve_graph
+from radiance.engine.selection.shard import RankBuffer, RankNode
 
 PLUGIN = """
 import time

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from radiance.generation.engine import Engine
 from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams

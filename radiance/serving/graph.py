@@ -18,8 +18,8 @@ def declared_nodes(graph) -> list[dict]:
 def open_declared(model_path: str, radiance_home: str | None, kernels: str | None, hyper: dict) -> list[dict]:
     """The declared graph of a model, for /graph whatever ranks run it: the architecture plugin
     declares it again here (no weight is read)."""
-    from radiance.engine.model import open_model
-    from radiance.engine.registry import Registry
+    from radiance.engine.loading.model import open_model
+    from radiance.engine.loading.registry import Registry
 
     model = open_model(model_path, Registry(radiance_home, kernels), hyper)
     try:

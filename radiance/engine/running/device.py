@@ -28,8 +28,8 @@ from radiance.collectives.gate import LinkGateError
 
 from .device_memory import DeviceMemory
 from .device_stream import EngineStream
-from .executor import MAX_CACHED_SHAPES, check_status
-from .resolve import Launch, ResolvedGraph
+from .host import MAX_CACHED_SHAPES, check_status
+from radiance.engine.selection.resolve import Launch, ResolvedGraph
 
 
 class DeviceExecutor:

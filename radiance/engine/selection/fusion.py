@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from radiance.abi import RAD_DERIVED, RAD_OPD_IN, RAD_OPD_INOUT, RAD_OPD_OUT, RAD_OPD_WEIGHT, RAD_OPD_WTAB, RadOpSchema
 
-from .records import Plugin, Row
+from radiance.engine.loading.records import Plugin, Row
 from .shard import RankNode
 
 LINK = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\(([^()]*)\)")

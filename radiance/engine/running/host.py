@@ -18,7 +18,7 @@ from radiance.collectives.gate import LinkScheduler
 
 from .overlap import Overlap, runs
 from .rank_weights import RankWeights
-from .resolve import Launch, ResolvedGraph
+from radiance.engine.selection.resolve import Launch, ResolvedGraph
 from .step_inputs import StepInputs
 
 MAX_CACHED_SHAPES = 64  # (tokens, seqs) shapes whose launch plans are kept; decode reuses a handful

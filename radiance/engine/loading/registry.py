@@ -8,7 +8,7 @@ from pathlib import Path
 from radiance.abi import RAD_FACT_PREFIX, RAD_PLUGIN_ARCH, RAD_PLUGIN_KERNEL, RAD_PLUGIN_QUANT, RadOpSchema
 from radiance.log import get_logger
 
-from .fusion import declaration_problem
+from radiance.engine.selection.fusion import declaration_problem
 from .hierarchy import entry_matches, order_libraries, parse_kernels
 from .homes import discover, search_path
 from .loader import load_plugin
