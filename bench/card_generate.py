@@ -82,7 +82,7 @@ def launches_per_step(worker) -> int | None:
 
 
 def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=True):
-    from radiance.generation.options import EngineOptions
+    from radiance.config import EngineOptions
     from radiance.launch.ranks import engine_over, open_ranks
 
     os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"  # in process: one card
@@ -101,7 +101,7 @@ def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=Tru
 
 
 def launched(model, tp, graphs, prompt_ids, tokens, chain=True, profile=False):
-    from radiance.generation.options import EngineOptions
+    from radiance.config import EngineOptions
     from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 
     result = {}

@@ -26,7 +26,7 @@ def smollm2_gguf() -> Path:
 def radiance_run(model: Path, prompt_ids: list[int], decode_tokens: int, profile: bool):
     from collections import Counter
 
-    from radiance.generation.options import EngineOptions
+    from radiance.config import EngineOptions
     from radiance.generation.sequence import SamplingParams
     from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 

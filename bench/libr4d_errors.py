@@ -119,7 +119,7 @@ def rows_part(registry, seeds):
 def greedy(model, kernels, accept, tokens, aq=None):
     if aq is not None:
         os.environ["RADIANCE_R4D_AQ"] = str(aq)
-    from radiance.generation.options import EngineOptions
+    from radiance.config import EngineOptions
     from radiance.generation.sequence import SamplingParams
     from radiance.launch.ranks import engine_over, open_ranks
 

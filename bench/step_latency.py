@@ -46,7 +46,7 @@ quantizer = "q8_0"
 
 
 def measure(model: Path, tp: int, tokens: int, launched: bool = True, run_ahead: bool = False) -> dict:
-    from radiance.generation.options import EngineOptions
+    from radiance.config import EngineOptions
     from radiance.generation.sequence import SamplingParams
     from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 

@@ -16,12 +16,12 @@ from collections import deque
 
 import numpy as np
 
+from radiance.config import EngineOptions
 from radiance.engine.loading.registry import Registry
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
 from radiance.log import get_logger
+from radiance.ranks.worker import Worker
 
 from .devices import pin_this_process
 from .ranks import Ranks, RankSettings, run_ahead_default

@@ -9,8 +9,8 @@ import threading
 
 import numpy as np
 
+from radiance.config import EngineOptions
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
 from radiance.log import get_logger
 from radiance.weights.container_reader import Container

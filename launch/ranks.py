@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from radiance.config import EngineOptions
 from radiance.generation.engine import Engine
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
 
 from .coordinator import LaunchError

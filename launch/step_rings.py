@@ -15,8 +15,8 @@ from collections.abc import Callable
 from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
 from radiance.collectives.ring import RingReader, RingTimeout, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_dict
+from radiance.config import EngineOptions
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
 
 # Two steps (run ahead) and the stop after them fit with room to spare: the coordinator publishes
 # a plan only once it holds the result of the step two before it.

@@ -12,16 +12,15 @@ import numpy as np
 
 from radiance.collectives.ring import RingReader, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_array
+from radiance.config import EngineOptions
+from radiance.device.selection import backend_name
 from radiance.engine.loading.registry import Registry
 from radiance.engine.selection.shard import Shard
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
-from radiance.generation.worker import Worker
 from radiance.log import get_logger
 
-from radiance.device.selection import backend_name
-
 from .facts import measure_facts
+from .worker import Worker
 
 log = get_logger("radiance.rank")
 RESULT_SLOTS = 2

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from radiance.abi import NUMPY, RAD_OK, RadArgs, rad_tensor
-from radiance.engine.selection.device_targets import runs_on
+from radiance.config import EngineOptions
+from radiance.device.fake import FakeDevice
 from radiance.engine.loading.registry import Registry
 from radiance.engine.selection.bands import SelectionError
+from radiance.engine.selection.device_targets import runs_on
 from radiance.generation.engine import Engine
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
-from radiance.device.fake import FakeDevice
+from radiance.ranks.worker import Worker
 
 FIXTURE = Path(__file__).parent / "fixtures" / "fakedev.py"
 PROMPTS = [list(range(1, 30)), [5, 9, 200, 17]]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from radiance.generation.options import EngineOptions
+from radiance.config import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 

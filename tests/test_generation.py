@@ -3,12 +3,12 @@ stop conditions. The oracle library serves, so the numbers are the reference's."
 
 import pytest
 
+from radiance.config import EngineOptions
 from radiance.engine.loading.registry import Registry
 from radiance.generation.engine import Engine
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
+from radiance.ranks.worker import Worker
 
 
 def make_engine(model, **overrides):

@@ -4,7 +4,7 @@ parallel ranks agree with one rank; what a user meets on the way in and out."""
 import numpy as np
 import pytest
 
-from radiance.generation.options import EngineOptions
+from radiance.config import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 

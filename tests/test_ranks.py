@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from radiance.generation.options import EngineOptions
+from radiance.config import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.launch.in_process import InProcessRanks
 from radiance.launch.launched import LaunchedRanks
@@ -66,7 +66,7 @@ def test_the_launcher_does_not_import_the_cli():
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
-BEHIND_THE_INTERFACE = ("radiance.generation.worker", "radiance.launch.coordinator", "radiance.launch.handshake",
+BEHIND_THE_INTERFACE = ("radiance.ranks.worker", "radiance.launch.coordinator", "radiance.launch.handshake",
                         "radiance.launch.in_process", "radiance.launch.launched")
 
 

@@ -8,9 +8,9 @@ nothing is left in flight or in the KV cache."""
 import numpy as np
 import pytest
 
+from radiance.config import EngineOptions
 from radiance.generation.engine import Engine
 from radiance.generation.feed import Feed, FeedError
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.launch.ranks import RankSettings, engine_over, open_ranks
 

@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from radiance.generation.options import EngineOptions
+from radiance.config import EngineOptions
 from radiance.generation.text import TextCodec
 from radiance.launch.ranks import engine_over, open_ranks
 from radiance.serving.loop import TextStream

@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
+from radiance.config import EngineOptions
 from radiance.engine.loading.registry import Registry
 from radiance.generation.engine import Engine
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
+from radiance.ranks.worker import Worker
 
 PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "Water boils at a temperature of"]
 

@@ -14,8 +14,9 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from radiance.config import EngineOptions
+
 from .kv_blocks import BlockManager
-from .options import EngineOptions
 from .scheduler import Scheduler, StepPlan
 from .sequence import SamplingParams, Sequence
 from .step_plan import plan_arrays

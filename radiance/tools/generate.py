@@ -7,8 +7,8 @@ import sys
 
 import click
 
+from radiance.config import EngineOptions
 from radiance.generation.engine import Engine
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.launch.ranks import RANK_ERRORS, RankSettings, engine_over, open_ranks
 from radiance.serving.options import check_mode, max_seqs_for, serve_options

@@ -7,18 +7,17 @@ from tqdm import tqdm
 
 from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
 from radiance.collectives.gate import LinkGate, LinkScheduler
-from radiance.engine.running.device import DeviceExecutor
-from radiance.engine.selection.device_targets import leave_out_foreign_device_code
-from radiance.engine.running.host import Executor
+from radiance.config import EngineOptions
 from radiance.engine.loading.model import open_model
-from radiance.engine.running.rank_weights import RankWeights
 from radiance.engine.loading.registry import Registry
+from radiance.engine.running.device import DeviceExecutor
+from radiance.engine.running.host import Executor
+from radiance.engine.running.rank_weights import RankWeights
+from radiance.engine.selection.device_targets import leave_out_foreign_device_code
 from radiance.engine.selection.resolve import resolve_graph
 from radiance.engine.selection.shard import Shard, elide_collectives, shard_buffers, shard_nodes
+from radiance.generation.feed import Feed
 from radiance.log import get_logger
-
-from .feed import Feed
-from .options import EngineOptions
 
 log = get_logger("radiance.worker")
 
