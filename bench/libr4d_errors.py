@@ -119,12 +119,12 @@ def rows_part(registry, seeds):
 def greedy(model, kernels, accept, tokens, aq=None):
     if aq is not None:
         os.environ["RADIANCE_R4D_AQ"] = str(aq)
-    from radiance.config import EngineOptions
+    from radiance.config import Config
     from radiance.generation.sequence import SamplingParams
-    from radiance.launch.ranks import engine_over, open_ranks
+    from radiance.launch import engine_over, open_ranks
 
     out = []
-    with open_ranks(EngineOptions(model=str(model), kernels=kernels, accept_reference=accept)) as ranks:
+    with open_ranks(Config(model=str(model), kernels=kernels, accept_reference=accept)) as ranks:
         engine = engine_over(ranks)
         for prompt in PROMPTS:
             sequence = engine.add(engine.text.encode(prompt), SamplingParams(max_tokens=tokens, temperature=0.0))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from radiance.abi import NUMPY, RAD_OK, RadArgs, rad_tensor
-from radiance.config import EngineOptions
+from radiance.config import Config
 from radiance.device.fake import FakeDevice
 from radiance.engine.loading.registry import Registry
 from radiance.engine.selection.bands import SelectionError
@@ -69,10 +69,10 @@ def fake_card(registry) -> FakeDevice:
 
 
 def generate(model, registry, device=None, **overrides):
-    options = EngineOptions(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
-    worker = Worker(options, registry, device=device).build()
+    config = Config(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
+    worker = Worker(config, device=device, registry=registry).build()
     container = worker.model.container
-    engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper))
+    engine = Engine(config, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper))
     sequences = [engine.add(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for prompt in PROMPTS]
     while engine.scheduler.has_work:
         engine.step()
@@ -124,8 +124,8 @@ def test_a_decode_step_replays_its_graph_without_building_launches(tmp_path, tin
 
 def test_a_library_whose_device_code_does_not_run_on_the_card_is_left_out(tmp_path, tiny_model, capfd):
     registry = Registry(radiance_home=fake_home(tmp_path, build_target="hip"), kernels="fakedev,libref")
-    options = EngineOptions(model=str(tiny_model), accept_reference=True, progress=False, device="host")
-    worker = Worker(options, registry, device=FakeDevice())
+    config = Config(model=str(tiny_model), accept_reference=True, progress=False, device="host")
+    worker = Worker(config, device=FakeDevice(), registry=registry)
     with pytest.raises(SelectionError) as error:
         worker.build()
     assert "device domain" in str(error.value) and "embedding" in str(error.value)
@@ -145,7 +145,7 @@ def test_build_targets(build_target, vendor, target, runs):
 
 def test_an_unknown_device_choice_is_refused(tiny_model):
     with pytest.raises(ValueError, match="device must be 'auto' or 'host'"):
-        EngineOptions(model=str(tiny_model), device="gpu")
+        Config(model=str(tiny_model), device="gpu")
 
 
 def test_a_profiled_step_times_every_op_with_card_events(tmp_path, tiny_model):
@@ -268,11 +268,11 @@ class OnTheCard:
 
 def generate_ahead(model, registry, device, **overrides):
     """generate()'s workload run ahead on the card; the tokens, the steps noted, the worker."""
-    options = EngineOptions(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
-    worker = Worker(options, registry, device=device).build()
+    config = Config(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
+    worker = Worker(config, device=device, registry=registry).build()
     container = worker.model.container
     card = OnTheCard(worker, device)
-    engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper),
+    engine = Engine(config, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper),
                     ahead=card)
     sequences = [engine.add(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for prompt in PROMPTS]
     while engine.scheduler.has_work:

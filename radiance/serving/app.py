@@ -51,10 +51,7 @@ class ServerState:
         """The declared graph for /graph, read once from the model (no weight is read)."""
         with self._declared_lock:
             if self._declared is None:
-                options = self.loop.engine.options
-                self._declared = open_declared(options.model, options.radiance_home, options.kernels,
-                                               {"activation_dtype": options.activation_dtype,
-                                                "block_size": options.block_size})
+                self._declared = open_declared(self.loop.engine.config)
             return self._declared
 
     @property
@@ -104,7 +101,7 @@ class ServerState:
 
     def sampling(self, body: Sampling, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> SamplingParams:
         engine = self.engine_loop().engine
-        context, length = engine.options.max_context, len(prompt_ids)
+        context, length = engine.config.max_context, len(prompt_ids)
         if length == 0:
             raise APIError(400, "the prompt is empty", param=prompt_param)
         if length >= context:
@@ -219,7 +216,7 @@ def create_app(state: ServerState) -> FastAPI:
     def model_card() -> dict:
         card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "radiance"}
         if state.loop is not None:
-            card["max_model_len"] = state.loop.engine.options.max_context
+            card["max_model_len"] = state.loop.engine.config.max_context
         return card
 
     @app.get("/v1/models")
