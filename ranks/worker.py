@@ -10,9 +10,7 @@ from radiance.collectives.gate import LinkGate, LinkScheduler
 from radiance.config import Config
 from radiance.engine.loading.model import open_model
 from radiance.engine.loading.registry import Registry
-from radiance.engine.running.device import DeviceExecutor
-from radiance.engine.running.host import Executor
-from radiance.engine.running.rank_weights import RankWeights
+from radiance.engine.running import open_executor
 from radiance.engine.selection.device_targets import leave_out_foreign_device_code
 from radiance.engine.selection.resolve import resolve_graph
 from radiance.engine.selection.shard import Shard, elide_collectives, shard_buffers, shard_nodes
@@ -76,25 +74,20 @@ class Worker:
                                    config.accept_reference, config.fusion)
         self.digest = self.graph.digest()
         self.lines = self.graph.lines()
-        self.weights = RankWeights(self.model, self.shard, self.link, load=device is None)
         tables = {table.name: table.table for table in self.model.graph.tables}
-        shape = (config.max_step_tokens, config.max_seqs, config.num_blocks * config.block_size, config.max_blocks)
-        if device is None:
-            self._load_weights(lambda name, band: self.weights.operand(name, band.row, band.geometry))
-            self.executor = Executor(self.graph, buffers, tables, self.weights, *shape, self.link, peers)
-        else:
-            self.executor = DeviceExecutor(self.graph, buffers, tables, self.weights, *shape, self.link, peers,
-                                           device, graphs=config.graphs, chain=config.chain)
-            self._load_weights(self.executor.weight)
+        self.executor = open_executor(self.graph, self.model, self.shard, buffers, tables, config, self.link, peers,
+                                      device)
+        self._load_weights()
 
-    def _load_weights(self, load) -> None:
-        """Every weight in the form its rows read, now (on the card, for a card rank), so the first
-        step does no loading."""
+    def _load_weights(self) -> None:
+        """Every weight in the form its rows read, where they read it, now, so the first step does
+        no loading."""
+        planes = self.executor.weights.planes
         uses = list({(name, id(launch.band)): (name, launch.band) for launch, _, _ in self.graph.issued()
-                     for name in launch.node.operands if name in self.weights.planes}.values())
+                     for name in launch.node.operands if name in planes}.values())
         quiet = not self.config.progress or self.shard.rank != 0
         for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=True if quiet else None, leave=False):
-            load(name, band)
+            self.executor.weight(name, band)
 
     def execute(self, arrays: dict, feed: Feed | None = None) -> np.ndarray:
         """Run one step from its plan arrays; the sampled token of every sequence. `feed`: ids this

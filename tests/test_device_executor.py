@@ -15,6 +15,9 @@ from radiance.abi import NUMPY, RAD_OK, RadArgs, rad_tensor
 from radiance.config import Config
 from radiance.device.fake import FakeDevice
 from radiance.engine.loading.registry import Registry
+from radiance.engine.running.device import DeviceExecutor
+from radiance.engine.running.executor import Executor
+from radiance.engine.running.host import HostExecutor
 from radiance.engine.selection.bands import SelectionError
 from radiance.engine.selection.device_targets import runs_on
 from radiance.generation.engine import Engine
@@ -82,6 +85,7 @@ def generate(model, registry, device=None, **overrides):
 @pytest.fixture(scope="module")
 def host_tokens(tiny_model):
     tokens, worker = generate(tiny_model, Registry(radiance_home="", kernels="libref"), max_seqs=2)
+    assert isinstance(worker.executor, HostExecutor)  # no card: the host's, behind the one interface
     worker.close()
     return tokens
 
@@ -95,6 +99,7 @@ def test_the_fake_card_gives_the_host_paths_tokens(tmp_path, tiny_model, host_to
         assert tokens == host_tokens
         assert {launch.band.row.plugin.name for launch, _, _ in worker.graph.issued()} == {"fakedev"}
         executor = worker.executor
+        assert isinstance(executor, DeviceExecutor) and isinstance(executor, Executor)
         assert bool(executor._graphs) == graphs
         if graphs:
             assert all(tokens == seqs for tokens, seqs in executor._graphs)
@@ -200,7 +205,7 @@ def test_a_scratch_hook_that_asks_for_nothing_gets_nothing(tmp_path, tiny_model)
 
 def test_a_device_row_that_returns_an_error_fails_the_step_naming_the_node(tmp_path, tiny_model):
     from radiance.abi import RAD_E_INVALID
-    from radiance.engine.running.host import StepError
+    from radiance.engine.running.executor import StepError
 
     registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
     device = fake_card(registry)
