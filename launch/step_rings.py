@@ -12,7 +12,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
+import numpy as np
+
+from radiance.abi import PLANNED, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, STEP_INPUTS
 from radiance.collectives.ring import RingReader, RingTimeout, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_dict
 from radiance.config import Config
@@ -32,10 +34,12 @@ POLL_SHARE, POLL_MIN_S, POLL_MAX_S = 0.05, 5e-5, 1e-3
 
 def plan_bytes(config: Config) -> int:
     """The largest plan record of an engine: generation/step_plan.py's arrays at their largest
-    (every array padded to 8 bytes), its feed (a token of every sequence), and its header."""
+    (radiance.abi's PLANNED step inputs), its feed (two int32 a sequence: a token of every one), and
+    its header; every array padded to 8 bytes."""
     tokens, seqs, blocks = config.max_step_tokens, config.max_seqs, config.max_blocks
-    arrays = 3 * tokens * 4 + (seqs + 1) * 4 + 5 * seqs * 4 + seqs * blocks * 4 + seqs * 2 * 8 + 2 * seqs * 4
-    return PLAN_HEADER_BYTES + arrays + 13 * 8
+    arrays = [np.dtype(STEP_INPUTS[name].dtype).itemsize * int(np.prod(STEP_INPUTS[name].shape(tokens, seqs, blocks)))
+              for name in PLANNED] + [seqs * 4, seqs * 4]
+    return PLAN_HEADER_BYTES + sum(-(-nbytes // 8) * 8 for nbytes in arrays)
 
 
 class StepRings:
