@@ -39,7 +39,7 @@ class Worker:
 
             self.device = open_device()
             self._own_device = self.device is not None
-        self.registry = registry or Registry(config.radiance_home, config.kernels)
+        self.registry = registry if registry is not None else Registry(config.radiance_home, config.kernels)
         self.model = open_model(config, self.registry)
 
     def collective_bytes(self) -> int:
