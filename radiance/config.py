@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from radiance.weights.container_reader import open_container
 
-# The options whose command-line flag is not their name with dashes.
+# The options whose command-line flag is not their name with dashes, and those no command takes.
 FLAGS = {"threads": "--threads-per-rank", "accept_reference": "--debug-accept-reference-kernels"}
+NO_FLAG = {"activation_dtype", "block_size", "num_blocks", "progress", "launched", "profile", "return_buffer"}
 
 
 class ConfigError(ValueError):
@@ -17,7 +18,8 @@ class ConfigError(ValueError):
 
 
 def flag(name: str) -> str:
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
+    """How an error names option `name`: its command-line flag, or the field where no command takes it."""
+    return name if name in NO_FLAG else FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 @dataclass(frozen=True)
