@@ -84,11 +84,11 @@ def launches_per_step(worker) -> int | None:
 
 
 def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=True):
-    from radiance.generation.options import EngineOptions
-    from radiance.launch.ranks import engine_over, open_ranks
+    from radiance.config import Config
+    from radiance.launch import engine_over, open_ranks
 
     os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"  # in process: one card
-    options = EngineOptions(model=str(model), progress=False, device=device, graphs=graphs, chain=chain,
+    options = Config(model=str(model), progress=False, device=device, graphs=graphs, chain=chain,
                             fusion=fusion, max_context=max(1024, len(prompt_ids) + tokens + 16))
     start = time.perf_counter()
     with open_ranks(options) as ranks:
@@ -107,17 +107,17 @@ def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=Tru
 
 
 def launched(model, tp, graphs, prompt_ids, tokens, chain=True, profile=False):
-    from radiance.generation.options import EngineOptions
-    from radiance.launch.ranks import RankSettings, engine_over, open_ranks
+    from radiance.config import Config
+    from radiance.launch import engine_over, open_ranks
 
     result = {}
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # the launcher pins each rank to the card it is given
     if USER_CARDS is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = USER_CARDS
     start = time.perf_counter()
-    options = EngineOptions(model=str(model), progress=False, graphs=graphs, chain=chain, max_context=1024)
-    settings = RankSettings(tp=tp, launched=True, stage_timeout=600.0, step_timeout=600.0, profile=profile)
-    with open_ranks(options, settings) as ranks:
+    options = Config(model=str(model), progress=False, graphs=graphs, chain=chain, max_context=1024, tp=tp,
+                     launched=True, stage_timeout=600.0, step_timeout=600.0, profile=profile)
+    with open_ranks(options) as ranks:
         engine = engine_over(ranks)
         steps, execute = [], engine.execute
 

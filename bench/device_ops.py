@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 
 from radiance.abi import RadArgs  # noqa: E402
-from radiance.engine.registry import Registry  # noqa: E402
+from radiance.engine.loading.registry import Registry  # noqa: E402
 from test_device_rows_support import Card, card  # noqa: E402
 from test_libr4d_support import activations, launch, make_weight, rel_err, row_of  # noqa: E402
 

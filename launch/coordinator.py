@@ -4,6 +4,7 @@ the plans ring every rank reads and takes the sampled tokens from rank 0's resul
 (step_rings.py), looking after zmq (errors, heartbeats) and the processes while it waits. It holds
 no card and computes nothing."""
 
+import dataclasses
 import json
 import os
 import time
@@ -11,8 +12,9 @@ import time
 import zmq
 
 from radiance.collectives.ring import PeerGone
+from radiance.collectives.wire import Wire
+from radiance.config import Config
 from radiance.log import get_logger
-from radiance.wire import Wire
 
 from .run_folder import RunFolder
 from .spawn import spawn_rank
@@ -27,9 +29,9 @@ class LaunchError(RuntimeError):
 
 
 class Coordinator:
-    def __init__(self, world: int, cards: list, threads: int, rank_options: dict, stage_timeout: float,
-                 step_timeout: float, heartbeat_timeout: float = 15.0):
-        self.world, self.stage_timeout, self.step_timeout = world, stage_timeout, step_timeout
+    def __init__(self, config: Config, cards: list, threads: int, heartbeat_timeout: float = 15.0):
+        """`config.tp` ranks, on `cards` (none: host ranks), each handed the config's fields."""
+        self.world, self.stage_timeout, self.step_timeout = config.tp, config.stage_timeout, config.step_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.folder = RunFolder()
         self.context = zmq.Context()
@@ -39,8 +41,9 @@ class Coordinator:
         self.wire = Wire(socket, self.folder.secret)
         self.last_beat = {}
         extra = {"RADIANCE_COORDINATOR": self.folder.endpoint("coordinator"), "RADIANCE_COORDINATOR_PID": str(os.getpid()), "RADIANCE_RUN_ID": self.folder.run_id,
-                 "RADIANCE_SECRET_FILE": str(self.folder.secret_file), "RADIANCE_RANK_OPTIONS": json.dumps(rank_options)}
-        self.ranks = [spawn_rank(rank, world, cards[rank] if cards else None, threads, extra) for rank in range(world)]
+                 "RADIANCE_SECRET_FILE": str(self.folder.secret_file), "RADIANCE_CONFIG": json.dumps(dataclasses.asdict(config))}
+        self.ranks = [spawn_rank(rank, self.world, cards[rank] if cards else None, threads, extra)
+                      for rank in range(self.world)]
         self.supervisor = Supervisor(self.ranks)
         self.last_step, self.last_result = {}, {}
         self.rings: StepRings | None = None  # once every rank has built (open_rings)
@@ -105,9 +108,9 @@ class Coordinator:
             waiting.discard(rank)
         return answers
 
-    def open_rings(self, options) -> None:
+    def open_rings(self, config: Config) -> None:
         """The plans ring, and rank 0's results ring attached (it made it before 'resolved')."""
-        self.rings = StepRings(self.folder.run_id, self.world, self.folder.secret, options)
+        self.rings = StepRings(self.folder.run_id, self.world, self.folder.secret, config)
         plans, results = self.rings.plans, self.rings.results
         log.info("steps go through shared memory: plans ring %d x %d KiB to %d rank%s, results ring %d x %d KiB "
                  "from rank 0", plans.slots, plans.slot_bytes >> 10, self.world, "" if self.world == 1 else "s",

@@ -4,8 +4,9 @@ the ranks would deadlock on different collective rows) and the agreement of ever
 
 from dataclasses import dataclass
 
+from radiance.config import Config
+from radiance.device.probe import probe_rounds
 from radiance.log import get_logger
-from radiance.ranks.device.probe import probe_rounds
 
 from .coordinator import Coordinator, LaunchError
 
@@ -37,7 +38,7 @@ class Agreement:
 
 def relay_probe(coordinator: Coordinator) -> None:
     """The P2P probe's all-gathers: each round, every rank's payload to every rank; as many rounds as
-    ranks/device/probe.py exchanges, whatever fails (none for one card rank: it has no peer)."""
+    radiance/device/probe.py exchanges, whatever fails (none for one card rank: it has no peer)."""
     for round_number in range(probe_rounds(coordinator.world)):
         payloads = coordinator.gather("probe", f"P2P probe, round {round_number + 1}")
         coordinator.broadcast("probed", arrays={f"rank{rank}": arrays["payload"] for rank, (_, arrays) in payloads.items()})
@@ -51,8 +52,8 @@ def first_difference(reference: list, other: list) -> str:
     return f"{len(other)} resolved bands where rank 0 has {len(reference)}"
 
 
-def handshake(coordinator: Coordinator, options, disable_p2p: bool, load_timeout: float) -> Agreement:
-    """Every stage in order (docs/RUNTIME.md); `options`: the engine's, which size the plans ring."""
+def handshake(coordinator: Coordinator, config: Config, load_timeout: float) -> Agreement:
+    """Every stage in order (docs/RUNTIME.md); `config` sizes the plans ring and may disable P2P."""
     hellos = coordinator.gather("hello", "hello")
     if any(meta.get("card") for meta, _ in hellos.values()):
         relay_probe(coordinator)
@@ -61,7 +62,7 @@ def handshake(coordinator: Coordinator, options, disable_p2p: bool, load_timeout
         if fact.get("card"):
             where = f" at PCI {fact['bus_id']}" if fact.get("bus_id") else ""
             log.info("rank %d: %s%s (%s)", rank, fact.get("name", "card"), where, fact.get("device.arch"))
-    combined, why = combine_facts(facts, disable_p2p)
+    combined, why = combine_facts(facts, config.disable_p2p)
     if not combined["device.p2p"]:
         log.info("collectives use the _host twins (device.p2p = 0): %s", why)
     coordinator.broadcast("combined", {"facts": combined})
@@ -74,7 +75,7 @@ def handshake(coordinator: Coordinator, options, disable_p2p: bool, load_timeout
         if meta["digest"] != resolved[0][0]["digest"]:
             raise LaunchError(f"rank {rank} resolved a different graph from rank 0's: "
                               f"{first_difference(reference, meta['lines'])}")
-    coordinator.open_rings(options)  # rank 0 made its results ring before 'resolved'
+    coordinator.open_rings(config)  # rank 0 made its results ring before 'resolved'
     coordinator.broadcast("go")
     coordinator.gather("ready", "ready")
     return Agreement(combined, resolved[0][0]["digest"], reference)

@@ -26,7 +26,3 @@ class RunFolder:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
-
-
-def read_secret(path: str) -> bytes:
-    return Path(path).read_bytes()

@@ -13,8 +13,9 @@ import traceback
 import zmq
 
 from radiance.collectives.shm import unlink_run
+from radiance.collectives.wire import Wire
+from radiance.config import Config
 from radiance.log import get_logger
-from radiance.wire import Wire
 
 from .lifecycle import die_with_parent, exit_on_sigterm, limit_threads, terminated
 from .session import RankSession
@@ -48,8 +49,8 @@ def main() -> int:
     wire = Wire(socket, secret)
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(context, endpoint, secret, rank, stop), daemon=True).start()
-    session = RankSession(wire, rank, world, os.environ["RADIANCE_RUN_ID"], json.loads(os.environ["RADIANCE_RANK_OPTIONS"]),
-                          secret)
+    config = Config(**json.loads(os.environ["RADIANCE_CONFIG"]))  # the coordinator's, field for field
+    session = RankSession(wire, rank, world, os.environ["RADIANCE_RUN_ID"], config, secret)
     try:
         session.run()
         return 0

@@ -12,16 +12,14 @@ import numpy as np
 
 from radiance.collectives.ring import RingReader, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_array
-from radiance.engine.registry import Registry
-from radiance.engine.shard import Shard
+from radiance.config import Config
+from radiance.device.selection import backend_name
+from radiance.engine.selection.shard import Shard
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
-from radiance.generation.worker import Worker
 from radiance.log import get_logger
 
-from radiance.ranks.device.selection import backend_name
-
 from .facts import measure_facts
+from .worker import Worker
 
 log = get_logger("radiance.rank")
 RESULT_SLOTS = 2
@@ -29,8 +27,8 @@ RESULT_META_BYTES = 16384  # the JSON of a result's figures, with every op's sec
 
 
 class RankSession:
-    def __init__(self, wire, rank: int, world: int, run_id: str, options: dict, secret: bytes):
-        self.wire, self.rank, self.world, self.run_id, self.options = wire, rank, world, run_id, options
+    def __init__(self, wire, rank: int, world: int, run_id: str, config: Config, secret: bytes):
+        self.wire, self.rank, self.world, self.run_id, self.config = wire, rank, world, run_id, config
         self.secret = secret
         self.worker = self.peers = self.gate = self.device_peers = self.plans = self.results = None
 
@@ -73,9 +71,7 @@ class RankSession:
     def run(self) -> None:
         self.card = backend_name() is not None
         self.wire.send("hello", {"rank": self.rank, "pid": os.getpid(), "card": self.card})
-        engine_options = EngineOptions(**self.options["engine"])
-        registry = Registry(engine_options.radiance_home, engine_options.kernels)
-        self.worker = Worker(engine_options, registry, Shard(self.rank, self.world))
+        self.worker = Worker(self.config, Shard(self.rank, self.world))
         self.wire.send("facts", measure_facts(self.rank, self.world, self._exchange if self.card else None))
         combined = self.expect("combined")[0]["facts"]
         from radiance.collectives.gate import LinkGate, LinkScheduler
@@ -93,13 +89,13 @@ class RankSession:
 
     def _result_bytes(self) -> int:
         """Rank 0's largest result: a token per sequence, the figures, and the buffer it shows, if asked."""
-        seqs, shown = self.worker.options.max_seqs, self.options.get("return_buffer")
+        seqs, shown = self.config.max_seqs, self.config.return_buffer
         extra = self.worker.executor.read_buffer(shown, seqs).nbytes if shown else 0
         return RESULT_META_BYTES + seqs * 8 + extra
 
     def _serve(self) -> None:
         executor = self.worker.executor
-        executor.profile = bool(self.options.get("profile"))
+        executor.profile = self.config.profile
         decoder, encoder = RecordCodec(), RecordCodec()
         answered = None
         while True:
@@ -123,7 +119,7 @@ class RankSession:
                               waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())
                 answered = timing["answered_at"]  # from here to the next plan in hand (its result sent), rank 0 waits
                 arrays = {"tokens": tokens, "figures": figures_array(timing)}
-                shown = self.options.get("return_buffer")  # a debugging aid: a buffer's rows, e.g. logits
+                shown = self.config.return_buffer  # a debugging aid: a buffer's rows, e.g. logits
                 if shown:
                     arrays[shown] = executor.read_buffer(shown, len(tokens))
                 self.results.publish(encoder.encode("result", {"ops": ops} if ops else None, arrays))

@@ -13,7 +13,7 @@ from radiance.abi import (
     RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_DT_ENCODED, RAD_DT_F32, RAD_DT_I32, RAD_E_NOMEM, RAD_OK, RadArgs,
     RadStream, RadTensor, RadWeightPlanes, rad_device_tensor,
 )
-from radiance.engine.selection import resolve
+from radiance.engine.selection.bands import resolve
 from test_libr4d_support import make_weight, registry  # noqa: F401 (registry is a fixture)
 
 

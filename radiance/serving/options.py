@@ -1,9 +1,19 @@
 """The serving options both CLIs take (`radiance` and `radiance-launch`). Light on purpose: the
 CLIs import this on every run, the server's own dependencies only with --serve."""
 
+from dataclasses import dataclass, field
+
 import click
 
 DEFAULT_SERVE_SEQS = 32
+
+
+@dataclass
+class ServeSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    defaults: dict = field(default_factory=dict)  # sampling defaults a request may override
 
 
 def serve_options(function):

@@ -6,17 +6,16 @@ import sys
 
 import click
 
-from radiance.launch.ranks import RankSettings
 from radiance.serving.options import serve_options
 
 from . import options
-from .generate import run, split
+from .generate import run
 
 
 @click.command()
-@click.option("--tp", default=1, show_default=True, help="Ranks: one per card, or host ranks without a card.")
+@options.tp("Ranks: one per card, or host ranks without a card.")
 @options.model_and_mode
-@click.option("--threads-per-rank", type=int, default=None, help="Compute threads of each host rank "
+@click.option("--threads-per-rank", "threads", type=int, default=None, help="Compute threads of each host rank "
               "(default: the cores divided among the ranks).")
 @click.option("--disable-p2p", is_flag=True, help="Use the _host twins of the collectives even where P2P works.")
 @click.option("--stage-timeout", default=60.0, show_default=True, help="Seconds every handshake stage may take.")
@@ -26,14 +25,10 @@ from .generate import run, split
 @options.kernels
 @options.accept_reference
 @options.run_ahead
-@click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
-def main(tp, threads_per_rank, disable_p2p, stage_timeout, step_timeout, run_ahead, verbose, **params):
+@options.verbose
+def main(**given):
     """Generate with a .rad model over TP ranks, or serve it (--serve)."""
-    if tp < 1:
-        raise click.UsageError(f"--tp must be at least 1, not {tp}")
-    settings = RankSettings(tp=tp, launched=True, threads=threads_per_rank, disable_p2p=disable_p2p,
-                            stage_timeout=stage_timeout, step_timeout=step_timeout, run_ahead=run_ahead)
-    run("radiance-launch", verbose, settings, *split(params))
+    run("radiance-launch", {**given, "launched": True})
 
 
 if __name__ == "__main__":

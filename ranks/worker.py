@@ -7,18 +7,15 @@ from tqdm import tqdm
 
 from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
 from radiance.collectives.gate import LinkGate, LinkScheduler
-from radiance.engine.device_executor import DeviceExecutor
-from radiance.engine.device_targets import leave_out_foreign_device_code
-from radiance.engine.executor import Executor
-from radiance.engine.model import open_model
-from radiance.engine.rank_weights import RankWeights
-from radiance.engine.registry import Registry
-from radiance.engine.resolve import resolve_graph
-from radiance.engine.shard import Shard, elide_collectives, shard_buffers, shard_nodes
+from radiance.config import Config
+from radiance.engine.loading.model import open_model
+from radiance.engine.loading.registry import Registry
+from radiance.engine.running import open_executor
+from radiance.engine.selection.device_targets import leave_out_foreign_device_code
+from radiance.engine.selection.resolve import resolve_graph
+from radiance.engine.selection.shard import Shard, elide_collectives, shard_buffers, shard_nodes
+from radiance.generation.feed import Feed
 from radiance.log import get_logger
-
-from .feed import Feed
-from .options import EngineOptions
 
 log = get_logger("radiance.worker")
 
@@ -28,29 +25,29 @@ COLLECTIVE_OPS = ("all_reduce", "all_gather")
 
 class Worker:
     """Opened in two steps, so a rank can size its collective buffers from the graph before it
-    resolves: Worker(options, registry) opens and declares; build() resolves and loads."""
+    resolves: Worker(config, shard) loads the plugins, opens and declares; build() resolves and loads."""
 
-    def __init__(self, options: EngineOptions, registry: Registry, shard: Shard = Shard(0, 1), device=None):
-        """`device`: the card to run on (a radiance.ranks.device Device); None opens the card this
-        process sees when options.device is 'auto', and runs on the host where it sees none."""
-        self.options, self.registry, self.shard = options, registry, shard
+    def __init__(self, config: Config, shard: Shard = Shard(0, 1), device=None, registry: Registry | None = None):
+        """`device`: the card to run on (a radiance.device Device); None opens the card this
+        process sees when config.device is 'auto', and runs on the host where it sees none.
+        `registry`: the plugins, loaded already (a test's own); None loads them from config's homes."""
+        self.config, self.shard = config, shard
         self.device, self._own_device = device, False
         self.last_seqs = 0  # tokens the last step sampled, which the next step's feed may read
-        if device is None and options.device == "auto":
-            from radiance.ranks.device.selection import open_device
+        if device is None and config.device == "auto":
+            from radiance.device.selection import open_device
 
             self.device = open_device()
             self._own_device = self.device is not None
-        self.model = open_model(options.model, registry, {"activation_dtype": options.activation_dtype,
-                                                          "block_size": options.block_size})
-        options.fit(self.model.hyper["context"])
+        self.registry = registry if registry is not None else Registry(config.radiance_home, config.kernels)
+        self.model = open_model(config, self.registry)
 
     def collective_bytes(self) -> int:
         """The largest message any collective of the graph moves, whole (before any split)."""
         largest = 0
         for node in self.model.graph.nodes:
             if node.op in COLLECTIVE_OPS:
-                rows = self.options.max_step_tokens if node.extent == RAD_EXTENT_TOKENS else self.options.max_seqs
+                rows = self.config.max_step_tokens if node.extent == RAD_EXTENT_TOKENS else self.config.max_seqs
                 largest = max(largest, rows * node.params["n"] * 4)
         return largest
 
@@ -65,7 +62,7 @@ class Worker:
         return self
 
     def _build(self, registry: Registry, facts: dict, peers) -> None:
-        options, device = self.options, self.device
+        config, device = self.config, self.device
         nodes = shard_nodes(self.model.graph, self.shard)
         if self.device is not None and self.shard.world == 1:
             nodes = elide_collectives(nodes)
@@ -73,29 +70,24 @@ class Worker:
         if device is not None:
             leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
         domain = RAD_DOMAIN_HOST if device is None else RAD_DOMAIN_DEVICE
-        self.graph = resolve_graph(nodes, registry, facts, domain, options.max_step_tokens, options.max_seqs,
-                                   options.accept_reference, options.fusion)
+        self.graph = resolve_graph(nodes, registry, facts, domain, config.max_step_tokens, config.max_seqs,
+                                   config.accept_reference, config.fusion)
         self.digest = self.graph.digest()
         self.lines = self.graph.lines()
-        self.weights = RankWeights(self.model, self.shard, self.link, load=device is None)
         tables = {table.name: table.table for table in self.model.graph.tables}
-        shape = (options.max_step_tokens, options.max_seqs, options.num_blocks * options.block_size, options.max_blocks)
-        if device is None:
-            self._load_weights(lambda name, band: self.weights.operand(name, band.row, band.geometry))
-            self.executor = Executor(self.graph, buffers, tables, self.weights, *shape, self.link, peers)
-        else:
-            self.executor = DeviceExecutor(self.graph, buffers, tables, self.weights, *shape, self.link, peers,
-                                           device, graphs=options.graphs, chain=options.chain)
-            self._load_weights(self.executor.weight)
+        self.executor = open_executor(self.graph, self.model, self.shard, buffers, tables, config, self.link, peers,
+                                      device)
+        self._load_weights()
 
-    def _load_weights(self, load) -> None:
-        """Every weight in the form its rows read, now (on the card, for a card rank), so the first
-        step does no loading."""
+    def _load_weights(self) -> None:
+        """Every weight in the form its rows read, where they read it, now, so the first step does
+        no loading."""
+        planes = self.executor.weights.planes
         uses = list({(name, id(launch.band)): (name, launch.band) for launch, _, _ in self.graph.issued()
-                     for name in launch.node.operands if name in self.weights.planes}.values())
-        quiet = not self.options.progress or self.shard.rank != 0
+                     for name in launch.node.operands if name in planes}.values())
+        quiet = not self.config.progress or self.shard.rank != 0
         for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=True if quiet else None, leave=False):
-            load(name, band)
+            self.executor.weight(name, band)
 
     def execute(self, arrays: dict, feed: Feed | None = None) -> np.ndarray:
         """Run one step from its plan arrays; the sampled token of every sequence. `feed`: ids this

@@ -1,0 +1,94 @@
+"""The one options object, as nano-vllm's Config: what the command line (or a caller) asked for, from
+the CLI through the ranks to every Worker. Checked once, when it is made, and settled there from
+the model's own header (the context it holds, so the KV cache's size); frozen after, so nothing
+changes it on the way. A launched rank is handed its fields and makes the same object from them."""
+
+import os
+from dataclasses import dataclass
+
+from radiance.weights.container_reader import open_container
+
+# The options whose command-line flag is not their name with dashes, and those no command takes.
+FLAGS = {"threads": "--threads-per-rank", "accept_reference": "--debug-accept-reference-kernels"}
+NO_FLAG = {"activation_dtype", "block_size", "num_blocks", "progress", "launched", "profile", "return_buffer"}
+
+
+class ConfigError(ValueError):
+    """An option that cannot be: one line naming its flag (or the model file) and what is wrong."""
+
+
+def flag(name: str) -> str:
+    """How an error names option `name`: its command-line flag, or the field where no command takes it."""
+    return name if name in NO_FLAG else FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str  # the .rad file
+    # plugins
+    radiance_home: str | None = None  # None: $RADIANCE_HOME
+    kernels: str | None = None  # the kernel hierarchy; None: $RADIANCE_KERNELS
+    accept_reference: bool = False  # reference rows may serve
+    # the engine
+    activation_dtype: str = "f32"
+    max_step_tokens: int = 256  # the token budget of one step: long prefills are cut into chunks of it
+    max_seqs: int = 1  # sequences batched in one step
+    max_context: int | None = None  # asked; settled to at most the model's context (None: the model's)
+    block_size: int = 16  # KV cache slots a block
+    num_blocks: int = 0  # asked; settled from 0 to enough for max_seqs sequences of max_context tokens
+    device: str = "auto"  # auto: the card this process was given, if any; host: host rows even on a card
+    graphs: bool = True  # on a card, capture each decode shape into a graph (one launch per step)
+    chain: bool = True  # on a card that has it (Hopper), launch r4dchain rows as programmatic dependent launches
+    fusion: bool = True  # run fused rows (`replaces`) where their library serves the chain; False: every chain as declared
+    progress: bool = True  # a progress bar while rank 0 loads its weights
+    # the ranks
+    tp: int = 1  # ranks; above 1 always launched
+    launched: bool = False  # rank processes even at TP 1 (radiance-launch)
+    threads: int | None = None  # launched: compute threads of each host rank (None: the cores shared out)
+    disable_p2p: bool = False  # launched: the _host twins of the collectives even where P2P holds
+    stage_timeout: float = 60.0  # launched: seconds every handshake stage may take
+    step_timeout: float = 120.0  # launched: seconds one step may take
+    profile: bool = False  # rank 0 times every op; the ranks' step_stats() then have the collective seconds
+    return_buffer: str | None = None  # a debugging aid: rank 0 returns this buffer's rows each step
+    debug_selection: bool = False  # in process: print the winner of every band (stderr)
+    # Plan step n + 1 while the ranks run step n, the token step n samples feeding step n + 1 on the
+    # ranks (generation/feed.py). None: where it was measured to help (launch/ranks.py, run_ahead_default).
+    run_ahead: bool | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "model", os.fspath(self.model))
+        for name in ("tp", "max_step_tokens", "max_seqs", "block_size"):
+            self._at_least(name, 1)
+        self._at_least("num_blocks", 0)
+        if self.max_context is not None:
+            self._at_least("max_context", 2)
+        if self.threads is not None:
+            self._at_least("threads", 1)
+        for name in ("stage_timeout", "step_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{flag(name)} must be more than 0 seconds, not {getattr(self, name)}")
+        if self.device not in ("auto", "host"):
+            raise ConfigError(f"{flag('device')} must be 'auto' or 'host', not {self.device!r}")
+        context = self._model_context()
+        object.__setattr__(self, "max_context", min(self.max_context or context, context))
+        if not self.num_blocks:
+            object.__setattr__(self, "num_blocks", self.max_blocks * self.max_seqs)
+
+    def _at_least(self, name: str, least: int) -> None:
+        value = getattr(self, name)
+        if not isinstance(value, int) or value < least:
+            raise ConfigError(f"{flag(name)} must be at least {least}, not {value}")
+
+    def _model_context(self) -> int:
+        """The context the model holds, from its container's header (no weight is read)."""
+        with open_container(self.model) as container:
+            context = container.hyper.get("context")
+            if type(context) is not int or context < 2:
+                raise ConfigError(f"{self.model}: the {container.architecture} model's hyper-parameters give no "
+                                  f"context length ('context' is {context!r})")
+        return context
+
+    @property
+    def max_blocks(self) -> int:
+        """Blocks one sequence of max_context tokens needs."""
+        return -(-self.max_context // self.block_size)
