@@ -16,11 +16,22 @@ def _raise(message):
     raise jinja2.TemplateError(message)
 
 
+def _load_tokenizer(tokenizer_json: str, path: str) -> Tokenizer:
+    """The container's tokenizer, or TextError naming the file: a damaged tokenizer is the file's
+    fault, and the library says only where in the JSON it stopped (as a bare Exception)."""
+    try:
+        return Tokenizer.from_str(tokenizer_json)
+    except Exception as error:  # noqa: BLE001  (tokenizers raises Exception itself)
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise TextError(f"{path}: the tokenizer in the container does not load ({detail}): the file is "
+                        "damaged or was written by a converter this tokenizers library cannot read") from None
+
+
 class TextCodec:
     def __init__(self, tokenizer_json: str | None, chat_template: str | None, hyper: dict, path: str = "model"):
         if not tokenizer_json:
             raise TextError(f"{path}: the container carries no tokenizer")
-        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.tokenizer = _load_tokenizer(tokenizer_json, path)
         self.path, self.hyper = path, hyper
         eos_ids = list(hyper.get("eos_token_ids") or [])
         self.bos_id, self.eos_id = hyper.get("bos_token_id"), (eos_ids[0] if eos_ids else None)
