@@ -45,9 +45,14 @@ class TextCodec:
     def token_text(self, token: int | None) -> str:
         return "" if token is None else (self.tokenizer.id_to_token(token) or "")
 
+    def _ids(self, text: str) -> list[int]:
+        # encode_batch_fast releases the GIL while it works (encode holds it) and keeps no offsets:
+        # a long prompt on a server's worker thread does not stop the others
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """A raw completion prompt: a BOS only where the model's metadata asks for one."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self._ids(text)
         if (self.hyper.get("add_bos", False) if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids
@@ -57,7 +62,7 @@ class TextCodec:
             raise TextError(f"{self.path}: the model has no chat template; use a raw prompt")
         text = self.template.render(messages=messages, add_generation_prompt=True,
                                     bos_token=self.token_text(self.bos_id), eos_token=self.token_text(self.eos_id))
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self._ids(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
