@@ -6,6 +6,7 @@ step's feed (run ahead) takes ids from the tokens this rank sampled in the step 
 samples the same tokens from the same gathered logits, so none waits for rank 0's."""
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -78,6 +79,8 @@ class RankSession:
 
         self.gate = LinkGate.create(self.run_id, self.rank)
         self.worker.build(combined, self._peers(combined), LinkScheduler(self.gate))
+        if self.config.debug_selection and self.rank == 0:  # every rank resolves alike: one report
+            print("\n".join(self.worker.graph.report()), file=sys.stderr, flush=True)
         if self.rank == 0:
             self.results = RingWriter.create(self.run_id, "results", 1, RESULT_SLOTS, self._result_bytes(),
                                              self.secret)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from radiance.engine.loading.homes import HomeError
 from radiance.weights.container_format import ContainerError
 from radiance.weights.partials import sweep
 
@@ -97,7 +98,7 @@ def main(source, output, recipe, verify_file, synthetic, seed, radiance_home, ve
         click.echo(f"rad-convert: stopped by {signal.Signals(signum).name}"
                    f"{f'; {output} not written' if output is not None and verify_file is None else ''}", err=True)
         sys.exit(128 + signum)
-    except (ConvertError, ContainerError) as error:
+    except (ConvertError, ContainerError, HomeError) as error:
         if verbose:
             raise
         _fail(str(error))
