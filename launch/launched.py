@@ -58,8 +58,8 @@ def check_before_spawning(config: Config) -> None:
 
 class LaunchedRanks(Ranks):
     def __init__(self, config: Config):
-        check_before_spawning(config)
         cards = choose_cards(config.tp)
+        check_before_spawning(config)
         threads = config.threads or max(1, (os.cpu_count() or 1) // config.tp)
         with open_container(config.model) as container:
             self.text = TextCodec(container.tokenizer, container.chat_template, container.hyper, config.model)
