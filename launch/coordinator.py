@@ -153,9 +153,12 @@ class Coordinator:
                                       self.wire.socket.poll)
         self.rings = StepRings(self.folder.run_id, len(self.ranks), self.folder.secret, config, self.remote)
         plans, results = self.rings.plans, self.rings.results
-        log.info("steps go through shared memory: plans ring %d x %d KiB to %d rank%s, results ring %d x %d KiB "
-                 "from rank 0", plans.slots, plans.slot_bytes >> 10, self.world, "" if self.world == 1 else "s",
-                 results.slots, results.slot_bytes >> 10)
+        local = len(self.ranks)
+        answers = (f"results ring {results.slots} x {results.slot_bytes >> 10} KiB from rank {self.layout.answering}"
+                   if results is not self.remote else f"results by zmq from rank {self.layout.answering}")
+        log.info("steps go through shared memory: plans ring %d x %d KiB to %d rank%s%s, %s", plans.slots,
+                 plans.slot_bytes >> 10, local, "" if local == 1 else "s",
+                 f" (by zmq to the other nodes' {self.world - local})" if self.remote else "", answers)
 
     def submit(self, arrays: dict, feed=None) -> None:
         """One step's plan (and its feed, run ahead) to every rank."""
@@ -191,7 +194,7 @@ class Coordinator:
         """Take what zmq brought (heartbeats; an error ends the launch naming its rank; nothing else
         is due once the ranks are ready), then check the processes and the heartbeats' ages."""
         while (message := self.wire.recv(timeout_ms=0, routed=True)) is not None:
-            route, kind, meta, _ = message
+            route, kind, meta, arrays = message
             if kind == "heartbeat":
                 self.last_beat[int(meta["rank"])] = time.monotonic()
             elif self.front and self.front.nodes.take(route[0], kind, meta):

@@ -57,5 +57,8 @@ class Front:
         return {"RADIANCE_KEYS": str(self.path), "RADIANCE_NODE_ADDR": self.address}
 
     def close(self) -> None:
+        if self.guard.refused:
+            log.warning("refused %d connection%s without the launch's key", self.guard.refused,
+                        "" if self.guard.refused == 1 else "s")
         self.guard.close()
         self.path.unlink(missing_ok=True)
