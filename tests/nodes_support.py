@@ -125,3 +125,38 @@ def _cmdline(process: psutil.Process) -> list[str]:
 
 def alive(processes: list[psutil.Process]) -> list[int]:
     return [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def generate_command(fields: dict, prompt: str, max_tokens: int) -> list[str]:
+    """This file run as a script: greedy token ids of `prompt` over the ranks Config(**fields) asks
+    for, and each step's eight largest logits (ids, values), printed as JSON (a synthetic model's
+    byte-level text may print nothing, and its random weights may repeat one token)."""
+    import json
+
+    return [sys.executable, __file__, json.dumps(fields), prompt, str(max_tokens)]
+
+
+def _generate(fields: str, prompt: str, max_tokens: str) -> None:
+    import json
+
+    from radiance.config import Config
+    from radiance.generation.sequence import SamplingParams
+    from radiance.launch import engine_over, open_ranks
+
+    import numpy as np
+
+    top = []
+    with open_ranks(Config(**json.loads(fields), progress=False, return_buffer="logits")) as ranks:
+        engine = engine_over(ranks)
+        sequence = engine.add(engine.text.encode(prompt), SamplingParams(max_tokens=int(max_tokens), temperature=0,
+                                                                       ignore_eos=True))
+        while not sequence.finished:
+            engine.step()
+            logits = np.asarray(ranks.last_result["logits"])[0]
+            ids = np.argsort(-logits, kind="stable")[:8]
+            top.append([ids.tolist(), logits[ids].tolist()])
+    print(json.dumps({"ids": sequence.output_ids, "top": top}))
+
+
+if __name__ == "__main__":
+    _generate(*sys.argv[1:])
