@@ -260,3 +260,15 @@ __device__ void gemv_norm(GemvInput<MT>& in, const float* x, int M, int K, int k
         normed[(long long)m * K + k] = (h * s_scale[m]) * gemv_norm1(in.norm, in.norm_fmt, k);
     }
 }
+
+// The arguments both GEMVs' entries take after their own (x, M, K and gemv.cu's split-K part): the
+// weights of the launch, the folded norm's, the epilogue's. GEMV_BIND makes their structs.
+#define GEMV_ARGUMENTS                                                                                            \
+    const u8 *c0, const u16 *s0, const u16 *n0, float *y0, int rows0,                                             \
+    const u8 *c1, const u16 *s1, const u16 *n1, float *y1, int rows1,                                             \
+    const u8 *c2, const u16 *s2, const u16 *n2, float *y2, int rows2,                                             \
+    const u8 *norm, int norm_fmt, float eps, float *normed, const int *index, float *gathered, int x_rows,         \
+    float *residual, float *best, int *best_index
+#define GEMV_BIND                                                                                                 \
+    GemvWeights w = {{c0, c1, c2}, {s0, s1, s2}, {n0, n1, n2}, {y0, y1, y2}, {rows0, rows1, rows2}};             \
+    GemvOut out = {residual, best, best_index}

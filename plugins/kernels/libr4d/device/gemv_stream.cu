@@ -218,15 +218,9 @@ __device__ void gemv_stream(const GemvWeights& w, const float* x, const u8* norm
 }
 
 #define GEMV_STREAM_ENTRY(MT)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GS_WARPS * R4D_WARP, GS_BLOCKS) r4d_gemv_stream_m##MT(                  \
-        const float* x, int M, int K,                                                                            \
-        const u8* c0, const u16* s0, const u16* n0, float* y0, int rows0,                                        \
-        const u8* c1, const u16* s1, const u16* n1, float* y1, int rows1,                                        \
-        const u8* c2, const u16* s2, const u16* n2, float* y2, int rows2,                                        \
-        const u8* norm, int norm_fmt, float eps, float* normed, const int* index, float* gathered, int x_rows,     \
-        float* residual, float* best, int* best_index) {                                                         \
-        GemvWeights w = {{c0, c1, c2}, {s0, s1, s2}, {n0, n1, n2}, {y0, y1, y2}, {rows0, rows1, rows2}};       \
-        GemvOut out = {residual, best, best_index};                                                              \
+    extern "C" __global__ void __launch_bounds__(GS_WARPS * R4D_WARP, GS_BLOCKS)                                  \
+        r4d_gemv_stream_m##MT(const float* x, int M, int K, GEMV_ARGUMENTS) {                                     \
+        GEMV_BIND;                                                                                                \
         gemv_stream<R4D_GEMV_FMT, MT>(w, x, norm, norm_fmt, out, M, K, normed, gathered, index, x_rows, eps);    \
     }
 
