@@ -73,6 +73,7 @@ def test_a_killed_writers_partial_file_is_swept_by_the_next_rad_convert(smollm2_
     writer = rad_convert(smollm2_gguf, "-o", tmp_path / "big.rad")
     try:
         wait_writing(writer, partial)
+        writer.send_signal(signal.SIGSTOP)  # alive and writing (its lock held), but it cannot finish meanwhile
         beside = subprocess.run([sys.executable, "-m", "radiance.convert.cli", *map(str, TINY), "-o",
                                  tmp_path / "small.rad"], capture_output=True, text=True, timeout=120)
         assert beside.returncode == 0, beside.stderr
