@@ -77,7 +77,7 @@ function(_rad_device_objects name unity depends out_objects out_targets)
     foreach(arch IN LISTS RAD_CUDA_ARCHS)
       set(cubin "${CMAKE_CURRENT_BINARY_DIR}/${name}.sm_${arch}.cubin")
       add_custom_command(OUTPUT "${cubin}"
-        COMMAND "${RAD_NVCC}" -cubin -arch=sm_${arch} -O3 ${ndebug} ${ARGN_CUDA} -o "${cubin}" "${unity}"
+        COMMAND "${RAD_NVCC}" -x cu -cubin -arch=sm_${arch} -O3 ${ndebug} ${ARGN_CUDA} -o "${cubin}" "${unity}"
         DEPENDS ${depends} COMMENT "nvcc: ${name} for sm_${arch}" COMMAND_EXPAND_LISTS VERBATIM)
       list(APPEND objects "sm_${arch}=${cubin}")
       list(APPEND targets "sm_${arch}")
