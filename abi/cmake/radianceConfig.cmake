@@ -120,6 +120,8 @@ function(rad_add_plugin name kind)
   add_library(${name} MODULE ${RAD_SOURCES})
   set_target_properties(${name} PROPERTIES PREFIX "" SUFFIX ".so" POSITION_INDEPENDENT_CODE ON)
   target_link_libraries(${name} PRIVATE radiance::abi)
+  # a helper called without rad_plugin.h would pass its float as a double: refuse to build that
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:C>:-Werror=implicit-function-declaration>)
   set(targets host)
   if(RAD_HIP_SOURCES)
     set(generated "${CMAKE_CURRENT_BINARY_DIR}/${name}_generated")
