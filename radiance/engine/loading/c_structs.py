@@ -21,6 +21,7 @@ from radiance.abi import (
     RadWeightPlanes,
 )
 from radiance.abi.dtypes import row_bytes
+from radiance.weights.planes import plane_nbytes, plane_shape
 
 # (struct, field) -> the struct its array holds, `n_<field>` long
 ARRAYS = {
@@ -206,8 +207,6 @@ class CBuilder:
 
     def plane_tensors(self, encoding: RadEncoding, planes: dict, shape) -> ctypes.Array:
         """Each plane's raw bytes ({name: array}) as RadTensor [plane rows, row bytes], in the encoding's order."""
-        from radiance.weights.planes import plane_shape
-
         tensors = []
         for plane in encoding.planes:
             data = planes[plane.name]
@@ -235,8 +234,6 @@ class CBuilder:
 def weight_from_c(c_weight) -> tuple[RadEncoding, dict, tuple[int, int]]:
     """A RadWeightPlanes in C (the engine's own, handed back by a plugin) as (encoding, {plane: raw
     bytes viewed in place}, (rows, cols)), what the core decoder takes."""
-    from radiance.weights.planes import plane_nbytes
-
     encoding = from_c(RadEncoding, ctypes.cast(c_weight.encoding, ctypes.POINTER(RadEncoding.ctype)))
     shape = (int(c_weight.rows), int(c_weight.cols))
     if int(c_weight.n_planes) != len(encoding.planes):

@@ -78,8 +78,7 @@ def _flag(plugin: Plugin, symbol: str, index: int, default):
 
 
 def read_identity(candidate: Candidate):
-    """Import and check what every plugin must export: the ABI version and its info."""
-    path = candidate.path
+    """Import (or open) and check what every plugin must export: the ABI version and its info."""
     module = open_module(candidate)
     try:
         return module, _identity(candidate, module)
