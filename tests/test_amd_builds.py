@@ -39,42 +39,45 @@ def sources() -> dict:
     return found
 
 
-def hipcc(source: Path, target: str, out: Path):
-    return subprocess.run(["hipcc", "--genco", f"--offload-arch={target}", "-include", "hip/hip_runtime.h", "-O3",
-                           "-DNDEBUG", "-o", str(out), str(source)], capture_output=True, text=True,
-                          env={**os.environ, "HIP_PLATFORM": "amd"})
+def hipcc(source: Path, out: Path):
+    """One bundle holding a code object for each target."""
+    return subprocess.run(["hipcc", "--genco", *(f"--offload-arch={t}" for t in TARGETS), "-include",
+                           "hip/hip_runtime.h", "-O3", "-DNDEBUG", "-o", str(out), str(source)],
+                          capture_output=True, text=True, env={**os.environ, "HIP_PLATFORM": "amd"})
 
 
-def kernels_in(code: bytes) -> set:
-    return {name for image in bundle_images(code) for name in elf_functions(image)}
+def kernels_by_target(code: bytes) -> list:
+    """The kernels of each device image of a bundle (or of one code object)."""
+    images = bundle_images(code) if code.startswith(b"__CLANG_OFFLOAD_BUNDLE__") else [code]
+    return [set(elf_functions(image)) for image in images]
 
 
 def test_every_libr4d_device_source_compiles_for_gfx90a_and_gfx1030(tmp_path):
-    jobs = []
-    for name, text in sources().items():
-        (tmp_path / f"{name}.hip").write_text(text)
-        jobs += [(name, target) for target in TARGETS]
+    names = list(sources())
+    for name in names:
+        (tmp_path / f"{name}.hip").write_text(sources()[name])
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda job: hipcc(tmp_path / f"{job[0]}.hip", job[1],
-                                                  tmp_path / f"{job[0]}.{job[1]}.co"), jobs))
-    failures = [f"{name} for {target}: {(result.stderr.strip().splitlines() or ['?'])[-1]}"
-                for (name, target), result in zip(jobs, results) if result.returncode != 0]
+        results = list(pool.map(lambda name: hipcc(tmp_path / f"{name}.hip", tmp_path / f"{name}.co"), names))
+    failures = [f"{name}: {(result.stderr.strip().splitlines() or ['?'])[-1]}"
+                for name, result in zip(names, results) if result.returncode != 0]
     assert not failures, "\n".join(failures)
-    assert {name for name, _ in jobs} >= {"elementwise", "gemv", "gemm", "attention", "sample", "allreduce"}
-    for name, target in jobs:
+    assert set(names) >= {"elementwise", "gemv", "gemm", "attention", "sample", "allreduce"}
+    for name in names:
         # the entries a reader of the source finds (those a macro pastes together aside)
         expected = {entry for entry in GLOBAL.findall(expand_entry_macros(sources()[name])) if not entry.startswith("__")}
-        built = kernels_in((tmp_path / f"{name}.{target}.co").read_bytes())
-        assert built and expected <= built, f"{name} for {target}: {sorted(expected - built)} missing"
-        assert built == kernels_in((tmp_path / f"{name}.{TARGETS[0]}.co").read_bytes()), name
+        images = kernels_by_target((tmp_path / f"{name}.co").read_bytes())
+        assert len(images) == len(TARGETS), f"{name}: {len(images)} device images for {len(TARGETS)} targets"
+        for built in images:
+            assert built and expected <= built, f"{name}: {sorted(expected - built)} missing"
+        assert images[0] == images[1], name
 
 
 def test_spechub_builds_amd_code_objects_with_rad_add_plugin(tmp_path):
     home = build_spechub(tmp_path, "-DRAD_GPU_TARGETS=gfx90a;gfx1030")
     assert (home / "kernels" / "spechub.so").is_file()
     for target in TARGETS:
-        code = (tmp_path / "build" / f"spechub.{target}.hsaco").read_bytes()
-        assert {"spechub_propose", "spechub_verify"} <= kernels_in(code), target
+        (kernels,) = kernels_by_target((tmp_path / "build" / f"spechub.{target}.hsaco").read_bytes())
+        assert {"spechub_propose", "spechub_verify"} <= kernels, target
     from radiance.engine.loading.registry import Registry
 
     registry = Registry(str(home), kernels="spechub")
