@@ -32,27 +32,19 @@ def build(folder: Path, source_only: bool) -> Path:
 
 def decode(model: Path, home: Path, kernels: str, device: str, tokens: int) -> dict:
     from radiance.config import Config
-    from radiance.generation.engine import Engine
     from radiance.generation.sequence import SamplingParams
-    from radiance.generation.text import TextCodec
-    from radiance.ranks.worker import Worker
+    from radiance.launch import engine_over, open_ranks
 
     config = Config(model=str(model), radiance_home=str(home), kernels=kernels, accept_reference=device == "host",
                     progress=False, device=device, max_context=2048)
-    worker = Worker(config).build()
-    try:
-        container = worker.model.container
-        text = TextCodec(container.tokenizer, container.chat_template, worker.model.hyper)
-        engine = Engine(config, worker.execute, text)
-        sequence = engine.add(text.encode("The capital of France is"),
+    with open_ranks(config) as ranks:
+        engine = engine_over(ranks)
+        sequence = engine.add(engine.text.encode("The capital of France is"),
                               SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
         while engine.scheduler.has_work:
             engine.step()
-        rows = sorted({line.split("|")[-1] for line in worker.graph.lines() if "|add|" in line})
-        graphs = len(getattr(worker.executor, "_graphs", {}))
-        return {"tokens": sequence.output_ids, "add_rows": rows, "graphs": graphs}
-    finally:
-        worker.close()
+        rows = sorted({line.split("|")[-1] for line in ranks.lines if "|add|" in line})
+        return {"tokens": sequence.output_ids, "add_rows": rows}
 
 
 def main():
