@@ -153,3 +153,14 @@ def spechub_home(tmp_path_factory) -> Path:
     """spechub built once per session: the source carried for a run-time compile, and "fake" among
     its build targets so the engine's stand-in card keeps its device rows."""
     return build_spechub(tmp_path_factory.mktemp("spechub"), "-DRAD_BUILD_TARGET_EXTRA=fake")
+
+
+def script(name: str) -> str:
+    """A console script of this install: beside the interpreter (a virtual environment), else on PATH."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    assert found, f"the console script {name} is not installed (pip install -e .)"
+    return found

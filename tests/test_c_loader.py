@@ -3,11 +3,11 @@ alike; identity, the ABI check, declining and refusals unload the library; rad-i
 read .so files too. The plugins are compiled here with the C compiler against abi/'s headers."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import script
 
 from radiance.abi import (
     HEADERS_DIR, RAD_ABI_VERSION, RAD_DT_F32, RAD_E_DTYPE, RAD_LAYOUT_ANY, RAD_OK, RadArgs, RadEncoding, RadTensor,
@@ -17,7 +17,6 @@ from radiance.engine.loading.registry import Registry
 from radiance.weights.formats import plain
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SCRIPTS = Path(sys.executable).parent
 
 
 def compile_plugin(source: Path | str, target: Path, *defines: str) -> Path:
@@ -193,13 +192,13 @@ def test_rad_info_and_rad_schemas_read_so_files_even_refused_ones(twins, tmp_pat
                          .replace("{\"M\", RAD_P_INT, RAD_REQUIRED, RAD_PROLE_SEQ_CHUNK}, {\"N\"",
                                   "{\"M\", RAD_P_INT, RAD_REQUIRED, RAD_PROLE_SEQ_CHUNK}, {\"K\""),
                          tmp_path / "old" / "kernels" / "twin_old.so", 'TWIN_NAME="twin_old"')
-    schemas = subprocess.run([str(SCRIPTS / "rad-schemas"), str(c.path), str(py.path), str(old)],
+    schemas = subprocess.run([script("rad-schemas"), str(c.path), str(py.path), str(old)],
                              capture_output=True, text=True)
     assert schemas.returncode == 1, schemas.stderr
     assert f"op 't_twin': {old} disagrees with {c.path}: parameter 1 is 'N' (int, required, none) there, " \
            f"'K' (int, required, none) here" in schemas.stdout
     assert "1 disagreement across 3 plugins, 1 ops" in schemas.stdout
-    info = subprocess.run([str(SCRIPTS / "rad-info"), "--plugins", "--radiance-home",
+    info = subprocess.run([script("rad-info"), "--plugins", "--radiance-home",
                            f"{c.path.parent.parent}:{tmp_path / 'old'}"], capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
     line = next(line for line in info.stdout.splitlines() if " twin_c " in line)

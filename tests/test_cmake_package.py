@@ -6,20 +6,19 @@ generation, is tests/test_packaging.py's."""
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import script
 
 from radiance.abi import HEADERS_DIR, RAD_ABI_VERSION
 from radiance.plugins import HOME
 
-SCRIPTS = Path(sys.executable).parent
 FIXTURE = Path(__file__).parent / "fixtures" / "oot_kernels"
 
 
 def rad_config(*args) -> str:
-    result = subprocess.run([str(SCRIPTS / "rad-config"), *args], capture_output=True, text=True, check=True)
+    result = subprocess.run([script("rad-config"), *args], capture_output=True, text=True, check=True)
     return result.stdout.strip()
 
 

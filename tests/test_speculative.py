@@ -7,10 +7,9 @@ small synthetic ones with an untied lm head (their greedy tokens vary); bench/sp
 SmolLM2."""
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import script
 
 from radiance.config import Config, ConfigError
 from radiance.convert.api import convert_synthetic
@@ -18,7 +17,6 @@ from radiance.convert.synthetic import LlamaShape
 from radiance.generation.sequence import SamplingParams
 from radiance.launch import engine_over, open_ranks
 
-SCRIPTS = Path(sys.executable).parent
 PROMPTS = ([1, 2, 3, 4, 5], [100, 50, 7], [9] * 12)
 SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320, context=256, tie_embeddings=False)
 
@@ -101,7 +99,7 @@ def test_a_draft_of_another_vocabulary_is_refused(models, spechub_home):
 
 
 def test_the_cli_speculates_and_says_what_is_missing_in_one_line(models, spechub_home, tmp_path):
-    base = [str(SCRIPTS / "radiance"), "--model", str(models[0]), "--draft-model", str(models[1]), "--prompt", "hi",
+    base = [script("radiance"), "--model", str(models[0]), "--draft-model", str(models[1]), "--prompt", "hi",
             "--max-tokens", "6", "--temperature", "0"]
     plain = subprocess.run(base[:3] + base[5:] + ["--radiance-home", str(spechub_home)], capture_output=True, text=True)
     done = subprocess.run(base + ["--radiance-home", str(spechub_home), "--kernels", "libr4d,spechub",
