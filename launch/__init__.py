@@ -9,14 +9,14 @@ from radiance.generation.engine import Engine
 
 
 def open_ranks(config: Config):
-    """The ranks `config` asks for: launched rank processes when TP > 1 or config.launched, else one
-    rank in this process (pinned to the first card it may use, when config.device is auto); with
+    """The ranks `config` asks for: launched rank processes when TP x PP > 1 or config.launched, else
+    one rank in this process (pinned to the first card it may use, when config.device is auto); with
     config.draft_model, those ranks and the draft model (speculative decoding)."""
     if config.draft_model is not None:
         from .speculative import SpeculativeRanks
 
         return SpeculativeRanks(config)
-    if config.tp > 1 or config.launched:
+    if config.world > 1 or config.launched:
         from .launched import LaunchedRanks
 
         return LaunchedRanks(config)
