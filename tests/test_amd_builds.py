@@ -1,10 +1,11 @@
 """AMD device code checked without a card: every libr4d device source (as the engine hands it to a
-compiler: common.cu before each op's file, allreduce.cu by itself, in both of its forms) and
+compiler: common.cu and the parts it builds on before each op's file, allreduce.cu by itself, in both of its forms) and
 spechub's HIP source compile with Debian's hipcc (ROCm 5.2, HIP_PLATFORM=amd, -include
 hip/hip_runtime.h) for gfx90a and gfx1030, and the code objects hold the kernels the rows launch.
 That ROCm knows no newer target: gfx942 (MI300) stays unverifiable here, and nothing says otherwise.
 .ci/run installs hipcc (apt) where it can; elsewhere these tests skip, saying so."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -25,17 +26,23 @@ pytestmark = pytest.mark.skipif(shutil.which("hipcc") is None,
                                        "where apt-get may run): the AMD builds cannot be checked here")
 
 
+def device_kernels():
+    """libr4d's device_kernels.py (standard library only), which puts each op's source together."""
+    spec = importlib.util.spec_from_file_location("libr4d_device_kernels", DEVICE.parent / "device_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def sources() -> dict:
-    """{name: the source text as the engine compiles it}."""
-    common = (DEVICE / "common.cu").read_text()
-    found = {}
-    for path in sorted(DEVICE.glob("*.cu")):
-        if path.name == "common.cu":
-            continue
-        text = path.read_text() if path.name == "allreduce.cu" else common + "\n" + path.read_text()
-        found[path.stem] = text
-        if path.name == "allreduce.cu":
-            found["allreduce_host_mapped"] = "#define RAD_P2P_HOST_MAPPED 1\n" + text
+    """{name: the source text as the engine compiles it}: every .cu is one op's file or a part of one."""
+    kernels = device_kernels()
+    found = {name: kernels.source(name) for name in kernels.FILES}
+    parts = {part for chosen in kernels.PARTS.values() for part in chosen}
+    text = (DEVICE / "allreduce.cu").read_text()
+    found["allreduce"], found["allreduce_host_mapped"] = text, "#define RAD_P2P_HOST_MAPPED 1\n" + text
+    every = {path.stem for path in DEVICE.glob("*.cu")}
+    assert every == {"common", *parts, *found} - {"allreduce_host_mapped"}, "a device source no build covers"
     return found
 
 
