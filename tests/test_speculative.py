@@ -98,6 +98,12 @@ def test_a_draft_of_another_vocabulary_is_refused(models, spechub_home):
         open_ranks(config)
 
 
+def test_a_draft_with_pipeline_stages_is_refused_naming_both_flags(models):
+    # a verify step's logits come back from rank 0, and with stages only the last stage has them
+    with pytest.raises(ConfigError, match="--draft-model: not with --pp 2"):
+        Config(model=str(models[0]), pp=2, draft_model=str(models[1]))
+
+
 def test_the_cli_speculates_and_says_what_is_missing_in_one_line(models, spechub_home, tmp_path):
     base = [script("radiance"), "--model", str(models[0]), "--draft-model", str(models[1]), "--prompt", "hi",
             "--max-tokens", "6", "--temperature", "0"]
