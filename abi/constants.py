@@ -1,6 +1,6 @@
 """The constants of rad_types.h, rad_encoding.h and rad_abi.h, with the C values."""
 
-RAD_ABI_VERSION = 31
+RAD_ABI_VERSION = 32
 
 RAD_PLUGIN_KERNEL = 1
 RAD_PLUGIN_ARCH = 2
@@ -88,6 +88,14 @@ KIND_FOLDERS = {RAD_PLUGIN_KERNEL: "kernels", RAD_PLUGIN_ARCH: "architectures", 
 RAD_SPLIT_NONE = 0
 RAD_SPLIT_ROWS = 1
 RAD_SPLIT_COLS = 2
+
+RAD_SOURCE_GGUF = 1
+RAD_SOURCE_HF = 2
+RAD_SOURCE_SYNTHETIC = 3
+
+RAD_FILL_NORMAL = 1
+RAD_FILL_ONES = 2
+RAD_FILL_ZEROS = 3
 
 RAD_EXTENT_TOKENS = 1
 RAD_EXTENT_SEQS = 2

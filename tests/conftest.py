@@ -76,6 +76,16 @@ def second_home(tmp_path) -> Home:
     return Home(tmp_path / "second")
 
 
+def gguf_names(container) -> dict:
+    """{GGUF tensor: our weight} of a converted container, as the architecture plugin that took the
+    file names them (the converter itself knows no family)."""
+    from radiance.convert.plugins import Plugins
+
+    with Plugins("") as plugins:
+        family = next(family for family in plugins.families if family.name == container.architecture)
+        return {spec.gguf: spec.name for spec in family.weights(container.hyper) if spec.gguf and spec.name}
+
+
 TINY_SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320, context=256)
 
 
@@ -100,10 +110,9 @@ def tiny_model(tmp_path_factory) -> Path:
     """A small synthetic llama .rad (f32 weights, byte-level tokenizer), made once per session;
     read-only, and checked unchanged after every test."""
     from radiance.convert.api import convert_synthetic
-    from radiance.convert.synthetic import LlamaShape
 
     path = tmp_path_factory.mktemp("models") / "tiny.rad"
-    convert_synthetic(path, LlamaShape(**TINY_SHAPE), seed=7)
+    convert_synthetic(path, "llama", TINY_SHAPE, seed=7)
     path.chmod(0o444)
     SHARED_MODELS[path] = _digest(path)
     return path

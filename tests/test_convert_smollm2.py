@@ -13,9 +13,9 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from tokenizers import Tokenizer
 
+from conftest import gguf_names
 from radiance.convert import convert
 from radiance.convert.cli import main
-from radiance.convert.names import gguf_weight_name
 from radiance.weights.container_reader import Container
 from radiance.weights.decode import decode
 
@@ -50,8 +50,9 @@ def test_every_tensor_decodes_to_what_gguf_dequantises(converted, reader):
     container, _, _ = converted
     assert len(reader.tensors) == 272 == len(container.weights)
     kinds = set()
+    names = gguf_names(container)
     for tensor in reader.tensors:
-        name = gguf_weight_name(tensor.name)
+        name = names[tensor.name]
         shape = container.shape(name)
         matrix = tuple(shape) if len(shape) == 2 else (1, shape[0])
         planes = {plane: container.plane(name, plane) for plane in container.planes(name)}
