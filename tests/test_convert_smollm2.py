@@ -79,7 +79,7 @@ def test_hyper_parameters(converted):
     assert container.hyper == {
         "hidden": 576, "layers": 30, "heads": 9, "kv_heads": 3, "head_dim": 64, "ffn": 1536, "vocab": 49152,
         "context": 8192, "rope_theta": 100000.0, "rms_eps": 1e-05, "tie_embeddings": True, "rope_interleaved": 1,
-        "bos_token_id": 1, "eos_token_ids": [2], "add_bos": False}
+        "bos_token_id": 1, "eos_token_ids": [2, 0], "add_bos": False}
     assert "output" not in container.weights
     assert container.shape("token_embd") == (49152, 576) and container.shape("output_norm") == (576,)
     assert container.shape("layers.29.ffn.down") == (576, 1536)

@@ -84,9 +84,18 @@ def _source(family: str, reader, tensors: dict) -> RadSourceInfo:
     return RadSourceInfo(kind=RAD_SOURCE_GGUF, family=family, meta=meta, tensors=infos, read_f32=read_f32)
 
 
+# llama.cpp's end-of-generation tokens by their text (llama-vocab.cpp: special_eog_ids), beside the
+# eos/eot/eom ids the metadata names: Gemma's <end_of_turn>, ChatML's <|im_end|>, ...
+END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+                     "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+
+
 def tokenizer_hyper(value) -> dict:
-    """The hyper-parameters every family gets from a GGUF file's tokenizer metadata."""
+    """The hyper-parameters every family gets from a GGUF file's tokenizer metadata: BOS, whether a
+    prompt starts with it, and the tokens that end a generation as llama.cpp's set has them."""
     eos = [value(f"tokenizer.ggml.{key}_token_id", None) for key in ("eos", "eot", "eom")]
+    tokens = value("tokenizer.ggml.tokens", [])
+    eos += [i for i, token in enumerate(tokens) if token in END_OF_GENERATION]
     return {"bos_token_id": value("tokenizer.ggml.bos_token_id", None),
             "eos_token_ids": list(dict.fromkeys(token for token in eos if token is not None)),
             "add_bos": bool(value("tokenizer.ggml.add_bos_token", False))}
