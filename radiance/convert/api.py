@@ -6,6 +6,7 @@ from pathlib import Path
 
 from radiance.abi import RAD_SOURCE_SYNTHETIC
 
+from .cache import is_gguf
 from .errors import ConvertError
 from .families import taking
 from .gguf_import import read_gguf
@@ -15,20 +16,9 @@ from .plugins import Plugins
 from .recipe import Recipe
 from .synthetic import synthetic_model
 
-GGUF_MAGIC = b"GGUF"
-
 
 def _recipe(recipe, plugins: Plugins) -> Recipe:
     return Recipe.load(recipe, plugins) if recipe is not None else Recipe.empty(plugins)
-
-
-def is_gguf(path) -> bool:
-    """Whether `path` is a file that starts as a GGUF file does."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    with open(path, "rb") as file:
-        return file.read(len(GGUF_MAGIC)) == GGUF_MAGIC
 
 
 def convert(source, output, recipe=None, radiance_home=None, progress: str | None = None) -> list:

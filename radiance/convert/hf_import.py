@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
 from radiance.abi import RAD_SOURCE_HF, RadSourceInfo, RadWeightInfo
@@ -19,6 +18,17 @@ from .families import matched, taking
 from .pipeline import Model
 
 FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+def _safetensors(folder):
+    """(SafetensorError, safe_open), imported only for a Hugging Face folder (`radiance` imports this
+    package for GGUF files, which need none of it)."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:
+        raise ConvertError(folder, "reading a Hugging Face folder needs the safetensors package "
+                                   "(pip install safetensors)") from None
+    return SafetensorError, safe_open
 
 
 def _json(path: Path, required=True):
@@ -55,6 +65,7 @@ def _tensors(folder: Path) -> dict:
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise ConvertError(folder, "holds no *.safetensors shard")
+    SafetensorError, safe_open = _safetensors(folder)
     tensors = {}
     for shard in shards:
         try:
@@ -68,6 +79,7 @@ def _tensors(folder: Path) -> dict:
 
 
 def _read(shard: Path, name: str, shape: tuple, r0: int, r1: int) -> np.ndarray:
+    SafetensorError, safe_open = _safetensors(shard.parent)
     try:
         with safe_open(shard, "numpy") as handle:
             view = handle.get_slice(name)

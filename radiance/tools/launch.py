@@ -27,7 +27,7 @@ from .generate import run
 @options.run_ahead
 @options.verbose
 def main(**given):
-    """Generate with a .rad model over TP ranks, or serve it (--serve)."""
+    """Generate with a model (.rad, or .gguf converted once into a cache) over TP ranks, or serve it (--serve)."""
     run("radiance-launch", {**given, "launched": True})
 
 
