@@ -24,7 +24,7 @@ from .stream import RadStream, rad_device_tensor  # noqa: F401
 from .quant import RadQuantizerInfo, RadQuantOption  # noqa: F401
 from .types import (  # noqa: F401
     RAD_CDIV, RAD_CEQ, RAD_CEQS, RAD_CGE, RAD_CIN, RAD_CLE, RadArgs, RadChainRec, RadConstraint,
-    RadKernelInfo, RadOperandSpec, RadOpSchema, RadParam, RadParamSpec, RadPeers, RadPluginInfo,
+    RadKernelInfo, RadOperandSpec, RadOpSchema, RadParam, RadParamSpec, RadLink, RadPeers, RadPluginInfo,
     RadTensor, RadTunable, RadWeightPlanes,
 )
 
@@ -32,7 +32,7 @@ HEADERS_DIR = Path(__file__).resolve().parent
 HEADERS = ("rad_abi.h", "rad_types.h", "rad_encoding.h", "rad_plugin.h", "rad_quant.h", "rad_arch.h")
 STRUCTS = (
     RadPluginInfo, RadConstraint, RadParamSpec, RadOperandSpec, RadOpSchema, RadTensor, RadParam,
-    RadWeightPlanes, RadChainRec, RadPeers, RadArgs, RadTunable, RadKernelInfo, RadPlane, RadEncoding,
+    RadWeightPlanes, RadChainRec, RadLink, RadPeers, RadArgs, RadTunable, RadKernelInfo, RadPlane, RadEncoding,
     RadQuantOption, RadQuantizerInfo, RadWeightDecl, RadBufferDecl, RadTableDecl, RadNodeDecl, RadGraphDecl,
     RadWeightInfo, RadSourceInfo, RadWeightSpec, RadArchOption, RadArchInfo,
 )

@@ -8,9 +8,9 @@ from radiance.generation.engine import Engine
 
 
 def open_ranks(config: Config):
-    """The ranks `config` asks for: launched rank processes when TP > 1 or config.launched, else one
-    rank in this process (pinned to the first card it may use, when config.device is auto)."""
-    if config.tp > 1 or config.launched:
+    """The ranks `config` asks for: launched rank processes when TP x PP > 1 or config.launched, else
+    one rank in this process (pinned to the first card it may use, when config.device is auto)."""
+    if config.world > 1 or config.launched:
         from .launched import LaunchedRanks
 
         return LaunchedRanks(config)

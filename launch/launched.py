@@ -38,11 +38,12 @@ def choose_cards(tp: int) -> list:
 
 class LaunchedRanks(Ranks):
     def __init__(self, config: Config):
-        cards = choose_cards(config.tp)
-        threads = config.threads or max(1, (os.cpu_count() or 1) // config.tp)
+        local = config.world // config.nnodes  # this node's ranks
+        cards = choose_cards(local) if config.nnodes == 1 else []  # over nodes: host ranks (docs/RUNTIME.md)
+        threads = config.threads or max(1, (os.cpu_count() or 1) // local)
         with open_container(config.model) as container:
             self.text = TextCodec(container.tokenizer, container.chat_template, container.hyper, config.model)
-        self.config, self.world = config, config.tp
+        self.config, self.world = config, config.world
         self.coordinator = Coordinator(config, cards, threads)
         try:
             agreement = handshake(self.coordinator, config, load_timeout=max(config.stage_timeout, LOAD_SECONDS))

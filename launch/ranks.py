@@ -22,12 +22,14 @@ from radiance.config import Config
 from radiance.generation.feed import Feed
 from radiance.generation.text import TextCodec
 
+from .agent import AgentError
 from .coordinator import LaunchError
+from .nodes import NodeFailed
 from .supervisor import RankFailed
 
 # What ends a launch for a reason the user should read in one line (the CLIs report these as they
-# report a bad model file): a rank that failed, or a launch that cannot go on.
-RANK_ERRORS = (RankFailed, LaunchError)
+# report a bad model file): a rank that failed, a node that did, or a launch that cannot go on.
+RANK_ERRORS = (RankFailed, NodeFailed, AgentError, LaunchError)
 
 
 class Ranks(abc.ABC):
@@ -87,6 +89,8 @@ def run_ahead_default(config: Config, card: bool) -> bool:
     nor on a card (correct on the fake card, not yet measured on a real one)."""
     if config.run_ahead is not None:
         return config.run_ahead
+    if config.pp > 1:  # the first stage would need the tokens the last one samples
+        return False
     return (config.tp > 1 or config.launched) and not card and config.tp < usable_cores()
 
 

@@ -46,10 +46,14 @@ class StepRings:
     """Made once every rank has built (rank 0 has created the results ring): creates the plans ring,
     which the ranks attach when told `go`."""
 
-    def __init__(self, run_id: str, world: int, secret: bytes, config: Config):
+    def __init__(self, run_id: str, world: int, secret: bytes, config: Config, remote=None):
+        """`world`: this node's ranks, which read the plans ring; `remote`: launch/remote_steps.py's
+        RemoteSteps where ranks are on other nodes (their plans go by zmq, and the answering rank's
+        results come back that way when it is one of them)."""
         self.plans = RingWriter.create(run_id, "plans", world, PLAN_SLOTS, plan_bytes(config), secret)
+        self.remote = remote
         try:
-            self.results = RingReader.attach(run_id, "results", 0, secret)
+            self.results = remote if remote and remote.answers else RingReader.attach(run_id, "results", 0, secret)
         except BaseException:
             self.plans.close()
             raise
@@ -62,7 +66,10 @@ class StepRings:
         """The plan (and its feed) to every rank. `watch` raises for a failed rank."""
         start = time.perf_counter()
         record = arrays if feed is None else {**arrays, **feed.arrays()}
-        self.plans.publish(self.encoder.encode("step", None, record), timeout=timeout, check=watch)
+        payload = self.encoder.encode("step", None, record)
+        self.plans.publish(payload, timeout=timeout, check=watch)
+        if self.remote:
+            self.remote.publish(payload)
         self.sent.append((start, (len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS]))))
 
     def result(self, timeout: float, watch: Callable[[], None]) -> tuple[str, dict, dict]:
@@ -95,7 +102,10 @@ class StepRings:
 
     def stop(self) -> None:
         """The last record every rank reads: stop."""
-        self.plans.publish(self.encoder.encode("stop"), timeout=2.0)
+        payload = self.encoder.encode("stop")
+        self.plans.publish(payload, timeout=2.0)
+        if self.remote:
+            self.remote.publish(payload)
 
     def close(self) -> None:
         self.results.close()

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from radiance.weights.container_reader import open_container
 
-# The options whose command-line flag is not their name with dashes.
+# The options whose command-line flag is not their name with dashes, and those no command takes.
 FLAGS = {"threads": "--threads-per-rank", "accept_reference": "--debug-accept-reference-kernels"}
+NO_FLAG = {"activation_dtype", "block_size", "num_blocks", "progress", "launched", "profile", "return_buffer"}
 
 
 class ConfigError(ValueError):
@@ -17,7 +18,8 @@ class ConfigError(ValueError):
 
 
 def flag(name: str) -> str:
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
+    """How an error names option `name`: its command-line flag, or the field where no command takes it."""
+    return name if name in NO_FLAG else FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,14 @@ class Config:
     fusion: bool = True  # run fused rows (`replaces`) where their library serves the chain; False: every chain as declared
     progress: bool = True  # a progress bar while rank 0 loads its weights
     # the ranks
-    tp: int = 1  # ranks; above 1 always launched
+    tp: int = 1  # ranks of a pipeline stage; above 1 always launched
+    pp: int = 1  # pipeline stages, the engine's cut of the graph (selection/stages.py); above 1 always launched
+    # the nodes (torchrun's names; under Slurm from SLURM_NNODES, SLURM_NODEID, SLURM_STEP_NODELIST)
+    nnodes: int = 1  # machines the ranks are spread over, an equal share each
+    node_rank: int = 0  # this machine's place: 0 holds the coordinator, the others run an agent
+    master_addr: str | None = None  # node 0's address: where its coordinator binds, and the others reach it
+    master_port: int = 29500
+    keys: str | None = None  # the launch's CURVE keys and signing secret: node 0 writes it, the others read it
     launched: bool = False  # rank processes even at TP 1 (radiance-launch)
     threads: int | None = None  # launched: compute threads of each host rank (None: the cores shared out)
     disable_p2p: bool = False  # launched: the _host twins of the collectives even where P2P holds
@@ -55,7 +64,7 @@ class Config:
 
     def __post_init__(self):
         object.__setattr__(self, "model", os.fspath(self.model))
-        for name in ("tp", "max_step_tokens", "max_seqs", "block_size"):
+        for name in ("tp", "pp", "nnodes", "max_step_tokens", "max_seqs", "block_size"):
             self._at_least(name, 1)
         self._at_least("num_blocks", 0)
         if self.max_context is not None:
@@ -65,12 +74,34 @@ class Config:
         for name in ("stage_timeout", "step_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{flag(name)} must be more than 0 seconds, not {getattr(self, name)}")
+        self._check_nodes()
         if self.device not in ("auto", "host"):
             raise ConfigError(f"{flag('device')} must be 'auto' or 'host', not {self.device!r}")
         context = self._model_context()
         object.__setattr__(self, "max_context", min(self.max_context or context, context))
         if not self.num_blocks:
             object.__setattr__(self, "num_blocks", self.max_blocks * self.max_seqs)
+
+    def _check_nodes(self) -> None:
+        if self.pp > 1 and self.run_ahead:
+            raise ConfigError(f"{flag('run_ahead')}: not with {flag('pp')} {self.pp} (a step's tokens are sampled "
+                              "on the last stage, and the first stage would need them)")
+        if (self.tp * self.pp) % self.nnodes:
+            raise ConfigError(f"{flag('nnodes')} {self.nnodes}: --tp {self.tp} x --pp {self.pp} = "
+                              f"{self.tp * self.pp} ranks cannot be shared out equally")
+        if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"{flag('node_rank')} must be from 0 to {self.nnodes - 1}, not {self.node_rank}")
+        if not isinstance(self.master_port, int) or not 0 < self.master_port < 65536:
+            raise ConfigError(f"{flag('master_port')} must be a TCP port (1 to 65535), not {self.master_port}")
+        if self.nnodes > 1:
+            for name in ("master_addr", "keys"):
+                if not getattr(self, name):
+                    raise ConfigError(f"{flag(name)} is needed with {flag('nnodes')} {self.nnodes}")
+
+    @property
+    def world(self) -> int:
+        """Every rank of the launch, on every node."""
+        return self.tp * self.pp
 
     def _at_least(self, name: str, least: int) -> None:
         value = getattr(self, name)

@@ -14,6 +14,7 @@ from radiance.engine.running import open_executor
 from radiance.engine.selection.device_targets import leave_out_foreign_device_code
 from radiance.engine.selection.resolve import resolve_graph
 from radiance.engine.selection.shard import Shard, elide_collectives, shard_buffers, shard_nodes
+from radiance.engine.selection.stages import Stage, cut_stages, stage_nodes, used_buffers
 from radiance.generation.feed import Feed
 from radiance.log import get_logger
 
@@ -27,11 +28,13 @@ class Worker:
     """Opened in two steps, so a rank can size its collective buffers from the graph before it
     resolves: Worker(config, shard) loads the plugins, opens and declares; build() resolves and loads."""
 
-    def __init__(self, config: Config, shard: Shard = Shard(0, 1), device=None, registry: Registry | None = None):
+    def __init__(self, config: Config, shard: Shard = Shard(0, 1), device=None, registry: Registry | None = None,
+                 stage: Stage = Stage(0, 1)):
         """`device`: the card to run on (a radiance.device Device); None opens the card this
         process sees when config.device is 'auto', and runs on the host where it sees none.
-        `registry`: the plugins, loaded already (a test's own); None loads them from config's homes."""
-        self.config, self.shard = config, shard
+        `registry`: the plugins, loaded already (a test's own); None loads them from config's homes.
+        `stage`: this rank's pipeline stage (radiance/engine/selection/stages.py)."""
+        self.config, self.shard, self.stage = config, shard, stage
         self.device, self._own_device = device, False
         self.last_seqs = 0  # tokens the last step sampled, which the next step's feed may read
         if device is None and config.device == "auto":
@@ -41,6 +44,16 @@ class Worker:
             self._own_device = self.device is not None
         self.registry = registry if registry is not None else Registry(config.radiance_home, config.kernels)
         self.model = open_model(config, self.registry)
+        schemas = {op: entry.schema for op, entry in self.registry.ops.items()}
+        self.cut = cut_stages(self.model.graph, schemas, self.model.weights, stage.count)[stage.index]
+
+    def boundary_bytes(self) -> int:
+        """The largest message of this stage's recv (the pipe it receives through)."""
+        if self.cut.receives is None:
+            return 0
+        buffer = next(b for b in self.model.graph.buffers if b.name == self.cut.receives)
+        rows = self.config.max_step_tokens if buffer.extent == RAD_EXTENT_TOKENS else self.config.max_seqs
+        return rows * buffer.cols * 4
 
     def collective_bytes(self) -> int:
         """The largest message any collective of the graph moves, whole (before any split)."""
@@ -51,22 +64,30 @@ class Worker:
                 largest = max(largest, rows * node.params["n"] * 4)
         return largest
 
-    def build(self, facts: dict | None = None, peers=None, link: LinkScheduler | None = None) -> "Worker":
+    def build(self, facts: dict | None = None, peers=None, link: LinkScheduler | None = None,
+              pipes: dict | None = None) -> "Worker":
+        """`pipes`: the RadPeers of this stage's boundaries, {"recv": ..., "send": ...}."""
         self.link = link or LinkScheduler(LinkGate())
         try:
-            self._build(self.registry, facts if facts is not None else {"device.p2p": 0}, peers)
+            self._build(self.registry, facts if facts is not None else {"device.p2p": 0}, peers, pipes or {})
         except BaseException:
             self.model.close()
             self._close_device()
             raise
         return self
 
-    def _build(self, registry: Registry, facts: dict, peers) -> None:
+    def _build(self, registry: Registry, facts: dict, peers, pipes: dict) -> None:
         config, device = self.config, self.device
         nodes = shard_nodes(self.model.graph, self.shard)
         if self.device is not None and self.shard.world == 1:
             nodes = elide_collectives(nodes)
         buffers = shard_buffers(self.model.graph, self.shard)
+        if self.stage.count > 1:
+            if device is not None:
+                raise RuntimeError(f"--pp {self.stage.count}: pipeline stages run on host ranks only so far "
+                                   "(--device host)")
+            nodes = stage_nodes(nodes, buffers, self.cut, self.stage)
+            buffers = used_buffers(nodes, buffers)
         if device is not None:
             leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
         domain = RAD_DOMAIN_HOST if device is None else RAD_DOMAIN_DEVICE
@@ -77,6 +98,7 @@ class Worker:
         tables = {table.name: table.table for table in self.model.graph.tables}
         self.executor = open_executor(self.graph, self.model, self.shard, buffers, tables, config, self.link, peers,
                                       device)
+        self.executor.pipes = pipes
         self._load_weights()
 
     def _load_weights(self) -> None:

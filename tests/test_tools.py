@@ -2,6 +2,7 @@
 
 import subprocess
 
+from radiance.abi import RAD_ABI_VERSION
 from conftest import PREAMBLE
 from radiance.abi import RAD_ABI_VERSION
 

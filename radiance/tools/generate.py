@@ -61,6 +61,10 @@ def run(program: str, given: dict) -> None:
         tp, launched = given["tp"], given.get("launched", False)
         config = Config(**{**given, "max_seqs": max_seqs_for(serve, given["max_seqs"]),
                            "profile": serve and (tp > 1 or launched)})  # serving: rank 0's figures for /metrics
+        if config.node_rank > 0:  # another node of a launch over several: its agent, node 0 runs the engine
+            from radiance.launch.agent import serve_node
+
+            return serve_node(config)
         if serve:
             from radiance.serving.server import serve as serve_over
 

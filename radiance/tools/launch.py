@@ -6,14 +6,28 @@ import sys
 
 import click
 
+from radiance.launch.placement import settle
 from radiance.serving.options import serve_options
 
 from . import options
+from .errors import user_errors
 from .generate import run
 
 
 @click.command()
-@options.tp("Ranks: one per card, or host ranks without a card.")
+@options.tp("Ranks of each pipeline stage: one per card, or host ranks without a card.")
+@click.option("--pp", default=1, show_default=True, help="Pipeline stages: the model's layers cut into this many, "
+              "--tp ranks each (host ranks).")
+@click.option("--nnodes", type=int, default=None, help="Machines the ranks are spread over (torchrun's name; "
+              "under Slurm SLURM_NNODES).")
+@click.option("--node-rank", type=int, default=0, help="This machine's place (0 runs the coordinator; "
+              "under Slurm SLURM_NODEID).")
+@click.option("--master-addr", default=None, help="Node 0's address, where its coordinator binds and the "
+              "others reach it (under Slurm the first host of SLURM_STEP_NODELIST).")
+@click.option("--master-port", type=int, default=None, help="Node 0's coordinator port (default: $MASTER_PORT, "
+              "else 29500, as torchrun's).")
+@click.option("--keys", type=click.Path(dir_okay=False), default=None, help="The launch's CURVE keys: node 0 "
+              "writes this file, every other node reads it (copy it, or give a shared folder's path).")
 @options.model_and_mode
 @click.option("--threads-per-rank", "threads", type=int, default=None, help="Compute threads of each host rank "
               "(default: the cores divided among the ranks).")
@@ -28,6 +42,8 @@ from .generate import run
 @options.verbose
 def main(**given):
     """Generate with a model (.rad, or .gguf converted once into a cache) over TP ranks, or serve it (--serve)."""
+    with user_errors("radiance-launch", given["verbose"]):
+        given = settle(given)
     run("radiance-launch", {**given, "launched": True})
 
 

@@ -7,8 +7,9 @@ by a hash of the source, and called through ctypes (native.py); threads follow R
 runs a numpy body instead and the plugin says so once. docs/LIBR4D.md has the rows, their bands,
 tolerances against libref and measured speed.
 
-The collectives (all_reduce, all_gather, the chained and fused forms) are collectives.py's, listed
-here from its HOST_ROWS with their colours; should that module fail to import, the compute rows load
+The collectives (all_reduce, all_gather, the chained and fused forms) are collectives.py's, and the
+pipeline stage boundary's send and recv pipeline.py's, listed here from their HOST_ROWS with their
+colours; should that module fail to import, the compute rows load
 without them. A row is chained (rad_kernel_chain) where its name carries "r4dchain".
 
 It declares no schema: libref declares every op of the vocabulary, and a row may implement an op
@@ -39,6 +40,11 @@ def _collective_rows(native) -> list:
         declared += collectives.HOST_ROWS
     except Exception as error:  # another module's failure must not take the compute rows down
         log.warning("libr4d: collective rows unavailable (%s: %s)", type(error).__name__, error)
+    try:  # the pipeline stage boundary's send and recv (pipeline.py)
+        from . import pipeline
+        declared += pipeline.HOST_ROWS
+    except Exception as error:
+        log.warning("libr4d: pipeline rows unavailable (%s: %s)", type(error).__name__, error)
     try:  # the device-domain rows (collectives_device.py): the P2P rows and their _host twins
         from . import collectives_device
         declared += collectives_device.DEVICE_ROWS

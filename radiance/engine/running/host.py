@@ -22,6 +22,7 @@ from .step_inputs import StepInputs
 
 
 class HostExecutor(Executor):
+    pipes: dict = {}  # op ("send", "recv") -> the RadPeers of this stage's boundary (the Worker sets it)
     def __init__(self, graph: ResolvedGraph, buffers: dict, tables: dict, weights: RankWeights,
                  max_tokens: int, max_seqs: int, num_slots: int, max_blocks: int, link: LinkScheduler, peers=None):
         """`weights` copied into this process (RankWeights with load=True), or None for a graph
@@ -67,8 +68,9 @@ class HostExecutor(Executor):
         tensors = tuple(self._operand(name, band, tokens, seqs) for name in launch.node.operands)
         params = {**band.geometry, launch.schema.params[0].name: extent}
         scratch = self._scratch.get(id(band))
+        peers = self.pipes.get(launch.node.op, self.peers)  # a stage boundary's send or recv: its pipe
         args = RadArgs(t=tensors, params=params, scratch=scratch,
-                       scratch_bytes=0 if scratch is None else scratch.size, instance=band.instance, peers=self.peers)
+                       scratch_bytes=0 if scratch is None else scratch.size, instance=band.instance, peers=peers)
         return launch, args
 
     def run(self, tokens: int, seqs: int, feed=None) -> None:
