@@ -1,6 +1,6 @@
 """The constants of rad_types.h, rad_encoding.h and rad_abi.h, with the C values."""
 
-RAD_ABI_VERSION = 32
+RAD_ABI_VERSION = 33
 
 RAD_PLUGIN_KERNEL = 1
 RAD_PLUGIN_ARCH = 2
