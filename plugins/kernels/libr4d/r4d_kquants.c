@@ -124,7 +124,7 @@ static inline unsigned bits_at(const uint8_t *p, int64_t j, int b) {
 }
 
 /* 8 consecutive b-bit elements from the b bytes at p (element 8g starts on a byte) */
-static inline void unpack8(const uint8_t *p, int b, uint8_t *out) {
+static inline __attribute__((always_inline)) void unpack8(const uint8_t *p, int b, uint8_t *out) {
     uint64_t v = 0;
     memcpy(&v, p, (size_t)b);
     const uint64_t mask = (1u << b) - 1;
@@ -159,38 +159,89 @@ static int kw_check(const KW *w) {
     return KQ_OK;
 }
 
-/* the 32 codes of elements [32 j, 32 j + 32) of a row's code stream as floats */
-static inline void codes32(const uint8_t *c, int b, int64_t j, float *q) {
-    uint8_t u[32];
-    const uint8_t *p = c + j * 4 * b; /* 32 elements = 4 groups of b bytes */
-    for (int g = 0; g < 4; g++) unpack8(p + g * b, b, u + 8 * g);
-    for (int i = 0; i < 32; i++) q[i] = (float)u[i];
+#ifdef KQ_AVX2
+/* the 8 b-bit codes in the b bytes at p as int32 lanes: the b bytes (read exactly: no byte past
+ * them, a plane may end a mapping) broadcast, each lane's two bytes picked by a shuffle, shifted
+ * by its bit offset and masked */
+#define KQ_AT(i, b) ((char)(((i) * (b)) >> 3))
+#define KQ_PAIR(i, b) KQ_AT(i, b), (char)(KQ_AT(i, b) + 1), (char)-128, (char)-128
+static inline __attribute__((always_inline)) uint64_t load_bytes(const uint8_t *p, int b) {
+    /* assembled in registers: a memcpy of 3, 5 or 6 bytes into a word then read whole stalls on
+     * store forwarding (measured 4x slower) */
+    uint32_t word;
+    uint16_t half;
+    if (b >= 4) {
+        memcpy(&word, p, 4);
+        if (b == 4) return word;
+        if (b == 5) return word | (uint64_t)p[4] << 32;
+        memcpy(&half, p + 4, 2);
+        return word | (uint64_t)half << 32; /* b == 6 */
+    }
+    memcpy(&half, p, 2);
+    return b == 2 ? half : half | (uint32_t)p[2] << 16; /* b == 3 */
 }
+
+static inline __attribute__((always_inline)) __m256i codes8(const uint8_t *p, int b) {
+    const uint64_t v = load_bytes(p, b);
+    const __m256i word = _mm256_set1_epi64x((long long)v);
+    const __m256i pick = _mm256_setr_epi8(KQ_PAIR(0, b), KQ_PAIR(1, b), KQ_PAIR(2, b), KQ_PAIR(3, b),
+                                          KQ_PAIR(4, b), KQ_PAIR(5, b), KQ_PAIR(6, b), KQ_PAIR(7, b));
+    const __m256i shift = _mm256_setr_epi32(0, b & 7, (2 * b) & 7, (3 * b) & 7, (4 * b) & 7, (5 * b) & 7,
+                                            (6 * b) & 7, (7 * b) & 7);
+    const __m256i pairs = _mm256_shuffle_epi8(word, pick);
+    return _mm256_and_si256(_mm256_srlv_epi32(pairs, shift), _mm256_set1_epi32((1 << b) - 1));
+}
+#endif
+
+
+/* EACH8(B, G0, G1, EXPR): for groups G0..G1-1 (of 4) of block j's 32 codes of B bits, f = the
+ * codes as f32, EXPR (SUB / MUL steps, the core decoder's order), then stored at dst; 8 lanes at a
+ * time with AVX2, one element at a time otherwise, the same operations either way */
+#ifdef KQ_AVX2
+#define EACH8(B, G0, G1, EXPR)                                                                   \
+    for (int g = (G0); g < (G1); g++) {                                                          \
+        __m256 f = _mm256_cvtepi32_ps(codes8(c + j * 4 * (B) + g * (B), (B)));                   \
+        EXPR;                                                                                    \
+        _mm256_storeu_ps(dst + 32 * j + 8 * g, f);                                               \
+    }
+#define SUB(f, v) f = _mm256_sub_ps(f, _mm256_set1_ps(v))
+#define MUL(f, v) f = _mm256_mul_ps(f, _mm256_set1_ps(v))
+#else
+#define EACH8(B, G0, G1, EXPR)                                                                   \
+    for (int g = (G0); g < (G1); g++) {                                                          \
+        uint8_t u_[8];                                                                           \
+        unpack8(c + j * 4 * (B) + g * (B), (B), u_);                                             \
+        for (int i_ = 0; i_ < 8; i_++) {                                                         \
+            float f = (float)u_[i_];                                                             \
+            EXPR;                                                                                \
+            dst[32 * j + 8 * g + i_] = f;                                                        \
+        }                                                                                        \
+    }
+#define SUB(f, v) f = f - (v)
+#define MUL(f, v) f = f * (v)
+#endif
 
 /* dst[K] = row n of the weight, the core decoder's f32 values */
 static void kq_row(const KW *w, int64_t n, float *dst) {
     const int64_t K = w->cols;
     const int b = code_bits(w->fmt);
     const uint8_t *c = w->codes + n * (K * b / 8);
-    float q[32];
     switch (w->fmt) {
     case KQ_Q4_0:
     case KQ_Q5_0: { /* (q - zero) * d, d f16 per 32 */
-        const float zero = w->fmt == KQ_Q4_0 ? 8.0f : 16.0f;
         const uint8_t *sc = w->scale + n * (K / 32) * 2;
         for (int64_t j = 0; j < K / 32; j++) {
-            codes32(c, b, j, q);
             const float d = kq_h2f(f16_at(sc, j));
-            for (int i = 0; i < 32; i++) dst[32 * j + i] = (q[i] - zero) * d;
+            if (b == 4) EACH8(4, 0, 4, SUB(f, 8.0f); MUL(f, d))
+            else EACH8(5, 0, 4, SUB(f, 16.0f); MUL(f, d))
         }
         return;
     }
     case KQ_Q5_1: { /* q * d - min, both f16 per 32 (min = GGUF's -m) */
         const uint8_t *sc = w->scale + n * (K / 32) * 2, *mn = w->min + n * (K / 32) * 2;
         for (int64_t j = 0; j < K / 32; j++) {
-            codes32(c, b, j, q);
             const float d = kq_h2f(f16_at(sc, j)), m = kq_h2f(f16_at(mn, j));
-            for (int i = 0; i < 32; i++) dst[32 * j + i] = q[i] * d - m;
+            EACH8(5, 0, 4, MUL(f, d); SUB(f, m))
         }
         return;
     }
@@ -198,27 +249,26 @@ static void kq_row(const KW *w, int64_t n, float *dst) {
         const uint8_t *sc = w->scale + n * (K / 32), *mn = w->min + n * (K / 32);
         const uint8_t *d1 = w->scale1 + n * (K / 256) * 2, *m1 = w->min1 + n * (K / 256) * 2;
         for (int64_t j = 0; j < K / 32; j++) {
-            codes32(c, b, j, q);
             const float d = kq_h2f(f16_at(d1, j / 8)), dmin = kq_h2f(f16_at(m1, j / 8));
-            for (int h = 0; h < 2; h++) {
-                const int64_t s = 2 * j + h;
-                const float scale = (float)bits_at(sc, s, 4), minimum = (float)bits_at(mn, s, 4) * dmin;
-                for (int i = 16 * h; i < 16 * h + 16; i++) dst[32 * j + i] = q[i] * scale * d - minimum;
-            }
+            const float s0 = (float)bits_at(sc, 2 * j, 4), m0 = (float)bits_at(mn, 2 * j, 4) * dmin;
+            const float s1 = (float)bits_at(sc, 2 * j + 1, 4), m1v = (float)bits_at(mn, 2 * j + 1, 4) * dmin;
+            EACH8(2, 0, 2, MUL(f, s0); MUL(f, d); SUB(f, m0))
+            EACH8(2, 2, 4, MUL(f, s1); MUL(f, d); SUB(f, m1v))
         }
         return;
     }
     case KQ_Q3_K:
     case KQ_Q6_K: { /* (q - zero) * sc * d: i8 sc per 16, f16 d per 256 */
-        const float zero = w->fmt == KQ_Q3_K ? 4.0f : 32.0f;
         const int8_t *sc = (const int8_t *)w->scale + n * (K / 16);
         const uint8_t *d1 = w->scale1 + n * (K / 256) * 2;
         for (int64_t j = 0; j < K / 32; j++) {
-            codes32(c, b, j, q);
-            const float d = kq_h2f(f16_at(d1, j / 8));
-            for (int h = 0; h < 2; h++) {
-                const float scale = (float)sc[2 * j + h];
-                for (int i = 16 * h; i < 16 * h + 16; i++) dst[32 * j + i] = (q[i] - zero) * scale * d;
+            const float d = kq_h2f(f16_at(d1, j / 8)), s0 = (float)sc[2 * j], s1 = (float)sc[2 * j + 1];
+            if (b == 3) {
+                EACH8(3, 0, 2, SUB(f, 4.0f); MUL(f, s0); MUL(f, d))
+                EACH8(3, 2, 4, SUB(f, 4.0f); MUL(f, s1); MUL(f, d))
+            } else {
+                EACH8(6, 0, 2, SUB(f, 32.0f); MUL(f, s0); MUL(f, d))
+                EACH8(6, 2, 4, SUB(f, 32.0f); MUL(f, s1); MUL(f, d))
             }
         }
         return;
@@ -228,10 +278,10 @@ static void kq_row(const KW *w, int64_t n, float *dst) {
         const uint8_t *sc = w->scale + n * (K / 32) * 6 / 8, *mn = w->min + n * (K / 32) * 6 / 8;
         const uint8_t *d1 = w->scale1 + n * (K / 256) * 2, *m1 = w->min1 + n * (K / 256) * 2;
         for (int64_t j = 0; j < K / 32; j++) {
-            codes32(c, b, j, q);
             const float d = kq_h2f(f16_at(d1, j / 8)), dmin = kq_h2f(f16_at(m1, j / 8));
             const float scale = (float)bits_at(sc, j, 6), minimum = (float)bits_at(mn, j, 6) * dmin;
-            for (int i = 0; i < 32; i++) dst[32 * j + i] = q[i] * scale * d - minimum;
+            if (b == 4) EACH8(4, 0, 4, MUL(f, scale); MUL(f, d); SUB(f, minimum))
+            else EACH8(5, 0, 4, MUL(f, scale); MUL(f, d); SUB(f, minimum))
         }
         return;
     }
@@ -268,7 +318,27 @@ static inline float kq_hsum8(__m256 v) {
 #endif
 
 static void panel_dots(const float *panel, int rows, int64_t K, const KMat *X, int64_t M, const KMat *Y, int64_t n0) {
-    for (int64_t m = 0; m < M; m++) {
+    int64_t m = 0;
+#ifdef KQ_AVX2
+    if (rows == PANEL) /* a 4 x 3 register tile: 7 loads feed 12 FMAs */
+        for (; m + 3 <= M; m += 3) {
+            const float *x0 = KROW(*X, m), *x1 = KROW(*X, m + 1), *x2 = KROW(*X, m + 2);
+            __m256 a[12];
+            for (int i = 0; i < 12; i++) a[i] = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K; k += 8) {
+                const __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k), v2 = _mm256_loadu_ps(x2 + k);
+                for (int r = 0; r < PANEL; r++) {
+                    const __m256 wv = _mm256_load_ps(panel + r * K + k);
+                    a[3 * r] = _mm256_fmadd_ps(wv, v0, a[3 * r]);
+                    a[3 * r + 1] = _mm256_fmadd_ps(wv, v1, a[3 * r + 1]);
+                    a[3 * r + 2] = _mm256_fmadd_ps(wv, v2, a[3 * r + 2]);
+                }
+            }
+            for (int r = 0; r < PANEL; r++)
+                for (int i = 0; i < 3; i++) KROW(*Y, m + i)[n0 + r] = kq_hsum8(a[3 * r + i]);
+        }
+#endif
+    for (; m < M; m++) {
         const float *x = KROW(*X, m);
         float *y = KROW(*Y, m) + n0;
 #ifdef KQ_AVX2
