@@ -1,5 +1,6 @@
 """libr4d's rows for the GGUF block types (q4_0, q5_0, q5_1, q2_k..q6_k) against its q4_1 and q8_0
-rows, measured in the same run on the same shape: median µs per launch and the weight bytes read per
+rows, measured in the same run on the same shape: µs per launch (the best of --repeats passes over the
+weights: on a shared machine the best pass is the one least disturbed) and the GGUF bytes read per
 second, at M = 1 (the decode GEMV band) and M = --prefill (the GEMM band).
 
     python bench/libr4d_kquants.py [--threads 2] [--rows 640] [--cols 2048] [--prefill 64] [--repeats 30]
@@ -10,7 +11,6 @@ are cycled so the timing streams from memory rather than from one cached weight.
 """
 
 import argparse
-import statistics
 import time
 
 import numpy as np
@@ -60,7 +60,7 @@ def time_row(row, weights, m, k, n, geometry, repeats):
         for args in calls:
             row.info.launch(args)
         samples.append((time.perf_counter() - start) / len(calls))
-    return statistics.median(samples)
+    return min(samples)
 
 
 def main():
