@@ -124,7 +124,7 @@ def test_unsupported_architecture_names_it(tmp_path):
     code, stderr = run(source, "-o", tmp_path / "out.rad")
     assert code == 1
     assert stderr == (f"rad-convert: error: {source}: architecture 'gpt2' is imported by no architecture plugin "
-                      f"on the search path (loaded: llama; none of them takes it from GGUF files)\n")
+                      f"on the search path (loaded: gemma3, llama; none of them takes it from GGUF files)\n")
     assert list(tmp_path.glob("out.rad*")) == []
 
 
