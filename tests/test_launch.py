@@ -94,7 +94,7 @@ def test_tp_that_does_not_divide_the_heads_is_a_clear_error(smollm2):
     code, _, stderr = launch.finish()
     assert code == 1
     assert "radiance-launch: error: rank " in stderr
-    assert "is 9 parts, which the 2 ranks neither divide nor replicate evenly" in stderr  # 9 heads
+    assert "N is 3 parts, which the 2 ranks neither divide nor replicate evenly" in stderr  # 3 KV heads
     assert "Traceback" not in stderr
 
 
