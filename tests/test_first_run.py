@@ -81,12 +81,12 @@ def test_every_import_is_a_declared_dependency():
 
 
 def test_a_launch_checks_the_split_before_it_starts_a_rank(smollm2):
-    """SmolLM2's 9 heads do not split over 2 ranks: one line, once, before any rank starts."""
+    """SmolLM2's 3 KV heads do not split over 2 ranks: one line, once, before any rank starts."""
     result = run("radiance.tools.launch", "--tp", 2, "--model", smollm2, "--prompt", "hi")
     assert result.returncode == 1
-    assert last_line(result) == (f"radiance-launch: error: {smollm2} does not split over --tp 2: node 'layers.0.rope': "
-                                 "q_heads is 9, not divisible by the 2 ranks")
-    assert result.stderr.count("not divisible") == 1 and "[rank" not in result.stderr, result.stderr
+    assert last_line(result) == (f"radiance-launch: error: {smollm2} does not split over --tp 2: node 'layers.0.attn.k': "
+                                 "N is 3 parts, which the 2 ranks neither divide nor replicate evenly")  # 3 KV heads
+    assert result.stderr.count("does not split") == 1 and "[rank" not in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
 
