@@ -162,3 +162,39 @@ def test_the_fp8_fused_rows_agree_with_libref_s_chains(registry, on_card, m):
     assert launch(row_of(registry, "gemm_add", "libref"), arrays, params, {1: weight}) == 0
     for i in (2, 3):
         assert rel_err(got[i], arrays[i]) <= dk.TOLERANCE["gemv"], i
+
+
+# ---- attention for batches: the tiles on tensor cores ------------------------------------------------
+
+def attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=0):
+    from test_device_tensor_cores import attention_operands
+    at = module(registry, "device_attention_tiles")
+    operands, params = attention_operands(heads, kv, d, sequences, seed=seed)
+    got = on_card.run(dev_row(registry, "r4dchain_attention_tc_dev"), operands, params, read=(3, 4, 10))
+    arrays = [np.array(o, copy=True) for o in operands]
+    assert launch(row_of(registry, "attention", "libref"), arrays, params) == 0
+    np.testing.assert_array_equal(got[3], arrays[3])
+    np.testing.assert_array_equal(got[4], arrays[4])
+    err = rel_err(got[10], arrays[10])
+    assert err <= at.TOLERANCE, err
+
+
+def test_attention_decodes_32_sequences_of_mixed_contexts_to_8k(registry, on_card):
+    rng = np.random.default_rng(32)
+    contexts = np.unique(np.r_[1, 2, 15, 16, 17, 8191, rng.integers(1, 8192, 40)])[:32]
+    attention_against_libref(registry, on_card, 32, 8, 128, [(int(c) - 1, 1) for c in contexts], seed=1)
+
+
+def test_attention_decodes_64_sequences(registry, on_card):
+    rng = np.random.default_rng(64)
+    attention_against_libref(registry, on_card, 32, 8, 128, [(int(c), 1) for c in rng.integers(0, 2048, 64)], seed=2)
+
+
+def test_attention_runs_a_prefill_chunk_beside_decode_tokens(registry, on_card):
+    """Chunked prefill: 256 new tokens of a sequence with 1000 cached, and 7 decode tokens."""
+    attention_against_libref(registry, on_card, 32, 8, 128, [(1000, 256), *((p, 1) for p in (5, 99, 700, 3000, 17, 40, 8000))],
+                             seed=3)
+
+
+def test_attention_prefills_smollm2_shapes(registry, on_card):
+    attention_against_libref(registry, on_card, 9, 3, 64, [(0, 100), (0, 13), (40, 30)], seed=4)

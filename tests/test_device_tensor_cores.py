@@ -42,7 +42,7 @@ class Recording(Recorder):
     defines its entries with TC_GEMM_ENTRY) as the fake compiler does."""
 
     def kernel(self, source, name, options=()):
-        return super().kernel(expand_entry_macros(source), name, options)
+        return super().kernel(source + expand_entry_macros(source), name, options)
 
 
 # ---- which kernel, splits, scratch -------------------------------------------------------------
@@ -250,3 +250,108 @@ def test_the_fp8_gemv_compiles_through_nvrtc(registry, fmt):
     dk = module(registry, "device_kernels")
     cubin = compile_(dk.source("gemv"), "sm_90", dk.gemv_options(fmt, 2, 1))
     assert b"r4d_gemv_m1" in cubin and b"r4d_gemv_m8" in cubin
+
+
+# ---- attention for batches (attention_tiles.cu) ----------------------------------------------------
+
+ATTENTION = "r4dchain_attention_tc_dev"
+
+
+def attention_operands(heads, kv, d, sequences, block_size=16, seed=0):
+    """sequences: (first position, new tokens); the cache holds random rows for earlier positions
+    (tests/test_device_rows.py's attention_case, here for the fake card)."""
+    rng = np.random.default_rng(seed)
+    seqs, lengths = len(sequences), [p + t for p, t in sequences]
+    max_blocks = max(-(-n // block_size) for n in lengths)
+    blocks = rng.permutation(seqs * max_blocks + 4)[: seqs * max_blocks].reshape(seqs, max_blocks).astype(np.int32)
+    slots_total, width = (seqs * max_blocks + 4) * block_size, kv * d
+    positions = [j for first, count in sequences for j in range(first, first + count)]
+    slots = [blocks[s, j // block_size] * block_size + j % block_size
+             for s, (first, count) in enumerate(sequences) for j in range(first, first + count)]
+    m = len(positions)
+    cu = np.concatenate([[0], np.cumsum([t for _, t in sequences])]).astype(np.int32)
+    operands = [rng.standard_normal((m, heads * d)).astype(np.float32), rng.standard_normal((m, width)).astype(np.float32),
+                rng.standard_normal((m, width)).astype(np.float32),
+                rng.standard_normal((slots_total, width)).astype(np.float32),
+                rng.standard_normal((slots_total, width)).astype(np.float32), np.array(slots, np.int32),
+                np.array(positions, np.int32), cu, np.array(lengths, np.int32), blocks, np.zeros((m, heads * d), np.float32)]
+    params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "block_size": block_size,
+              "scale": 1.0 / np.sqrt(d), "dtype": "f32", "seqs": seqs}
+    return operands, params
+
+
+ATTENTION_CASES = {
+    # 12 decode tokens of mixed contexts (to 1500): tiles of one token, the context split
+    "decode_batch": (8, 2, 128, [(p, 1) for p in (3, 17, 40, 100, 255, 256, 511, 700, 999, 1200, 1499, 64)]),
+    # a prefill chunk of 40 tokens after 300 cached, beside decode tokens (chunked prefill)
+    "chunk_and_decode": (8, 2, 128, [(300, 40), (77, 1), (5, 1), (1000, 1)]),
+    # SmolLM2's heads (9 over 3, head_dim 64: tiles of 21 tokens) prefilling from 0
+    "smollm2_prefill": (9, 3, 64, [(0, 50), (0, 9)]),
+    # one query head a kv head, a whole-prompt prefill of 70 tokens: tiles of 64 tokens
+    "mha_prefill": (2, 2, 64, [(0, 70)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
+def test_the_attention_tiles_agree_with_libref_within_the_stated_tolerance(registry, on_fake, case):
+    at = module(registry, "device_attention_tiles")
+    heads, kv, d, sequences = ATTENTION_CASES[case]
+    operands, params = attention_operands(heads, kv, d, sequences, seed=len(case))
+    row = device_row(registry, ATTENTION)
+    before = len(on_fake.device.launches)
+    got = on_fake.run(row, operands, params, read=(3, 4, 10))
+    ran = on_fake.device.launches[before:]
+    assert [launch.name for launch in ran] == ["r4d_kv_store_dev", "r4d_attend_tiles"]
+    assert ran[1].grid == at.grid(params["M"], len(sequences), kv, heads // kv)[0]
+    arrays = [np.array(o, copy=True) for o in operands]
+    assert host_launch(row_of(registry, "attention", "libref"), arrays, params) == RAD_OK
+    np.testing.assert_array_equal(got[3], arrays[3])  # the step's k, v stored at their slots
+    np.testing.assert_array_equal(got[4], arrays[4])
+    err = rel_err(got[10], arrays[10])
+    assert 0 < err <= at.TOLERANCE, (case, err)
+
+
+def test_the_attention_tiles_split_the_context_only_where_tiles_are_few(registry):
+    at = module(registry, "device_attention_tiles")
+    assert at.splits(2048, 8, 4) == 1 and at.scratch_layout(2048, 1, 8, 4, 128) == {"total": 0}
+    assert at.splits(64, 8, 4) == 9 and at.grid(64, 64, 8, 4)[0] == (64, 8, 9)   # 64 decode tokens
+    assert at.tiles_bound(40, 2, 4) == 4 and at.tiles_bound(9, 9, 4) == 9 and at.tokens_per_tile(3) == 21
+    layout = at.scratch_layout(64, 64, 8, 4, 128)
+    assert layout["partial"] == 256 * -(-4 * 64 * 8 // 256) and layout["total"] - layout["partial"] == 4 * 64 * 8 * 9 * 4 * 130
+    assert at.scratch_bytes(256, 8, 4, 128) >= layout["total"] and at.shared_bytes(128) == 33792
+    assert at.serves("cuda", "sm_80", 128, 4) and at.serves("cuda", "sm_90", 64, 8)
+    assert not at.serves("cuda", "sm_75", 128, 4) and not at.serves("hip", "gfx942", 128, 4)
+    assert not at.serves("cuda", "sm_90", 96, 4) and not at.serves("cuda", "sm_90", 128, 16)
+
+
+@pytest.mark.parametrize("target,d,kernels", [("sm_90", 128, ["r4d_kv_store_dev", "r4d_attend_tiles"]),
+                                              ("sm_90", 96, ["r4d_kv_store_dev", "r4d_attend_cache"]),
+                                              ("sm_75", 128, ["r4d_kv_store_dev", "r4d_attend_cache"])])
+def test_attention_plans_take_the_tiles_where_they_serve_and_attention_cu_elsewhere(registry, target, d, kernels):
+    stream, row = Recording(target), device_row(registry, ATTENTION)
+    m, seqs, heads, kv = 12, 3, 8, 2
+    tensors = [dev(0x1000, (m, heads * d)), dev(0x2000, (m, kv * d)), dev(0x3000, (m, kv * d)),
+               dev(0x4000, (512, kv * d)), dev(0x5000, (512, kv * d)), dev(0x6000, (m,), 3), dev(0x7000, (m,), 3),
+               dev(0x8000, (seqs + 1,), 3), dev(0x9000, (seqs,), 3), dev(0xa000, (seqs, 32), 3), dev(0xb000, (m, heads * d))]
+    params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "block_size": 16, "scale": 0.1, "dtype": "f32"}
+    need = row.info.scratch({**params, "M": 256})
+    assert launch(row, tensors, params, stream, 0x9000000, need) == RAD_OK
+    assert [name for name, *_ in stream.launches] == kernels
+    if kernels[1] == "r4d_attend_tiles":
+        _, grid, block, args = stream.launches[1]
+        at = module(registry, "device_attention_tiles")
+        assert (grid, block, stream.shared) == ((3, 2, at.splits(m, kv, 4)), (128, 1, 1), at.shared_bytes(d))
+        assert stream.compiled[-1] == ("r4d_attend_tiles", (f"-DR4D_AT_D={d}", "-DR4D_AT_G=4"))
+        assert pointers(args, [0, 3, 7, 9]) == [0x1000, 0x7000, 0xb000, 0x9000000]
+        assert ints(args, [10, 11, 12, 13, 14]) == [seqs, 32, heads, kv, 16]
+
+
+@pytest.mark.parametrize("target,d,group", [("sm_80", 64, 3), ("sm_90", 128, 4)])
+def test_the_attention_tiles_compile_through_nvrtc_to_tf32_tensor_core_instructions(registry, tmp_path, target, d, group):
+    compile_ = nvrtc_or_skip()
+    dk, at = module(registry, "device_kernels"), module(registry, "device_attention_tiles")
+    cubin = compile_(dk.source("attention_tiles"), target, at.options(d, group))
+    assert b"r4d_attend_tiles" in cubin
+    listing = sass(cubin, tmp_path)
+    if listing is not None:
+        assert "HMMA.1688.F32.TF32" in listing and "LDGSTS" in listing and "LDL" not in listing

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent / "device"
-FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma")
+FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma", "attention_tiles")
 PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",),  # what goes between common.cu and the op's file
-         "gemm_mma": ("tensor_core",)}
+         "gemm_mma": ("tensor_core",), "attention_tiles": ("tensor_core",)}
 
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
 
