@@ -153,18 +153,25 @@ def test_an_unknown_device_choice_is_refused(tiny_model):
         Config(model=str(tiny_model), device="gpu")
 
 
-def test_a_profiled_step_times_every_op_with_card_events(tmp_path, tiny_model):
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_profiled_step_times_every_op_with_card_events_only_without_graphs(tmp_path, tiny_model, graphs):
+    """Profiled with graphs off, each op runs alone and is timed; with graphs on (a server profiles its
+    ranks for /metrics) a decode step stays one graph launch and times nothing."""
     registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
     device = fake_card(registry)
-    _, worker = generate(tiny_model, registry, device, max_seqs=2)
+    _, worker = generate(tiny_model, registry, device, max_seqs=2, graphs=graphs)
     try:
         executor = worker.executor
         executor.profile = True
-        before = len(device.launches)
+        before, graphs_before = len(device.launches), len(executor._graphs)
         executor.run(2, 2)
-        assert len(device.launches) - before == len(worker.graph.launches(2, 2))  # one by one, not the graph
-        assert set(executor.op_seconds) == {launch.node.op for launch in worker.graph.launches(2, 2)}
-        assert all(seconds >= 0 for seconds in executor.op_seconds.values())
+        assert len(device.launches) - before == len(worker.graph.launches(2, 2))  # each op once, either way
+        if graphs:
+            assert executor._graphs and len(executor._graphs) == graphs_before and not executor.op_seconds
+        else:
+            assert not executor._graphs
+            assert set(executor.op_seconds) == {launch.node.op for launch in worker.graph.launches(2, 2)}
+            assert all(seconds >= 0 for seconds in executor.op_seconds.values())
     finally:
         worker.close()
 

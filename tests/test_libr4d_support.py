@@ -147,7 +147,8 @@ def test_libr4d_loads_as_a_plugin_and_serves_every_op(registry):
                      "take_rows_rmsnorm_gemm_sample"}  # the device rows' fused ops (docs/OPS.md)
     # the collectives are collectives.py's rows, listed by the export table with their colours
     collective = {row.name: (row.op, row.collective, row.chain) for row in library.rows if row.collective}
-    assert {op for op, _, _ in collective.values()} <= {"all_reduce", "all_gather", "all_reduce_add_rmsnorm"}
+    assert {op for op, _, _ in collective.values()} <= {"all_reduce", "all_gather", "all_reduce_add_rmsnorm",
+                                                        "send", "recv"}  # send/recv: pipeline.py's stage rows
     assert all(chain == ("r4dchain" in name) for name, (_, _, chain) in collective.items())
     module = library.module
     assert "numpy fallback" not in module.backend(), module.backend()

@@ -117,7 +117,9 @@ class DeviceExecutor(Executor):
 
     def run(self, tokens: int, seqs: int, feed=None) -> None:
         """The feed's ids are taken from the card's token buffer, where the last step's sampler left
-        them; profiled, no graph is captured or replayed and each op is timed by card events."""
+        them. Profiled with graphs off, each op is timed by card events; with graphs on a step stays
+        one graph launch (a server profiles its ranks for /metrics: that must not cost it its graphs),
+        and no op is timed."""
         device, handle, key = self.device, self.stream.handle, (tokens, seqs)
         inputs = self.inputs
         device.copy_to_device(inputs.device, inputs.block[:inputs.sent], handle)
@@ -125,7 +127,7 @@ class DeviceExecutor(Executor):
             ids, sampled = inputs.device + inputs.offsets[RAD_STEP_IDS], inputs.device + inputs.offsets[RAD_STEP_TOKENS]
             for target, source, count in feed.runs():  # 4-byte ids and tokens (int32)
                 self.stream.copy(ids + 4 * target, sampled + 4 * source, 4 * count)
-        if self.profile:
+        if self.profile and not self.graphs:
             self._run_profiled(self._plan(tokens, seqs))
         elif key in self._graphs:
             device.launch_graph(self._graphs[key], handle)

@@ -36,7 +36,7 @@ class Executor(abc.ABC):
     inputs: StepInputs  # what a step reads (written before `run`), and the tokens it sampled (after)
 
     def __init__(self):
-        self.profile = False  # when set, each op's seconds add to op_seconds (on a card: no graphs)
+        self.profile = False  # when set, each op's seconds add to op_seconds (on a card: only with graphs off)
         self.op_seconds = defaultdict(float)
 
     @abc.abstractmethod
