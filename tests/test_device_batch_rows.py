@@ -38,10 +38,12 @@ def dev_row(registry, name):
     return next(row for row in lib.rows if row.name == name)
 
 
-def kernels_here(registry) -> list:
-    """The tensor-core kernels this card runs (mma.sync from sm_80)."""
+def kernels_here(registry, kind="bf16") -> list:
+    """The tensor-core kernels this card runs for `kind`: the one it is given first, and on Hopper
+    (given wgmma) mma.sync's as well, which it runs too."""
     tc = module(registry, "device_tensor_cores")
-    return [tc.kernel_for(DEVICE.vendor, DEVICE.target, "bf16")]
+    given = tc.kernel_for(DEVICE.vendor, DEVICE.target, kind)
+    return [given, "mma"] if given == "wgmma" else [given]
 
 
 _WEIGHTS: dict = {}
@@ -88,7 +90,7 @@ def test_the_bf16_tensor_core_gemm_agrees_with_libref(registry, on_card, monkeyp
 @pytest.mark.parametrize("n,k", SHAPES[:4])
 @pytest.mark.parametrize("m", [9, 64, 300])
 def test_the_fp8_tensor_core_gemm_agrees_with_libref(registry, on_card, monkeypatch, fmt, n, k, m):
-    for kernel in kernels_here(registry):
+    for kernel in kernels_here(registry, "e4m3"):
         gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m)
 
 
@@ -105,13 +107,14 @@ def test_a_prefill_sized_gemm_and_its_kernels_agree(registry, on_card, monkeypat
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_channel"])
 def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_card, monkeypatch, fmt):
     tc = module(registry, "device_tensor_cores")
-    for kernel in kernels_here(registry):
+    kind = "bf16" if fmt == "bf16" else "e4m3"
+    for kernel in kernels_here(registry, kind):
         monkeypatch.setattr(tc, "KERNEL", kernel)
         row = dev_row(registry, BF16 if fmt == "bf16" else FP8)
         params = {"M": 12, "N": 1024, "K": 4096, "wdtype": fmt, "dtype": "f32", "split_k": 1}
         operands = [activations(12, 4096, 5), None, np.zeros((12, 1024), np.float32)]
         a = on_card.args(row, operands, params, {1: weight_of(registry, fmt, 1024, 4096, 9)})
-        assert tc.split(12, 1024, 4096, "bf16" if fmt == "bf16" else "e4m3")[0] > 1
+        assert tc.split(12, 1024, 4096, kind, kernel)[0] > 1
         results = []
         for _ in range(3):
             assert row.info.launch(a) == 0

@@ -50,7 +50,7 @@ class Recording(Recorder):
 def test_each_card_gets_the_kernel_its_tensor_cores_run(registry, monkeypatch):
     tc = module(registry, "device_tensor_cores")
     monkeypatch.setattr(tc, "KERNEL", None)
-    table = {("cuda", "sm_90"): ("mma", "mma"), ("cuda", "sm_90a"): ("mma", "mma"),
+    table = {("cuda", "sm_90"): ("wgmma", "wgmma"), ("cuda", "sm_90a"): ("wgmma", "wgmma"),
              ("cuda", "sm_89"): ("mma", "mma"), ("cuda", "sm_80"): ("mma", "simt"), ("cuda", "sm_86"): ("mma", "simt"),
              ("cuda", "sm_75"): ("simt", "simt"), ("hip", "gfx942"): ("simt", "simt"), ("fake", "fake_90"): ("simt", "simt")}
     for (vendor, target), kernels in table.items():
@@ -98,6 +98,20 @@ def test_the_rows_take_the_band_above_the_gemv_for_bf16_and_fp8(registry):
 
 # ---- launch plans -------------------------------------------------------------------------------
 
+def test_a_wgmma_plan_asks_for_sm_90a_and_its_swizzled_stages(registry):
+    tc = module(registry, "device_tensor_cores")
+    stream, row = Recording("sm_90"), device_row(registry, BF16)
+    w, x, y = device_weight("bf16", 4096, 4096, 0x7000000), dev(0x1000, (37, 4096)), dev(0x2000, (37, 4096))
+    params = {"M": 37, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    assert launch(row, [x, w, y], params, stream, 0x9000000, row.info.scratch({**params, "M": 256})) == RAD_OK
+    ((kernel, grid, block, args),) = stream.launches
+    splits, per = tc.split(37, 4096, 4096, "bf16", "wgmma")
+    assert (kernel, grid, block) == ("r4d_wgmma_gemm_bf16", (32, 1, splits), (256, 1, 1)) and splits == 8
+    assert stream.shared == 3 * 128 * 128 + 1024 <= 64 << 10
+    assert stream.compiled == [("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1"))]
+    assert ints(args, [8, 9, 10, 11]) == [37, 4096, 4096, per] and per * 64 * splits >= 4096
+
+
 def test_a_bf16_plan_is_one_mma_kernel_over_its_tiles(registry):
     tc = module(registry, "device_tensor_cores")
     stream, row = Recording("sm_89"), device_row(registry, BF16)
@@ -138,7 +152,7 @@ def test_an_fp8_plan_quantises_x_into_the_scratch_then_runs_the_e4m3_kernel(regi
     assert (kernel, grid) == ("r4d_mma_gemm_e4m3_m128", (8, 2, splits)) and splits == 2
     assert pointers(args, [0, 1, 2, 3, 5, 7]) == [codes, scales, 0x7000000, 0x8000000, 0x2000, 0x9000000]
     assert ints(args, [4]) == [1]  # a scale per row
-    assert [options for _, options in stream.compiled] == [("-DR4D_TC_ONLY=4",)] * 2  # one module, compiled once
+    assert stream.compiled == [("r4d_quantize_e4m3_dev", ()), ("r4d_mma_gemm_e4m3_m128", ("-DR4D_TC_ONLY=4",))]
 
 
 @pytest.mark.parametrize("target,kernel", [("sm_75", "r4d_gemm_dev"), ("sm_80", "r4d_mma_gemm_bf16_m128")])
@@ -157,10 +171,12 @@ CASES = [("bf16", 576, 576, 9), ("bf16", 1536, 576, 64), ("bf16", 576, 1536, 65)
          ("fp8_channel", 512, 1024, 130), ("fp8", 512, 1024, 20)]
 
 
-@pytest.fixture(scope="module")
-def on_fake():
-    device = nvidia_fake()
+@pytest.fixture(scope="module", params=["sm_89", "sm_90"])
+def on_fake(request):
+    """A fake sm_89 card (mma.sync's kernels) and a fake sm_90 one (wgmma's)."""
+    device = nvidia_fake(request.param)
     card = Card(device, EngineStream(device))
+    card.kernel = {"sm_89": "mma", "sm_90": "wgmma"}[request.param]
     yield card
     card.close()
     device.close()
@@ -177,7 +193,7 @@ def test_the_kernels_arithmetic_agrees_with_libref_within_the_stated_tolerance(r
     got = on_fake.run(row, [x, None, np.zeros((m, n), np.float32)], params, {1: weight}, read=(2,))[2]
     ran = [launch.name for launch in on_fake.device.launches[before:]]
     kind = "bf16" if fmt == "bf16" else "e4m3"
-    assert ran == ([] if kind == "bf16" else ["r4d_quantize_e4m3_dev"]) + [f"r4d_mma_gemm_{kind}_m{tc.tile_m(m)}"]
+    assert ran == ([] if kind == "bf16" else ["r4d_quantize_e4m3_dev"]) + [tc.entry(kind, m, on_fake.kernel)]
     want = np.zeros((m, n), np.float32)
     assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
     err = rel_err(got, want)
@@ -195,7 +211,7 @@ def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_fake)
     for _ in range(3):
         assert row.info.launch(a) == RAD_OK
         results.append(on_fake.download(a.t[2], operands[2]))
-    assert module(registry, "device_tensor_cores").split(12, 1024, 4096, "bf16")[0] > 1
+    assert module(registry, "device_tensor_cores").split(12, 1024, 4096, "bf16", on_fake.kernel)[0] > 1
     np.testing.assert_array_equal(results[0], results[1])
     np.testing.assert_array_equal(results[0], results[2])
 
@@ -236,12 +252,33 @@ def test_the_mma_gemm_compiles_through_nvrtc_to_tensor_core_instructions(registr
     compile_ = nvrtc_or_skip()
     dk, tc = module(registry, "device_kernels"), module(registry, "device_tensor_cores")
     cubin = compile_(dk.source("gemm_mma"), target, tc.options(entry))
-    assert entry.encode() in cubin and b"r4d_quantize_e4m3_dev" in cubin
+    assert entry.encode() in cubin
     listing = sass(cubin, tmp_path)
     if listing is not None:
         assert instruction in listing and "LDSM" in listing and "LDGSTS" in listing, entry
         gemm = listing[listing.index(f"Function : {entry}"):]
         assert "LDL" not in gemm or entry == "r4d_mma_gemm_e4m3_m128"  # 16 bytes spilled there (-Xptxas -v)
+
+
+@pytest.mark.parametrize("entry,instruction", [("r4d_wgmma_gemm_bf16", "HGMMA.64x128x16.F32.BF16"),
+                                               ("r4d_wgmma_gemm_e4m3", "QGMMA.64x128x32.F32.E4M3.E4M3")])
+def test_the_wgmma_gemm_compiles_for_sm_90a_to_warpgroup_instructions(registry, tmp_path, entry, instruction):
+    """The row's options ask for sm_90a in place of the card's sm_90 (the engine compiles for the
+    card's target and hands the options after it)."""
+    compile_ = nvrtc_or_skip()
+    dk, tc = module(registry, "device_kernels"), module(registry, "device_tensor_cores")
+    cubin = compile_(dk.source("gemm_wgmma"), "sm_90", tc.options(entry))
+    assert entry.encode() in cubin
+    listing = sass(cubin, tmp_path)
+    if listing is not None:
+        assert instruction in listing and "WARPGROUP.ARRIVE" in listing and "LDL" not in listing, entry
+        assert "code for sm_90a" in listing
+
+
+def test_the_e4m3_quantiser_compiles_through_nvrtc(registry):
+    compile_ = nvrtc_or_skip()
+    cubin = compile_(module(registry, "device_kernels").source("quantize_e4m3"), "sm_89")
+    assert b"r4d_quantize_e4m3_dev" in cubin
 
 
 @pytest.mark.parametrize("fmt", ["fp8_channel", "fp8"])

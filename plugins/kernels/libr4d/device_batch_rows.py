@@ -55,23 +55,22 @@ def tc_gemm_steps(a, x: int, weight, y: int) -> list:
         return [_simt(a, x, w, y)]
     for name, address in (("x", x), ("w", w.codes)):
         _aligned16(name, address)
-    splits, per = tc.split(m, n, k, kind)
-    layout = tc.scratch_layout(m, n, k, kind)
+    splits, per = tc.split(m, n, k, kind, kernel)
+    layout = tc.scratch_layout(m, n, k, kind, kernel)
     if layout["total"] > int(a.scratch_bytes or 0):
         raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the tensor-core gemm needs {layout['total']}")
     scratch = int(a.scratch or 0)
     at = lambda part: scratch + layout[part] if part in layout else 0  # noqa: E731
-    name = tc.entry(kind, m)
-    options = tc.options(name)  # the quantiser rides in the GEMM's module: one compile
+    name = tc.entry(kind, m, kernel)
     steps = []
     if kind == "e4m3":
         quantize = KernelArgs("r4d_quantize_e4m3_dev").pointer(x).i32(m).i32(k).pointer(at("codes")).pointer(at("scales"))
-        steps.append(Step("r4d_quantize_e4m3_dev", "gemm_mma", (m, 1, 1), (256, 1, 1), quantize, 0, options))
-    grid, block = tc.grid(m, n, splits)
+        steps.append(Step("r4d_quantize_e4m3_dev", "quantize_e4m3", (m, 1, 1), (256, 1, 1), quantize))
+    grid, block = tc.grid(m, n, splits, kernel)
     args = (KernelArgs(name).pointer(at("codes") if kind == "e4m3" else x).pointer(at("scales")).pointer(w.codes)
             .pointer(w.scale if kind == "e4m3" else 0).i32(1 if w.label == "fp8_channel" else 0).pointer(y)
             .pointer(at("partial")).pointer(at("counters")).i32(m).i32(n).i32(k).i32(per))
-    steps.append(Step(name, "gemm_mma", grid, block, args, tc.shared_bytes(m), options))
+    steps.append(Step(name, tc.source(kernel), grid, block, args, tc.shared_bytes(m, kernel), tc.options(name)))
     return steps
 
 
@@ -137,13 +136,13 @@ def build_batch_rows() -> list[RadKernelInfo]:
     return [
         row("r4d_gemm_tc_bf16_dev", "gemm", _tc_gemm,
             [above_gemv, RAD_CEQ("split_k", 1), RAD_CIN("wdtype", "bf16"), RAD_CDIV("K", 8)],
-            "tensor-core GEMM: x rounded to bf16, f32 accumulation; mma.sync from sm_80",
+            "tensor-core GEMM: x rounded to bf16, f32 accumulation; wgmma on sm_90, mma.sync from sm_80",
             f"M>={tc.GEMV_MAX_M + 1}, K%8==0", "f32 x bf16", layout=layout_as_stored(("bf16",)),
             scratch=_tc_gemm_scratch("bf16")),
         row("r4d_gemm_tc_fp8_dev", "gemm", _tc_gemm,
             [above_gemv, RAD_CEQ("split_k", 1), RAD_CIN("wdtype", fp8), RAD_CDIV("K", 16)],
             "fp8 tensor-core GEMM: x quantised per row to e4m3 (amax / 448), e4m3 products, f32 accumulation, "
-            "scaled by the row's and the weight row's scales; mma.sync from sm_89",
+            "scaled by the row's and the weight row's scales; wgmma on sm_90, mma.sync from sm_89",
             f"M>={tc.GEMV_MAX_M + 1}, K%16==0", f"f32 x {fp8}", layout=layout_as_stored(FP8_FORMATS),
             scratch=_tc_gemm_scratch("e4m3")),
         row("r4d_attention_tc_dev", "attention", _tc_attention,

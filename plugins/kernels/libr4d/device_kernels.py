@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent / "device"
-FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma", "attention_tiles")
+FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma", "gemm_wgmma",
+         "quantize_e4m3", "attention_tiles")
 PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",),  # what goes between common.cu and the op's file
-         "gemm_mma": ("tensor_core",), "attention_tiles": ("tensor_core",)}
+         **{name: ("tensor_core",) for name in ("gemm_mma", "gemm_wgmma", "quantize_e4m3", "attention_tiles")}}
 
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
 

@@ -2,9 +2,11 @@
 split of K, the scratch layout, and the tolerance against libref (device_batch_rows.py builds the
 launches; docs/LIBR4D.md "Tensor cores").
 
-Kernels, chosen by the card (`kernel_for`): gemm_mma.cu's mma.sync from sm_80 (its e4m3 kind from
-sm_89), and elsewhere (AMD, older NVIDIA) gemm.cu's f32 SIMT tiles, which every format reads.
-R4D_TC_KERNEL=mma|simt forces one for a process (the card tests compare them)."""
+Kernels, chosen by the card (`kernel_for`): gemm_wgmma.cu's warpgroup MMA on Hopper (sm_90, built
+for sm_90a: the way to its fp8 tensor cores and full bf16 rate), gemm_mma.cu's mma.sync from sm_80
+(its e4m3 kind from sm_89), and elsewhere (AMD, older NVIDIA) gemm.cu's f32 SIMT tiles, which every
+format reads. R4D_TC_KERNEL=wgmma|mma|simt forces one for a process (the card tests compare
+them)."""
 
 import os
 
@@ -17,7 +19,7 @@ TARGET_BLOCKS = 264     # split K until about two blocks a multiprocessor of an 
 MAX_SPLITS = 8
 MIN_TILES_PER_SPLIT = 4
 KINDS = ("bf16", "e4m3")
-KERNELS = ("mma", "simt")
+KERNELS = ("wgmma", "mma", "simt")
 KERNEL = os.environ.get("R4D_TC_KERNEL") or None
 
 # max|y - ref| / max|ref| against libref's f32 gemm (docs/OPS.md "Agreement"): x rounded to bf16
@@ -38,7 +40,7 @@ def sm_of(target: str) -> int:
 
 
 def kernel_for(vendor: str, target: str, kind: str) -> str:
-    """'mma' or 'simt' for a GEMM of `kind` on this card."""
+    """'wgmma', 'mma' or 'simt' for a GEMM of `kind` on this card."""
     if kind not in KINDS:
         raise ValueError(f"no tensor-core kind {kind!r} (known: {', '.join(KINDS)})")
     if KERNEL is not None:
@@ -46,50 +48,71 @@ def kernel_for(vendor: str, target: str, kind: str) -> str:
             raise ValueError(f"R4D_TC_KERNEL={KERNEL!r}: one of {', '.join(KERNELS)}")
         return KERNEL
     sm = sm_of(target) if vendor == "cuda" else 0
+    if sm == 90:
+        return "wgmma"
     if sm >= (89 if kind == "e4m3" else 80):
         return "mma"
     return "simt"
 
 
-def tile_m(m: int) -> int:
-    """Rows of a block's tile: 64 for batched decode's few rows, 128 for prefill."""
-    return 64 if m <= 64 else 128
+WGMMA_STAGES = 3        # gemm_wgmma.cu's WG_STAGES of 128 rows x 128 bytes
+WGMMA_ALIGN = 1024      # the swizzle atoms' alignment: the kernel rounds its dynamic area up to it
+TC_KERNELS = ("mma", "wgmma")
 
 
-def k_tile(kind: str) -> int:
-    """K elements of one 64-byte step: 32 bf16 or 64 e4m3."""
-    return 32 if kind == "bf16" else 64
+def tile_m(m: int, kernel: str = "mma") -> int:
+    """Rows of a block's tile: mma.sync 64 for batched decode's few rows, 128 for prefill; wgmma's
+    two warpgroups of 64 always 128."""
+    return 128 if kernel == "wgmma" or m > 64 else 64
 
 
-def split(m: int, n: int, k: int, kind: str) -> tuple[int, int]:
+def k_tile(kind: str, kernel: str = "mma") -> int:
+    """K elements of one shared-memory step: 64 bytes for mma.sync (32 bf16, 64 e4m3), 128 for
+    wgmma's 128-byte swizzled rows (64 bf16, 128 e4m3)."""
+    step = 128 if kernel == "wgmma" else 64
+    return step // 2 if kind == "bf16" else step
+
+
+def split(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> tuple[int, int]:
     """(splits, k-tiles a split): K cut when the output tiles alone give fewer than TARGET_BLOCKS
-    blocks, each split at least MIN_TILES_PER_SPLIT tiles, none empty. From shapes only, so every
-    card adds the same partial sums in the same order."""
-    tiles = -(-m // tile_m(m)) * -(-n // TILE_N)
-    steps = -(-k // k_tile(kind))
+    blocks, each split at least MIN_TILES_PER_SPLIT tiles, none empty. From shapes and the kernel
+    only, so every card of a kind adds the same partial sums in the same order."""
+    tiles = -(-m // tile_m(m, kernel)) * -(-n // TILE_N)
+    steps = -(-k // k_tile(kind, kernel))
     splits = max(1, min(-(-TARGET_BLOCKS // tiles), MAX_SPLITS, steps // MIN_TILES_PER_SPLIT))
     per = -(-steps // splits)
     return -(-steps // per), per
 
 
 ENTRIES = ("r4d_mma_gemm_bf16_m64", "r4d_mma_gemm_bf16_m128", "r4d_mma_gemm_e4m3_m64", "r4d_mma_gemm_e4m3_m128")
+WGMMA_ENTRIES = ("r4d_wgmma_gemm_bf16", "r4d_wgmma_gemm_e4m3")
 
 
-def entry(kind: str, m: int) -> str:
-    return f"r4d_mma_gemm_{kind}_m{tile_m(m)}"
+def entry(kind: str, m: int, kernel: str = "mma") -> str:
+    return f"r4d_wgmma_gemm_{kind}" if kernel == "wgmma" else f"r4d_mma_gemm_{kind}_m{tile_m(m)}"
+
+
+def source(kernel: str) -> str:
+    return "gemm_wgmma" if kernel == "wgmma" else "gemm_mma"
 
 
 def options(name: str) -> tuple:
-    """Compile only the entry a launch needs: each takes nvrtc seconds (gemm_mma.cu's R4D_TC_ONLY)."""
+    """Compile only the entry a launch needs: each takes nvrtc seconds (R4D_TC_ONLY, R4D_WG_ONLY);
+    wgmma needs sm_90a, which replaces the card's sm_90 (radiance.device.cuda.nvrtc_compile)."""
+    if name in WGMMA_ENTRIES:
+        return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}")
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
 
-def grid(m: int, n: int, splits: int) -> tuple:
-    return (-(-n // TILE_N), -(-m // tile_m(m)), splits), (THREADS, 1, 1)
+def grid(m: int, n: int, splits: int, kernel: str = "mma") -> tuple:
+    return (-(-n // TILE_N), -(-m // tile_m(m, kernel)), splits), (THREADS, 1, 1)
 
 
-def shared_bytes(m: int) -> int:
-    """gemm_mma.cu's dynamic shared memory: TC_STAGES stages of an A and a B tile."""
+def shared_bytes(m: int, kernel: str = "mma") -> int:
+    """Dynamic shared memory: gemm_mma.cu's TC_STAGES stages of an A and a B tile, or
+    gemm_wgmma.cu's WG_STAGES swizzled B tiles and the slack to align them."""
+    if kernel == "wgmma":
+        return WGMMA_STAGES * TILE_N * 128 + WGMMA_ALIGN
     return STAGES * (tile_m(m) + TILE_N) * ROW_BYTES
 
 
@@ -97,13 +120,13 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // 256) * 256
 
 
-def scratch_layout(m: int, n: int, k: int, kind: str) -> dict:
+def scratch_layout(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> dict:
     """Offsets in the row's scratch: split-K counters (a u32 a tile) and partial sums [splits, M, N]
     f32 where K is split; for e4m3, x's codes [M, K] and row scales [M]; and the total."""
-    splits, _ = split(m, n, k, kind)
+    splits, _ = split(m, n, k, kind, kernel)
     at, layout = 0, {}
     if splits > 1:
-        (tx, ty, _), _ = grid(m, n, splits)
+        (tx, ty, _), _ = grid(m, n, splits, kernel)
         layout["counters"], at = at, _aligned(4 * tx * ty)
         layout["partial"], at = at, _aligned(at + 4 * splits * m * n)
     if kind == "e4m3":
@@ -114,6 +137,7 @@ def scratch_layout(m: int, n: int, k: int, kind: str) -> dict:
 
 
 def scratch_bytes(max_m: int, n: int, k: int, kind: str) -> int:
-    """The most any M of the band [GEMV_MAX_M + 1, max_m] needs (the split, so the partials, vary with M)."""
-    return max((scratch_layout(m, n, k, kind)["total"] for m in range(GEMV_MAX_M + 1, max(max_m, GEMV_MAX_M + 1) + 1)),
-               default=0)
+    """The most any M of the band [GEMV_MAX_M + 1, max_m] needs with either tensor-core kernel (the
+    split, so the partials, vary with M and the kernel; the hook does not know the card)."""
+    return max((scratch_layout(m, n, k, kind, kernel)["total"] for kernel in TC_KERNELS
+                for m in range(GEMV_MAX_M + 1, max(max_m, GEMV_MAX_M + 1) + 1)), default=0)

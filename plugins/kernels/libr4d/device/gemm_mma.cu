@@ -17,21 +17,6 @@
 #define TC_THREADS 256
 #define TC_STAGES 3
 #define TC_ROW 80  // bytes a shared-memory row: 64 of K, 16 of padding
-#define TC_BF16 0
-#define TC_E4M3 1
-
-struct TcGemm {
-    const void* x;        // bf16 kind: f32 [M, K]; e4m3 kind: the codes [M, K]
-    const float* x_scale; // e4m3: [M]
-    const u8* w;          // [N, K] bf16 or e4m3
-    const float* w_scale; // e4m3: [N] (w_stride 1) or [1] (w_stride 0)
-    int w_stride;
-    float* y;             // [M, N]
-    float* partial;       // split K: [splits, M, N]
-    u32* counters;        // split K: one a tile, zero between launches
-    int M, N, K, tiles_per_split;
-};
-
 template <int KIND, int BM>
 struct TcTile {
     enum { EB = KIND == TC_BF16 ? 2 : 1, KT = 64 / EB, MT = BM / 32, NT = 4, A_BYTES = BM * TC_ROW,
@@ -115,13 +100,6 @@ __device__ __forceinline__ void tc_compute(const u8* stage, int wm, int wn, floa
                 else r4d_mma_e4m3(acc[mt][nt], a[mt], b[nt]);
             }
     }
-}
-
-// what an output becomes: the sum itself (bf16), or scaled by its row's and its column's scales
-template <int KIND>
-__device__ __forceinline__ float tc_finish(const TcGemm& p, int m, int n, float sum) {
-    if (KIND == TC_BF16) return sum;
-    return (sum * p.x_scale[m]) * p.w_scale[(long long)n * p.w_stride];
 }
 
 template <int KIND, int BM>
@@ -232,33 +210,3 @@ TC_GEMM_ENTRY(TC_E4M3, 64, r4d_mma_gemm_e4m3_m64)
 #if R4D_TC_ONLY == 0 || R4D_TC_ONLY == 4
 TC_GEMM_ENTRY(TC_E4M3, 128, r4d_mma_gemm_e4m3_m128)
 #endif
-
-// x's rows as OCP e4m3 codes for the e4m3 GEMM: per row m, s_m = amax_m / 448 (1 for a row of
-// zeros), codes[m, k] = e4m3(x[m, k] / s_m) rounded to nearest even; a block a row, K % 4 == 0.
-extern "C" __global__ void __launch_bounds__(256) r4d_quantize_e4m3_dev(const float* x, int M, int K, u8* codes,
-                                                                       float* scales) { R4D_CHAIN_PROLOGUE();
-    __shared__ float s_max[32];
-    __shared__ float s_scale;
-    const float4* row = (const float4*)(x + (long long)blockIdx.x * K);
-    float amax = 0.0f;
-    for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
-        float4 v = row[c];
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    }
-    amax = r4d_warp_max(amax);
-    if (threadIdx.x % 32 == 0) s_max[threadIdx.x / 32] = amax;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float top = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / 32; ++w) top = fmaxf(top, s_max[w]);
-        s_scale = top > 0.0f ? top / 448.0f : 1.0f;
-        scales[blockIdx.x] = s_scale;
-    }
-    __syncthreads();
-    float s = s_scale;
-    u32* out = (u32*)(codes + (long long)blockIdx.x * K);
-    for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
-        float4 v = row[c];
-        out[c] = r4d_e4m3x2(v.x / s, v.y / s) | r4d_e4m3x2(v.z / s, v.w / s) << 16;
-    }
-}

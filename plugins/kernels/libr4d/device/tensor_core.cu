@@ -98,3 +98,26 @@ __device__ __forceinline__ bool r4d_last_split(u32* counters) {
     if (last) __threadfence();
     return last;
 }
+
+// The GEMMs' arguments (gemm_mma.cu, gemm_wgmma.cu): y[M, N] = x[M, K] . w[N, K]^T of one kind.
+#define TC_BF16 0
+#define TC_E4M3 1
+
+struct TcGemm {
+    const void* x;        // bf16 kind: f32 [M, K]; e4m3 kind: the codes [M, K]
+    const float* x_scale; // e4m3: [M]
+    const u8* w;          // [N, K] bf16 or e4m3
+    const float* w_scale; // e4m3: [N] (w_stride 1) or [1] (w_stride 0)
+    int w_stride;
+    float* y;             // [M, N]
+    float* partial;       // split K: [splits, M, N]
+    u32* counters;        // split K: one a tile, zero between launches
+    int M, N, K, tiles_per_split;
+};
+
+// what an output becomes: the sum itself (bf16), or scaled by its row's and its column's scales
+template <int KIND>
+__device__ __forceinline__ float tc_finish(const TcGemm& p, int m, int n, float sum) {
+    if (KIND == TC_BF16) return sum;
+    return (sum * p.x_scale[m]) * p.w_scale[(long long)n * p.w_stride];
+}
