@@ -1,5 +1,6 @@
 """Support for the tests of libr4d's device rows for batches (imported by test_device_tensor_cores.py
-and test_device_batch_rows.py; holds no tests): fp8 weights as rad-convert writes them, and a fake card that says it is an NVIDIA card whose kernels are the numpy forms of
+and test_device_batch_rows.py; holds no tests): fp8 weights as rad-convert writes them, and a fake
+card that says it is an NVIDIA card whose kernels are the numpy forms of
 tests/fixtures/r4d_fake_kernels.py."""
 
 import importlib.util
