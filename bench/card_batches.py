@@ -1,9 +1,10 @@
 """Batches on one card (issue 20): the Llama-3-8B-shaped synthetic model in bf16 and its fp8
-conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each measured three ways.
+conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each measured as below.
 
     PYTHONUNBUFFERED=1 python3 bench/card_batches.py [--formats bf16 fp8] [--prefill 2048]
-        [--batches 8 32 64] [--context 1024] [--mixed] [--clients 1,8,32,64] [--max-tokens 64]
-        [--skip-serving]
+        [--batches 8 32 64] [--context 1024] [--mixed] [--steps 32] [--clients 1,8,32,64]
+        [--max-tokens 64] [--skip-serving] [--peer]
+    python3 bench/card_batches.py --small --device host ...   # the script's smoke run on host rows
 
 - **Prefill**: one --prefill-token prompt as one step (max_step_tokens = the prompt), the step's
   seconds and tokens/s; the first run compiles, so the figure is the second prompt's.
@@ -16,10 +17,15 @@ conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each 
   prompt plus --max-tokens), driven by `rad-bench --concurrency --clients --json`: tokens/s,
   TTFT, inter-token latency and time per output token percentiles at each client count.
 
-No PyTorch peer runs here (bench/torch_peer.py is the batch-1 decode peer; a batched and prefill
-peer is issue 20's open item). Run from anywhere with the checkout's bench/ on the path; radiance
-need not be installed (the checkout shim maps it). Writes $OUT/card_batches.json, and rad-bench's
-JSON per format beside it."""
+--peer (bf16, the 8B shape) adds PyTorch on the same shapes in the same run, after radiance has let
+the card go: bench/torch_peer.py's compiled-graph mode (gpt-fast's recipe) for the prefill
+(`--prefill`) and for decode at each batch (`--batch B --context C`: every sequence at --context, so
+compare it with a run without --mixed); each figure is printed with radiance's / PyTorch's ratio.
+Radiance's figures are wall time through the engine (planning and sampling included); the peer's
+are CUDA events around a graph replay (decode, its token read back each step) or a forward (prefill).
+
+Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
+checkout shim maps it). Writes $OUT/card_batches.json, and rad-bench's JSON per format beside it."""
 
 import argparse
 import json
@@ -148,6 +154,32 @@ def serving(model: Path, clients: str, max_tokens: int, folder: Path, label: str
             server.wait()
 
 
+def peer(arguments: list[str]) -> dict:
+    """bench/torch_peer.py's compiled-graph figures for the 8B shape with `arguments`, in its own
+    process (the card PyTorch's alone); {"error": ...} where it failed."""
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, str(Path(__file__).resolve().parent / "torch_peer.py"), "--eight-b",
+                   "--modes", "compiled-graph", *arguments]
+        done = subprocess.run(command, env={**os.environ, "OUT": folder}, timeout=1200)
+        path = Path(folder, "torch_peer.json")
+        figures = json.loads(path.read_text()).get("llama8b", {}).get("compiled-graph", {}) if path.exists() else {}
+    if done.returncode or "tokens_per_s" not in figures:
+        why = figures.get("error", "no figures")
+        return {"error": f"torch_peer.py {' '.join(arguments)} exited {done.returncode}: {why}"}
+    return figures
+
+
+def compared(label: str, ours: dict, theirs: dict) -> dict:
+    """The peer's figures beside ours, with the ratio of tokens/s (ours / PyTorch's)."""
+    if "error" in theirs:
+        print(f"    {label}: PyTorch failed: {theirs['error']}", flush=True)
+        return theirs
+    ratio = ours["tokens_per_s"] / theirs["tokens_per_s"]
+    print(f"    {label}: radiance {ours['tokens_per_s']:.0f} tokens/s, PyTorch compiled {theirs['tokens_per_s']:.0f} "
+          f"tokens/s: {ratio:.2f}x", flush=True)
+    return {**theirs, "ratio": ratio}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--formats", nargs="+", default=["bf16", "fp8"], choices=["bf16", "fp8"])
@@ -159,9 +191,12 @@ def main() -> int:
     parser.add_argument("--clients", default="1,8,32,64", help="rad-bench's concurrency levels")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens each rad-bench request asks for")
     parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--peer", action="store_true", help="bf16: PyTorch (bench/torch_peer.py) on the same shapes")
     parser.add_argument("--small", action="store_true", help="a small synthetic model: the script's own smoke run")
     parser.add_argument("--device", default="auto", choices=["auto", "host"], help="host: host rows (a smoke run)")
     args = parser.parse_args()
+    if args.peer and (args.small or args.mixed):
+        parser.error("--peer measures the 8B shape at one context: not with --small or --mixed")
     global DEVICE, VOCAB
     DEVICE = args.device
     shape = SMALL if args.small else EIGHT_B
@@ -186,7 +221,15 @@ def main() -> int:
                                         "of_bound": figures["bound_ms"] / one["ms_per_step"]}
             print(f"    batch 1: {one['ms_per_step']:.3f} ms/token, bound {figures['bound_ms']:.3f} ms "
                   f"({figures['decode_batch1']['of_bound']:.0%} of it)", flush=True)
-            figures["decode"] = [batched_decode(model, batch, args.context, args.mixed, args.steps) for batch in args.batches]
+            figures["decode"] = [batched_decode(model, batch, args.context, args.mixed, args.steps)
+                                 for batch in args.batches]
+            if args.peer and fmt == "bf16":
+                figures["peer_prefill"] = compared(f"prefill {args.prefill}", figures["prefill"],
+                                                   peer(["--prefill", str(args.prefill)]))
+                for ours in figures["decode"]:
+                    ours["peer"] = compared(f"decode batch {ours['batch']}", ours,
+                                            peer(["--batch", str(ours["batch"]), "--context", str(args.context),
+                                                  "--tokens", str(args.steps)]))
             if not args.skip_serving:
                 figures["serving"] = serving(model, args.clients, args.max_tokens, out, fmt)
             results["formats"][fmt] = figures
