@@ -12,6 +12,9 @@ FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "g
          "quantize_e4m3", "attention_tiles")
 PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",),  # what goes between common.cu and the op's file
          **{name: ("tensor_core",) for name in ("gemm_mma", "gemm_wgmma", "quantize_e4m3", "attention_tiles")}}
+# NVIDIA's alone (mma.sync, wgmma, cp.async, e4m3 conversion in inline PTX): never built for AMD,
+# whose rows keep gemm.cu and attention.cu (device_tensor_cores.kernel_for, device_attention_tiles.serves)
+NVIDIA_ONLY = ("gemm_mma", "gemm_wgmma", "quantize_e4m3", "attention_tiles")
 
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
 
