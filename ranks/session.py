@@ -6,6 +6,7 @@ step's feed (run ahead) takes ids from the tokens this rank sampled in the step 
 samples the same tokens from the same gathered logits, so none waits for rank 0's."""
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -104,6 +105,10 @@ class RankSession:
         peers = self._peers(combined)
         self.worker.build(combined, peers, LinkScheduler(self.gate),
                           self.boundaries.pipes() if self.boundaries is not None else None)
+        if self.config.debug_selection and self.rank % self.layout.tp == 0:  # a stage's ranks resolve alike
+            stage = self.layout.stage(self.rank)
+            header = [f"stage {stage.index} of {self.layout.pp}:"] if self.layout.pp > 1 else []
+            print("\n".join(header + self.worker.graph.report()), file=sys.stderr, flush=True)
         if self.rank == self.layout.answering:
             self.results = WireResults(self.wire) if self.remote else RingWriter.create(
                 self.run_id, "results", 1, RESULT_SLOTS, self._result_bytes(), self.secret)
