@@ -1,7 +1,8 @@
 """The PyTorch peer of card_generate.py: gpt-fast's recipe on the same Llama shape (issue 12).
 
-    python3 bench/torch_peer.py [--eight-b] [--small] [--context 512] [--tokens 32]
+    python3 bench/torch_peer.py [--eight-b] [--small] [--context 512] [--tokens 32] [--batch 1]
         [--modes eager-graph compiled-graph] [--compile-mode max-autotune-no-cudagraphs]
+    python3 bench/torch_peer.py --prefill 2048 [--modes ...]   # one prompt's prefill instead of decode
     python3 bench/torch_peer.py --check          # CPU: the cached decode step against a naive recomputation
 
 A gpt-fast-style Llama decoder written here in plain PyTorch (static bf16 KV cache updated with
@@ -17,8 +18,14 @@ ms/token over --tokens replays timed with CUDA events (after warm-up; the token 
 host after each, as a streaming generator does), the wall time per token, the memory bound (the bytes
 of every weight but the embedding table / 4.8 TB/s, as card_generate.py counts it), the CUDA kernels
 one step launches (counted two ways: a profiled un-graphed step, and the kernel nodes of the captured
-graph), the compile time and the versions. PyTorch and Triton are never a dependency of radiance; this
-script imports no radiance code and needs nothing but PyTorch. Writes $OUT/torch_peer.json."""
+graph), the compile time and the versions. --batch B decodes B sequences of the same context at
+once (tokens_per_s = B / the step's time: the peer of bench/card_batches.py's batched decode).
+--prefill N times instead the forward of one N-token prompt (logits of its last position only, as
+an engine's prefill samples one token): "compiled-graph" is that forward under torch.compile
+(--compile-mode, not captured: a prefill is a few large kernels), "eager-graph" the eager forward;
+the median of 5 after two first calls, CUDA events. PyTorch and Triton are never a dependency of
+radiance; this script imports no radiance code and needs nothing but PyTorch. Writes
+$OUT/torch_peer.json."""
 
 import argparse
 import contextlib
@@ -144,12 +151,20 @@ class Decoder(torch.nn.Module):
 
     def forward(self, tokens, positions):
         """tokens [B, T] int64 at positions [T] int64 (the same for every sequence) -> logits [B, T, V]."""
+        return F.linear(rms_norm(self.hidden(tokens, positions), self.norm, self.eps), self.output)
+
+    def hidden(self, tokens, positions):
+        """The last layer's output [B, T, hidden], the cache written at `positions`."""
         x = F.embedding(tokens, self.embedding)
         mask = self.slots[None, :] <= positions[:, None]  # [T, S]: a position sees itself and before
         cos, sin = self.cos[positions], self.sin[positions]
         for layer in self.layers:
             x = layer(x, positions, mask, cos, sin)
-        return F.linear(rms_norm(x, self.norm, self.eps), self.output)
+        return x
+
+    def last_logits(self, tokens, positions):
+        """Logits [B, 1, V] of the last position only (a prefill that samples one token)."""
+        return F.linear(rms_norm(self.hidden(tokens, positions)[:, -1:], self.norm, self.eps), self.output)
 
     def weight_bytes(self):
         """The bytes one decode step reads of the weights: all of them but the embedding table."""
@@ -184,13 +199,13 @@ def check_shape(shape):
 # ------------------------------------------------------------------------------------------ measuring
 
 def measure(shape: dict, context: int = 512, tokens: int = 32, mode: str = "compiled-graph", *,
-            warmup: int = 5, compile_mode: str = COMPILE_MODE, seed: int = 0) -> dict:
+            warmup: int = 5, compile_mode: str = COMPILE_MODE, seed: int = 0, batch: int = 1) -> dict:
     """Decode ms/token of one mode on the current CUDA device; prints one line and returns a dict:
     ms_per_token (median, CUDA events), min_ms, wall_ms_per_token, generated (the greedy ids),
     bound_ms, weight_bytes, kv_cache_bytes, kernels_per_step, profiled (kernels, launches, copies,
     sets of one un-graphed step), graph_nodes (the captured graph's nodes by type), compile_seconds
     (the first two calls: compile and autotune), compile_mode, notes, torch, cuda, triton, device,
-    and mode, shape, context, tokens, max_sequence."""
+    and mode, shape, context, tokens, max_sequence, batch, tokens_per_s (batch tokens a step)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     if not torch.cuda.is_available():
@@ -199,8 +214,8 @@ def measure(shape: dict, context: int = 512, tokens: int = 32, mode: str = "comp
     notes = []
     max_sequence = round_up(context + max(PRE_CAPTURE_STEPS, warmup + tokens) + 1, 64)
     with torch.no_grad():
-        model = Decoder(shape, max_sequence, device, seed=seed)
-        token = torch.zeros(1, 1, dtype=torch.long, device=device)
+        model = Decoder(shape, max_sequence, device, seed=seed, batch=batch)
+        token = torch.zeros(batch, 1, dtype=torch.long, device=device)
         position = torch.tensor([context], dtype=torch.long, device=device)
         prefill(model, context, seed)
         print(f"{mode:15} ... {model.weight_bytes() / 1e9:.2f} GB of weights, {context} positions prefilled; "
@@ -221,13 +236,57 @@ def measure(shape: dict, context: int = 512, tokens: int = 32, mode: str = "comp
         timing = replay(graph, token, warmup, tokens)
     notes += [entry["note"] for entry in (launches, nodes) if "note" in entry]
     result = dict(mode=mode, shape=dict(shape), context=context, tokens=tokens, max_sequence=max_sequence,
-                  **timing, bound_ms=1e3 * model.weight_bytes() / HBM_BYTES_PER_S,
+                  batch=batch, tokens_per_s=batch * 1e3 / timing["ms_per_token"], **timing,
+                  bound_ms=1e3 * model.weight_bytes() / HBM_BYTES_PER_S,
                   weight_bytes=model.weight_bytes(), kv_cache_bytes=model.cache_bytes(),
                   kernels_per_step=launches.get("kernels") or nodes.get("kernels") or launches.get("launches"),
                   profiled=launches, graph_nodes=nodes, compile_seconds=compile_seconds,
                   compile_mode=compile_mode if mode == "compiled-graph" else None, notes=notes, **versions())
     print(line(result), flush=True)
     del graph, step, model
+    release(mode)
+    return result
+
+
+def measure_prefill(shape: dict, length: int = 2048, mode: str = "compiled-graph", *, runs: int = 5,
+                    compile_mode: str = COMPILE_MODE, seed: int = 0) -> dict:
+    """One `length`-token prompt's forward (the last position's logits) on the current CUDA device:
+    ms (median of `runs`, CUDA events, after two first calls), min_ms, tokens_per_s, compile_seconds,
+    notes and the versions; prints one line."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure_prefill needs a CUDA device (torch.cuda.is_available() is False)")
+    device, notes = torch.device("cuda"), []
+    with torch.no_grad():
+        model = Decoder(shape, round_up(length, 64), device, seed=seed)
+        generator = torch.Generator(device="cpu").manual_seed(seed + 1)
+        prompt = torch.randint(shape["vocab"], (1, length), generator=generator).to(device)
+        positions = torch.arange(length, device=device)
+        forward = model.last_logits
+        if mode == "compiled-graph":
+            notes += configure_inductor()
+            forward = torch.compile(model.last_logits, mode=compile_mode, fullgraph=True)
+        start = time.perf_counter()
+        for _ in range(2):
+            forward(prompt, positions)
+        torch.cuda.synchronize()
+        compile_seconds = time.perf_counter() - start
+        milliseconds = []
+        for _ in range(runs):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            forward(prompt, positions)
+            end.record()
+            end.synchronize()
+            milliseconds.append(begin.elapsed_time(end))
+    ms = statistics.median(milliseconds)
+    result = dict(mode=mode, shape=dict(shape), prefill=length, ms=ms, min_ms=min(milliseconds),
+                  tokens_per_s=length * 1e3 / ms, compile_seconds=compile_seconds,
+                  compile_mode=compile_mode if mode == "compiled-graph" else None, notes=notes, **versions())
+    print(f"{mode:15} prefill {length} tokens: {ms:.2f} ms (min {min(milliseconds):.2f}), {result['tokens_per_s']:.0f} "
+          f"tokens/s  compile {compile_seconds:.1f} s  [{result['device']}, torch {result['torch']}]", flush=True)
+    del forward, model
     release(mode)
     return result
 
@@ -307,7 +366,7 @@ def replay(graph, token, warmup, tokens):
         start.record()
         graph.replay()
         end.record()
-        ids.append(token.item())
+        ids.append(token[0, 0].item())  # the first sequence's token, read as a streaming server reads
         walls.append(time.perf_counter() - began)
         events.append((start, end))
     torch.cuda.synchronize()
@@ -514,6 +573,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--compile-mode", default=COMPILE_MODE, help="torch.compile's mode for compiled-graph")
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoded at once, each at --context")
+    parser.add_argument("--prefill", type=int, default=0, help="time one prompt of this many tokens instead of decode")
     parser.add_argument("--check", action="store_true", help="only the CPU check of the decode step's math")
     args = parser.parse_args()
     if args.check:
@@ -525,11 +586,14 @@ def main() -> int:
         runs = {}
         for mode in args.modes:
             try:
-                runs[mode] = measure(shape, args.context, args.tokens, mode, warmup=args.warmup, compile_mode=args.compile_mode)
+                runs[mode] = measure_prefill(shape, args.prefill, mode, compile_mode=args.compile_mode) if args.prefill \
+                    else measure(shape, args.context, args.tokens, mode, warmup=args.warmup,
+                                 compile_mode=args.compile_mode, batch=args.batch)
             except Exception as error:  # noqa: BLE001  (one mode failing still reports the other)
                 runs[mode] = {"error": f"{type(error).__name__}: {error}"}
                 print(f"{mode:15} failed: {runs[mode]['error']}", flush=True)
-        table(f"{name} {shape}, bf16, batch 1, context {args.context}, {args.tokens} tokens", runs)
+        if not args.prefill:
+            table(f"{name} {shape}, bf16, batch {args.batch}, context {args.context}, {args.tokens} tokens", runs)
         results[name] = runs
     out = os.environ.get("OUT")
     if out:

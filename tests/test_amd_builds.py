@@ -43,7 +43,7 @@ def sources() -> dict:
     found["allreduce"], found["allreduce_host_mapped"] = text, "#define RAD_P2P_HOST_MAPPED 1\n" + text
     every = {path.stem for path in DEVICE.glob("*.cu")}
     assert every == {"common", *parts, *found} - {"allreduce_host_mapped"}, "a device source no build covers"
-    return found
+    return {name: text for name, text in found.items() if name not in kernels.NVIDIA_ONLY}  # AMD's builds
 
 
 def hipcc(source: Path, out: Path):

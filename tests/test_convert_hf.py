@@ -100,7 +100,7 @@ def test_a_recipe_picks_quantisers_first_match_wins(tmp_path):
         {"match": "token_embd", "quantizer": "fp8"}]}))
     errors = {error.name: error for error in convert(folder, tmp_path / "model.rad", recipe)}
     assert errors["layers.0.ffn.up"].method == "q4_1 group=16" and errors["layers.1.ffn.down"].method == "q8_0 group=32"
-    assert errors["token_embd"].method == "fp8" and errors["layers.0.attn.q"].method == "plain dtype=bf16"
+    assert errors["token_embd"].method == "fp8 scale=tensor" and errors["layers.0.attn.q"].method == "plain dtype=bf16"
     assert 0 < errors["layers.1.ffn.down"].relative < 0.01 < errors["layers.0.ffn.up"].relative < 0.1
     with Container(tmp_path / "model.rad") as container:
         source = values["model.layers.0.mlp.gate_proj.weight"].astype(np.float32)

@@ -194,3 +194,33 @@ def test_nvfp4_codes_are_e2m1_and_scales_e4m3(quantizers):
     assert codes.dtype == ml_dtypes.float4_e2m1fn and np.abs(codes.astype(np.float32)).max() == 6
     scale = plane_array(encoding.plane("scale"), planes["scale"], rows.shape).astype(np.float32)
     assert scale.max() == 448  # the block holding the tensor's amax
+
+
+# ---- fp8 with a scale per output channel (option scale = "channel") -----------------------------
+
+@pytest.mark.parametrize("sample", sorted(samples()))
+def test_fp8_per_channel_within_its_bound_row_by_row(quantizers, sample):
+    rows = samples()[sample]
+    info = quantizers["fp8"]
+    encoding, planes = quantized(info, rows, {"scale": "channel"})
+    assert encoding == formats.fp8_channel() and 1 <= info.row_block(encoding, (100_000, 4096)) < 100_000
+    scale = typed(encoding, planes, rows.shape, "scale")
+    amax = np.abs(rows).max(axis=1)
+    np.testing.assert_allclose(scale[:, 0] * 448, np.where(amax > 0, amax, 448), rtol=1e-6)
+    assert (scale == scale[:, :1]).all()  # one scale a row
+    error = np.abs(decode(encoding, planes, rows.shape) - rows)
+    assert (error <= np.maximum(2.0**-4 * np.abs(rows), 2.0**-10 * scale) * (1 + SLACK)).all()
+
+
+def test_fp8_per_channel_rows_do_not_depend_on_their_block(quantizers):
+    rows = samples()["outliers"]
+    info = quantizers["fp8"]
+    encoding, whole = quantized(info, rows, {"scale": "channel"})
+    halves = [info.quantize(encoding, part, r0, {"scale": "channel"}) for r0, part in ((0, rows[:7]), (7, rows[7:]))]
+    for name in ("codes", "scale"):
+        np.testing.assert_array_equal(np.vstack([half[name] for half in halves]), whole[name])
+
+
+def test_fp8_refuses_an_unknown_scale(quantizers):
+    with pytest.raises(ValueError, match="scale 'block' is not one of tensor, channel"):
+        quantizers["fp8"].encoding("w", (4, 64), {"scale": "block"})

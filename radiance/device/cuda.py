@@ -154,25 +154,7 @@ class CudaDevice(Device):
 
     # ---- compile, load, launch ------------------------------------------------------------
     def _compile(self, source, options):
-        program = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"radiance.cu", 0, [], []), "nvrtcCreateProgram")
-        try:
-            # The reference contract has no FMA: contraction stays off unless a kernel asks for it.
-            contract = [] if any(o.startswith("--fmad") for o in options) else [b"--fmad=false"]
-            flags = [f"--gpu-architecture={self.target}".encode(), b"--std=c++17", *contract,
-                     *(o.encode() for o in options)]
-            (err,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
-            if int(err) != 0:
-                size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-                log = bytearray(size)  # never a bytes object: b" " * 1 is the interpreter's shared b" "
-                _check(nvrtc.nvrtcGetProgramLog(program, log), "nvrtcGetProgramLog")
-                lines = [l for l in log.decode(errors="replace").splitlines() if "error" in l] or [_error_name(err)]
-                raise DeviceError(f"nvrtc ({self.target}) refused the source: {lines[0].strip()}")
-            size = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-            cubin = bytearray(size)
-            _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
-            return bytes(cubin)
-        finally:
-            nvrtc.nvrtcDestroyProgram(program)
+        return nvrtc_compile(source, self.target, options)
 
     def _load(self, code):
         return _check(driver.cuModuleLoadData(code), "cuModuleLoadData")
@@ -230,6 +212,32 @@ class CudaDevice(Device):
             driver.cuEventDestroy(event)
         self._streams, self._events = [], []
         driver.cuDevicePrimaryCtxRelease(self.device)
+
+
+def nvrtc_compile(source: str, target: str, options=()) -> bytes:
+    """A cubin of `source` for `target` (sm_90; sm_90a for Hopper's wgmma, which a kernel asks for
+    with its own --gpu-architecture option, taking the place of the card's), through nvrtc. Needs
+    no card: tests compile every device source with it where nvrtc is installed."""
+    _bindings()
+    program = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"radiance.cu", 0, [], []), "nvrtcCreateProgram")
+    try:
+        # The reference contract has no FMA: contraction stays off unless a kernel asks for it.
+        contract = [] if any(o.startswith("--fmad") for o in options) else [b"--fmad=false"]
+        arch = [] if any(o.startswith("--gpu-architecture") for o in options) else [f"--gpu-architecture={target}".encode()]
+        flags = [*arch, b"--std=c++17", *contract, *(o.encode() for o in options)]
+        (err,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
+        if int(err) != 0:
+            size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
+            log = bytearray(size)  # never a bytes object: b" " * 1 is the interpreter's shared b" "
+            _check(nvrtc.nvrtcGetProgramLog(program, log), "nvrtcGetProgramLog")
+            lines = [l for l in log.decode(errors="replace").splitlines() if "error" in l] or [_error_name(err)]
+            raise DeviceError(f"nvrtc ({target}) refused the source: {lines[0].strip()}")
+        size = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
+        cubin = bytearray(size)
+        _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
+        return bytes(cubin)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
 
 
 def open_device(ordinal: int = 0, **options) -> CudaDevice:

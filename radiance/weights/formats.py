@@ -108,6 +108,11 @@ def fp8() -> RadEncoding:
     return encoding("plain", tiled("codes", RAD_DT_FP8_E4M3), tiled("scale", RAD_DT_F32, WHOLE, WHOLE))
 
 
+def fp8_channel() -> RadEncoding:
+    """w = code * scale: fp8 e4m3 (OCP) codes, an f32 scale per row (per output channel)."""
+    return encoding("plain", tiled("codes", RAD_DT_FP8_E4M3), tiled("scale", RAD_DT_F32, 1, WHOLE))
+
+
 def nvfp4() -> RadEncoding:
     """w = code * scale * scale.1: fp4 e2m1 codes, an e4m3 scale per 16, one f32 scale.1."""
     return encoding("plain", tiled("codes", RAD_DT_FP4_E2M1), tiled("scale", RAD_DT_FP8_E4M3, 1, 16),

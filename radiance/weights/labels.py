@@ -10,6 +10,7 @@ KNOWN = {
     "q5_1": formats.q5_1(), "q2_k": formats.q2_k(), "q3_k": formats.q3_k(), "q4_k": formats.q4_k(),
     "q5_k": formats.q5_k(), "q6_k": formats.q6_k(), "fp8": formats.fp8(), "nvfp4": formats.nvfp4(),
     **{name: formats.plain(name) for name in ("f32", "f16", "bf16")},
+    "fp8_channel": formats.fp8_channel(),
 }
 
 

@@ -8,8 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent / "device"
-FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample")
-PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",)}  # what goes between common.cu and the op's file
+FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma", "gemm_wgmma",
+         "quantize_e4m3", "attention_tiles")
+PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",),  # what goes between common.cu and the op's file
+         **{name: ("tensor_core",) for name in ("gemm_mma", "gemm_wgmma", "quantize_e4m3", "attention_tiles")}}
+# NVIDIA's alone (mma.sync, wgmma, cp.async, e4m3 conversion in inline PTX): never built for AMD,
+# whose rows keep gemm.cu and attention.cu (device_tensor_cores.kernel_for, device_attention_tiles.serves)
+NVIDIA_ONLY = ("gemm_mma", "gemm_wgmma", "quantize_e4m3", "attention_tiles")
 
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
 
@@ -39,7 +44,8 @@ ATT_MAX_GROUP = 8       # query heads per kv head a block takes
 ATT_MAX_SPLITS = 32
 SAMPLE_THREADS = 1024
 ELEMENTWISE_THREADS = 256
-FMT_MACROS = {"f32": "FMT_F32", "f16": "FMT_F16", "bf16": "FMT_BF16", "q8_0": "FMT_Q8_0", "q4_1": "FMT_Q4_1"}
+FMT_MACROS = {"f32": "FMT_F32", "f16": "FMT_F16", "bf16": "FMT_BF16", "q8_0": "FMT_Q8_0", "q4_1": "FMT_Q4_1",
+              "fp8_channel": "FMT_FP8_ROW", "fp8": "FMT_FP8_TENSOR"}
 
 # max|y - ref| / max|ref| against libref, per row (docs/LIBR4D.md 'Device rows'); 0 means bit-exact
 TOLERANCE = {"embedding": 0.0, "add": 0.0, "take_rows": 0.0, "rope": 1e-6, "silu_mul": 1e-6,
@@ -138,7 +144,8 @@ def gemv_options(fmt: str, mode: int = 0, norm: int = 0, shape: GemvShape = GEMV
             *shape.defines())
 
 
-GEMV_CHUNK_ELEMENTS = {"f32": 4, "f16": 8, "bf16": 8, "q8_0": 16, "q4_1": 32}  # one lane's 16 bytes
+GEMV_CHUNK_ELEMENTS = {"f32": 4, "f16": 8, "bf16": 8, "q8_0": 16, "q4_1": 32,  # one lane's 16 bytes
+                       "fp8_channel": 16, "fp8": 16}
 GEMV_TARGET_BLOCKS = 512  # about 4 blocks per multiprocessor of an H200 (132): below it, K is split
 GEMV_MAX_SPLITS = 16
 

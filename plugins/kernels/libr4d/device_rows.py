@@ -18,7 +18,8 @@ from radiance.abi import (
 )
 
 from . import device_kernels as dk
-from .rows import FORMAT_CODES, QK, _layout_as_stored, encoding_format, layout_vector, relayout_vector
+from .device_formats import CODES, FP8_FORMATS, device_format, layout_as_stored as _layout_as_stored
+from .rows import QK, layout_vector, relayout_vector
 
 log = logging.getLogger("radiance.libr4d")
 MAX_PLANS = 4096
@@ -49,11 +50,11 @@ class DeviceWeight:
         weight = operand.data if isinstance(operand, RadTensor) else operand
         if isinstance(operand, RadTensor) and operand.dtype != RAD_DT_ENCODED and not hasattr(weight, "encoding"):
             raise TypeError("a weight operand that is not RadWeightPlanes")
-        fmt = encoding_format(weight.encoding)
+        fmt = device_format(weight.encoding)
         if fmt is None:
             raise ValueError("libr4d: a weight in an encoding the device rows do not read")
         planes = {spec.name: _address(tensor) for spec, tensor in zip(weight.encoding.planes, weight.planes)}
-        self.fmt, self.rows, self.cols = FORMAT_CODES[fmt], int(weight.rows), int(weight.cols)
+        self.fmt, self.rows, self.cols = CODES[fmt], int(weight.rows), int(weight.cols)
         self.label = fmt
         self.codes, self.scale, self.min = planes["codes"], planes.get("scale", 0), planes.get("min", 0)
 
@@ -143,6 +144,8 @@ def gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None =
     extras = extras or GemvExtras()
     weights = [DeviceWeight(weight) for weight, _ in pairs]
     fmt, k = weights[0].label, weights[0].cols
+    if fmt in FP8_FORMATS:
+        stream_shape = None  # gemv_stream.cu loads no f32 row scales: fp8 takes gemv.cu
     if any(w.label != fmt or w.cols != k for w in weights):
         raise ValueError("the weights of one GEMV differ in format or columns: "
                          + ", ".join(f"{w.label} {w.rows}x{w.cols}" for w in weights))
@@ -410,8 +413,9 @@ def chained(name: str) -> str:
     return name.replace("r4d_", "r4dchain_", 1)
 
 
-FORMATS = "q8_0 q4_1 f32 f16 bf16"
-WEIGHT_FORMATS = (("q4_1", "q4_1", QK), ("q8_0", "q8_0", QK), ("f32 f16 bf16", "plain", 8))
+FORMATS = "q8_0 q4_1 f32 f16 bf16 fp8_channel fp8"
+WEIGHT_FORMATS = (("q4_1", "q4_1", QK), ("q8_0", "q8_0", QK), ("f32 f16 bf16", "plain", 8),
+                  (" ".join(FP8_FORMATS), "fp8", 16))
 
 
 def build_device_rows() -> list[RadKernelInfo]:
@@ -451,7 +455,9 @@ def build_device_rows() -> list[RadKernelInfo]:
                 f"f32 x {fmt}", layout=stored, scratch=take_rows_rmsnorm_gemm_sample_scratch,
                 replaces=REPLACES["take_rows_rmsnorm_gemm_sample"]),
         ]
+    from .device_batch_rows import build_batch_rows  # imported here: it builds on this module
     return [
+        *build_batch_rows(),
         row("r4d_embedding_dev", "embedding", _embedding, [RAD_CIN("wdtype", FORMATS)], "table rows decoded to f32",
             "any", f"{FORMATS} table", layout=_layout_as_stored(FORMATS.split())),
         row("r4d_rmsnorm_dev", "rmsnorm", _rmsnorm, [], "a warp per row, the canonical sum of squares", "any", "f32",

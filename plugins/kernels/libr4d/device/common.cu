@@ -30,6 +30,9 @@ typedef unsigned long long u64;
 #define FMT_BF16 2
 #define FMT_Q8_0 3
 #define FMT_Q4_1 4
+// OCP e4m3 codes with an f32 scale per row (FMT_FP8_ROW) or for the whole weight (device_formats.py)
+#define FMT_FP8_ROW 5
+#define FMT_FP8_TENSOR 6
 
 __device__ __forceinline__ float r4d_bf16(u32 bits) { return __uint_as_float(bits << 16); }
 
@@ -41,6 +44,11 @@ __device__ __forceinline__ float r4d_f16(u32 h) {
     else v = __uint_as_float(((e + 112u) << 23) | (m << 13));
     return __uint_as_float(__float_as_uint(v) | sign);
 }
+
+// An OCP e4m3 code as f32, exactly: its sign, exponent and mantissa bits moved into an f32 whose
+// exponent is 120 short (127 - 7), then scaled by 2^120, a power of two. A subnormal code becomes an
+// f32 subnormal and scales exactly too. The NaN codes (0x7f, 0xff) read as 480: no quantiser writes them.
+__device__ __forceinline__ float r4d_fp8(u32 b) { return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f; }
 
 __device__ __forceinline__ float r4d_warp_sum(float v) {
     for (int o = R4D_WARP / 2; o > 0; o >>= 1) v += R4D_SHFL_XOR(v, o);
@@ -114,8 +122,8 @@ __device__ __forceinline__ float r4d_row_squares(const float* row, int n) {
     return r4d_warp_sum(sum);
 }
 
-// One element of a weight as the core decoder computes it: code*scale (q8_0), code*scale - min
-// (q4_1, where min holds -m), or the plain value. Planes row-major as the container stores them.
+// One element of a weight as the core decoder computes it: code*scale (q8_0; fp8, an f32 scale),
+// code*scale - min (q4_1, where min holds -m), or the plain value. Planes row-major as the container stores them.
 struct R4DWeight {
     const u8* codes;
     const u16* scale;
@@ -132,6 +140,9 @@ __device__ __forceinline__ float r4d_weight_at(const R4DWeight& w, long long r, 
         float q = (float)((const signed char*)w.codes)[r * w.cols + c];
         return q * r4d_f16(w.scale[r * (w.cols / 32) + c / 32]);
     }
+    case FMT_FP8_ROW:
+    case FMT_FP8_TENSOR:
+        return r4d_fp8(w.codes[r * w.cols + c]) * ((const float*)w.scale)[w.fmt == FMT_FP8_ROW ? r : 0];
     default: {
         u8 byte = w.codes[r * ((w.cols + 1) / 2) + c / 2];
         float q = (float)((c & 1) ? (byte >> 4) : (byte & 15));

@@ -19,6 +19,10 @@ template <> struct Chunk<FMT_F16> { enum { E = 8 }; };
 template <> struct Chunk<FMT_BF16> { enum { E = 8 }; };
 template <> struct Chunk<FMT_Q8_0> { enum { E = 16 }; };
 template <> struct Chunk<FMT_Q4_1> { enum { E = 32 }; };
+template <> struct Chunk<FMT_FP8_ROW> { enum { E = 16 }; };
+template <> struct Chunk<FMT_FP8_TENSOR> { enum { E = 16 }; };
+// e4m3 codes, a byte an element, with an f32 scale per row or per weight
+#define R4D_FP8(FMT) ((FMT) == FMT_FP8_ROW || (FMT) == FMT_FP8_TENSOR)
 
 // streamed once: no L1 allocation, a 256-byte L2 fetch
 __device__ __forceinline__ uint4 r4d_stream16(const u8* p) {
@@ -36,7 +40,7 @@ template <int FMT>
 __device__ __forceinline__ long long chunk_byte(long long n, int K, int e) {
     if (FMT == FMT_F32) return (n * K + e) * 4;
     if (FMT == FMT_F16 || FMT == FMT_BF16) return (n * K + e) * 2;
-    if (FMT == FMT_Q8_0) return n * K + e;
+    if (FMT == FMT_Q8_0 || R4D_FP8(FMT)) return n * K + e;
     return n * (K / 2) + e / 2;
 }
 
@@ -57,6 +61,8 @@ __device__ __forceinline__ void decode4(const uint4& v, int j, float* w) {
         // a code c as the float 2^23 + (c + 128), less 2^23 + 128: exact, and no integer conversion
         u32 a = word[j] ^ 0x80808080u;
         for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(0x4B000000u | ((a >> (8 * i)) & 0xffu)) - 8388736.0f;
+    } else if (R4D_FP8(FMT)) {
+        for (int i = 0; i < 4; ++i) w[i] = r4d_fp8((word[j] >> (8 * i)) & 0xffu);
     } else {
         u32 a = word[j / 2] >> (16 * (j % 2));
         for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(0x4B000000u | ((a >> (4 * i)) & 15u)) - 8388608.0f;
@@ -106,6 +112,7 @@ __device__ __forceinline__ GemvRow gemv_row(const GemvWeights& w, long long logi
 // the (scale | minimum << 16) bits of the 32-element block holding element e of a row (q8_0, q4_1)
 template <int FMT>
 __device__ __forceinline__ u32 gemv_scales(const GemvRow& r, int K, int e) {
+    if (R4D_FP8(FMT)) return __float_as_uint(((const float*)r.scale)[FMT == FMT_FP8_ROW ? r.row : 0]);  // the row's f32
     if (FMT != FMT_Q8_0 && FMT != FMT_Q4_1) return 0u;
     long long block = r.row * (K / 32) + e / 32;
     return FMT == FMT_Q4_1 ? (u32)r.scale[block] | (u32)r.minimum[block] << 16 : (u32)r.scale[block];
@@ -174,7 +181,8 @@ __device__ __forceinline__ float4 gemv_x(const GemvInput<MT>& in, int m, int e) 
 }
 
 // One step: the 16-byte chunk at element e of each of a warp's ROWS rows, for all MT activation
-// rows; `sc` the (scale | minimum << 16) of the 32-element block each chunk falls in (q8_0, q4_1).
+// rows; `sc` the (scale | minimum << 16) of the 32-element block each chunk falls in (q8_0, q4_1),
+// or the row's f32 scale (fp8).
 template <int FMT, int MT, int ROWS>
 __device__ __forceinline__ void consume(const uint4* v, const u32* sc, int e, const GemvInput<MT>& in,
                                         float (*acc)[MT]) {
@@ -211,6 +219,7 @@ __device__ __forceinline__ void consume(const uint4* v, const u32* sc, int e, co
         for (int m = 0; m < MT; ++m) {
             if (FMT == FMT_Q8_0) acc[r][m] = __fmaf_rn(s, part[r][m], acc[r][m]);
             else if (FMT == FMT_Q4_1) acc[r][m] = __fmaf_rn(s, part[r][m], __fmaf_rn(-mn, xs[m], acc[r][m]));
+            else if (R4D_FP8(FMT)) acc[r][m] = __fmaf_rn(__uint_as_float(sc[r]), part[r][m], acc[r][m]);
             else acc[r][m] += part[r][m];
         }
     }

@@ -1,0 +1,243 @@
+"""Batches on one card (issue 20): the Llama-3-8B-shaped synthetic model in bf16 and its fp8
+conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each measured as below.
+
+    PYTHONUNBUFFERED=1 python3 bench/card_batches.py [--formats bf16 fp8] [--prefill 2048]
+        [--batches 8 32 64] [--context 1024] [--mixed] [--steps 32] [--clients 1,8,32,64]
+        [--max-tokens 64] [--skip-serving] [--peer]
+    python3 bench/card_batches.py --small --device host ...   # the script's smoke run on host rows
+
+- **Prefill**: one --prefill-token prompt as one step (max_step_tokens = the prompt), the step's
+  seconds and tokens/s; the first run compiles, so the figure is the second prompt's.
+- **Batched decode**: at each --batches B, B sequences of a --context-token prompt (--mixed: contexts
+  spread evenly from 64 to --context, so the batch reads a mix of lengths) prefilled, then decode
+  steps of all B timed by the wall clock: output tokens per second and ms per step.
+- **Decode at batch 1** (the fp8 Show item): ms/token against the bound (the bytes of every weight
+  but the embedding table / 4.8 TB/s, as card_generate.py counts it).
+- **Serving**: `radiance --serve` on the card (--max-seqs the largest level, max_context the
+  prompt plus --max-tokens), driven by `rad-bench --concurrency --clients --json`: tokens/s,
+  TTFT, inter-token latency and time per output token percentiles at each client count.
+
+--peer (bf16, the 8B shape) adds PyTorch on the same shapes in the same run, after radiance has let
+the card go: bench/torch_peer.py's compiled-graph mode (gpt-fast's recipe) for the prefill
+(`--prefill`) and for decode at each batch (`--batch B --context C`: every sequence at --context, so
+compare it with a run without --mixed); each figure is printed with radiance's / PyTorch's ratio.
+Radiance's figures are wall time through the engine (planning and sampling included); the peer's
+are CUDA events around a graph replay (decode, its token read back each step) or a forward (prefill).
+
+Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
+checkout shim maps it). Writes $OUT/card_batches.json, and rad-bench's JSON per format beside it."""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from checkout_shim import ROOT, SHIM_PATH  # noqa: F401  (first: maps the checkout under `radiance.`)
+
+import numpy as np  # noqa: E402
+
+HBM_BYTES_PER_S = 4.8e12
+EIGHT_B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, context=8192,
+               rope_theta=500000.0, tie_embeddings=False)
+SMALL = dict(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512, vocab=1024, context=4096)
+VOCAB = EIGHT_B["vocab"]
+DEVICE = "auto"  # --device: host runs the script's smoke test on host rows
+RECIPE = Path(__file__).resolve().parent / "fp8_channel.toml"
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    """A seeded prompt of random ids of the model's vocabulary (VOCAB, set by main)."""
+    return [int(i) for i in np.random.default_rng(seed).integers(3, min(VOCAB - 1, 120000), length)]
+
+
+def engine_for(model: Path, max_seqs: int, max_step_tokens: int, max_context: int, tokens: int | None = None):
+    """Ranks over one card (the host's rows where there is none) and the engine maker; `tokens`: the
+    KV cache holds that many slots in all (default: max_seqs sequences of max_context)."""
+    from radiance.config import Config
+    from radiance.launch import engine_over, open_ranks
+
+    if DEVICE == "auto":  # in process: one card
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"
+    blocks = -(-tokens // 16) + max_seqs if tokens else 0
+    options = Config(model=str(model), progress=False, device=DEVICE, max_seqs=max_seqs,
+                     max_step_tokens=max_step_tokens, max_context=max_context, num_blocks=blocks,
+                     accept_reference=DEVICE == "host")  # host rows read fp8 only through libref
+    return open_ranks(options), engine_over
+
+
+def run_all(engine, sequences) -> None:
+    while not all(sequence.finished for sequence in sequences):
+        engine.step()
+
+
+def prefill(model: Path, length: int) -> dict:
+    """Seconds of the step that prefills a `length`-token prompt (the second of two prompts)."""
+    from radiance.generation.sequence import SamplingParams
+
+    ranks_context, engine_over = engine_for(model, 1, length, length + 8)
+    with ranks_context as ranks:
+        engine = engine_over(ranks)
+        seconds = []
+        for seed in (1, 2):
+            sequence = engine.add(prompt(length, seed), SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+            start = time.perf_counter()
+            engine.step()  # the whole prompt in one step, its first token sampled
+            seconds.append(time.perf_counter() - start)
+            run_all(engine, [sequence])
+    result = {"tokens": length, "first_s": seconds[0], "seconds": seconds[1], "tokens_per_s": length / seconds[1]}
+    print(f"    prefill {length} tokens: {1e3 * seconds[1]:.1f} ms, {result['tokens_per_s']:.0f} tokens/s "
+          f"(first, compiling: {seconds[0]:.1f} s)", flush=True)
+    return result
+
+
+def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: int) -> dict:
+    """Output tokens per second over `steps` decode steps of all `batch` sequences, after their prefills."""
+    from radiance.generation.sequence import SamplingParams
+
+    lengths = [int(x) for x in np.linspace(64, context, batch)] if mixed and batch > 1 else [context] * batch
+    ranks_context, engine_over = engine_for(model, batch, 2048, context + steps + 16,
+                                            sum(length + steps + 16 for length in lengths))
+    with ranks_context as ranks:
+        engine = engine_over(ranks)
+        params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
+        sequences = [engine.add(prompt(length, 10 + i), params) for i, length in enumerate(lengths)]
+        while not all(len(sequence.output_ids) >= 2 for sequence in sequences):  # prefilled, a decode step captured
+            engine.step()
+        before = sum(len(sequence.output_ids) for sequence in sequences)
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        seconds = time.perf_counter() - start
+        produced = sum(len(sequence.output_ids) for sequence in sequences) - before
+        run_all(engine, sequences)
+    result = {"batch": batch, "contexts": [min(lengths), max(lengths)], "steps": steps, "tokens": produced,
+              "tokens_per_s": produced / seconds, "ms_per_step": 1e3 * seconds / steps}
+    print(f"    decode batch {batch} (contexts {min(lengths)}..{max(lengths)}): {result['tokens_per_s']:.0f} tokens/s, "
+          f"{result['ms_per_step']:.2f} ms a step", flush=True)
+    return result
+
+
+def serving(model: Path, clients: str, max_tokens: int, folder: Path, label: str) -> dict:
+    """rad-bench against `radiance --serve` on the card; its report, or the failure's words."""
+    most = max(int(level) for level in clients.split(","))
+    log_path = folder / f"serve_{label}.log"
+    command = [sys.executable, "-m", "radiance.tools.generate", "--model", str(model), "--serve", "--host", "127.0.0.1",
+               "--port", "0", "--device", DEVICE, "--max-seqs", str(most), "--max-context", str(512 + max_tokens)]
+    command += ["--debug-accept-reference-kernels"] if DEVICE == "host" else []
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    try:
+        url, deadline = None, time.monotonic() + 600
+        while url is None and time.monotonic() < deadline and server.poll() is None:
+            found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log_path.read_text())
+            url = found.group(1) if found else None
+            time.sleep(0.2)
+        if url is None:
+            return {"error": f"the server did not start: {log_path.read_text()[-2000:]}"}
+        report_path = folder / f"rad_bench_{label}.json"
+        done = subprocess.run([sys.executable, "-m", "radiance.serving.bench", "--url", url, "--concurrency", clients,
+                               "--max-tokens", str(max_tokens), "--json", str(report_path)], timeout=1800)
+        report = json.loads(report_path.read_text()) if report_path.exists() else {}
+        report["returncode"] = done.returncode
+        return report
+    finally:
+        server.send_signal(2)  # SIGINT: the server's own orderly exit
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def peer(arguments: list[str]) -> dict:
+    """bench/torch_peer.py's compiled-graph figures for the 8B shape with `arguments`, in its own
+    process (the card PyTorch's alone); {"error": ...} where it failed."""
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, str(Path(__file__).resolve().parent / "torch_peer.py"), "--eight-b",
+                   "--modes", "compiled-graph", *arguments]
+        done = subprocess.run(command, env={**os.environ, "OUT": folder}, timeout=1200)
+        path = Path(folder, "torch_peer.json")
+        figures = json.loads(path.read_text()).get("llama8b", {}).get("compiled-graph", {}) if path.exists() else {}
+    if done.returncode or "tokens_per_s" not in figures:
+        why = figures.get("error", "no figures")
+        return {"error": f"torch_peer.py {' '.join(arguments)} exited {done.returncode}: {why}"}
+    return figures
+
+
+def compared(label: str, ours: dict, theirs: dict) -> dict:
+    """The peer's figures beside ours, with the ratio of tokens/s (ours / PyTorch's)."""
+    if "error" in theirs:
+        print(f"    {label}: PyTorch failed: {theirs['error']}", flush=True)
+        return theirs
+    ratio = ours["tokens_per_s"] / theirs["tokens_per_s"]
+    print(f"    {label}: radiance {ours['tokens_per_s']:.0f} tokens/s, PyTorch compiled {theirs['tokens_per_s']:.0f} "
+          f"tokens/s: {ratio:.2f}x", flush=True)
+    return {**theirs, "ratio": ratio}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--formats", nargs="+", default=["bf16", "fp8"], choices=["bf16", "fp8"])
+    parser.add_argument("--prefill", type=int, default=2048, help="tokens of the prompt prefilled in one step")
+    parser.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--context", type=int, default=1024, help="tokens of each batched sequence's prompt")
+    parser.add_argument("--mixed", action="store_true", help="contexts spread from 64 to --context")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps timed at each batch")
+    parser.add_argument("--clients", default="1,8,32,64", help="rad-bench's concurrency levels")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens each rad-bench request asks for")
+    parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--peer", action="store_true", help="bf16: PyTorch (bench/torch_peer.py) on the same shapes")
+    parser.add_argument("--small", action="store_true", help="a small synthetic model: the script's own smoke run")
+    parser.add_argument("--device", default="auto", choices=["auto", "host"], help="host: host rows (a smoke run)")
+    args = parser.parse_args()
+    if args.peer and (args.small or args.mixed):
+        parser.error("--peer measures the 8B shape at one context: not with --small or --mixed")
+    global DEVICE, VOCAB
+    DEVICE = args.device
+    shape = SMALL if args.small else EIGHT_B
+    VOCAB = shape["vocab"]
+    from radiance.convert.api import convert_synthetic
+    from radiance.convert.synthetic import LlamaShape
+
+    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="card_batches_"))
+    results = {"command": "python3 bench/card_batches.py " + " ".join(sys.argv[1:]), "formats": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        for fmt in args.formats:
+            model = Path(folder) / f"llama8b_{fmt}.rad"
+            start = time.perf_counter()
+            convert_synthetic(model, LlamaShape(**shape), seed=3, recipe=RECIPE if fmt == "fp8" else None)
+            weight_bytes = model.stat().st_size - shape["vocab"] * shape["hidden"] * 2  # the bf16 table is not read
+            print(f"{fmt}: the {'small' if args.small else '8B-shaped'} model written in "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
+            figures = {"bound_ms": 1e3 * weight_bytes / HBM_BYTES_PER_S}
+            figures["prefill"] = prefill(model, args.prefill)
+            one = batched_decode(model, 1, args.context, False, args.steps)
+            figures["decode_batch1"] = {**one, "ms_per_token": one["ms_per_step"],
+                                        "of_bound": figures["bound_ms"] / one["ms_per_step"]}
+            print(f"    batch 1: {one['ms_per_step']:.3f} ms/token, bound {figures['bound_ms']:.3f} ms "
+                  f"({figures['decode_batch1']['of_bound']:.0%} of it)", flush=True)
+            figures["decode"] = [batched_decode(model, batch, args.context, args.mixed, args.steps)
+                                 for batch in args.batches]
+            if args.peer and fmt == "bf16":
+                figures["peer_prefill"] = compared(f"prefill {args.prefill}", figures["prefill"],
+                                                   peer(["--prefill", str(args.prefill)]))
+                for ours in figures["decode"]:
+                    ours["peer"] = compared(f"decode batch {ours['batch']}", ours,
+                                            peer(["--batch", str(ours["batch"]), "--context", str(args.context),
+                                                  "--tokens", str(args.steps)]))
+            if not args.skip_serving:
+                figures["serving"] = serving(model, args.clients, args.max_tokens, out, fmt)
+            results["formats"][fmt] = figures
+            model.unlink()
+    Path(out, "card_batches.json").write_text(json.dumps(results, indent=1))
+    print(f"written: {out / 'card_batches.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Support for the tests of libr4d's device rows for batches (imported by test_device_tensor_cores.py
+and test_device_batch_rows.py; holds no tests): fp8 weights as rad-convert writes them, and a fake
+card that says it is an NVIDIA card whose kernels are the numpy forms of
+tests/fixtures/r4d_fake_kernels.py."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from radiance.abi import RadWeightPlanes, rad_tensor
+from radiance.device.fake import FakeDevice
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture_module(name):
+    spec = importlib.util.spec_from_file_location(f"_fixture_{name}", FIXTURES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FAKES = fixture_module("r4d_fake_kernels")
+
+
+def fp8_weight(registry, rows, cols, seed, scale="channel") -> RadWeightPlanes:
+    """Random N(0, 0.02) rows through the fp8 quantiser plugin, as rad-convert writes them."""
+    info = registry.quantizers["fp8"][0]
+    w = (np.random.default_rng(seed).standard_normal((rows, cols)) * 0.02).astype(np.float32)
+    options = {"scale": scale}
+    encoding = info.encoding("w", w.shape, options)
+    planes = info.quantize(encoding, w, 0, options)
+    return RadWeightPlanes(encoding=encoding, rows=rows, cols=cols,
+                           planes=[rad_tensor(np.ascontiguousarray(planes[p.name])) for p in encoding.planes])
+
+
+class NvidiaFake(FakeDevice):
+    """The fake card, saying it is an NVIDIA card of its `target`: libr4d's device rows load on it
+    (their build_target names cuda) and plan for that card; its kernels are the numpy forms."""
+    vendor = "cuda"
+    multiprocessors = 132
+
+
+def nvidia_fake(target="sm_89", kernels=None) -> NvidiaFake:
+    return NvidiaFake({**FAKES.kernels(), **(kernels or {})}, target=target, device_bytes=1 << 31)

@@ -1,0 +1,203 @@
+"""libr4d's device rows for batches on a real card against libref (device_batch_rows.py): the
+tensor-core gemm above the GEMV band, bf16 and fp8, each kernel the card can run (forced by
+device_tensor_cores.KERNEL); the fp8 decode GEMV and its fused rows. The
+tolerances are docs/OPS.md's ("Agreement with libref"): device_tensor_cores.TOLERANCE and
+device_kernels.TOLERANCE. A prefill-sized M is checked on a sample of its rows (libref's ordered
+sums over all 2048 would take minutes on the host; the rows of a GEMM are independent). Skips where no
+card is visible. Without a card: tests/test_device_tensor_cores.py runs the same rows on the fake card."""
+
+import numpy as np
+import pytest
+
+from test_device_rows_support import Card, card
+from device_batch_support import fp8_weight
+from test_libr4d_support import activations, launch, make_weight, registry, rel_err, row_of  # noqa: F401
+
+DEVICE, STREAM, WHY = card()
+pytestmark = pytest.mark.skipif(DEVICE is None, reason=f"device rows need a card: {WHY}")
+BF16, FP8 = "r4dchain_gemm_tc_bf16_dev", "r4dchain_gemm_tc_fp8_dev"
+# (N, K): Llama-3-8B's q/o, k/v, gate/up, down at TP 1 and SmolLM2-135M's q, gate, down
+SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (576, 576), (1536, 576), (576, 1536)]
+
+
+@pytest.fixture(scope="module")
+def on_card():
+    c = Card(DEVICE, STREAM)
+    yield c
+    c.close()
+
+
+def module(registry, name):
+    import importlib
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    return importlib.import_module(f"{lib.module.__name__}.{name}")
+
+
+def dev_row(registry, name):
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    return next(row for row in lib.rows if row.name == name)
+
+
+def kernels_here(registry, kind="bf16") -> list:
+    """The tensor-core kernels this card runs for `kind`: the one it is given first, and on Hopper
+    (given wgmma) mma.sync's as well, which it runs too."""
+    tc = module(registry, "device_tensor_cores")
+    given = tc.kernel_for(DEVICE.vendor, DEVICE.target, kind)
+    return [given, "mma"] if given == "wgmma" else [given]
+
+
+_WEIGHTS: dict = {}
+
+
+def weight_of(registry, fmt, n, k, seed):
+    key = (fmt, n, k, seed)
+    if key not in _WEIGHTS:
+        _WEIGHTS[key] = (make_weight("bf16", n, k, seed) if fmt == "bf16"
+                         else fp8_weight(registry, n, k, seed, "channel" if fmt == "fp8_channel" else "tensor"))
+    return _WEIGHTS[key]
+
+
+def reference_rows(registry, x, weight, params, rows):
+    """libref's gemm of x's rows `rows` only."""
+    sub = np.ascontiguousarray(x[rows])
+    want = np.zeros((len(rows), params["N"]), np.float32)
+    assert launch(row_of(registry, "gemm", "libref"), [sub, None, want], {**params, "M": len(rows)}, {1: weight}) == 0
+    return want
+
+
+def gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m, seed=3):
+    tc = module(registry, "device_tensor_cores")
+    monkeypatch.setattr(tc, "KERNEL", kernel)
+    weight, x = weight_of(registry, fmt, n, k, seed), activations(m, k, seed + m)
+    params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+    row = dev_row(registry, BF16 if fmt == "bf16" else FP8)
+    got = on_card.run(row, [x, None, np.zeros((m, n), np.float32)], params, {1: weight}, read=(2,))[2]
+    rows = np.arange(m) if m <= 80 else np.unique(np.r_[0:8, m // 2 - 4:m // 2 + 4, m - 8:m])
+    err = rel_err(got[rows], reference_rows(registry, x, weight, params, rows))
+    assert np.isfinite(got).all()
+    assert err <= tc.TOLERANCE["bf16" if fmt == "bf16" else "e4m3"], (kernel, fmt, n, k, m, err)
+    return got
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [9, 16, 64, 65, 300])
+def test_the_bf16_tensor_core_gemm_agrees_with_libref(registry, on_card, monkeypatch, n, k, m):
+    for kernel in kernels_here(registry):
+        gemm_case(registry, on_card, monkeypatch, kernel, "bf16", n, k, m)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "fp8"])
+@pytest.mark.parametrize("n,k", SHAPES[:4])
+@pytest.mark.parametrize("m", [9, 64, 300])
+def test_the_fp8_tensor_core_gemm_agrees_with_libref(registry, on_card, monkeypatch, fmt, n, k, m):
+    for kernel in kernels_here(registry, "e4m3"):
+        gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m)
+
+
+def test_a_prefill_sized_gemm_and_its_kernels_agree(registry, on_card, monkeypatch):
+    """M = 2048 (a 2048-token prompt in one step): each kernel within the tolerance of libref on
+    sampled rows, and the kernels within twice the tolerance of each other everywhere."""
+    results = [gemm_case(registry, on_card, monkeypatch, kernel, "bf16", 4096, 4096, 2048)
+               for kernel in kernels_here(registry)]
+    tc = module(registry, "device_tensor_cores")
+    for other in results[1:]:
+        assert rel_err(other, results[0]) <= 2 * tc.TOLERANCE["bf16"]
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_channel"])
+def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_card, monkeypatch, fmt):
+    tc = module(registry, "device_tensor_cores")
+    kind = "bf16" if fmt == "bf16" else "e4m3"
+    for kernel in kernels_here(registry, kind):
+        monkeypatch.setattr(tc, "KERNEL", kernel)
+        row = dev_row(registry, BF16 if fmt == "bf16" else FP8)
+        params = {"M": 12, "N": 1024, "K": 4096, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+        operands = [activations(12, 4096, 5), None, np.zeros((12, 1024), np.float32)]
+        a = on_card.args(row, operands, params, {1: weight_of(registry, fmt, 1024, 4096, 9)})
+        assert tc.split(12, 1024, 4096, kind, kernel)[0] > 1
+        results = []
+        for _ in range(3):
+            assert row.info.launch(a) == 0
+            results.append(on_card.download(a.t[2], operands[2]))
+        np.testing.assert_array_equal(results[0], results[1])
+        np.testing.assert_array_equal(results[0], results[2])
+
+
+# ---- fp8 decode: the GEMV and its fused rows ------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "fp8"])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (1024, 4096), (4096, 14336), (576, 576)])
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_the_fp8_gemv_agrees_with_libref(registry, on_card, fmt, n, k, m):
+    dk = module(registry, "device_kernels")
+    weight, x = weight_of(registry, fmt, n, k, 7), activations(m, k, 8)
+    params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+    got = on_card.run(dev_row(registry, "r4dchain_gemv_fp8_dev"), [x, None, np.zeros((m, n), np.float32)], params,
+                      {1: weight}, read=(2,))[2]
+    want = reference_rows(registry, x, weight, params, np.arange(m))
+    assert rel_err(got, want) <= dk.TOLERANCE["gemv"], rel_err(got, want)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_fp8_fused_rows_agree_with_libref_s_chains(registry, on_card, m):
+    dk = module(registry, "device_kernels")
+    hidden, ffn = 4096, 14336
+    x, norm = activations(m, hidden, 31), make_weight("f32", 1, hidden, 32)
+    zeros = lambda n: np.zeros((m, n), np.float32)  # noqa: E731
+    weights = {1: norm, 3: weight_of(registry, "fp8_channel", 4096, hidden, 33),
+               5: weight_of(registry, "fp8_channel", 1024, hidden, 34), 7: weight_of(registry, "fp8_channel", 1024, hidden, 35)}
+    params = {"M": m, "n": hidden, "eps": 1e-5, "K": hidden, "N.1": 4096, "N.2": 1024, "N.3": 1024,
+              "wdtype": "fp8_channel", "dtype": "f32"}
+    operands = [x, None, zeros(hidden), None, zeros(4096), None, zeros(1024), None, zeros(1024)]
+    got = on_card.run(dev_row(registry, "r4dchain_rmsnorm_gemm3_fp8_dev"), operands, params, weights, read=(2, 4, 6, 8))
+    want = {i: np.array(o, copy=True) if o is not None else None for i, o in enumerate(operands)}
+    arrays = [None if i in weights else want[i] for i in range(len(operands))]
+    assert launch(row_of(registry, "rmsnorm_gemm3", "libref"), arrays, params, weights) == 0
+    assert rel_err(got[2], arrays[2]) <= dk.TOLERANCE["rmsnorm"]
+    for i in (4, 6, 8):
+        assert rel_err(got[i], arrays[i]) <= dk.TOLERANCE["gemv"], i
+    residual = activations(m, hidden, 36)
+    weight = weight_of(registry, "fp8_channel", hidden, ffn, 37)
+    params = {"M": m, "N": hidden, "K": ffn, "n": hidden, "wdtype": "fp8_channel", "dtype": "f32"}
+    operands = [activations(m, ffn, 38), None, zeros(hidden), residual]
+    got = on_card.run(dev_row(registry, "r4dchain_gemm_add_fp8_dev"), operands, params, {1: weight}, read=(2, 3))
+    arrays = [operands[0], None, zeros(hidden), residual.copy()]
+    assert launch(row_of(registry, "gemm_add", "libref"), arrays, params, {1: weight}) == 0
+    for i in (2, 3):
+        assert rel_err(got[i], arrays[i]) <= dk.TOLERANCE["gemv"], i
+
+
+# ---- attention for batches: the tiles on tensor cores ------------------------------------------------
+
+def attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=0):
+    from test_device_tensor_cores import attention_operands
+    at = module(registry, "device_attention_tiles")
+    operands, params = attention_operands(heads, kv, d, sequences, seed=seed)
+    got = on_card.run(dev_row(registry, "r4dchain_attention_tc_dev"), operands, params, read=(3, 4, 10))
+    arrays = [np.array(o, copy=True) for o in operands]
+    assert launch(row_of(registry, "attention", "libref"), arrays, params) == 0
+    np.testing.assert_array_equal(got[3], arrays[3])
+    np.testing.assert_array_equal(got[4], arrays[4])
+    err = rel_err(got[10], arrays[10])
+    assert err <= at.TOLERANCE, err
+
+
+def test_attention_decodes_32_sequences_of_mixed_contexts_to_8k(registry, on_card):
+    rng = np.random.default_rng(32)
+    contexts = np.unique(np.r_[1, 2, 15, 16, 17, 8191, rng.integers(1, 8192, 40)])[:32]
+    attention_against_libref(registry, on_card, 32, 8, 128, [(int(c) - 1, 1) for c in contexts], seed=1)
+
+
+def test_attention_decodes_64_sequences(registry, on_card):
+    rng = np.random.default_rng(64)
+    attention_against_libref(registry, on_card, 32, 8, 128, [(int(c), 1) for c in rng.integers(0, 2048, 64)], seed=2)
+
+
+def test_attention_runs_a_prefill_chunk_beside_decode_tokens(registry, on_card):
+    """Chunked prefill: 256 new tokens of a sequence with 1000 cached, and 7 decode tokens."""
+    attention_against_libref(registry, on_card, 32, 8, 128, [(1000, 256), *((p, 1) for p in (5, 99, 700, 3000, 17, 40, 8000))],
+                             seed=3)
+
+
+def test_attention_prefills_smollm2_shapes(registry, on_card):
+    attention_against_libref(registry, on_card, 9, 3, 64, [(0, 100), (0, 13), (40, 30)], seed=4)

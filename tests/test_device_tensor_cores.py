@@ -1,0 +1,394 @@
+"""libr4d's tensor-core gemm rows (device_batch_rows.py, device_tensor_cores.py, device/gemm_mma.cu)
+without a card: which kernel each card gets, splits and scratch, the launch plans, the rows on a fake
+card that says it is an sm_89 NVIDIA card (tests/fixtures/r4d_fake_kernels.py runs each kernel's
+arithmetic in numpy) against libref within the tolerance docs/OPS.md states, and every new source
+compiled by nvrtc as the engine compiles it (skipped, saying so, where nvrtc is not installed).
+The same rows on a real card: tests/test_device_batch_rows.py."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from radiance.abi import (
+    RAD_DT_ENCODED, RAD_E_INVALID, RAD_E_NOMEM, RAD_OK, RadTensor, RadWeightPlanes, rad_device_tensor, rad_tensor,
+)
+from radiance.device.fake import expand_entry_macros
+from radiance.engine.running.device_stream import EngineStream
+from device_batch_support import fp8_weight, nvidia_fake
+from test_device_rows_host import Recorder, dev, device_weight, ints, launch, pointers
+from test_device_rows_support import Card
+from test_libr4d_support import activations, make_weight, registry, rel_err, row_of  # noqa: F401 (registry)
+from test_libr4d_support import launch as host_launch
+
+BF16, FP8 = "r4dchain_gemm_tc_bf16_dev", "r4dchain_gemm_tc_fp8_dev"
+
+
+def module(registry, name):
+    import importlib
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    return importlib.import_module(f"{lib.module.__name__}.{name}")
+
+
+def device_row(registry, name):
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    return next(row for row in lib.rows if row.name == name)
+
+
+class Recording(Recorder):
+    """test_device_rows_host's recording stream, reading entry points through their macros (gemm_mma.cu
+    defines its entries with TC_GEMM_ENTRY) as the fake compiler does."""
+
+    def kernel(self, source, name, options=()):
+        return super().kernel(source + expand_entry_macros(source), name, options)
+
+
+# ---- which kernel, splits, scratch -------------------------------------------------------------
+
+def test_each_card_gets_the_kernel_its_tensor_cores_run(registry, monkeypatch):
+    tc = module(registry, "device_tensor_cores")
+    monkeypatch.setattr(tc, "KERNEL", None)
+    table = {("cuda", "sm_90"): ("wgmma", "wgmma"), ("cuda", "sm_90a"): ("wgmma", "wgmma"),
+             ("cuda", "sm_89"): ("mma", "mma"), ("cuda", "sm_80"): ("mma", "simt"), ("cuda", "sm_86"): ("mma", "simt"),
+             ("cuda", "sm_75"): ("simt", "simt"), ("hip", "gfx942"): ("simt", "simt"), ("fake", "fake_90"): ("simt", "simt")}
+    for (vendor, target), kernels in table.items():
+        assert (tc.kernel_for(vendor, target, "bf16"), tc.kernel_for(vendor, target, "e4m3")) == kernels, target
+    monkeypatch.setattr(tc, "KERNEL", "simt")
+    assert tc.kernel_for("cuda", "sm_90", "bf16") == "simt"
+    monkeypatch.setattr(tc, "KERNEL", "tensor")
+    with pytest.raises(ValueError, match="R4D_TC_KERNEL='tensor'"):
+        tc.kernel_for("cuda", "sm_90", "bf16")
+
+
+def test_k_is_split_only_where_the_tiles_cannot_fill_the_card(registry):
+    tc = module(registry, "device_tensor_cores")
+    assert tc.split(2048, 4096, 4096, "bf16") == (1, 128)        # 512 tiles: no split
+    for m, n, k, kind in [(9, 4096, 4096, "bf16"), (64, 1024, 4096, "bf16"), (32, 4096, 14336, "e4m3"),
+                          (200, 576, 576, "bf16"), (16, 576, 1536, "e4m3")]:
+        splits, per = tc.split(m, n, k, kind)
+        steps = -(-k // tc.k_tile(kind))
+        assert 1 <= splits <= tc.MAX_SPLITS and (splits - 1) * per < steps <= splits * per, (m, n, k)
+        assert splits == 1 or per >= tc.MIN_TILES_PER_SPLIT
+        layout = tc.scratch_layout(m, n, k, kind)
+        assert ("partial" in layout) == (splits > 1) and ("codes" in layout) == (kind == "e4m3")
+        assert all(offset % 256 == 0 for offset in layout.values())
+        assert tc.scratch_bytes(256, n, k, kind) >= layout["total"]
+    assert tc.split(9, 4096, 4096, "bf16")[0] == 8  # 32 tiles of a batched decode step: K in 8
+    assert tc.tile_m(64) == 64 and tc.tile_m(65) == 128 and tc.shared_bytes(65) == 3 * 256 * 80 <= 64 << 10
+
+
+def test_the_rows_take_the_band_above_the_gemv_for_bf16_and_fp8(registry):
+    from radiance.abi import RAD_DOMAIN_DEVICE
+    from radiance.engine.selection.bands import resolve
+    gemm = registry.rows_for("gemm")
+    expected = {"bf16": ("plain", BF16), "fp8_channel": ("fp8", FP8), "fp8": ("fp8", FP8),
+                "q4_1": ("q4_1", "r4dchain_gemm_q4_1_dev")}
+    for wdtype, (gemv, above) in expected.items():
+        geometry = {"N": 4096, "K": 4096, "wdtype": wdtype, "dtype": "f32"}
+        resolution = resolve("gemm", registry.ops["gemm"].schema, gemm, geometry, {}, RAD_DOMAIN_DEVICE, 2048)
+        assert [(b.lo, b.hi, b.row.name) for b in resolution.bands] == [
+            (1, 8, f"r4dchain_gemv_{gemv}_dev"), (9, 2048, above)], wdtype
+    row = device_row(registry, FP8)
+    from radiance.weights import formats
+    assert row.info.layout("w", formats.fp8_channel(), {"K": 64}) == row.info.layout("w", formats.fp8(), {"K": 64})
+    assert row.info.layout("w", formats.plain("bf16"), {"K": 64}) != row.info.layout("w", formats.fp8(), {"K": 64})
+
+
+# ---- launch plans -------------------------------------------------------------------------------
+
+def test_a_wgmma_plan_asks_for_sm_90a_and_its_swizzled_stages(registry):
+    tc = module(registry, "device_tensor_cores")
+    stream, row = Recording("sm_90"), device_row(registry, BF16)
+    w, x, y = device_weight("bf16", 4096, 4096, 0x7000000), dev(0x1000, (37, 4096)), dev(0x2000, (37, 4096))
+    params = {"M": 37, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    assert launch(row, [x, w, y], params, stream, 0x9000000, row.info.scratch({**params, "M": 256})) == RAD_OK
+    ((kernel, grid, block, args),) = stream.launches
+    splits, per = tc.split(37, 4096, 4096, "bf16", "wgmma")
+    assert (kernel, grid, block) == ("r4d_wgmma_gemm_bf16", (32, 1, splits), (256, 1, 1)) and splits == 8
+    assert stream.shared == 3 * 128 * 128 + 1024 <= 64 << 10
+    assert stream.compiled == [("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1"))]
+    assert ints(args, [8, 9, 10, 11]) == [37, 4096, 4096, per] and per * 64 * splits >= 4096
+
+
+def test_a_bf16_plan_is_one_mma_kernel_over_its_tiles(registry):
+    tc = module(registry, "device_tensor_cores")
+    stream, row = Recording("sm_89"), device_row(registry, BF16)
+    w, x, y = device_weight("bf16", 4096, 4096, 0x7000000), dev(0x1000, (37, 4096)), dev(0x2000, (37, 4096))
+    params = {"M": 37, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    need = row.info.scratch({**params, "M": 256})
+    assert launch(row, [x, w, y], params, stream, 0x9000000, need) == RAD_OK
+    ((kernel, grid, block, args),) = stream.launches
+    splits, per = tc.split(37, 4096, 4096, "bf16")
+    assert (kernel, grid, block) == ("r4d_mma_gemm_bf16_m64", (32, 1, splits), (256, 1, 1)) and splits > 1
+    assert stream.shared == 3 * (64 + 128) * 80
+    assert stream.compiled == [("r4d_mma_gemm_bf16_m64", ("-DR4D_TC_ONLY=1",))]
+    layout = tc.scratch_layout(37, 4096, 4096, "bf16")
+    assert pointers(args, [0, 2, 5, 6, 7]) == [0x1000, 0x7000000, 0x2000, 0x9000000 + layout["partial"], 0x9000000]
+    assert ints(args, [8, 9, 10, 11]) == [37, 4096, 4096, per]
+    # too little scratch for the split: the row says so, it does not overrun
+    assert launch(row, [x, w, y], dict(params), stream, 0x9000000, layout["total"] - 1) == RAD_E_NOMEM
+    assert launch(row, [dev(0x1004, (37, 4096)), w, y], dict(params), stream, 0x9000000, need) == RAD_E_INVALID
+
+
+def test_an_fp8_plan_quantises_x_into_the_scratch_then_runs_the_e4m3_kernel(registry):
+    tc = module(registry, "device_tensor_cores")
+    stream, row = Recording("sm_89"), device_row(registry, FP8)
+    weight = fp8_weight(registry, 1024, 576, 3)
+    planes = [rad_device_tensor(0x7000000 + 0x1000000 * i, 6, (t.data.size,), 1) for i, t in enumerate(weight.planes)]
+    w = RadTensor(data=RadWeightPlanes(encoding=weight.encoding, rows=1024, cols=576, planes=planes),
+                  dtype=RAD_DT_ENCODED, ndim=2, shape=(1024, 576, 0, 0))
+    x, y = dev(0x1000, (200, 576)), dev(0x2000, (200, 1024))
+    params = {"M": 200, "N": 1024, "K": 576, "wdtype": "fp8_channel", "dtype": "f32", "split_k": 1}
+    need = row.info.scratch({**params, "M": 256})
+    assert launch(row, [x, w, y], params, stream, 0x9000000, need) == RAD_OK
+    (quantize, qgrid, _, qargs), (kernel, grid, _, args) = stream.launches
+    layout = tc.scratch_layout(200, 1024, 576, "e4m3")
+    codes, scales = 0x9000000 + layout["codes"], 0x9000000 + layout["scales"]
+    assert (quantize, qgrid) == ("r4d_quantize_e4m3_dev", (200, 1, 1))
+    assert pointers(qargs, [0, 3, 4]) == [0x1000, codes, scales]
+    splits, _ = tc.split(200, 1024, 576, "e4m3")
+    assert (kernel, grid) == ("r4d_mma_gemm_e4m3_m128", (8, 2, splits)) and splits == 2
+    assert pointers(args, [0, 1, 2, 3, 5, 7]) == [codes, scales, 0x7000000, 0x8000000, 0x2000, 0x9000000]
+    assert ints(args, [4]) == [1]  # a scale per row
+    assert stream.compiled == [("r4d_quantize_e4m3_dev", ()), ("r4d_mma_gemm_e4m3_m128", ("-DR4D_TC_ONLY=4",))]
+
+
+@pytest.mark.parametrize("target,kernel", [("sm_75", "r4d_gemm_dev"), ("sm_80", "r4d_mma_gemm_bf16_m128")])
+def test_older_cards_take_the_simt_tiles_from_the_same_row(registry, target, kernel):
+    stream, row = Recording(target), device_row(registry, BF16)
+    w, x, y = device_weight("bf16", 512, 576, 0x7000000), dev(0x1000, (100, 576)), dev(0x2000, (100, 512))
+    params = {"M": 100, "N": 512, "K": 576, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    assert launch(row, [x, w, y], params, stream, 0x9000000, row.info.scratch({**params, "M": 256})) == RAD_OK
+    assert stream.launches[-1][0] == kernel
+
+
+# ---- on the fake card, against libref --------------------------------------------------------------
+
+CASES = [("bf16", 576, 576, 9), ("bf16", 1536, 576, 64), ("bf16", 576, 1536, 65), ("bf16", 1024, 4096, 16),
+         ("bf16", 1024, 576, 200), ("fp8_channel", 1536, 576, 37), ("fp8_channel", 576, 1536, 9),
+         ("fp8_channel", 512, 1024, 130), ("fp8", 512, 1024, 20)]
+
+
+@pytest.fixture(scope="module", params=["sm_89", "sm_90"])
+def on_fake(request):
+    """A fake sm_89 card (mma.sync's kernels) and a fake sm_90 one (wgmma's)."""
+    device = nvidia_fake(request.param)
+    card = Card(device, EngineStream(device))
+    card.kernel = {"sm_89": "mma", "sm_90": "wgmma"}[request.param]
+    yield card
+    card.close()
+    device.close()
+
+
+@pytest.mark.parametrize("fmt,n,k,m", CASES)
+def test_the_kernels_arithmetic_agrees_with_libref_within_the_stated_tolerance(registry, on_fake, fmt, n, k, m):
+    tc = module(registry, "device_tensor_cores")
+    weight = make_weight(fmt, n, k, n + k) if fmt == "bf16" else fp8_weight(registry, n, k, n + k, fmt[4:] or "tensor")
+    x = activations(m, k, m)
+    params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+    row = device_row(registry, BF16 if fmt == "bf16" else FP8)
+    before = len(on_fake.device.launches)
+    got = on_fake.run(row, [x, None, np.zeros((m, n), np.float32)], params, {1: weight}, read=(2,))[2]
+    ran = [launch.name for launch in on_fake.device.launches[before:]]
+    kind = "bf16" if fmt == "bf16" else "e4m3"
+    assert ran == ([] if kind == "bf16" else ["r4d_quantize_e4m3_dev"]) + [tc.entry(kind, m, on_fake.kernel)]
+    want = np.zeros((m, n), np.float32)
+    assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
+    err = rel_err(got, want)
+    assert 0 < err <= tc.TOLERANCE[kind], (fmt, n, k, m, err)
+
+
+def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_fake):
+    """The last block of each tile resets its counter: a replay with the same scratch adds the
+    splits again (the fake form finds the counters zero at every launch, or fails)."""
+    row = device_row(registry, BF16)
+    params = {"M": 12, "N": 1024, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    operands = [activations(12, 4096, 1), None, np.zeros((12, 1024), np.float32)]
+    a = on_fake.args(row, operands, params, {1: make_weight("bf16", 1024, 4096, 2)})
+    results = []
+    for _ in range(3):
+        assert row.info.launch(a) == RAD_OK
+        results.append(on_fake.download(a.t[2], operands[2]))
+    assert module(registry, "device_tensor_cores").split(12, 1024, 4096, "bf16", on_fake.kernel)[0] > 1
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+
+
+# ---- nvrtc, as the engine compiles ------------------------------------------------------------------
+
+def nvrtc_or_skip():
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+    except ImportError as error:
+        pytest.skip(f"nvrtc is not installed here (pip install cuda-bindings nvidia-cuda-nvrtc): {error}")
+    from radiance.device.cuda import nvrtc_compile
+    return nvrtc_compile
+
+
+def sass(cubin: bytes, tmp_path) -> str | None:
+    """cuobjdump's SASS of a cubin, or None where no cuobjdump is found (pip nvidia-cuda-cuobjdump)."""
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        try:
+            import nvidia.cu13 as cu13
+            found = sorted(Path(cu13.__path__[0]).glob("bin/cuobjdump"))
+            tool = str(found[0]) if found else None
+        except ImportError:
+            tool = None
+    if tool is None:
+        return None
+    path = tmp_path / "kernel.cubin"
+    path.write_bytes(cubin)
+    return subprocess.run([tool, "--dump-sass", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("entry,target,instruction", [
+    ("r4d_mma_gemm_bf16_m64", "sm_80", "HMMA.16816.F32.BF16"), ("r4d_mma_gemm_bf16_m128", "sm_90", "HMMA.16816.F32.BF16"),
+    # e4m3: Ada's own QMMA; Hopper runs mma.sync's e4m3 as f16 HMMA after unpacking (only wgmma has QGMMA there)
+    ("r4d_mma_gemm_e4m3_m64", "sm_89", "QMMA.16832.F32.E4M3.E4M3"), ("r4d_mma_gemm_e4m3_m128", "sm_90", "F2FP.F16.E4M3.UNPACK")])
+def test_the_mma_gemm_compiles_through_nvrtc_to_tensor_core_instructions(registry, tmp_path, entry, target, instruction):
+    compile_ = nvrtc_or_skip()
+    dk, tc = module(registry, "device_kernels"), module(registry, "device_tensor_cores")
+    cubin = compile_(dk.source("gemm_mma"), target, tc.options(entry))
+    assert entry.encode() in cubin
+    listing = sass(cubin, tmp_path)
+    if listing is not None:
+        assert instruction in listing and "LDSM" in listing and "LDGSTS" in listing, entry
+        gemm = listing[listing.index(f"Function : {entry}"):]
+        assert "LDL" not in gemm or entry == "r4d_mma_gemm_e4m3_m128"  # 16 bytes spilled there (-Xptxas -v)
+
+
+@pytest.mark.parametrize("entry,instruction", [("r4d_wgmma_gemm_bf16", "HGMMA.64x128x16.F32.BF16"),
+                                               ("r4d_wgmma_gemm_e4m3", "QGMMA.64x128x32.F32.E4M3.E4M3")])
+def test_the_wgmma_gemm_compiles_for_sm_90a_to_warpgroup_instructions(registry, tmp_path, entry, instruction):
+    """The row's options ask for sm_90a in place of the card's sm_90 (the engine compiles for the
+    card's target and hands the options after it)."""
+    compile_ = nvrtc_or_skip()
+    dk, tc = module(registry, "device_kernels"), module(registry, "device_tensor_cores")
+    cubin = compile_(dk.source("gemm_wgmma"), "sm_90", tc.options(entry))
+    assert entry.encode() in cubin
+    listing = sass(cubin, tmp_path)
+    if listing is not None:
+        assert instruction in listing and "WARPGROUP.ARRIVE" in listing and "LDL" not in listing, entry
+        assert "code for sm_90a" in listing
+
+
+def test_the_e4m3_quantiser_compiles_through_nvrtc(registry):
+    compile_ = nvrtc_or_skip()
+    cubin = compile_(module(registry, "device_kernels").source("quantize_e4m3"), "sm_89")
+    assert b"r4d_quantize_e4m3_dev" in cubin
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "fp8"])
+def test_the_fp8_gemv_compiles_through_nvrtc(registry, fmt):
+    compile_ = nvrtc_or_skip()
+    dk = module(registry, "device_kernels")
+    cubin = compile_(dk.source("gemv"), "sm_90", dk.gemv_options(fmt, 2, 1))
+    assert b"r4d_gemv_m1" in cubin and b"r4d_gemv_m8" in cubin
+
+
+# ---- attention for batches (attention_tiles.cu) ----------------------------------------------------
+
+ATTENTION = "r4dchain_attention_tc_dev"
+
+
+def attention_operands(heads, kv, d, sequences, block_size=16, seed=0):
+    """sequences: (first position, new tokens); the cache holds random rows for earlier positions
+    (tests/test_device_rows.py's attention_case, here for the fake card)."""
+    rng = np.random.default_rng(seed)
+    seqs, lengths = len(sequences), [p + t for p, t in sequences]
+    max_blocks = max(-(-n // block_size) for n in lengths)
+    blocks = rng.permutation(seqs * max_blocks + 4)[: seqs * max_blocks].reshape(seqs, max_blocks).astype(np.int32)
+    slots_total, width = (seqs * max_blocks + 4) * block_size, kv * d
+    positions = [j for first, count in sequences for j in range(first, first + count)]
+    slots = [blocks[s, j // block_size] * block_size + j % block_size
+             for s, (first, count) in enumerate(sequences) for j in range(first, first + count)]
+    m = len(positions)
+    cu = np.concatenate([[0], np.cumsum([t for _, t in sequences])]).astype(np.int32)
+    operands = [rng.standard_normal((m, heads * d)).astype(np.float32), rng.standard_normal((m, width)).astype(np.float32),
+                rng.standard_normal((m, width)).astype(np.float32),
+                rng.standard_normal((slots_total, width)).astype(np.float32),
+                rng.standard_normal((slots_total, width)).astype(np.float32), np.array(slots, np.int32),
+                np.array(positions, np.int32), cu, np.array(lengths, np.int32), blocks, np.zeros((m, heads * d), np.float32)]
+    params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "block_size": block_size,
+              "scale": 1.0 / np.sqrt(d), "dtype": "f32", "seqs": seqs}
+    return operands, params
+
+
+ATTENTION_CASES = {
+    # 12 decode tokens of mixed contexts (to 1500): tiles of one token, the context split
+    "decode_batch": (8, 2, 128, [(p, 1) for p in (3, 17, 40, 100, 255, 256, 511, 700, 999, 1200, 1499, 64)]),
+    # a prefill chunk of 40 tokens after 300 cached, beside decode tokens (chunked prefill)
+    "chunk_and_decode": (8, 2, 128, [(300, 40), (77, 1), (5, 1), (1000, 1)]),
+    # SmolLM2's heads (9 over 3, head_dim 64: tiles of 21 tokens) prefilling from 0
+    "smollm2_prefill": (9, 3, 64, [(0, 50), (0, 9)]),
+    # one query head a kv head, a whole-prompt prefill of 70 tokens: tiles of 64 tokens
+    "mha_prefill": (2, 2, 64, [(0, 70)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
+def test_the_attention_tiles_agree_with_libref_within_the_stated_tolerance(registry, on_fake, case):
+    at = module(registry, "device_attention_tiles")
+    heads, kv, d, sequences = ATTENTION_CASES[case]
+    operands, params = attention_operands(heads, kv, d, sequences, seed=len(case))
+    row = device_row(registry, ATTENTION)
+    before = len(on_fake.device.launches)
+    got = on_fake.run(row, operands, params, read=(3, 4, 10))
+    ran = on_fake.device.launches[before:]
+    assert [launch.name for launch in ran] == ["r4d_kv_store_dev", "r4d_attend_tiles"]
+    assert ran[1].grid == at.grid(params["M"], len(sequences), kv, heads // kv)[0]
+    arrays = [np.array(o, copy=True) for o in operands]
+    assert host_launch(row_of(registry, "attention", "libref"), arrays, params) == RAD_OK
+    np.testing.assert_array_equal(got[3], arrays[3])  # the step's k, v stored at their slots
+    np.testing.assert_array_equal(got[4], arrays[4])
+    err = rel_err(got[10], arrays[10])
+    assert 0 < err <= at.TOLERANCE, (case, err)
+
+
+def test_the_attention_tiles_split_the_context_only_where_tiles_are_few(registry):
+    at = module(registry, "device_attention_tiles")
+    assert at.splits(2048, 8, 4) == 1 and at.scratch_layout(2048, 1, 8, 4, 128) == {"total": 0}
+    assert at.splits(64, 8, 4) == 9 and at.grid(64, 64, 8, 4)[0] == (64, 8, 9)   # 64 decode tokens
+    assert at.tiles_bound(40, 2, 4) == 4 and at.tiles_bound(9, 9, 4) == 9 and at.tokens_per_tile(3) == 21
+    layout = at.scratch_layout(64, 64, 8, 4, 128)
+    assert layout["partial"] == 256 * -(-4 * 64 * 8 // 256) and layout["total"] - layout["partial"] == 4 * 64 * 8 * 9 * 4 * 130
+    assert at.scratch_bytes(256, 8, 4, 128) >= layout["total"] and at.shared_bytes(128) == 33792
+    assert at.serves("cuda", "sm_80", 128, 4) and at.serves("cuda", "sm_90", 64, 8)
+    assert not at.serves("cuda", "sm_75", 128, 4) and not at.serves("hip", "gfx942", 128, 4)
+    assert not at.serves("cuda", "sm_90", 96, 4) and not at.serves("cuda", "sm_90", 128, 16)
+
+
+@pytest.mark.parametrize("target,d,kernels", [("sm_90", 128, ["r4d_kv_store_dev", "r4d_attend_tiles"]),
+                                              ("sm_90", 96, ["r4d_kv_store_dev", "r4d_attend_cache"]),
+                                              ("sm_75", 128, ["r4d_kv_store_dev", "r4d_attend_cache"])])
+def test_attention_plans_take_the_tiles_where_they_serve_and_attention_cu_elsewhere(registry, target, d, kernels):
+    stream, row = Recording(target), device_row(registry, ATTENTION)
+    m, seqs, heads, kv = 12, 3, 8, 2
+    tensors = [dev(0x1000, (m, heads * d)), dev(0x2000, (m, kv * d)), dev(0x3000, (m, kv * d)),
+               dev(0x4000, (512, kv * d)), dev(0x5000, (512, kv * d)), dev(0x6000, (m,), 3), dev(0x7000, (m,), 3),
+               dev(0x8000, (seqs + 1,), 3), dev(0x9000, (seqs,), 3), dev(0xa000, (seqs, 32), 3), dev(0xb000, (m, heads * d))]
+    params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "block_size": 16, "scale": 0.1, "dtype": "f32"}
+    need = row.info.scratch({**params, "M": 256})
+    assert launch(row, tensors, params, stream, 0x9000000, need) == RAD_OK
+    assert [name for name, *_ in stream.launches] == kernels
+    if kernels[1] == "r4d_attend_tiles":
+        _, grid, block, args = stream.launches[1]
+        at = module(registry, "device_attention_tiles")
+        assert (grid, block, stream.shared) == ((3, 2, at.splits(m, kv, 4)), (128, 1, 1), at.shared_bytes(d))
+        assert stream.compiled[-1] == ("r4d_attend_tiles", (f"-DR4D_AT_D={d}", "-DR4D_AT_G=4"))
+        assert pointers(args, [0, 3, 7, 9]) == [0x1000, 0x7000, 0xb000, 0x9000000]
+        assert ints(args, [10, 11, 12, 13, 14]) == [seqs, 32, heads, kv, 16]
+
+
+@pytest.mark.parametrize("target,d,group", [("sm_80", 64, 3), ("sm_90", 128, 4)])
+def test_the_attention_tiles_compile_through_nvrtc_to_tf32_tensor_core_instructions(registry, tmp_path, target, d, group):
+    compile_ = nvrtc_or_skip()
+    dk, at = module(registry, "device_kernels"), module(registry, "device_attention_tiles")
+    cubin = compile_(dk.source("attention_tiles"), target, at.options(d, group))
+    assert b"r4d_attend_tiles" in cubin
+    listing = sass(cubin, tmp_path)
+    if listing is not None:
+        assert "HMMA.1688.F32.TF32" in listing and "LDGSTS" in listing and "LDL" not in listing
