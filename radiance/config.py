@@ -57,7 +57,7 @@ class Config:
     step_timeout: float = 120.0  # launched: seconds one step may take
     profile: bool = False  # rank 0 times every op; the ranks' step_stats() then have the collective seconds
     return_buffer: str | None = None  # a debugging aid: rank 0 returns this buffer's rows each step
-    debug_selection: bool = False  # in process: print the winner of every band (stderr)
+    debug_selection: bool = False  # print the winner of every band (stderr): in process, or rank 0 of a launch
     # Plan step n + 1 while the ranks run step n, the token step n samples feeding step n + 1 on the
     # ranks (generation/feed.py). None: where it was measured to help (launch/ranks.py, run_ahead_default).
     run_ahead: bool | None = None

@@ -6,6 +6,7 @@ step's feed (run ahead) takes ids from the tokens this rank sampled in the step 
 samples the same tokens from the same gathered logits, so none waits for rank 0's."""
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -104,6 +105,8 @@ class RankSession:
         peers = self._peers(combined)
         self.worker.build(combined, peers, LinkScheduler(self.gate),
                           self.boundaries.pipes() if self.boundaries is not None else None)
+        if self.config.debug_selection and self.rank == 0:  # rank 0's stderr goes through the launcher
+            print("\n".join(self.worker.graph.report()), file=sys.stderr, flush=True)
         if self.rank == self.layout.answering:
             self.results = WireResults(self.wire) if self.remote else RingWriter.create(
                 self.run_id, "results", 1, RESULT_SLOTS, self._result_bytes(), self.secret)

@@ -38,6 +38,7 @@ from .generate import run
 @options.radiance_home
 @options.kernels
 @options.accept_reference
+@options.debug_selection
 @options.run_ahead
 @options.verbose
 def main(**given):
