@@ -82,7 +82,7 @@ class RankSession:
         from radiance.collectives.device_peers import DevicePeers
 
         self.device_peers = DevicePeers(self.worker.device, self.peers, bool(combined["device.p2p"]),
-                                        self.worker.collective_bytes())
+                                        self.worker.collective_bytes(), wire=self.worker.collective_wire())
         return self.device_peers
 
     def run(self) -> None:
