@@ -25,6 +25,7 @@ from .step_rings import StepRings
 from .supervisor import RankFailed, Supervisor
 
 log = get_logger("radiance.launch")
+DROPPED_REPORT_SECONDS = 10.0  # unauthenticated messages are logged at most this often while they come
 
 
 class LaunchError(RuntimeError):
@@ -73,6 +74,7 @@ class Coordinator:
         # route its signed hello came from, so no one can take over a rank by naming itself.
         self.routes: dict[int, bytes] = {}
         self.rank_of: dict[bytes, int] = {}
+        self.dropped_reported, self.dropped_report_at = 0, -DROPPED_REPORT_SECONDS  # the first at once
 
     def send(self, rank: int, kind: str, meta: dict | None = None, arrays: dict | None = None) -> None:
         self.wire.send(kind, meta, arrays, route=[self.routes[rank]])
@@ -81,9 +83,27 @@ class Coordinator:
         for rank in sorted(self.routes):  # every rank, once each has said hello
             self.send(rank, kind, meta, arrays)
 
+    def _named_rank(self, meta: dict, kind: str) -> int:
+        """The rank a signed message names, which must be one of this launch's (signed, it comes from
+        a holder of the secret: one that names another rank is broken, and ends the launch)."""
+        rank = meta.get("rank") if isinstance(meta, dict) else None
+        if type(rank) is not int or not 0 <= rank < self.world:
+            raise LaunchError(f"a signed '{kind}' names rank {rank!r}, not a rank of this launch (0 to {self.world - 1})")
+        return rank
+
+    def _report_dropped(self) -> None:
+        """Log unauthenticated messages while they come (at most every DROPPED_REPORT_SECONDS), not
+        only at the end: a process of this user is writing to the launch's socket."""
+        now = time.monotonic()
+        if self.wire.dropped > self.dropped_reported and now - self.dropped_report_at >= DROPPED_REPORT_SECONDS:
+            log.warning("dropped %d unauthenticated messages so far: a process of this user is writing to %s",
+                        self.wire.dropped, self.folder.endpoint("coordinator"))
+            self.dropped_reported, self.dropped_report_at = self.wire.dropped, now
+
     def _receive(self, deadline: float, what: str, waiting: set):
         while True:
             self.check()
+            self._report_dropped()
             message = self.wire.recv(timeout_ms=50, routed=True)
             if message is None:
                 # Only with nothing left to read: heartbeats queued while nobody listened (a chat
@@ -98,12 +118,12 @@ class Coordinator:
                 continue
             route, kind, meta, arrays = message
             if kind == "heartbeat":
-                self.last_beat[int(meta["rank"])] = time.monotonic()
+                self.last_beat[self._named_rank(meta, kind)] = time.monotonic()
                 continue
             if self.front and self.front.nodes.take(route[0], kind, meta):
                 continue
             if kind == "hello":
-                rank = int(meta["rank"])
+                rank = self._named_rank(meta, kind)
                 self.routes[rank], self.rank_of[route[0]] = route[0], rank
             elif route[0] not in self.rank_of:
                 raise LaunchError(f"{what}: a signed message from an unknown sender")
@@ -196,7 +216,7 @@ class Coordinator:
         while (message := self.wire.recv(timeout_ms=0, routed=True)) is not None:
             route, kind, meta, arrays = message
             if kind == "heartbeat":
-                self.last_beat[int(meta["rank"])] = time.monotonic()
+                self.last_beat[self._named_rank(meta, kind)] = time.monotonic()
             elif self.front and self.front.nodes.take(route[0], kind, meta):
                 continue
             elif kind == "error" and route[0] in self.rank_of:
@@ -205,6 +225,7 @@ class Coordinator:
                 self.remote.arrived(arrays["record"].tobytes())
             else:
                 raise LaunchError(f"between handshake and stop: an unexpected '{kind}' message")
+        self._report_dropped()
         self.check()
         now = time.monotonic()
         for rank, beat in self.last_beat.items():

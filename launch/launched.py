@@ -9,6 +9,9 @@ import threading
 import numpy as np
 
 from radiance.config import Config
+from radiance.engine.loading.model import open_model
+from radiance.engine.loading.registry import Registry
+from radiance.engine.selection.shard import ShardError, check_split
 from radiance.generation.feed import Feed
 from radiance.generation.text import TextCodec
 from radiance.log import get_logger
@@ -36,10 +39,28 @@ def choose_cards(tp: int) -> list:
     return cards[:tp]
 
 
+def check_before_spawning(config: Config) -> None:
+    """What every rank would find wrong, found once, before any starts: the plugins load, the
+    model opens (its small planes checked) and the architecture declares it, and its graph splits
+    over config.tp ranks. (A rank's own failure would be printed by each rank, then by this one.)"""
+    registry = Registry(config.radiance_home, config.kernels)
+    try:
+        model = open_model(config, registry)
+        try:
+            check_split(model.graph, model.weights, config.tp)
+        except ShardError as error:
+            raise ShardError(f"{config.model} does not split over --tp {config.tp}: {error}") from None
+        finally:
+            model.close()
+    finally:
+        registry.close()
+
+
 class LaunchedRanks(Ranks):
     def __init__(self, config: Config):
         local = config.world // config.nnodes  # this node's ranks
         cards = choose_cards(local) if config.nnodes == 1 else []  # over nodes: host ranks (docs/RUNTIME.md)
+        check_before_spawning(config)
         threads = config.threads or max(1, (os.cpu_count() or 1) // local)
         with open_container(config.model) as container:
             self.text = TextCodec(container.tokenizer, container.chat_template, container.hyper, config.model)

@@ -1,25 +1,49 @@
 """The rank process: `python -m radiance.ranks.main`, started by radiance-launch with its rank,
-world size, the coordinator's endpoint and the launch's secret in its environment."""
+world size, the coordinator's endpoint and the launch's secret in its environment.
 
-import json
-import logging
+Its first acts, before any import that takes time (numpy, zmq and ml_dtypes take seconds on a slow
+machine), are to make SIGTERM a clean exit and to die with its coordinator: a coordinator killed
+while its ranks start takes them at once, and they remove the run folder it could not."""
+
+import atexit
 import os
 import shutil
 import sys
-import threading
-import time
-import traceback
-
-import zmq
-
-from radiance.collectives.curve import LaunchKeys, client
-from radiance.collectives.shm import unlink_run
-from radiance.collectives.wire import Wire
-from radiance.config import Config
-from radiance.log import get_logger
 
 from .lifecycle import die_with_parent, exit_on_sigterm, limit_threads, terminated
-from .session import RankSession
+
+
+def remove_run() -> None:
+    """At exit, when this rank ends on SIGTERM (its coordinator died, or is tearing the launch down):
+    the run goes, its folder (the socket and the secret) and its segments (the coordinator's rings
+    too, if it cannot). Registered before the imports below, so however early the SIGTERM came."""
+    if not terminated():
+        return
+    shutil.rmtree(os.path.dirname(os.environ["RADIANCE_SECRET_FILE"]), ignore_errors=True)
+    shm = sys.modules.get("radiance.collectives.shm")  # no segment exists before it is imported
+    if shm is not None:
+        shm.unlink_run(os.environ["RADIANCE_RUN_ID"])
+
+
+if __name__ == "__main__":
+    exit_on_sigterm()
+    atexit.register(remove_run)
+    die_with_parent(int(os.environ.get("RADIANCE_COORDINATOR_PID", os.getppid())))
+
+import json  # noqa: E402  (the imports that take time come after the lines above, on purpose)
+import logging  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+import zmq  # noqa: E402
+
+from radiance.collectives.curve import LaunchKeys, client  # noqa: E402
+from radiance.collectives.wire import Wire  # noqa: E402
+from radiance.config import Config  # noqa: E402
+from radiance.log import get_logger  # noqa: E402
+
+from .session import RankSession  # noqa: E402
 
 HEARTBEAT_SECONDS = 0.5
 log = get_logger("radiance.rank")
@@ -42,8 +66,6 @@ def _heartbeat(context: zmq.Context, endpoint: str, secret: bytes, rank: int, st
 
 
 def main() -> int:
-    die_with_parent(int(os.environ.get("RADIANCE_COORDINATOR_PID", os.getppid())))
-    exit_on_sigterm()
     limit_threads()
     rank, world = int(os.environ["RADIANCE_RANK"]), int(os.environ["RADIANCE_WORLD_SIZE"])
     endpoint = os.environ["RADIANCE_COORDINATOR"]
@@ -75,10 +97,7 @@ def main() -> int:
         logging.raiseExceptions = False  # an orphan's stderr pipe may be gone: never fail cleanup on a log line
         session.close()
         socket.close(linger=500)
-        context.term()
-        if terminated():  # the coordinator died, or is tearing the launch down: either way the run goes
-            shutil.rmtree(os.path.dirname(os.environ["RADIANCE_SECRET_FILE"]), ignore_errors=True)
-            unlink_run(os.environ["RADIANCE_RUN_ID"])  # the coordinator's plans ring too, if it cannot
+        context.term()  # then, at exit, remove_run
 
 
 if __name__ == "__main__":

@@ -105,8 +105,10 @@ class RankSession:
         peers = self._peers(combined)
         self.worker.build(combined, peers, LinkScheduler(self.gate),
                           self.boundaries.pipes() if self.boundaries is not None else None)
-        if self.config.debug_selection and self.rank == 0:  # rank 0's stderr goes through the launcher
-            print("\n".join(self.worker.graph.report()), file=sys.stderr, flush=True)
+        if self.config.debug_selection and self.rank % self.layout.tp == 0:  # a stage's ranks resolve alike
+            stage = self.layout.stage(self.rank)
+            header = [f"stage {stage.index} of {self.layout.pp}:"] if self.layout.pp > 1 else []
+            print("\n".join(header + self.worker.graph.report()), file=sys.stderr, flush=True)
         if self.rank == self.layout.answering:
             self.results = WireResults(self.wire) if self.remote else RingWriter.create(
                 self.run_id, "results", 1, RESULT_SLOTS, self._result_bytes(), self.secret)

@@ -83,5 +83,6 @@ def write_header(path, header, radiance, data):
     if radiance is not None:
         header = dict(header, __metadata__={"radiance": json.dumps(radiance)})
     text = json.dumps(header).encode()
+    text += b" " * (-(8 + len(text)) % 64)  # the data area on 64 bytes, as the format has it
     with open(path, "wb") as file:
         file.write(struct.pack("<Q", len(text)) + text + data)

@@ -146,3 +146,62 @@ def test_unreadable_radiance_json(sample):
     text = json.dumps(header).encode()
     sample.write_bytes(len(text).to_bytes(8, "little") + text + data)
     refused(sample, "__metadata__.radiance is not valid JSON")
+
+
+def with_header_length(path, change, padding=0):
+    """The file with `padding` spaces more in its header (the room a converter's report leaves), then
+    the 8-byte header length changed by `change`, every other byte kept."""
+    header, radiance, data = read_header(path)
+    write_header(path, header, None, b"")
+    text = path.read_bytes()[8:]
+    text += b" " * padding
+    path.write_bytes((len(text) + change).to_bytes(8, "little") + text + data)
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    (-1000, "the data area starts at byte"),  # the header still parses: its padding takes the cut
+    (-1024, "the tensors end at byte"),  # on 64 bytes, so only the end of the tensors tells
+])
+def test_a_damaged_header_length_is_refused(sample, change, message):
+    assert "the header length (the first 8 bytes)" in refused(with_header_length(sample, change, padding=2048), message)
+
+
+def test_a_gap_between_tensors_is_refused(sample):
+    def gap(header, _):
+        for entry in header.values():
+            if isinstance(entry, dict) and "data_offsets" in entry and entry["data_offsets"][0] >= 128:
+                entry["data_offsets"] = [offset + 64 for offset in entry["data_offsets"]]
+    path = rewritten(sample, gap)
+    with open(path, "ab") as file:
+        file.write(bytes(64))
+    refused(path, "a gap the format does not have")
+
+
+def test_bytes_after_the_last_tensor_are_refused(sample):
+    with open(sample, "ab") as file:
+        file.write(bytes(64))
+    refused(sample, "the tensors end at byte")
+
+
+def test_a_plane_off_its_alignment_is_refused(sample):
+    def shift(header, _):
+        """The pad before a plane 8 bytes shorter, the plane 8 bytes earlier, a new pad after it."""
+        pad = next(name for name in header if name.startswith("__pad__."))
+        start, stop = header[pad]["data_offsets"]
+        plane = next(name for name, entry in header.items()
+                     if name != "__metadata__" and entry["data_offsets"][0] == stop)
+        header[pad].update(data_offsets=[start, stop - 8], shape=[stop - 8 - start])
+        first, last = header[plane]["data_offsets"]
+        header[plane]["data_offsets"] = [first - 8, last - 8]
+        header["__pad__.moved"] = {"dtype": "U8", "shape": [8], "data_offsets": [last - 8, last]}
+        return plane
+    path = rewritten(sample, shift)
+    refused(path, "not on a multiple of 64")
+
+
+def test_a_gguf_file_is_named_as_one(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(64))
+    text = refused(path, "a GGUF file, not a .rad container")
+    assert f"rad-convert {path} -o MODEL.rad" in text

@@ -1,6 +1,7 @@
 """The server in process (uvicorn on its thread, real HTTP on loopback, the engine loop on a thread
 of the test) on the tiny synthetic model: /health before and after the engine is attached,
-admission control through the KV cache, an engine that fails mid-request, a clean stop, and the
+admission control through the KV cache, an engine that fails mid-request, a request that fails
+inside (a 500 that shows no internals), a clean stop, and the
 incremental detokeniser against a whole decode."""
 
 import threading
@@ -119,6 +120,28 @@ def test_an_engine_failure_ends_the_requests_in_flight_with_500(server, tiny_mod
         assert wait_for(lambda: httpx.get(f"{server.url}/health").status_code == 503)
         refused = httpx.post(f"{server.url}/v1/completions", json=body())
         assert refused.status_code == 503 and refused.json()["error"]["type"] == "server_error"
+    finally:
+        running.stop()
+
+
+def test_a_failure_inside_a_request_is_a_500_that_shows_no_internals(server, tiny_model, capfd):
+    """An exception the server did not expect (here the tokenizer's, naming an internal path) is a 500
+    saying the log has why; the text goes to the server's log, never to the client."""
+    engine, ranks = make_engine(tiny_model)
+
+    def broken(text):
+        raise ValueError("/opt/internal/tokenizer.json: index 77 out of range")
+
+    engine.text.encode = broken
+    running = Running(server, engine, ranks)
+    try:
+        failed = httpx.post(f"{server.url}/v1/completions", json=body())
+        assert failed.status_code == 500, failed.text
+        error = failed.json()["error"]
+        assert error["type"] == "server_error" and "its log says why" in error["message"]
+        assert "internal" not in failed.text and "ValueError" not in failed.text
+        assert "POST /v1/completions failed: ValueError: /opt/internal/tokenizer.json" in capfd.readouterr().err
+        assert httpx.get(f"{server.url}/health").status_code == 200  # one request failed, not the server
     finally:
         running.stop()
 

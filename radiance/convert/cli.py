@@ -1,15 +1,20 @@
 """rad-convert: SOURCE -o OUT.rad [--recipe FILE] | --synthetic llama -o OUT.rad [shape] | --verify FILE.rad.
 
 Bad input is one line on stderr, `rad-convert: error: <file>: <what>`, and exit status 1; no
-traceback unless --verbose, and no OUT (nor OUT.partial) left behind."""
+traceback unless --verbose, and no OUT (nor OUT.partial) left behind. SIGTERM and Ctrl-C stop it
+the same way (the partial file removed); a partial file that a killed conversion left in OUT's
+folder is removed by the next one (radiance/weights/partials.py tells a dead writer's)."""
 
+import signal
 import sys
 import time
 from pathlib import Path
 
 import click
 
+from radiance.engine.loading.homes import HomeError
 from radiance.weights.container_format import ContainerError
+from radiance.weights.partials import sweep
 
 from .api import convert, convert_synthetic
 from .errors import ConvertError
@@ -23,6 +28,21 @@ SHAPE = LlamaShape()
 def _fail(message: str):
     click.echo(f"rad-convert: error: {message}", err=True)
     sys.exit(1)
+
+
+class _Signalled(BaseException):
+    """SIGTERM, raised where the main thread is, so the writer's `with` drops the partial file as
+    it does for Ctrl-C (the weights being written stop at their next row block)."""
+
+
+def _raise_signalled(signum, frame):
+    signal.signal(signum, signal.SIG_IGN)  # one is enough: let the cleanup finish
+    raise _Signalled(signum)
+
+
+def _sweep_partials(output: Path) -> None:
+    for path in sweep(output.parent):
+        click.echo(f"rad-convert: removed {path}: a conversion that was killed left it", err=True)
 
 
 def _shape_options(command):
@@ -53,6 +73,7 @@ def _shape_options(command):
 def main(source, output, recipe, verify_file, synthetic, seed, radiance_home, verbose, **shape):
     """Convert a GGUF file or a Hugging Face folder to a .rad container, write a synthetic model, or
     verify a container."""
+    signal.signal(signal.SIGTERM, _raise_signalled)
     try:
         if verify_file is not None:
             if source or output or synthetic:
@@ -63,6 +84,7 @@ def main(source, output, recipe, verify_file, synthetic, seed, radiance_home, ve
             _fail("-o OUT.rad is required")
         if (source is None) == (synthetic is None):
             _fail("give a SOURCE (a GGUF file or a Hugging Face folder) or --synthetic llama, not both")
+        _sweep_partials(output)
         started = time.monotonic()
         if synthetic:
             errors = convert_synthetic(output, LlamaShape(**shape), seed, recipe, radiance_home)
@@ -71,7 +93,12 @@ def main(source, output, recipe, verify_file, synthetic, seed, radiance_home, ve
         click.echo(table(errors, per_weight=verbose), err=True)
         click.echo(f"wrote {output}: {len(errors)} weights, {output.stat().st_size / 2**20:.1f} MiB "
                    f"in {time.monotonic() - started:.1f} s", err=True)
-    except (ConvertError, ContainerError) as error:
+    except (_Signalled, KeyboardInterrupt) as stop:
+        signum = stop.args[0] if isinstance(stop, _Signalled) else signal.SIGINT
+        click.echo(f"rad-convert: stopped by {signal.Signals(signum).name}"
+                   f"{f'; {output} not written' if output is not None and verify_file is None else ''}", err=True)
+        sys.exit(128 + signum)
+    except (ConvertError, ContainerError, HomeError) as error:
         if verbose:
             raise
         _fail(str(error))
@@ -92,3 +119,7 @@ def _verify(path: Path):
     if problems:
         sys.exit(1)
     click.echo(f"OK {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,6 @@
 """A request's sampling parameters and its sequence's state."""
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -15,6 +16,9 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
+        for name in ("temperature", "top_p"):  # NaN passes every comparison below: refused first
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, not {getattr(self, name)}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
         if self.temperature < 0:

@@ -16,11 +16,22 @@ def _raise(message):
     raise jinja2.TemplateError(message)
 
 
+def _load_tokenizer(tokenizer_json: str, path: str) -> Tokenizer:
+    """The container's tokenizer, or TextError naming the file: a damaged tokenizer is the file's
+    fault, and the library says only where in the JSON it stopped (as a bare Exception)."""
+    try:
+        return Tokenizer.from_str(tokenizer_json)
+    except Exception as error:  # noqa: BLE001  (tokenizers raises Exception itself)
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise TextError(f"{path}: the tokenizer in the container does not load ({detail}): the file is "
+                        "damaged or was written by a converter this tokenizers library cannot read") from None
+
+
 class TextCodec:
     def __init__(self, tokenizer_json: str | None, chat_template: str | None, hyper: dict, path: str = "model"):
         if not tokenizer_json:
             raise TextError(f"{path}: the container carries no tokenizer")
-        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.tokenizer = _load_tokenizer(tokenizer_json, path)
         self.path, self.hyper = path, hyper
         eos_ids = list(hyper.get("eos_token_ids") or [])
         self.bos_id, self.eos_id = hyper.get("bos_token_id"), (eos_ids[0] if eos_ids else None)
@@ -34,9 +45,14 @@ class TextCodec:
     def token_text(self, token: int | None) -> str:
         return "" if token is None else (self.tokenizer.id_to_token(token) or "")
 
+    def _ids(self, text: str) -> list[int]:
+        # encode_batch_fast releases the GIL while it works (encode holds it) and keeps no offsets:
+        # a long prompt on a server's worker thread does not stop the others
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """A raw completion prompt: a BOS only where the model's metadata asks for one."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self._ids(text)
         if (self.hyper.get("add_bos", False) if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids
@@ -46,7 +62,7 @@ class TextCodec:
             raise TextError(f"{self.path}: the model has no chat template; use a raw prompt")
         text = self.template.render(messages=messages, add_generation_prompt=True,
                                     bos_token=self.token_text(self.bos_id), eos_token=self.token_text(self.eos_id))
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self._ids(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

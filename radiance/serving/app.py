@@ -20,8 +20,10 @@ from radiance.generation.text import TextError
 from .errors import install_error_handlers
 from .graph import graph_report, graph_text, open_declared
 from .guard import Guard
+from .limits import BodyLimit
 from .loop import EngineLoop, Event, Job
 from .metrics import CONTENT_TYPE, Metrics
+from .prompts import check_length, check_text, longest_token, tokenize
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Sampling, not_ready
 
 MAX_STOPS = 16
@@ -43,6 +45,7 @@ class ServerState:
         self._declared_lock = threading.Lock()
 
     def attach(self, loop: EngineLoop, ranks) -> None:
+        self.longest = longest_token(loop.engine.text.tokenizer)  # a prompt's characters are bounded by it
         self.ranks, self.loop = ranks, loop
 
     def declared(self) -> list[dict]:
@@ -70,7 +73,7 @@ class ServerState:
 
     # ---- prompts and sampling -------------------------------------------------------------------
 
-    def completion_prompt(self, prompt) -> list[int]:
+    async def completion_prompt(self, prompt) -> list[int]:
         engine = self.engine_loop().engine
         if isinstance(prompt, list):
             if len(prompt) == 0:
@@ -81,21 +84,36 @@ class ServerState:
                                    "request (send them as separate requests; they are batched anyway)", param="prompt")
                 prompt = prompt[0]
         if isinstance(prompt, str):
-            return engine.text.encode(prompt)
-        vocab = int(engine.text.hyper.get("vocab") or engine.text.tokenizer.get_vocab_size())
+            check_text(prompt, "prompt")
+            check_length(len(prompt), engine.config.max_context, self.longest, "prompt")
+            return await tokenize(engine.text.encode, prompt, chars=len(prompt))
+        vocab = self.vocab()
         if any(not 0 <= token < vocab for token in prompt):
             raise APIError(400, f"a prompt token id is outside the vocabulary [0, {vocab})", param="prompt")
         return list(prompt)
 
-    def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+    async def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
         engine = self.engine_loop().engine
         messages = [{"role": message.role, "content": message.text()} for message in body.messages]
+        for index, message in enumerate(messages):
+            check_text(message["content"], f"messages.{index}.content")
+        chars = sum(len(message["content"]) for message in messages)
+        check_length(chars, engine.config.max_context, self.longest, "messages")
         try:
-            return engine.text.chat(messages)
+            return await tokenize(engine.text.chat, messages, chars=chars)
         except TextError as error:
             raise APIError(400, str(error), param="messages") from None
         except jinja2.TemplateError as error:
             raise APIError(400, f"the chat template refused the messages: {error}", param="messages") from None
+
+    def vocab(self) -> int:
+        text = self.engine_loop().engine.text
+        return int(text.hyper.get("vocab") or text.tokenizer.get_vocab_size())
+
+    def check_top_k(self, top_k: int | None) -> None:
+        if top_k is not None and top_k > self.vocab():
+            raise APIError(400, f"top_k is {top_k}, more than the vocabulary's {self.vocab()} tokens "
+                           "(0 or -1 keeps every token)", param="top_k")
 
     def sampling(self, body: Sampling, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> SamplingParams:
         engine = self.engine_loop().engine
@@ -153,13 +171,14 @@ async def _until_disconnect(request: Request, job: Job) -> None:
             return
 
 
-def create_app(state: ServerState) -> Guard:
-    """The routes over `state`, every failure an OpenAI-style body, behind the API key."""
+def create_app(state: ServerState, max_request_bytes: int) -> Guard:
+    """The routes over `state`, every failure an OpenAI-style body, behind the API key, and a body
+    of more than `max_request_bytes` refused before it is read."""
     app = FastAPI(title="Radiance", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     _info_routes(app, state)
     _completion_routes(app, state)
-    return Guard(app, state)
+    return Guard(BodyLimit(app, max_request_bytes), state)
 
 
 def _info_routes(app: FastAPI, state: ServerState) -> None:
@@ -179,6 +198,8 @@ def _info_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/graph")
     async def graph(format: str = "json"):
+        if format not in ("json", "text"):
+            raise APIError(400, f"format is 'json' (the default) or 'text', not {format!r}", param="format")
         loop = state.engine_loop()
         ranks = state.ranks
         declared = await asyncio.to_thread(state.declared)
@@ -213,7 +234,8 @@ def _completion_routes(app: FastAPI, state: ServerState) -> None:
         state.check_model(body.model)
         state.engine_loop()
         _refuse_unsupported(body)
-        prompt_ids = state.completion_prompt(body.prompt)
+        state.check_top_k(body.top_k)
+        prompt_ids = await state.completion_prompt(body.prompt)
         params = state.sampling(body, prompt_ids, body.max_tokens, "prompt")
         job = Job(prompt_ids, params, asyncio.get_running_loop(), arrival)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
@@ -234,7 +256,8 @@ def _completion_routes(app: FastAPI, state: ServerState) -> None:
         state.check_model(body.model)
         state.engine_loop()
         _refuse_unsupported(body)
-        prompt_ids = state.chat_prompt(body)
+        state.check_top_k(body.top_k)
+        prompt_ids = await state.chat_prompt(body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = state.sampling(body, prompt_ids, max_tokens, "messages")
         job = Job(prompt_ids, params, asyncio.get_running_loop(), arrival)

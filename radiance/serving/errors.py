@@ -7,7 +7,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radiance.log import get_logger
+
 from .protocol import APIError, error_body
+
+log = get_logger("radiance.serving")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -39,4 +43,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def failure(request: Request, error: Exception):
-        return JSONResponse(error_body(f"{type(error).__name__}: {error}", type="server_error"), status_code=500)
+        # What failed inside is the server's to log, not the client's to read (it may show internals).
+        log.error("%s %s failed: %s: %s", request.method, request.url.path, type(error).__name__, error)
+        return JSONResponse(error_body("the server failed on this request (its log says why)", type="server_error"),
+                            status_code=500)

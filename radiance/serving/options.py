@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 import click
 
 DEFAULT_SERVE_SEQS = 32
+# A request's body: refused with a 413 before it is read when larger (limits.py). Room for a prompt
+# of a 128k-token context in plain text; a longer one than the context holds is refused anyway.
+DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 
 
 @dataclass
@@ -14,6 +17,7 @@ class ServeSettings:
     port: int = 8000
     api_key: str | None = None
     defaults: dict = field(default_factory=dict)  # sampling defaults a request may override
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
 def serve_options(function):
@@ -26,6 +30,8 @@ def serve_options(function):
                      help="Require 'Authorization: Bearer KEY' on every route but /health."),
         click.option("--max-seqs", type=click.IntRange(1), default=None,
                      help=f"Sequences batched in one step (default: {DEFAULT_SERVE_SEQS} with --serve, else 1)."),
+        click.option("--max-request-bytes", type=click.IntRange(1), default=DEFAULT_MAX_REQUEST_BYTES,
+                     show_default=True, help="A request body larger than this is refused (413) before it is read."),
     ]):
         function = option(function)
     return function

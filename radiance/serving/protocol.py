@@ -31,9 +31,10 @@ def not_ready(message: str = "the model is still loading: try again once /health
 
 
 class _Request(BaseModel):
-    # Strict: JSON's types as the API documents them (an int is accepted for a float). Fields this
-    # server does not know are ignored, as OpenAI's own clients send some of their own.
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # Strict: JSON's types as the API documents them (an int is accepted for a float; NaN and
+    # Infinity, which Python's JSON reads, are not numbers here). Fields this server does not know
+    # are ignored, as OpenAI's own clients send some of their own.
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Request):
@@ -127,6 +128,11 @@ class ChatCompletionRequest(Sampling):
         refused = super().unsupported()
         if self.logprobs:
             refused.append(("logprobs", "logprobs are not supported"))
+        if self.top_logprobs is not None:
+            refused.append(("top_logprobs", "top_logprobs is not supported (it asks for logprobs, which are not)"))
+        for index, message in enumerate(self.messages):
+            if message.role == "tool":
+                refused.append((f"messages.{index}.role", "role 'tool' is not supported: this server runs no tools"))
         if self.tools:
             refused.append(("tools", "tools are not supported"))
         if self.response_format is not None and self.response_format.type != "text":

@@ -76,7 +76,7 @@ class Server:
         self.settings = settings
         self.metrics = Metrics()
         self.state = ServerState(model_path, settings.api_key, settings.defaults, self.metrics)
-        self.http = HttpServer(create_app(self.state), listen(settings.host, settings.port))
+        self.http = HttpServer(create_app(self.state, settings.max_request_bytes), listen(settings.host, settings.port))
         self.loop: EngineLoop | None = None
 
     @property

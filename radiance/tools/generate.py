@@ -3,7 +3,9 @@
 interactive chat through the model's template; `--serve` serves the OpenAI API. Which ranks run
 the steps is launch/__init__.py's open_ranks' choice, for this command and radiance-launch alike."""
 
+import signal
 import sys
+import threading
 
 import click
 
@@ -18,9 +20,30 @@ from . import options
 from .errors import user_errors
 
 
+class ReplyInterrupt:
+    """While a reply streams, Ctrl-C ends the reply, not the session: SIGINT only sets `asked`, and
+    the reply stops at its next piece (its sequence cancelled by the engine between steps, never
+    in the middle of one). At the prompt, Ctrl-C ends the session as before."""
+
+    def __init__(self):
+        self.asked, self.saved = False, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.saved = signal.signal(signal.SIGINT, self._ask)
+        return self
+
+    def _ask(self, signum, frame):
+        self.asked = True
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            signal.signal(signal.SIGINT, self.saved)
+
+
 def chat_loop(engine: Engine, params: dict) -> None:
     messages = []
-    click.echo("chat: an empty line or Ctrl-D ends it", err=True)
+    click.echo("chat: an empty line or Ctrl-D ends it; Ctrl-C ends a reply", err=True)
     while True:
         try:
             line = click.prompt("you", prompt_suffix="> ", default="", show_default=False, err=True)
@@ -30,11 +53,20 @@ def chat_loop(engine: Engine, params: dict) -> None:
             break
         messages.append({"role": "user", "content": line})
         reply = ""
-        for piece in engine.stream(engine.text.chat(messages), SamplingParams(**params)):
-            reply += piece
-            click.echo(piece, nl=False)
-            sys.stdout.flush()
+        with ReplyInterrupt() as interrupt:
+            stream = engine.stream(engine.text.chat(messages), SamplingParams(**params))
+            try:
+                for piece in stream:
+                    reply += piece
+                    click.echo(piece, nl=False)
+                    sys.stdout.flush()
+                    if interrupt.asked:
+                        break
+            finally:
+                stream.close()  # the engine cancels the sequence and settles (generation/engine.py)
         click.echo()
+        if interrupt.asked:
+            click.echo("(reply interrupted)", err=True)
         messages.append({"role": "assistant", "content": reply})
 
 

@@ -4,7 +4,8 @@ import sys
 
 import click
 
-from radiance.abi import KIND_FOLDERS, RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_PLUGIN_ARCH, RAD_PLUGIN_QUANT
+from radiance.abi import KIND_FOLDERS, RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_PLUGIN_ARCH, RAD_PLUGIN_QUANT, RAD_REQUIRED
+from radiance.engine.loading.homes import HomeError
 from radiance.engine.loading.registry import KernelsError, Registry
 from radiance.engine.selection.bands import SelectionError, describe_resolution, resolve
 
@@ -23,6 +24,16 @@ def _device_code(plugin) -> str:
     if not any(row.info.domain == RAD_DOMAIN_DEVICE for row in plugin.rows):
         return "host only"
     return "device rows: no card on this machine"
+
+
+def check_geometry(op: str, schema, geometry: dict) -> None:
+    """Every required parameter of `op` but its ranged extent (the bands' own) given, or one error
+    naming all that are missing."""
+    missing = [spec.name for spec in schema.params[1:] if spec.req == RAD_REQUIRED and spec.name not in geometry]
+    if missing:
+        given = " ".join(f"--param {name}=..." for name in missing)
+        raise click.ClickException(f"op '{op}' needs {len(missing)} more parameter{'s' if len(missing) > 1 else ''}: "
+                                   f"{', '.join(missing)} ({given})")
 
 
 def print_plugins(registry: Registry) -> None:
@@ -61,7 +72,7 @@ def main(show_plugins, op, params, facts, max_extent, device, radiance_home, ker
     """List plugins as the engine loads them, or resolve an op's rows band by band."""
     try:
         registry = Registry(radiance_home, kernels)
-    except KernelsError as error:
+    except (KernelsError, HomeError) as error:
         raise click.ClickException(str(error))
     try:
         if show_plugins or op is None:
@@ -69,8 +80,9 @@ def main(show_plugins, op, params, facts, max_extent, device, radiance_home, ker
         if op is not None:
             if op not in registry.ops:
                 raise click.ClickException(f"no loaded library declares op '{op}'")
-            resolution = resolve(op, registry.ops[op].schema, registry.rows_for(op),
-                                 options.parse_assignments(params, "--param"),
+            geometry = options.parse_assignments(params, "--param")
+            check_geometry(op, registry.ops[op].schema, geometry)
+            resolution = resolve(op, registry.ops[op].schema, registry.rows_for(op), geometry,
                                  {"device.p2p": 0, **options.parse_assignments(facts, "--fact")},
                                  RAD_DOMAIN_DEVICE if device else RAD_DOMAIN_HOST, max_extent, accept_reference)
             lines = describe_resolution(resolution)

@@ -13,11 +13,12 @@ import zlib
 import numpy as np
 
 from .container_format import (
-    FORMAT_VERSION, LENGTH_BYTES, MAX_HEADER_BYTES, METADATA_KEY, PAD_PREFIX, ContainerError,
+    ALIGN, FORMAT_VERSION, LENGTH_BYTES, MAX_HEADER_BYTES, METADATA_KEY, PAD_PREFIX, ContainerError,
     encoding_from_json, parse_checksum, tensor_name,
 )
 
 VERIFY_CHUNK = 8 << 20  # verify() reads this many bytes at a time
+GGUF_MAGIC = b"GGUF"
 
 
 class Container:
@@ -35,7 +36,11 @@ class Container:
         size = os.fstat(self._fd).st_size
         if size < LENGTH_BYTES:
             self._fail(f"truncated: {size} bytes, less than the 8-byte header length")
-        (length,) = struct.unpack("<Q", os.pread(self._fd, LENGTH_BYTES, 0))
+        first = os.pread(self._fd, LENGTH_BYTES, 0)
+        if first.startswith(GGUF_MAGIC):
+            self._fail("a GGUF file, not a .rad container: convert it once with "
+                       f"'rad-convert {self.path} -o MODEL.rad', then serve MODEL.rad")
+        (length,) = struct.unpack("<Q", first)
         if length > MAX_HEADER_BYTES:
             self._fail(f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes")
         if LENGTH_BYTES + length > size:
@@ -65,6 +70,7 @@ class Container:
         stray = [name for name in tensors if name not in claimed and not name.startswith(PAD_PREFIX)]
         if stray:
             self._fail(f"tensor {stray[0]!r} belongs to no declared weight plane")
+        self._check_layout(data_start, size, tensors)
         self.weights = tuple(self._weights)
         # Read-only mapping: nothing is paged in until a view over it is touched.
         self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_READ)
@@ -91,6 +97,26 @@ class Container:
             if start < stop:
                 self._fail(f"tensors {before!r} and {after!r} overlap (bytes {start}..{stop})")
         return tensors
+
+    def _check_layout(self, data_start, size, tensors):
+        """The layout the format promises (container_format.py): the data area and every plane on
+        ALIGN, the tensors back to back from the data area's start to the end of the file. A header
+        length off by a few bytes still parses (the header is space-padded, with room to spare), and
+        would read every weight from the wrong place: this is what catches it."""
+        if data_start % ALIGN:
+            self._fail(f"the data area starts at byte {data_start}, not on a multiple of {ALIGN}: "
+                       "the header length (the first 8 bytes) is damaged")
+        end = 0
+        for name, (start, stop) in sorted(tensors.items(), key=lambda item: item[1]):
+            if start != end:
+                self._fail(f"tensor {name!r} starts at byte {start} of the data area, where the tensor "
+                           f"before it ends at {end}: a gap the format does not have (damaged header)")
+            if start % ALIGN and not name.startswith(PAD_PREFIX):
+                self._fail(f"tensor {name!r} starts at byte {start} of the data area, not on a multiple of {ALIGN}")
+            end = stop
+        if data_start + end != size:
+            self._fail(f"the tensors end at byte {data_start + end} of the file, which holds {size}: "
+                       "the header length (the first 8 bytes) or the file's size is damaged")
 
     def _weight(self, name, entry, tensors, data_start, claimed):
         """(shape, encoding, {plane: (file offset, nbytes, crc32)}) of one declared weight."""
@@ -153,12 +179,15 @@ class Container:
         self._check_open()
         return np.frombuffer(self._map, np.uint8, count=stop - start, offset=offset + start)
 
-    def verify(self):
-        """(weight, plane) of every plane whose checksum fails; reads through a bounded buffer."""
+    def verify(self, max_plane_bytes=None):
+        """(weight, plane) of every plane whose checksum fails; reads through a bounded buffer.
+        `max_plane_bytes`: only the planes that small (the norms, most scales: what a load checks)."""
         self._check_open()
         failed = []
         for weight, (_, _, planes) in self._weights.items():
             for plane, (offset, nbytes, expected) in planes.items():
+                if max_plane_bytes is not None and nbytes > max_plane_bytes:
+                    continue
                 crc, done = 0, 0
                 while done < nbytes:
                     chunk = os.pread(self._fd, min(VERIFY_CHUNK, nbytes - done), offset + done)

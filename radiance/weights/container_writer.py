@@ -7,9 +7,10 @@ chunks arrive in order. write() may be called from several threads at once for d
 (each plane's chunks from one thread, in order): a plane's state is its own, the first write fixes
 the layout under a lock, and pwrite at distinct offsets needs none; close() comes after the last
 write has returned. Memory is bounded by the caller's chunk. The file is `path + ".partial"`
-until close() renames it, so a crash never leaves a half file under the final name. Metadata known
-only at the end (a converter's error report) is added by update_metadata() into `header_reserve`
-bytes of header set aside at the first write.
+until close() renames it, so a crash never leaves a half file under the final name; the writer holds
+a lock on it until then, so a later conversion can tell a dead writer's partial file (partials.py).
+Metadata known only at the end (a converter's error report) is added by update_metadata() into
+`header_reserve` bytes of header set aside at the first write.
 """
 
 import json
@@ -26,6 +27,7 @@ from .container_format import (
     ALIGN, FORMAT_VERSION, LENGTH_BYTES, ContainerError, encode_header, encoding_from_json, encoding_to_json,
     plan_layout, tensor_name, weight_json,
 )
+from .partials import open_partial
 
 
 class ContainerWriter:
@@ -52,7 +54,7 @@ class ContainerWriter:
         self._layout = None  # tensor -> [start, stop) in the data area; fixed by the first write
         self._header_length = None
         self._starting = threading.Lock()  # the first write fixes the layout once, whichever thread makes it
-        self._fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = open_partial(self.partial)  # locked while this writer lives (partials.py)
 
     def declare(self, weight, shape, encoding, plane_nbytes):
         """Declare a weight: its shape ([rows, cols] or [n]), encoding and every plane's byte size."""
@@ -116,10 +118,12 @@ class ContainerWriter:
             return
         try:
             self._finish()
+            os.replace(self.partial, self.path)  # still locked: no sweep takes it on the way (partials.py)
         except BaseException:
             self.abort()
             raise
-        os.replace(self.partial, self.path)
+        os.close(self._fd)
+        self._fd = None
 
     def _finish(self):
         self._start()
@@ -131,15 +135,16 @@ class ContainerWriter:
         checksums = {key: state[2] for key, state in self._planes.items()}
         _write_at(self._fd, self._header(checksums, self._header_length), 0)
         os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = None
 
     def abort(self):
         """Drop the partial file; the final path is left untouched."""
         if self._fd is not None:
+            try:
+                os.unlink(self.partial)  # before the lock goes with the descriptor
+            except FileNotFoundError:
+                pass
             os.close(self._fd)
             self._fd = None
-            os.unlink(self.partial)
 
     def __enter__(self):
         return self

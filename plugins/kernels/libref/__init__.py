@@ -1,6 +1,7 @@
 """libref: the oracle. One reference row for every op of docs/OPS.md, under the reference
 contract (f32 accumulation, round-to-nearest-even, no FMA, sums in index order). It ranks last and
-serves only with --debug-accept-reference-kernels; rad-kbench checks other libraries against it."""
+serves only with --debug-accept-reference-kernels; rad-kbench (planned: issue 19) is to check other
+libraries against it."""
 
 from radiance.abi import (
     RAD_ABI_VERSION, RAD_C_EQ, RAD_DOMAIN_HOST, RAD_OK, RAD_PLUGIN_KERNEL, RadConstraint, RadKernelInfo,

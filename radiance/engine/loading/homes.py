@@ -31,9 +31,20 @@ class Shadowed:
     by: Candidate
 
 
+class HomeError(ValueError):
+    """A home the user named is no folder: one line naming where it was named and the path."""
+
+
 def search_path(override: str | None = None) -> list[Path]:
+    """The homes, first winning, the in-tree home last. A home the user named (`--radiance-home`,
+    else $RADIANCE_HOME) that is no folder is an error: a typo would otherwise leave its plugins
+    out without a word."""
     text = override if override is not None else os.environ.get("RADIANCE_HOME", "")
     homes = [Path(entry).expanduser().resolve() for entry in text.split(":") if entry]
+    for home in homes:
+        if not home.is_dir():
+            named = "--radiance-home" if override is not None else "$RADIANCE_HOME"
+            raise HomeError(f"{named}: {home} is not a folder")
     if IN_TREE_HOME not in homes:
         homes.append(IN_TREE_HOME)
     return list(dict.fromkeys(homes))

@@ -5,10 +5,16 @@ from dataclasses import dataclass
 
 from radiance.abi import RadArchInfo, RadGraphDecl, RadWeightInfo
 from radiance.config import Config
+from radiance.weights.container_format import ContainerError
 from radiance.weights.container_reader import Container, open_container
 from radiance.weights.labels import format_label
 
 from .registry import Registry
+
+
+# Planes this small are checked against their checksums whenever a model is opened: the norms and
+# the smallest scales, little in all, whose damage would not show as an error but as wrong text.
+CHECKED_PLANE_BYTES = 16 << 10
 
 
 class ModelError(ValueError):
@@ -37,6 +43,16 @@ def weight_infos(container: Container) -> dict:
     return infos
 
 
+def check_small_planes(container: Container) -> None:
+    """ContainerError naming the first small plane whose bytes fail their checksum."""
+    failed = container.verify(max_plane_bytes=CHECKED_PLANE_BYTES)
+    if failed:
+        more = f" (and {len(failed) - 1} more plane{'s' if len(failed) > 2 else ''})" if len(failed) > 1 else ""
+        weight, plane = failed[0]
+        raise ContainerError(f"{container.path}: weight {weight!r} plane {plane!r} fails its checksum{more}: the "
+                             f"file is damaged ('rad-convert --verify {container.path}' checks every plane)")
+
+
 def open_model(config: Config, registry: Registry) -> Model:
     """Open, check and declare config.model, with what the engine decides (the activation dtype, the
     KV block size) added to what the container says."""
@@ -53,6 +69,7 @@ def open_model(config: Config, registry: Registry) -> Model:
         reason = architecture.check(hyper)
         if reason:
             raise ModelError(f"{path}: {architecture.name}: {reason}")
+        check_small_planes(container)
         weights = weight_infos(container)
         graph = architecture.declare(hyper, weights)
         if isinstance(graph, str):

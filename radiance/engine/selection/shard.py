@@ -74,6 +74,18 @@ def weight_cut(split: int, rows: int, cols: int, shard: Shard, name: str):
     raise ShardError(f"weight '{name}': unknown split {split}")
 
 
+def check_split(graph: RadGraphDecl, weights: dict, world: int) -> None:
+    """ShardError naming the first node, buffer or weight that `world` ranks cannot split: what
+    every rank would find, found once (a launcher checks it before it starts any). `weights`: the
+    model's RadWeightInfo by name."""
+    shard = Shard(0, world)
+    shard_nodes(graph, shard)
+    shard_buffers(graph, shard)
+    for decl in graph.weights:
+        info = weights[decl.source or decl.name]
+        weight_cut(decl.split, info.rows, info.cols, shard, decl.name)
+
+
 def elide_collectives(nodes: list[RankNode]) -> list[RankNode]:
     """At world 1 a collective moves nothing: an all_reduce goes, and an all_gather's output is its
     input, so the nodes after it read x where they read y. (The card path elides them, having no
