@@ -4,7 +4,10 @@ numbers. A plugin imports nothing of radiance's but this package."""
 
 from pathlib import Path
 
-from .arch import RadArchInfo, RadBufferDecl, RadGraphDecl, RadNodeDecl, RadTableDecl, RadWeightDecl, RadWeightInfo  # noqa: F401
+from .arch import (  # noqa: F401
+    RadArchInfo, RadArchOption, RadBufferDecl, RadGraphDecl, RadNodeDecl, RadSourceInfo, RadTableDecl, RadWeightDecl,
+    RadWeightInfo, RadWeightSpec,
+)
 from .constants import *  # noqa: F401,F403
 from .dtypes import BITS, BY_NAME, NAMES, NUMPY, UNPACKED, dtype_bits, dtype_from_numpy, row_bytes  # noqa: F401
 from .encoding import RadEncoding, RadPlane  # noqa: F401
@@ -31,5 +34,5 @@ STRUCTS = (
     RadPluginInfo, RadConstraint, RadParamSpec, RadOperandSpec, RadOpSchema, RadTensor, RadParam,
     RadWeightPlanes, RadChainRec, RadLink, RadPeers, RadArgs, RadTunable, RadKernelInfo, RadPlane, RadEncoding,
     RadQuantOption, RadQuantizerInfo, RadWeightDecl, RadBufferDecl, RadTableDecl, RadNodeDecl, RadGraphDecl,
-    RadWeightInfo, RadArchInfo, RadCodeObject, RadStreamTable,
+    RadWeightInfo, RadSourceInfo, RadWeightSpec, RadArchOption, RadArchInfo, RadCodeObject, RadStreamTable,
 )

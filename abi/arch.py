@@ -1,8 +1,13 @@
 """The structs of rad_arch.h. In Python: check(hyper: dict) -> "" or a one-line reason;
 declare(hyper: dict, weights: {name: RadWeightInfo}) -> RadGraphDecl; RadNodeDecl.params a dict
-(the C array of RadParam), operands a tuple of names, tables' `table` a RadTensor of a numpy array."""
+(the C array of RadParam), operands a tuple of names, tables' `table` a RadTensor of a numpy array.
 
-from ._cstruct import CStr, Embedded, I32, I64, Ptr, cstruct
+The import hooks: takes(kind, family) -> bool; hyper(source: RadSourceInfo) -> dict, or a one-line
+reason (str); weights(hyper: dict) -> [RadWeightSpec]. RadSourceInfo.meta is a dict (lists and
+tables as Python lists and dicts), tensors a dict {source name: RadWeightInfo}, read_f32 a callable
+(tensor name) -> f32 ndarray, reader None."""
+
+from ._cstruct import CStr, Embedded, F64, Fn, I32, I64, Ptr, cstruct
 from .types import RadTensor
 
 
@@ -11,6 +16,7 @@ class RadWeightDecl:
     name: CStr
     source: CStr
     split: I32
+    parts: I32
 
 
 @cstruct
@@ -20,6 +26,7 @@ class RadBufferDecl:
     extent: I32
     cols: I64
     split: I32
+    parts: I32
 
 
 @cstruct
@@ -69,8 +76,55 @@ class RadWeightInfo:
 
 
 @cstruct
+class RadSourceInfo:
+    kind: I32
+    family: CStr
+    meta: Ptr = None
+    n_meta: I32
+    tensors: Ptr = None
+    n_tensors: I32
+    read_f32: Fn = None
+    reader: Ptr = None
+
+    def __post_init__(self):
+        self.meta, self.tensors = dict(self.meta or {}), dict(self.tensors or {})
+        self.n_meta, self.n_tensors = len(self.meta), len(self.tensors)
+
+
+@cstruct
+class RadWeightSpec:
+    name: CStr
+    gguf: CStr
+    hf: CStr
+    ndim: I32
+    rows: I64
+    cols: I64
+    optional: I32
+    fill: I32
+    hf_offset: F64
+
+    @property
+    def shape(self) -> tuple:
+        """As the container stores it: (rows, cols), or (cols,) for a vector."""
+        return (self.cols,) if self.ndim == 1 else (self.rows, self.cols)
+
+
+@cstruct
+class RadArchOption:
+    key: CStr
+    type: I32
+    deflt: CStr
+    doc: CStr
+
+
+@cstruct
 class RadArchInfo:
     name: CStr
     doc: CStr
     check: Ptr = None
     declare: Ptr = None
+    takes: Fn = None
+    hyper: Fn = None
+    weights: Fn = None
+    synthetic: Ptr = ()
+    n_synthetic: I32

@@ -10,7 +10,8 @@ BITS = {
     c.RAD_DT_F32: 32, c.RAD_DT_F16: 16, c.RAD_DT_BF16: 16, c.RAD_DT_F64: 64,
     c.RAD_DT_I8: 8, c.RAD_DT_U8: 8, c.RAD_DT_I16: 16, c.RAD_DT_U16: 16,
     c.RAD_DT_I32: 32, c.RAD_DT_U32: 32, c.RAD_DT_I64: 64, c.RAD_DT_U64: 64,
-    c.RAD_DT_U1: 1, c.RAD_DT_U2: 2, c.RAD_DT_U4: 4, c.RAD_DT_U6: 6, c.RAD_DT_I4: 4,
+    c.RAD_DT_U1: 1, c.RAD_DT_U2: 2, c.RAD_DT_U3: 3, c.RAD_DT_U4: 4, c.RAD_DT_U5: 5, c.RAD_DT_U6: 6,
+    c.RAD_DT_I4: 4,
     c.RAD_DT_FP4_E2M1: 4, c.RAD_DT_FP8_E4M3: 8, c.RAD_DT_FP8_E5M2: 8,
 }
 
@@ -27,7 +28,8 @@ NUMPY = {
 
 # Sub-byte types read as these once their bits are unpacked.
 UNPACKED = {
-    c.RAD_DT_U1: np.dtype(np.uint8), c.RAD_DT_U2: np.dtype(np.uint8),
+    c.RAD_DT_U1: np.dtype(np.uint8), c.RAD_DT_U2: np.dtype(np.uint8), c.RAD_DT_U3: np.dtype(np.uint8),
+    c.RAD_DT_U5: np.dtype(np.uint8),
     c.RAD_DT_U4: np.dtype(np.uint8), c.RAD_DT_U6: np.dtype(np.uint8),
     c.RAD_DT_I4: np.dtype(np.int8), c.RAD_DT_FP4_E2M1: np.dtype(ml_dtypes.float4_e2m1fn),
 }
@@ -36,7 +38,8 @@ NAMES = {
     c.RAD_DT_F32: "f32", c.RAD_DT_F16: "f16", c.RAD_DT_BF16: "bf16", c.RAD_DT_F64: "f64",
     c.RAD_DT_I8: "i8", c.RAD_DT_U8: "u8", c.RAD_DT_I16: "i16", c.RAD_DT_U16: "u16",
     c.RAD_DT_I32: "i32", c.RAD_DT_U32: "u32", c.RAD_DT_I64: "i64", c.RAD_DT_U64: "u64",
-    c.RAD_DT_U1: "u1", c.RAD_DT_U2: "u2", c.RAD_DT_U4: "u4", c.RAD_DT_U6: "u6", c.RAD_DT_I4: "i4",
+    c.RAD_DT_U1: "u1", c.RAD_DT_U2: "u2", c.RAD_DT_U3: "u3", c.RAD_DT_U4: "u4", c.RAD_DT_U5: "u5",
+    c.RAD_DT_U6: "u6", c.RAD_DT_I4: "i4",
     c.RAD_DT_FP4_E2M1: "fp4_e2m1", c.RAD_DT_FP8_E4M3: "fp8_e4m3", c.RAD_DT_FP8_E5M2: "fp8_e5m2",
 }
 BY_NAME = {name: code for code, name in NAMES.items()}

@@ -3,7 +3,7 @@
 #ifndef RAD_ABI_H
 #define RAD_ABI_H
 
-#define RAD_ABI_VERSION 32
+#define RAD_ABI_VERSION 33
 
 #include "rad_types.h"
 #include "rad_encoding.h"

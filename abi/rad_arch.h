@@ -1,7 +1,11 @@
 /* rad_arch.h: the contract of an architecture plugin (kind RAD_PLUGIN_ARCH): one model family at
  * one weight format. It validates the hyper-parameters it reads from the container and declares,
  * as data, the weights, the graph of one step and its tensor-parallel plan. It never knows a rank:
- * extents are declared whole, and `split` says what the engine divides among the ranks. */
+ * extents are declared whole, and `split` says what the engine divides among the ranks.
+ *
+ * Its import hooks are how rad-convert reads the family's checkpoints without knowing the family:
+ * which sources it takes, the hyper-parameters a source gives, and the weights those call for, with
+ * their names in GGUF files and Hugging Face folders (and a synthetic model's shape options). */
 #ifndef RAD_ARCH_H
 #define RAD_ARCH_H
 
@@ -11,6 +15,13 @@
 #define RAD_SPLIT_NONE 0 /* replicated                                              */
 #define RAD_SPLIT_ROWS 1 /* rows (a gemm's output features): column-parallel, vocab-parallel */
 #define RAD_SPLIT_COLS 2 /* columns (a gemm's input features): row-parallel     */
+
+/* A split extent is divided evenly among the ranks. One declared as `parts` equal parts (heads) is
+ * never cut inside a part: with as many parts as ranks or more (parts % world == 0) each rank takes
+ * parts / world of them; with fewer (world % parts == 0) each part is replicated on world / parts
+ * ranks, rank r taking part r * parts / world (the KV heads when the ranks outnumber them, as vLLM
+ * does). parts 0: no parts, the rows or columns divided evenly. A node's `split` names a parameter
+ * made of parts as "N/4" (N in 4 parts: "kv_heads/1" is one KV head); a bare name is divided evenly. */
 
 /* What a buffer's rows, or a node's ranged extent, follow. */
 #define RAD_EXTENT_TOKENS 1 /* the tokens of this step                         */
@@ -35,6 +46,7 @@ typedef struct RadWeightDecl {
     const char* name;   /* how the graph names it                              */
     const char* source; /* the container's weight it reads ("" = name)         */
     int32_t     split;  /* RAD_SPLIT_*                                          */
+    int32_t     parts;  /* the split axis as this many parts (above); 0 = rows or columns */
 } RadWeightDecl;
 
 typedef struct RadBufferDecl {
@@ -43,6 +55,7 @@ typedef struct RadBufferDecl {
     int32_t     extent; /* RAD_EXTENT_*: what its rows follow                   */
     int64_t     cols;   /* whole, before any split                               */
     int32_t     split;  /* 1: cols divided among ranks                           */
+    int32_t     parts;  /* the columns as this many parts (above); 0 = columns   */
 } RadBufferDecl;
 
 typedef struct RadTableDecl {
@@ -56,7 +69,7 @@ typedef struct RadNodeDecl {
     int32_t            extent;     /* RAD_EXTENT_*: the ranged extent (params[0]) follows it */
     const RadParam*    params;     /* every parameter but the ranged extent, whole           */
     int32_t            n_params;
-    const char*        split;      /* parameters divided among ranks, separated by spaces    */
+    const char*        split;      /* parameters divided among ranks, separated by spaces; "N/4": N in 4 parts */
     const char* const* operands;   /* buffer, weight, table or step names; "" = absent        */
     int32_t            n_operands;
 } RadNodeDecl;
@@ -85,11 +98,82 @@ typedef int (*RadArchCheckFn)(const RadParam* hyper, int32_t n, char* error, int
 typedef int (*RadArchDeclareFn)(const RadParam* hyper, int32_t n, const RadWeightInfo* weights,
                                 int32_t n_weights, RadGraphDecl* out);
 
+/* ---- import: the family's checkpoints, for rad-convert ---------------------------------------- */
+
+/* Where a checkpoint comes from. */
+#define RAD_SOURCE_GGUF      1 /* a GGUF file                                              */
+#define RAD_SOURCE_HF        2 /* a Hugging Face folder: config.json, *.safetensors         */
+#define RAD_SOURCE_SYNTHETIC 3 /* rad-convert --synthetic NAME: seeded random weights       */
+
+/* A synthetic model's values for a weight. */
+#define RAD_FILL_NORMAL 1 /* N(0, 0.02) */
+#define RAD_FILL_ONES   2
+#define RAD_FILL_ZEROS  3
+
+/* What a source holds, in its own names. The hyper-parameters' keys the engine itself reads
+ * (context, vocab) come from hyper(); the tokenizer's (bos_token_id, eos_token_ids, add_bos) the
+ * converter adds, reading the source's tokenizer. */
+typedef struct RadSourceInfo {
+    int32_t              kind;      /* RAD_SOURCE_*                                               */
+    const char*          family;    /* GGUF: general.architecture; HF: one of config.json's architectures;
+                                       synthetic: the name asked for                               */
+    const RadParam*      meta;      /* GGUF: every metadata key but tokenizer.*; HF: config.json's keys;
+                                       synthetic: every option of `synthetic` (below). A list or a
+                                       table is RAD_P_STR JSON text; a boolean RAD_P_INT 0 or 1    */
+    int32_t              n_meta;
+    const RadWeightInfo* tensors;   /* the source's tensors, its names; format: the GGUF type (Q4_K)
+                                       or the safetensors dtype (BF16); none for synthetic          */
+    int32_t              n_tensors;
+    /* A tensor's values decoded to f32, row after row: RAD_OK, or RAD_E_SHAPE when `count` is not
+     * its element count. For small tables a family keeps as hyper-parameters (rope_freqs). */
+    int (*read_f32)(void* reader, const char* tensor, float* out, int64_t count);
+    void*                reader;
+} RadSourceInfo;
+
+/* A weight a model of some hyper-parameters holds, and where each source keeps it. */
+typedef struct RadWeightSpec {
+    const char* name;      /* the container's; "" = a tensor a source may hold that is not kept     */
+    const char* gguf;      /* its GGUF tensor ("" = none)                                          */
+    const char* hf;        /* its Hugging Face tensor ("" = none)                                  */
+    int32_t     ndim;      /* 1: a vector [cols] (rows 1); 2: [rows, cols]; 0: any shape (not kept) */
+    int64_t     rows;
+    int64_t     cols;
+    int32_t     optional;  /* 1: a source may lack it                                              */
+    int32_t     fill;      /* RAD_FILL_*: a synthetic model's values                               */
+    double      hf_offset; /* added to a Hugging Face tensor's values on import (a norm kept as w,
+                              applied as 1 + w)                                                    */
+} RadWeightSpec;
+
+/* One shape option of a synthetic model: `rad-convert --synthetic NAME --KEY VALUE`. */
+typedef struct RadArchOption {
+    const char* key;
+    int32_t     type;  /* RAD_P_INT | RAD_P_F64 | RAD_P_STR; a 0/1 RAD_P_INT is a flag (--KEY, --no-KEY) */
+    const char* deflt; /* the default, as text */
+    const char* doc;
+} RadArchOption;
+
+/* 1 when this architecture reads the checkpoints of `family` from a source of that kind. */
+typedef int (*RadArchTakesFn)(int32_t kind, const char* family);
+/* The hyper-parameters of the model a source holds (what check() reads), in the plugin's memory
+ * until its next call; non-zero with a one-line reason in `error`. */
+typedef int (*RadArchHyperFn)(const RadSourceInfo* source, const RadParam** out, int32_t* n_out,
+                              char* error, int32_t error_bytes);
+/* Every weight such a model holds, in the container's order. */
+typedef int (*RadArchWeightsFn)(const RadParam* hyper, int32_t n, const RadWeightSpec** out,
+                                int32_t* n_out);
+
 typedef struct RadArchInfo {
-    const char*      name; /* the container's `architecture` */
-    const char*      doc;
-    RadArchCheckFn   check;
-    RadArchDeclareFn declare;
+    const char*          name; /* the container's `architecture` */
+    const char*          doc;
+    RadArchCheckFn       check;
+    RadArchDeclareFn     declare;
+    /* import, optional (takes, hyper and weights together): an architecture without them serves
+     * containers only */
+    RadArchTakesFn       takes;
+    RadArchHyperFn       hyper;
+    RadArchWeightsFn     weights;
+    const RadArchOption* synthetic; /* a synthetic model's shape options, with their defaults */
+    int32_t              n_synthetic;
 } RadArchInfo;
 
 int                rad_arch_count(void);

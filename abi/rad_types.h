@@ -86,6 +86,8 @@ struct RadEncoding;
 #define RAD_DT_FP8_E4M3 18 /* OCP e4m3fn: bias 7, max 448 */
 #define RAD_DT_FP8_E5M2 19
 #define RAD_DT_I4       20
+#define RAD_DT_U3       21
+#define RAD_DT_U5       22
 
 #define RAD_DT_ENCODED  255 /* a weight operand whose RadTensor.data is a RadWeightPlanes */
 

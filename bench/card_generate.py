@@ -199,13 +199,12 @@ def main() -> int:
         os.environ["R4D_GEMV_STREAM"] = args.stream_shape  # read when libr4d loads (device_kernels.STREAM)
     results = {}
     from radiance.convert.api import convert, convert_synthetic
-    from radiance.convert.synthetic import LlamaShape
 
     with tempfile.TemporaryDirectory() as folder:
         if args.small:
             model = Path(folder) / "small.rad"
             # hidden 1024 bf16: the GEMVs of K = 1024 split K in two (device_kernels.gemv_split)
-            convert_synthetic(model, LlamaShape(hidden=1024, layers=4, heads=8, kv_heads=8, ffn=2048, vocab=49152), seed=5)
+            convert_synthetic(model, "llama", dict(hidden=1024, layers=4, heads=8, kv_heads=8, ffn=2048, vocab=49152), seed=5)
             ids = [1, 504, 1341, 3594, 5567, 314]
             runs = {"host rows TP 1": in_process(model, "host", True, ids, args.tokens),
                     "card TP 1, graphs, chain": in_process(model, "auto", True, ids, args.tokens),
@@ -226,7 +225,7 @@ def main() -> int:
         if args.eight_b:
             model = Path(folder) / "llama8b.rad"
             start = time.perf_counter()
-            convert_synthetic(model, LlamaShape(**EIGHT_B), seed=3)
+            convert_synthetic(model, "llama", EIGHT_B, seed=3)
             print(f"synthetic 8B-shaped model written in {time.perf_counter() - start:.0f} s")
             total = model.stat().st_size  # the weights, but for a few KB of header and tokenizer
             ids = [128000] + [int(i) for i in np.random.default_rng(3).integers(300, 120000, args.context - 1)]

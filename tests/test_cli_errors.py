@@ -42,7 +42,7 @@ def mamba(path, hyper):
 def test_an_architecture_no_plugin_serves(tmp_path):
     path = mamba(tmp_path / "mamba.rad", {"hidden": 8, "context": 64})
     one_line_error(radiance("--model", path, "--prompt", "hi"),
-                   "architecture 'mamba' is served by no plugin on the search path (served: llama)")
+                   "architecture 'mamba' is served by no plugin on the search path (served: gemma3, llama)")
 
 
 def test_a_model_that_gives_no_context_length(tmp_path):

@@ -37,7 +37,7 @@ def _broken(change):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda e: e["planes"][0].update(dtype="u3"), "plane 'codes': unknown dtype 'u3'"),
+    (lambda e: e["planes"][0].update(dtype="u7"), "plane 'codes': unknown dtype 'u7'"),
     (lambda e: e["planes"][1].update(kind="dense"), "plane 'scale': unknown kind 'dense'"),
     (lambda e: e["planes"][2].pop("block_cols"), "plane 2: missing field 'block_cols'"),
     (lambda e: e["planes"][0].update(extra=1), "plane 0: unknown field 'extra'"),

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from radiance.convert import LlamaShape, convert_synthetic
+from radiance.convert import convert_synthetic
 from radiance.convert.cli import main
 from radiance.weights import formats
 from radiance.weights.container_reader import Container
 from radiance.weights.container_writer import ContainerWriter
 
-TINY = LlamaShape(hidden=64, layers=1, heads=4, kv_heads=2, ffn=96, vocab=300)
+TINY = dict(hidden=64, layers=1, heads=4, kv_heads=2, ffn=96, vocab=300)
 
 
 def run(*args):
@@ -26,7 +26,7 @@ def run(*args):
 @pytest.fixture
 def model(tmp_path):
     path = tmp_path / "model.rad"
-    convert_synthetic(path, TINY, 0)
+    convert_synthetic(path, "llama", TINY, 0)
     return path
 
 
@@ -75,7 +75,7 @@ def test_verify_a_file_that_is_no_container(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["{tmp}/missing.gguf", "-o", "{tmp}/out.rad"], "{tmp}/missing.gguf: does not exist"),
     (["{tmp}/missing.gguf"], "-o OUT.rad is required"),
-    (["-o", "{tmp}/out.rad"], "give a SOURCE (a GGUF file or a Hugging Face folder) or --synthetic llama, not both"),
+    (["-o", "{tmp}/out.rad"], "give a SOURCE (a GGUF file or a Hugging Face folder) or --synthetic NAME, not both"),
     (["--synthetic", "llama", "-o", "{tmp}/no/such/folder/out.rad"], "{tmp}/no/such/folder/out.rad.partial: No such file or directory"),
     (["--verify", "{tmp}/missing.rad"], "{tmp}/missing.rad: No such file or directory"),
     (["--synthetic", "llama", "-o", "{tmp}/out.rad", "--recipe", "{tmp}/missing.toml"], "{tmp}/missing.toml: No such file or directory"),

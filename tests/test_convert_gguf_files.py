@@ -1,6 +1,6 @@
 """Small GGUF files written here with gguf.GGUFWriter: every imported type comes across as its
-encoding without requantising (decoding to gguf's own dequantisation), and each bad input is one
-clear line naming the file and the fault, leaving no output behind."""
+encoding without requantising (decoding to gguf's own dequantisation, bit for bit), and each bad
+input is one clear line naming the file and the fault, leaving no output behind."""
 
 import ml_dtypes
 import numpy as np
@@ -9,24 +9,31 @@ from click.testing import CliRunner
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFReader, GGUFWriter, RopeScalingType
 from gguf.quants import dequantize
 
+from conftest import gguf_names
 from radiance.convert import convert
 from radiance.convert.cli import main
-from radiance.convert.names import gguf_weight_name
 from radiance.weights.container_reader import Container
 from radiance.weights.decode import decode
 from radiance.weights.gguf_blocks import gguf_encoding
 
 HIDDEN, FFN, VOCAB, HEAD_DIM = 256, 256, 64, 128  # K-quants need rows of whole 256-blocks
-# tensor -> (GGUF type, logical [rows, cols])
+# tensor -> (GGUF type, logical [rows, cols]): two layers, between them every type that is imported
 TENSORS = {
     "token_embd.weight": (Q.Q8_0, (VOCAB, HIDDEN)), "blk.0.attn_norm.weight": (Q.F32, (HIDDEN,)),
     "blk.0.attn_q.weight": (Q.Q4_0, (2 * HEAD_DIM, HIDDEN)), "blk.0.attn_k.weight": (Q.Q4_1, (HEAD_DIM, HIDDEN)),
     "blk.0.attn_v.weight": (Q.Q4_K, (HEAD_DIM, HIDDEN)), "blk.0.attn_output.weight": (Q.Q6_K, (HIDDEN, 2 * HEAD_DIM)),
     "blk.0.ffn_norm.weight": (Q.F32, (HIDDEN,)), "blk.0.ffn_gate.weight": (Q.F16, (FFN, HIDDEN)),
     "blk.0.ffn_up.weight": (Q.BF16, (FFN, HIDDEN)), "blk.0.ffn_down.weight": (Q.Q4_K, (HIDDEN, FFN)),
+    "blk.1.attn_norm.weight": (Q.F32, (HIDDEN,)), "blk.1.attn_q.weight": (Q.Q5_0, (2 * HEAD_DIM, HIDDEN)),
+    "blk.1.attn_k.weight": (Q.Q5_1, (HEAD_DIM, HIDDEN)), "blk.1.attn_v.weight": (Q.Q2_K, (HEAD_DIM, HIDDEN)),
+    "blk.1.attn_output.weight": (Q.Q3_K, (HIDDEN, 2 * HEAD_DIM)), "blk.1.ffn_norm.weight": (Q.F32, (HIDDEN,)),
+    "blk.1.ffn_gate.weight": (Q.Q5_K, (FFN, HIDDEN)), "blk.1.ffn_up.weight": (Q.Q8_0, (FFN, HIDDEN)),
+    "blk.1.ffn_down.weight": (Q.Q6_K, (HIDDEN, FFN)),
     "output_norm.weight": (Q.F32, (HIDDEN,)), "output.weight": (Q.Q6_K, (VOCAB, HIDDEN)),
 }
-F16_FIELDS = {Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q4_K: (0, 2), Q.Q6_K: (208,), Q.Q5_0: (0,)}
+F16_FIELDS = {Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q2_K: (80, 82),
+              Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,)}
+
 
 
 def tensor_bytes(qtype, shape, rng):
@@ -46,11 +53,12 @@ def tensor_bytes(qtype, shape, rng):
     return data.reshape(rows, -1), qtype
 
 
-def write_gguf(path, architecture="llama", tensors=TENSORS, metadata=True):
+def write_gguf(path, architecture="llama", tensors=TENSORS, metadata=True, values=None):
+    """A GGUF file of `tensors` (random data; `values` {name: f32 array} for some of them)."""
     rng = np.random.default_rng(5)
     writer = GGUFWriter(path, architecture)
     if metadata:
-        writer.add_block_count(1)
+        writer.add_block_count(1 + any(name.startswith("blk.1.") for name in tensors))
         writer.add_embedding_length(HIDDEN)
         writer.add_feed_forward_length(FFN)
         writer.add_head_count(2)
@@ -65,6 +73,8 @@ def write_gguf(path, architecture="llama", tensors=TENSORS, metadata=True):
         writer.add_chat_template("{{ messages }}")
     for name, (qtype, shape) in tensors.items():
         data, raw_dtype = tensor_bytes(qtype, shape, rng)
+        if values and name in values:
+            data, raw_dtype = values[name], None
         writer.add_tensor(name, data, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -85,13 +95,15 @@ def test_every_type_imports_without_requantising(tmp_path):
     errors = convert(source, output)
     assert len(errors) == len(TENSORS) and all(error.relative == 0 for error in errors)
     with Container(output) as container:
+        names = gguf_names(container)
         for tensor in GGUFReader(source).tensors:
-            name, (qtype, shape) = gguf_weight_name(tensor.name), TENSORS[tensor.name]
+            name, (qtype, shape) = names[tensor.name], TENSORS[tensor.name]
             assert container.shape(name) == shape and container.encoding(name) == gguf_encoding(qtype)
             matrix = shape if len(shape) == 2 else (1, shape[0])
             planes = {plane: container.plane(name, plane) for plane in container.planes(name)}
-            expected = dequantize(tensor.data, qtype).reshape(matrix)
-            assert np.array_equal(decode(container.encoding(name), planes, matrix), expected), tensor.name
+            expected = dequantize(tensor.data, qtype).reshape(matrix).astype(np.float32)
+            decoded = decode(container.encoding(name), planes, matrix)
+            assert np.array_equal(decoded.view(np.uint32), expected.view(np.uint32)), tensor.name
 
 
 def test_hyper_parameters_of_an_untied_model_with_rope_scaling(tmp_path):
@@ -99,7 +111,7 @@ def test_hyper_parameters_of_an_untied_model_with_rope_scaling(tmp_path):
     convert(write_gguf(tmp_path / "tiny.gguf"), output)
     with Container(output) as container:
         assert container.hyper == {
-            "hidden": HIDDEN, "layers": 1, "heads": 2, "kv_heads": 1, "head_dim": HEAD_DIM, "ffn": FFN,
+            "hidden": HIDDEN, "layers": 2, "heads": 2, "kv_heads": 1, "head_dim": HEAD_DIM, "ffn": FFN,
             "vocab": VOCAB, "context": 4096, "rope_theta": 500000.0, "rms_eps": 1e-6, "tie_embeddings": False,
             "rope_interleaved": 1, "bos_token_id": 1, "eos_token_ids": [2], "add_bos": False,
             "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
@@ -111,16 +123,18 @@ def test_unsupported_architecture_names_it(tmp_path):
     source = write_gguf(tmp_path / "gpt2.gguf", "gpt2", {"token_embd.weight": (Q.F32, (4, 8))}, metadata=False)
     code, stderr = run(source, "-o", tmp_path / "out.rad")
     assert code == 1
-    assert stderr == f"rad-convert: error: {source}: architecture 'gpt2' is not imported (rad-convert imports the llama family: llama)\n"
+    assert stderr == (f"rad-convert: error: {source}: architecture 'gpt2' is imported by no architecture plugin "
+                      f"on the search path (loaded: gemma3, llama; none of them takes it from GGUF files)\n")
     assert list(tmp_path.glob("out.rad*")) == []
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
-    tensors = {**TENSORS, "blk.0.ffn_up.weight": (Q.Q5_0, (FFN, HIDDEN))}
-    source = write_gguf(tmp_path / "q5.gguf", tensors=tensors)
+    tensors = {**TENSORS, "blk.0.ffn_up.weight": (Q.IQ4_NL, (FFN, HIDDEN))}
+    source = write_gguf(tmp_path / "iq4.gguf", tensors=tensors)
     code, stderr = run(source, "-o", tmp_path / "out.rad")
     assert code == 1 and stderr.count("\n") == 1
-    assert "tensor 'blk.0.ffn_up.weight' has GGUF type Q5_0, which is not imported" in stderr
+    assert ("tensor 'blk.0.ffn_up.weight' has GGUF type IQ4_NL, which is not imported (supported: F32, F16, BF16, "
+            "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)") in stderr
     assert stderr.startswith(f"rad-convert: error: {source}: ")
     assert list(tmp_path.glob("out.rad*")) == []
 
@@ -129,7 +143,7 @@ def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
     ("a tensor that is no llama weight", {**TENSORS, "blk.0.attn_q.bias": (Q.F32, (HIDDEN,))},
      "tensor 'blk.0.attn_q.bias' is no llama weight that rad-convert knows"),
     ("a missing weight", {name: kind for name, kind in TENSORS.items() if name != "blk.0.ffn_up.weight"},
-     "weight 'layers.0.ffn.up' is missing"),
+     "weight 'layers.0.ffn.up' is missing (tensor 'blk.0.ffn_up.weight')"),
     ("a weight of the wrong shape", {**TENSORS, "blk.0.attn_k.weight": (Q.Q4_1, (2 * HEAD_DIM, HIDDEN))},
      "tensor 'blk.0.attn_k.weight' (layers.0.attn.k) has shape [256, 256], the hyper-parameters give [128, 256]"),
 ])

@@ -150,8 +150,9 @@ def test_folders_that_are_not_llama_are_refused(tmp_path):
     folder, _ = write_folder(tmp_path / "hf", {**CONFIG, "architectures": ["GPT2LMHeadModel"]})
     result = CliRunner().invoke(main, [str(folder), "-o", str(tmp_path / "model.rad")])
     assert result.exit_code == 1
-    assert result.stderr == (f"rad-convert: error: {folder / 'config.json'}: architecture ['GPT2LMHeadModel'] "
-                             f"is not imported (rad-convert imports LlamaForCausalLM)\n")
+    assert result.stderr == (f"rad-convert: error: {folder / 'config.json'}: architecture 'GPT2LMHeadModel' "
+                             f"is imported by no architecture plugin on the search path (loaded: gemma3, llama; none of "
+                             f"them takes it from Hugging Face folders)\n")
     (folder / "config.json").unlink()
     result = CliRunner().invoke(main, [str(folder), "-o", str(tmp_path / "model.rad")])
     assert result.stderr == f"rad-convert: error: {folder / 'config.json'}: is missing\n"

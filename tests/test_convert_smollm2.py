@@ -13,9 +13,9 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from tokenizers import Tokenizer
 
+from conftest import gguf_names
 from radiance.convert import convert
 from radiance.convert.cli import main
-from radiance.convert.names import gguf_weight_name
 from radiance.weights.container_reader import Container
 from radiance.weights.decode import decode
 
@@ -50,8 +50,9 @@ def test_every_tensor_decodes_to_what_gguf_dequantises(converted, reader):
     container, _, _ = converted
     assert len(reader.tensors) == 272 == len(container.weights)
     kinds = set()
+    names = gguf_names(container)
     for tensor in reader.tensors:
-        name = gguf_weight_name(tensor.name)
+        name = names[tensor.name]
         shape = container.shape(name)
         matrix = tuple(shape) if len(shape) == 2 else (1, shape[0])
         planes = {plane: container.plane(name, plane) for plane in container.planes(name)}
@@ -78,7 +79,7 @@ def test_hyper_parameters(converted):
     assert container.hyper == {
         "hidden": 576, "layers": 30, "heads": 9, "kv_heads": 3, "head_dim": 64, "ffn": 1536, "vocab": 49152,
         "context": 8192, "rope_theta": 100000.0, "rms_eps": 1e-05, "tie_embeddings": True, "rope_interleaved": 1,
-        "bos_token_id": 1, "eos_token_ids": [2], "add_bos": False}
+        "bos_token_id": 1, "eos_token_ids": [2, 0], "add_bos": False}
     assert "output" not in container.weights
     assert container.shape("token_embd") == (49152, 576) and container.shape("output_norm") == (576,)
     assert container.shape("layers.29.ffn.down") == (576, 1536)

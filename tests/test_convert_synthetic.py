@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 from tokenizers import Tokenizer
 
-from radiance.convert import LlamaShape, convert_synthetic, pipeline
+from radiance.convert import convert_synthetic, pipeline
 from radiance.convert.cli import main
 from radiance.weights.container_reader import Container
 from radiance.weights.decode import decode
 
-SMALL = LlamaShape(hidden=96, layers=2, heads=6, kv_heads=2, ffn=160, vocab=400, context=512)
+SMALL = dict(hidden=96, layers=2, heads=6, kv_heads=2, ffn=160, vocab=400, context=512)
 
 
 def weight(container, name):
@@ -50,7 +50,7 @@ def test_every_shape_parameter_on_the_command_line(tmp_path):
 
 
 def test_values_are_normal_with_unit_norms_and_the_tokenizer_round_trips(tmp_path):
-    convert_synthetic(tmp_path / "model.rad", SMALL, 1, recipe(tmp_path, "plain"))
+    convert_synthetic(tmp_path / "model.rad", "llama", SMALL, 1, recipe(tmp_path, "plain"))
     with Container(tmp_path / "model.rad") as container:
         embedding = weight(container, "token_embd")
         assert abs(embedding.mean()) < 1e-3 and embedding.std() == pytest.approx(0.02, rel=0.02)
@@ -66,9 +66,9 @@ def test_values_are_normal_with_unit_norms_and_the_tokenizer_round_trips(tmp_pat
 def test_weights_do_not_depend_on_the_recipe_or_its_row_blocks(tmp_path):
     """fp8 takes each weight whole, plain f32 in row blocks: the same seed gives the same values."""
     plain, fp8 = tmp_path / "plain.rad", tmp_path / "fp8.rad"
-    convert_synthetic(plain, SMALL, 4, recipe(tmp_path, "plain"))
-    convert_synthetic(fp8, SMALL, 4, recipe(tmp_path, "fp8"))
-    convert_synthetic(tmp_path / "other.rad", SMALL, 5, recipe(tmp_path, "plain"))
+    convert_synthetic(plain, "llama", SMALL, 4, recipe(tmp_path, "plain"))
+    convert_synthetic(fp8, "llama", SMALL, 4, recipe(tmp_path, "fp8"))
+    convert_synthetic(tmp_path / "other.rad", "llama", SMALL, 5, recipe(tmp_path, "plain"))
     with Container(plain) as exact, Container(fp8) as rounded, Container(tmp_path / "other.rad") as other:
         for name in ("layers.0.attn.q", "layers.1.attn.v"):
             source = weight(exact, name)
@@ -85,10 +85,10 @@ def test_memory_is_bounded_by_a_row_block(tmp_path, monkeypatch, threads):
     """Three 64 MiB (f32) feed-forward weights convert with far less than one of them allocated:
     a row block's worth (about 14 MiB with its decoded copy and sums) per thread."""
     monkeypatch.setattr(pipeline, "default_threads", lambda: threads)
-    shape = LlamaShape(hidden=2048, layers=1, heads=16, kv_heads=4, ffn=8192, vocab=300)
+    shape = dict(hidden=2048, layers=1, heads=16, kv_heads=4, ffn=8192, vocab=300)
     tracemalloc.start()
     try:
-        convert_synthetic(tmp_path / "model.rad", shape, 0)
+        convert_synthetic(tmp_path / "model.rad", "llama", shape, 0)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

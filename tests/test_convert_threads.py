@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from radiance.convert import ConvertError, LlamaShape
+from radiance.convert import ConvertError
 from radiance.convert.pipeline import write_model
-from radiance.convert.quantizers import Quantizers
+from radiance.convert.plugins import Plugins
 from radiance.convert.recipe import Recipe
-from radiance.convert.synthetic import synthetic_llama
+from radiance.convert.synthetic import synthetic_model
 
-SMALL = LlamaShape(hidden=96, layers=3, heads=6, kv_heads=2, ffn=160, vocab=400, tie_embeddings=False)
+SMALL = dict(hidden=96, layers=3, heads=6, kv_heads=2, ffn=160, vocab=400, tie_embeddings=False)
 RECIPE = """
 [[rule]]
 match = "layers.*.attn.*"
@@ -32,13 +32,13 @@ quantizer = "q8_0"
 def convert(tmp_path, name, threads, breaking=None):
     """The SMALL model through write_model; `breaking(job)` may replace a job's produce."""
     (tmp_path / "recipe.toml").write_text(RECIPE)
-    with Quantizers() as quantizers:
-        model = synthetic_llama(SMALL, 3, Recipe.load(tmp_path / "recipe.toml", quantizers))
+    with Plugins() as plugins:
+        model = synthetic_model("llama", SMALL, 3, Recipe.load(tmp_path / "recipe.toml", plugins), plugins.families)
         for job in model.jobs:
             job.row_block = job.row_block and 8  # many row blocks per weight, so threads interleave
             if breaking:
                 breaking(job)
-        return write_model(tmp_path / name, model, quantizers.by_name, threads=threads)
+        return write_model(tmp_path / name, model, plugins.by_name, threads=threads)
 
 
 def test_threads_write_the_same_bytes_and_report_as_one(tmp_path):

@@ -35,11 +35,10 @@ def wide_model(tmp_path_factory):
     """SmolLM2's widths (hidden 576, ffn 1536, vocab 49152) with 8 heads and 4 KV heads, since its 9
     and 3 do not split over TP 2, and 8 layers, seeded random weights."""
     from radiance.convert.api import convert_synthetic
-    from radiance.convert.synthetic import LlamaShape
 
     path = tmp_path_factory.mktemp("wide") / "wide.rad"
-    convert_synthetic(path, LlamaShape(hidden=576, layers=8, heads=8, kv_heads=4, ffn=1536, vocab=49152,
-                                       context=2048), seed=11)
+    convert_synthetic(path, "llama", dict(hidden=576, layers=8, heads=8, kv_heads=4, ffn=1536, vocab=49152,
+                                          context=2048), seed=11)
     return path
 
 

@@ -8,8 +8,7 @@ import pytest
 from radiance.abi import RAD_E_UNSUPPORTED
 from radiance.convert import Recipe, convert_synthetic
 from radiance.convert.decoding import decode_weight
-from radiance.convert.quantizers import Quantizers
-from radiance.convert.synthetic import LlamaShape
+from radiance.convert.plugins import Plugins
 from radiance.weights import formats
 from radiance.weights.container_reader import Container
 
@@ -45,7 +44,7 @@ def rad_quant_at(i):
     return QUANTIZERS[i]
 """
 
-SMALL = LlamaShape(hidden=64, layers=1, heads=4, kv_heads=2, ffn=96, vocab=300)
+SMALL = dict(hidden=64, layers=1, heads=4, kv_heads=2, ffn=96, vocab=300)
 
 
 def recipe_file(tmp_path, quantizer, options=""):
@@ -56,7 +55,7 @@ def recipe_file(tmp_path, quantizer, options=""):
 
 def test_the_hook_decodes_its_own_scheme_and_declines_others(home):
     home.quantizer("ternary", TERNARY)
-    with Quantizers(str(home.root)) as quantizers:
+    with Plugins(str(home.root)) as quantizers:
         ternary = quantizers.by_name["ternary"]
         assert ternary.decode(formats.q8_0(), {}, (1, 32)) is None  # RAD_E_UNSUPPORTED
         assert ternary.info.decode(formats.q8_0(), {}, (1, 32)) == RAD_E_UNSUPPORTED
@@ -72,7 +71,8 @@ def test_the_hook_decodes_its_own_scheme_and_declines_others(home):
 def test_the_error_report_goes_through_the_hook(home, tmp_path):
     home.quantizer("ternary", TERNARY)
     output = tmp_path / "model.rad"
-    errors = convert_synthetic(output, SMALL, 3, recipe_file(tmp_path, "ternary", "options = {threshold = 0.7}"),
+    errors = convert_synthetic(output, "llama", SMALL, 3,
+                               recipe_file(tmp_path, "ternary", "options = {threshold = 0.7}"),
                                str(home.root))
     by_name = {error.name: error for error in errors}
     assert by_name["layers.0.ffn.up"].method == "ternary threshold=0.7"
@@ -111,7 +111,7 @@ def rad_quant_at(i):
 """)
     output = tmp_path / "model.rad"
     with pytest.raises(ValueError) as raised:
-        convert_synthetic(output, SMALL, 0, recipe_file(tmp_path, "broken"), str(home.root))
+        convert_synthetic(output, "llama", SMALL, 0, recipe_file(tmp_path, "broken"), str(home.root))
     assert "weight 'layers.0.ffn.gate'" in str(raised.value) and message in str(raised.value)
     assert "\n" not in str(raised.value)
     assert list(tmp_path.glob("model.rad*")) == []
@@ -138,12 +138,12 @@ def rad_quant_at(i):
     return RadQuantizerInfo(name="drifting", doc="", encoding=encoding, row_block=row_block, quantize=quantize)
 """)
     with pytest.raises(ValueError, match="plane 'scale' covers every row but differs between row blocks"):
-        convert_synthetic(tmp_path / "model.rad", SMALL, 0, recipe_file(tmp_path, "drifting"), str(home.root))
+        convert_synthetic(tmp_path / "model.rad", "llama", SMALL, 0, recipe_file(tmp_path, "drifting"), str(home.root))
 
 
 def test_recipe_rules_are_checked_against_the_plugins_options(home, tmp_path):
     home.quantizer("ternary", TERNARY)
-    with Quantizers(str(home.root)) as quantizers:
+    with Plugins(str(home.root)) as quantizers:
         recipe = Recipe.load(recipe_file(tmp_path, "ternary"), quantizers)
         quantizer, options = recipe.choose("layers.3.ffn.up", 2)
         assert (quantizer.name, options) == ("ternary", {"threshold": 0.5})

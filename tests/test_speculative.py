@@ -13,7 +13,6 @@ from conftest import script
 
 from radiance.config import Config, ConfigError
 from radiance.convert.api import convert_synthetic
-from radiance.convert.synthetic import LlamaShape
 from radiance.generation.sequence import SamplingParams
 from radiance.launch import engine_over, open_ranks
 
@@ -26,7 +25,7 @@ def models(tmp_path_factory):
     """(the model, another of its vocabulary: a draft it mostly refuses, one of another vocabulary)."""
     folder = tmp_path_factory.mktemp("speculative")
     for name, seed, vocab in (("model", 7, 320), ("other", 9, 320), ("wide", 3, 400)):
-        convert_synthetic(folder / f"{name}.rad", LlamaShape(**{**SHAPE, "vocab": vocab}), seed=seed)
+        convert_synthetic(folder / f"{name}.rad", "llama", {**SHAPE, "vocab": vocab}, seed=seed)
     return folder / "model.rad", folder / "other.rad", folder / "wide.rad"
 
 

@@ -4,6 +4,7 @@ import subprocess
 
 from radiance.abi import RAD_ABI_VERSION
 from conftest import PREAMBLE
+from radiance.abi import RAD_ABI_VERSION
 
 ALPHA = 'SCHEMAS = [schema("t_gemm", ("M", "N")), schema("t_add", ("M", "n"))]\nROWS = [row("a", "t_gemm")]\n'
 BETA = 'SCHEMAS = [schema("t_gemm", ("M", "K")), schema("t_add", ("M",))]\nROWS = [row("b", "t_gemm")]\n'

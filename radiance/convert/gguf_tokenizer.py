@@ -1,13 +1,20 @@
 """A Hugging Face tokenizer.json built from a GGUF file's tokenizer.ggml.* metadata.
 
 Model "gpt2" (byte-level BPE): the tokens and merges as they are, the pre-tokenizer llama.cpp uses
-for tokenizer.ggml.pre, control tokens (token_type 3) as special added tokens, user-defined ones
-(4) as plain added tokens, BOS/EOS added by the post-processor when add_bos_token/add_eos_token say.
+for tokenizer.ggml.pre. Model "llama" (SentencePiece's BPE vocabularies: Llama 2, Mistral, Gemma):
+llama.cpp's SPM tokenizer, which merges the adjacent pair whose joined text is the token of highest
+score (the leftmost among equals) until none is, spelled as a BPE whose merges are every pair of
+tokens joining to a token, ranked by that token's score; spaces as U+2581, a leading one where
+add_space_prefix says (at the start and after every added token, as llama.cpp's fragments), bytes
+no token covers as <0xXX> tokens. Both: control tokens (token_type 3) as special added tokens,
+user-defined ones (4) as plain added tokens, matched whole in the raw text; BOS/EOS added by the
+post-processor when add_bos_token/add_eos_token say.
 """
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
+SPACE = "\u2581"  # SentencePiece's ▁
 # llama.cpp's LLAMA_VOCAB_PRE_TYPE_LLAMA3 expression, as Llama 3's own tokenizer.json has it
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -41,24 +48,64 @@ def _post_processor(tokens, bos, eos, add_bos, add_eos):
                                          special_tokens=list(dict.fromkeys(ends)))
 
 
-def gguf_tokenizer(value) -> str | None:
-    """tokenizer.json text; `value(key, default)` reads GGUF metadata. ValueError names what is unsupported."""
-    model = value("tokenizer.ggml.model", None)
-    if model is None:
-        return None
-    if model != "gpt2":
-        raise ValueError(f"tokenizer.ggml.model {model!r} is not imported (supported: gpt2, byte-level BPE)")
+def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+    """Every (left, right) of two tokens joining to a token, the joined token's score highest first
+    (then its id): the order llama.cpp's SPM tokenizer merges in."""
+    ids = {token: i for i, token in enumerate(tokens)}
+    found = []
+    for token, score, kind in zip(tokens, scores, types):
+        if kind not in (NORMAL, USER_DEFINED, UNUSED) or len(token) < 2:
+            continue
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in ids and right in ids:
+                found.append((-score, ids[token], ids[left], left, right))
+    found.sort()
+    return [(left, right) for _, _, _, left, right in found]
+
+
+def _spm(value, tokens: list[str], types: list[int]) -> Tokenizer:
+    scores = value("tokenizer.ggml.scores", None)
+    if scores is None:
+        raise ValueError("tokenizer.ggml.model 'llama' needs tokenizer.ggml.scores, which is missing")
+    unknown = value("tokenizer.ggml.unknown_token_id", None)
+    model = models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=spm_merges(tokens, scores, types),
+                       unk_token=tokens[unknown] if unknown is not None else None, byte_fallback=True,
+                       fuse_unk=True)
+    tokenizer = Tokenizer(model)
+    steps = [normalizers.Prepend(SPACE)] if value("tokenizer.ggml.add_space_prefix", True) else []
+    tokenizer.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE)])
+    tokenizer.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tokenizer
+
+
+def _bpe(value, tokens: list[str]) -> Tokenizer:
     pre = value("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
         raise ValueError(f"tokenizer.ggml.pre {pre!r} is not imported (supported: {', '.join(PRE_TOKENIZERS)})")
-    tokens = value("tokenizer.ggml.tokens")
-    types = value("tokenizer.ggml.token_type", [1] * len(tokens))
     merges = [tuple(merge.split(" ", 1)) for merge in value("tokenizer.ggml.merges")]
     pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]()
     tokenizer = Tokenizer(models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=merges,
                                      ignore_merges=ignore_merges))
     tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece BPE, llama.cpp's SPM"}
+
+
+def gguf_tokenizer(value) -> str | None:
+    """tokenizer.json text; `value(key, default)` reads GGUF metadata. ValueError names what is unsupported."""
+    model = value("tokenizer.ggml.model", None)
+    if model is None:
+        return None
+    if model not in MODELS:
+        supported = ", ".join(f"{name} ({what})" for name, what in MODELS.items())
+        raise ValueError(f"tokenizer.ggml.model {model!r} is not imported (supported: {supported})")
+    tokens = value("tokenizer.ggml.tokens")
+    types = value("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
+    tokenizer = _spm(value, tokens, types) if model == "llama" else _bpe(value, tokens)
     tokenizer.add_tokens([AddedToken(token, special=kind == CONTROL, normalized=False)
                           for token, kind in zip(tokens, types) if kind in (CONTROL, USER_DEFINED)])
     processor = _post_processor(tokens, value("tokenizer.ggml.bos_token_id", None),

@@ -1,21 +1,34 @@
-"""Hugging Face folder import, llama family: config.json (LlamaForCausalLM), *.safetensors shards
-read tensor by tensor and slice by slice (memory bounded by a row block), tokenizer.json and the
-chat template (tokenizer_config.json or chat_template.jinja). Every weight is quantised as the recipe
-says. HF keeps q/k in the halves rope layout: rope_interleaved 0."""
+"""Hugging Face folder import, any family an architecture plugin takes (families.py): config.json
+(its `architectures`), *.safetensors shards read tensor by tensor and slice by slice (memory
+bounded by a row block), tokenizer.json and the chat template (tokenizer_config.json or
+chat_template.jinja). The plugin gives the hyper-parameters and the weights' names and shapes (and
+an offset some families add to a tensor, Gemma's norms); every weight is quantised as the recipe
+says."""
 
 import json
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
+from radiance.abi import RAD_SOURCE_HF, RadSourceInfo, RadWeightInfo
+
 from .errors import ConvertError
-from .names import HF_DERIVED, check_weights, hf_weight_name
+from .families import matched, taking
 from .pipeline import Model
 
-ARCHITECTURES = ("LlamaForCausalLM",)
 FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+def _safetensors(folder):
+    """(SafetensorError, safe_open), imported only for a Hugging Face folder (`radiance` imports this
+    package for GGUF files, which need none of it)."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:
+        raise ConvertError(folder, "reading a Hugging Face folder needs the safetensors package "
+                                   "(pip install safetensors)") from None
+    return SafetensorError, safe_open
 
 
 def _json(path: Path, required=True):
@@ -32,28 +45,11 @@ def _json(path: Path, required=True):
     return value
 
 
-def _hyper(config: dict, tokenizer: Tokenizer, path: Path) -> dict:
-    def get(key, default=KeyError):
-        if key not in config and default is KeyError:
-            raise ConvertError(path, f"{key} is missing")
-        return config.get(key, default)
-
-    hidden, heads = get("hidden_size"), get("num_attention_heads")
-    eos = get("eos_token_id", None)
-    bos = get("bos_token_id", None)
-    hyper = {"hidden": hidden, "layers": get("num_hidden_layers"), "heads": heads,
-             "kv_heads": get("num_key_value_heads", heads), "head_dim": get("head_dim", None) or hidden // heads,
-             "ffn": get("intermediate_size"), "vocab": get("vocab_size"), "context": get("max_position_embeddings"),
-             "rope_theta": float(get("rope_theta", 10000.0)), "rms_eps": float(get("rms_norm_eps")),
-             "tie_embeddings": bool(get("tie_word_embeddings", False)), "rope_interleaved": 0,
-             "bos_token_id": bos, "eos_token_ids": eos if isinstance(eos, list) else [eos] * (eos is not None),
-             "add_bos": bos is not None and tokenizer.encode("a").ids[:1] == [bos]}
-    scaling = get("rope_scaling", None)
-    if scaling:
-        scaling = dict(scaling)
-        scaling["rope_type"] = scaling.pop("type", None) or scaling.get("rope_type")
-        hyper["rope_scaling"] = scaling
-    return hyper
+def tokenizer_hyper(config: dict, tokenizer: Tokenizer) -> dict:
+    """The hyper-parameters every family gets from config.json's token ids and the tokenizer."""
+    eos, bos = config.get("eos_token_id"), config.get("bos_token_id")
+    return {"bos_token_id": bos, "eos_token_ids": eos if isinstance(eos, list) else [eos] * (eos is not None),
+            "add_bos": bos is not None and tokenizer.encode("a").ids[:1] == [bos]}
 
 
 def _chat_template(folder: Path):
@@ -69,6 +65,7 @@ def _tensors(folder: Path) -> dict:
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise ConvertError(folder, "holds no *.safetensors shard")
+    SafetensorError, safe_open = _safetensors(folder)
     tensors = {}
     for shard in shards:
         try:
@@ -81,54 +78,70 @@ def _tensors(folder: Path) -> dict:
     return tensors
 
 
-def _rows_of(shard: Path, name: str, shape: tuple):
+def _read(shard: Path, name: str, shape: tuple, r0: int, r1: int) -> np.ndarray:
+    SafetensorError, safe_open = _safetensors(shard.parent)
+    try:
+        with safe_open(shard, "numpy") as handle:
+            view = handle.get_slice(name)
+            rows = view[r0:r1] if len(shape) == 2 else view[:].reshape(1, -1)
+    except SafetensorError as error:
+        raise ValueError(f"{shard}: {name}: {error}") from None
+    return rows.astype(np.float32)
+
+
+def _rows_of(shard: Path, name: str, shape: tuple, offset: float):
     def rows_of(r0, r1):
-        try:
-            with safe_open(shard, "numpy") as handle:
-                view = handle.get_slice(name)
-                rows = view[r0:r1] if len(shape) == 2 else view[:].reshape(1, -1)
-        except SafetensorError as error:
-            raise ValueError(f"{shard}: {name}: {error}") from None
-        return rows.astype(np.float32)
+        rows = _read(shard, name, shape, r0, r1)
+        if offset:
+            rows += np.float32(offset)
+        return rows
     return rows_of
 
 
-def read_hf(folder, recipe) -> Model:
-    """The model a Hugging Face folder holds, each weight quantised as `recipe` (a Recipe) chooses."""
+def read_hf(folder, recipe, families: list) -> Model:
+    """The model a Hugging Face folder holds, each weight quantised as `recipe` (a Recipe) chooses.
+    `families`: the architectures with import hooks (plugins.Plugins.families)."""
     folder = Path(folder)
-    config = _json(folder / "config.json")
+    config_path = folder / "config.json"
+    config = _json(config_path)
     architectures = config.get("architectures") or [config.get("model_type")]
-    if not set(architectures) & set(ARCHITECTURES):
-        raise ConvertError(folder / "config.json", f"architecture {architectures} is not imported "
-                                                   f"(rad-convert imports {', '.join(ARCHITECTURES)})")
+    try:
+        family, taken = taking(families, RAD_SOURCE_HF, [str(name) for name in architectures])
+    except ValueError as error:
+        raise ConvertError(config_path, str(error)) from None
     tokenizer_path = folder / "tokenizer.json"
     try:
         tokenizer_text = tokenizer_path.read_text()
         tokenizer = Tokenizer.from_str(tokenizer_text)
     except Exception as error:  # tokenizers raises a bare Exception; reading, an OSError
         raise ConvertError(tokenizer_path, f"is not a readable tokenizer.json: {error}") from None
-    hyper = _hyper(config, tokenizer, folder / "config.json")
-    found, sources = {}, {}
-    for tensor, (shard, shape, dtype) in _tensors(folder).items():
-        name = hf_weight_name(tensor)
-        if HF_DERIVED.fullmatch(tensor) or name == "output" and hyper["tie_embeddings"]:
-            continue
-        if name is None:
-            raise ConvertError(shard, f"tensor {tensor!r} is no llama weight that rad-convert knows")
-        if dtype not in FLOAT_DTYPES:
-            raise ConvertError(shard, f"tensor {tensor!r} is {dtype}, not one of {', '.join(FLOAT_DTYPES)}")
-        found[name], sources[name] = (shape, shard), tensor
+    tensors = _tensors(folder)
+    infos = {name: RadWeightInfo(name=name, rows=shape[0] if len(shape) == 2 else 1, cols=shape[-1] if shape else 1,
+                                 format=dtype) for name, (_, shape, dtype) in tensors.items()}
+
+    def read_f32(name):
+        shard, shape, _ = tensors[name]
+        return _read(shard, name, shape, 0, shape[0] if len(shape) == 2 else 1).reshape(-1)
+
+    source = RadSourceInfo(kind=RAD_SOURCE_HF, family=taken, meta=config, tensors=infos, read_f32=read_f32)
     try:
-        order = check_weights({name: shape for name, (shape, _) in found.items()}, hyper, sources)
+        hyper = family.hyper(source)
+    except ValueError as error:
+        raise ConvertError(config_path, str(error)) from None
+    hyper.update(tokenizer_hyper(config, tokenizer))
+    try:
+        kept = matched(family.weights(hyper), {name: shape for name, (_, shape, _) in tensors.items()}, "hf", family.name)
     except ValueError as error:
         raise ConvertError(folder, str(error)) from None
     jobs = []
-    for name in order:
-        shape, shard = found[name]
-        quantizer, options = recipe.choose(name, len(shape))
+    for spec, tensor in kept:
+        shard, shape, dtype = tensors[tensor]
+        if dtype not in FLOAT_DTYPES:
+            raise ConvertError(shard, f"tensor {tensor!r} is {dtype}, not one of {', '.join(FLOAT_DTYPES)}")
+        quantizer, options = recipe.choose(spec.name, len(shape))
         try:
-            jobs.append(quantizer.job(name, shape, _rows_of(shard, sources[name], shape), options))
+            jobs.append(quantizer.job(spec.name, shape, _rows_of(shard, tensor, shape, spec.hf_offset), options))
         except ValueError as error:
-            raise ConvertError(recipe.path, f"weight {name!r}: {error}") from None
-    return Model(str(folder), "llama", hyper, tokenizer_text, _chat_template(folder), jobs,
+            raise ConvertError(recipe.path, f"weight {spec.name!r}: {error}") from None
+    return Model(str(folder), family.name, hyper, tokenizer_text, _chat_template(folder), jobs,
                  {"source_format": "huggingface", "recipe": str(recipe.path)})

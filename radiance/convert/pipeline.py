@@ -151,10 +151,11 @@ def _stream_all(writer, model: Model, quantizers: dict, bar, threads: int) -> li
 
 
 def write_model(path, model: Model, quantizers: dict | None = None,
-                threads: int | None = None) -> list[WeightError]:
+                threads: int | None = None, progress: str | None = None) -> list[WeightError]:
     """Write `model` to the .rad file `path`; nothing is left at `path` (or beside it) on failure.
     `quantizers` ({name: Quantizer}) decode schemes of their own for the error report; `threads`
-    weights are streamed at a time (default_threads() when None)."""
+    weights are streamed at a time (default_threads() when None); `progress` labels the progress
+    bar (default: rad-convert PATH)."""
     quantizers = quantizers or {}
     metadata = {**model.metadata, "source": model.source,
                 "methods": {job.name: job.method for job in model.jobs}}
@@ -168,7 +169,7 @@ def write_model(path, model: Model, quantizers: dict | None = None,
             writer.declare(job.name, job.shape, job.encoding, sizes[job.name])
         total = sum(sum(planes.values()) for planes in sizes.values())
         with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, disable=None,
-                  desc=f"rad-convert {path}") as bar:
+                  desc=progress or f"rad-convert {path}") as bar:
             errors = _stream_all(writer, model, quantizers, bar, threads or default_threads())
         writer.update_metadata(summary(errors) if errors else {})
     return errors

@@ -1,5 +1,5 @@
-"""Quantiser plugins as the converter uses them: found on the search path through the Registry (never
-imported by name), their options typed from the recipe's values, every call's result checked.
+"""Quantiser plugins as the converter uses them (found on the search path by plugins.Plugins), their
+options typed from the recipe's values, every call's result checked.
 
 Python quantisers see every weight as [rows, cols] (a vector is one row) and their options as
 {key: value}, every declared option present, typed by RAD_P_INT / RAD_P_F64 / RAD_P_STR.
@@ -7,8 +7,7 @@ Python quantisers see every weight as [rows, cols] (a vector is one row) and the
 
 import numpy as np
 
-from radiance.abi import KIND_FOLDERS, RAD_E_UNSUPPORTED, RAD_P_F64, RAD_P_INT, RAD_P_STR, RAD_PLUGIN_QUANT, RadEncoding
-from radiance.engine.loading.registry import Registry
+from radiance.abi import RAD_E_UNSUPPORTED, RAD_P_F64, RAD_P_INT, RAD_P_STR, RadEncoding
 
 from .job import WeightJob
 
@@ -91,22 +90,3 @@ class Quantizer:
         if not isinstance(values, np.ndarray) or values.shape != tuple(shape):
             self._refuse("decode", values)
         return values
-
-
-class Quantizers:
-    """Every quantiser on the search path: {name: Quantizer}; close() closes their plugins."""
-
-    def __init__(self, radiance_home: str | None = None):
-        self._registry = Registry(radiance_home)
-        self.by_name = {name: Quantizer(info, plugin) for name, (info, plugin) in self._registry.quantizers.items()}
-        self.refused = [str(refusal) for refusal in self._registry.refused
-                        if KIND_FOLDERS[RAD_PLUGIN_QUANT] in refusal.path.parts]
-
-    def close(self):
-        self._registry.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

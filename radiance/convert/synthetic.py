@@ -1,54 +1,29 @@
-"""A synthetic llama model of any shape: seeded random weights, N(0, 0.02) for matrices and 1 for
-norms, for tests and benchmarks (as vLLM's --load-format dummy). Each weight draws from its own
-generator, seeded by (seed, crc32 of its name), in row order, so its values do not depend on the row
-blocks its quantiser asks for, on the recipe, or on which other weights exist; memory stays bounded
-by a row block whatever the size (a Llama-3-8B shape streams)."""
+"""A synthetic model of any family an architecture plugin takes, of any shape its options give:
+seeded random weights as the plugin's weights() says (N(0, 0.02), ones or zeros), for tests and
+benchmarks (as vLLM's --load-format dummy). Each weight draws from its own generator, seeded by
+(seed, crc32 of its name), in row order, so its values do not depend on the row blocks its quantiser
+asks for, on the recipe, or on which other weights exist; memory stays bounded by a row block
+whatever the size (a Llama-3-8B shape streams)."""
 
 import zlib
-from dataclasses import asdict, dataclass
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
+from radiance.abi import RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_SOURCE_SYNTHETIC, RadSourceInfo
+
 from .errors import ConvertError
-from .names import llama_weights
+from .families import taking
 from .pipeline import Model
 
-SOURCE = "--synthetic llama"
 STD = 0.02
 SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>")
 
 
-@dataclass
-class LlamaShape:
-    hidden: int = 576
-    layers: int = 30
-    heads: int = 9
-    kv_heads: int = 3
-    ffn: int = 1536
-    vocab: int = 49152
-    context: int = 2048
-    rope_theta: float = 10000.0
-    tie_embeddings: bool = True
-    head_dim: int | None = None  # hidden / heads when None
-    rms_eps: float = 1e-5
-
-
-def _hyper(shape: LlamaShape) -> dict:
-    counts = {key: value for key, value in asdict(shape).items() if isinstance(value, int) and not isinstance(value, bool)}
-    bad = [key for key, value in counts.items() if value < 1]
-    if bad:
-        raise ConvertError(SOURCE, f"--{bad[0].replace('_', '-')} {counts[bad[0]]} is not a positive count")
-    if shape.head_dim is None and shape.hidden % shape.heads:
-        raise ConvertError(SOURCE, f"--hidden {shape.hidden} is not a multiple of --heads {shape.heads}")
-    if shape.heads % shape.kv_heads:
-        raise ConvertError(SOURCE, f"--heads {shape.heads} is not a multiple of --kv-heads {shape.kv_heads}")
-    specials = shape.vocab >= 256 + len(SPECIALS)
-    return {"hidden": shape.hidden, "layers": shape.layers, "heads": shape.heads, "kv_heads": shape.kv_heads,
-            "head_dim": shape.head_dim or shape.hidden // shape.heads, "ffn": shape.ffn, "vocab": shape.vocab,
-            "context": shape.context, "rope_theta": float(shape.rope_theta), "rms_eps": float(shape.rms_eps),
-            "tie_embeddings": shape.tie_embeddings, "rope_interleaved": 0,
-            "bos_token_id": 256 if specials else None, "eos_token_ids": [257] if specials else [],
+def tokenizer_hyper(vocab: int) -> dict:
+    """The hyper-parameters of the synthetic tokenizer (BOS 256, EOS 257 where the vocabulary holds them)."""
+    specials = vocab >= 256 + len(SPECIALS)
+    return {"bos_token_id": 256 if specials else None, "eos_token_ids": [257] if specials else [],
             "add_bos": specials}
 
 
@@ -68,10 +43,12 @@ def synthetic_tokenizer(vocab: int) -> str | None:
     return tokenizer.to_str()
 
 
-def _rows_of(seed: int, name: str, shape: tuple):
+def _rows_of(seed: int, name: str, shape: tuple, fill: int):
     """rows_of(r0, r1) for one weight, asked in row order."""
-    if len(shape) == 1:
-        return lambda r0, r1: np.ones((1, shape[0]), np.float32)
+    cols = shape[-1]
+    if fill != RAD_FILL_NORMAL:
+        value = np.float32(1 if fill == RAD_FILL_ONES else 0)
+        return lambda r0, r1: np.full((r1 - r0, cols), value, np.float32)
     generator = np.random.default_rng([seed, zlib.crc32(name.encode())])
     next_row = [0]
 
@@ -79,21 +56,34 @@ def _rows_of(seed: int, name: str, shape: tuple):
         if r0 != next_row[0]:
             raise ValueError(f"rows [{r0}, {r1}) asked out of order (next is row {next_row[0]})")
         next_row[0] = r1
-        rows = generator.standard_normal((r1 - r0, shape[1]), np.float32)
+        rows = generator.standard_normal((r1 - r0, cols), np.float32)
         rows *= np.float32(STD)
         return rows
     return rows_of
 
 
-def synthetic_llama(shape: LlamaShape, seed: int, recipe) -> Model:
-    """A llama model of `shape`, each weight quantised as `recipe` (a Recipe) chooses."""
-    hyper = _hyper(shape)
+def synthetic_model(name: str, options: dict, seed: int, recipe, families: list) -> Model:
+    """A model of the family `name` (an architecture that takes --synthetic NAME) with the shape
+    `options` give ({key: value}; the family's defaults for the rest), each weight quantised as
+    `recipe` (a Recipe) chooses."""
+    source = f"--synthetic {name}"
+    try:
+        family, taken = taking(families, RAD_SOURCE_SYNTHETIC, [name])
+        shape = family.options(options)
+        hyper = family.hyper(RadSourceInfo(kind=RAD_SOURCE_SYNTHETIC, family=taken, meta=shape))
+        vocab = hyper.get("vocab")
+        if not isinstance(vocab, int) or vocab < 1:
+            raise ValueError(f"{family.name}'s hyper-parameters give no vocabulary size ('vocab' is {vocab!r})")
+        hyper.update(tokenizer_hyper(vocab))
+        specs = [spec for spec in family.weights(hyper) if spec.name]
+    except ValueError as error:
+        raise ConvertError(source, str(error)) from None
     jobs = []
-    for name, dims in llama_weights(hyper):
-        quantizer, options = recipe.choose(name, len(dims))
+    for spec in specs:
+        quantizer, options = recipe.choose(spec.name, spec.ndim)
         try:
-            jobs.append(quantizer.job(name, dims, _rows_of(seed, name, dims), options))
+            jobs.append(quantizer.job(spec.name, spec.shape, _rows_of(seed, spec.name, spec.shape, spec.fill), options))
         except ValueError as error:
-            raise ConvertError(recipe.path, f"weight {name!r}: {error}") from None
-    return Model(SOURCE, "llama", hyper, synthetic_tokenizer(shape.vocab), None, jobs,
-                 {"source_format": "synthetic", "seed": seed, "recipe": str(recipe.path)})
+            raise ConvertError(recipe.path, f"weight {spec.name!r}: {error}") from None
+    return Model(source, family.name, hyper, synthetic_tokenizer(vocab), None, jobs,
+                 {"source_format": "synthetic", "seed": seed, "recipe": str(recipe.path), "shape": shape})

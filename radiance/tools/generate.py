@@ -1,7 +1,9 @@
 """radiance: one rank in process (`--tp N` launches N rank processes, as radiance-launch does).
 `--prompt` streams a raw completion to stdout (logs and progress go to stderr); `--chat` is an
-interactive chat through the model's template; `--serve` serves the OpenAI API. Which ranks run
-the steps is launch/__init__.py's open_ranks' choice, for this command and radiance-launch alike."""
+interactive chat through the model's template; `--serve` serves the OpenAI API. `--model` is a .rad
+file or a GGUF file, converted once into a cache keyed by its content (radiance/convert/cache.py).
+Which ranks run the steps is launch/__init__.py's open_ranks' choice, for this command and
+radiance-launch alike."""
 
 import signal
 import sys
@@ -10,6 +12,7 @@ import threading
 import click
 
 from radiance.config import Config
+from radiance.convert.cache import model_file
 from radiance.generation.engine import Engine
 from radiance.generation.sequence import SamplingParams
 from radiance.launch import engine_over, open_ranks
@@ -86,6 +89,7 @@ def run(program: str, given: dict) -> None:
     sampling, serving = options.take(given, SamplingParams), options.take(given, ServeSettings)
     with user_errors(program, verbose, extra=RANK_ERRORS):
         SamplingParams(**sampling)
+        given["model"] = model_file(given["model"], given.get("radiance_home"))
         tp, launched = given["tp"], given.get("launched", False)
         config = Config(**{**given, "max_seqs": max_seqs_for(serve, given["max_seqs"]),
                            "profile": serve and (tp > 1 or launched)})  # serving: rank 0's figures for /metrics
@@ -115,7 +119,8 @@ def run(program: str, given: dict) -> None:
 @options.run_ahead
 @options.verbose
 def main(**given):
-    """Generate with a .rad model on this machine's CPU (or the card it sees), or serve it (--serve)."""
+    """Generate with a model (.rad, or .gguf converted once into a cache) on this machine's CPU (or the
+    card it sees), or serve it (--serve)."""
     run("radiance", given)
 
 

@@ -42,7 +42,7 @@ from .generate import run
 @options.run_ahead
 @options.verbose
 def main(**given):
-    """Generate with a .rad model over TP ranks, or serve it (--serve)."""
+    """Generate with a model (.rad, or .gguf converted once into a cache) over TP ranks, or serve it (--serve)."""
     with user_errors("radiance-launch", given["verbose"]):
         given = settle(given)
     run("radiance-launch", {**given, "launched": True})

@@ -73,7 +73,8 @@ sampling = _stack(
 
 # What `radiance` and `radiance-launch` both take: the model, what to do with it, how to sample.
 model_and_mode = _stack(
-    click.option("--model", required=True, type=click.Path(dir_okay=False), help="A .rad model."),
+    click.option("--model", required=True, type=click.Path(dir_okay=False),
+                 help="A .rad model, or a GGUF file (converted once into $RADIANCE_CACHE, ~/.cache/radiance)."),
     click.option("--prompt", default=None, help="Complete this text (no chat template)."),
     click.option("--chat", is_flag=True, help="Talk to the model through its chat template."),
     sampling,

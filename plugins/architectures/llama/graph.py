@@ -1,6 +1,7 @@
 """The graph of one llama step and its tensor-parallel plan, declared as data: column-parallel
 q/k/v/gate/up (their N split), row-parallel o/down (their K split) each followed by all_reduce, a
-vocab-parallel lm head followed by all_gather. The same graph serves TP 1 and TP N."""
+vocab-parallel lm head followed by all_gather. The KV heads are split as whole heads (parts), so
+where the ranks outnumber them each is replicated (rad_arch.h). The same graph serves TP 1 and TP N."""
 
 from radiance.abi import (
     RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_SPLIT_COLS, RAD_SPLIT_NONE,
@@ -22,23 +23,25 @@ class Builder:
         self.dtype = hyper.get("activation_dtype", "f32")
         self.nodes, self.buffers, self.declared = [], [], []
 
-    def weight(self, name: str, split: int, source: str = "") -> str:
-        self.declared.append(RadWeightDecl(name=name, source=source, split=split))
+    def weight(self, name: str, split: int, source: str = "", parts: int = 0) -> str:
+        self.declared.append(RadWeightDecl(name=name, source=source, split=split, parts=parts))
         return name
 
-    def buffer(self, name: str, cols: int, extent: int = TOKENS, split: int = 0) -> str:
-        self.buffers.append(RadBufferDecl(name=name, dtype=RAD_DT_F32, extent=extent, cols=cols, split=split))
+    def buffer(self, name: str, cols: int, extent: int = TOKENS, split: int = 0, parts: int = 0) -> str:
+        self.buffers.append(RadBufferDecl(name=name, dtype=RAD_DT_F32, extent=extent, cols=cols, split=split,
+                                          parts=parts))
         return name
 
     def node(self, op, name, operands, extent=TOKENS, split="", **params):
         self.nodes.append(RadNodeDecl(op=op, name=name, extent=extent, params=params, split=split,
                                       operands=tuple(operands)))
 
-    def gemm(self, name, x, weight, y, split, extent=TOKENS, source=""):
-        """y = x . weight^T; split RAD_SPLIT_ROWS shards N, RAD_SPLIT_COLS shards K."""
+    def gemm(self, name, x, weight, y, split, extent=TOKENS, source="", parts=0):
+        """y = x . weight^T; split RAD_SPLIT_ROWS shards N, RAD_SPLIT_COLS shards K (as `parts` heads)."""
         info = self.weights[source or weight]
-        self.weight(weight, split, source)
-        self.node("gemm", name, (x, weight, y), extent, split={RAD_SPLIT_ROWS: "N", RAD_SPLIT_COLS: "K"}[split],
+        self.weight(weight, split, source, parts)
+        key = {RAD_SPLIT_ROWS: "N", RAD_SPLIT_COLS: "K"}[split]
+        self.node("gemm", name, (x, weight, y), extent, split=f"{key}/{parts}" if parts else key,
                   N=info.rows, K=info.cols, wdtype=info.format, dtype=self.dtype)
 
     def rmsnorm(self, name, x, weight, y, extent=TOKENS):
@@ -50,14 +53,14 @@ class Builder:
 def _layer(b: Builder, i: int) -> None:
     h = b.hyper
     hidden, heads, kv_heads, head_dim = h["hidden"], h["heads"], h["kv_heads"], h["head_dim"]
-    heads_split = "q_heads kv_heads"
+    heads_split = f"q_heads kv_heads/{kv_heads}"
     b.rmsnorm(f"layers.{i}.attn_norm", "h", names.layer(i, "attn_norm"), "x")
-    for part, out in (("q", "q"), ("k", "k"), ("v", "v")):
-        b.gemm(f"layers.{i}.attn.{part}", "x", names.layer(i, f"attn.{part}"), out, RAD_SPLIT_ROWS)
+    for part, parts in (("q", 0), ("k", kv_heads), ("v", kv_heads)):
+        b.gemm(f"layers.{i}.attn.{part}", "x", names.layer(i, f"attn.{part}"), part, RAD_SPLIT_ROWS, parts=parts)
     b.node("rope", f"layers.{i}.rope", ("q", "k", RAD_STEP_POSITIONS, "rope.inv_freq"), split=heads_split,
            q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
            interleaved=int(h.get("rope_interleaved", 0)), dtype=b.dtype)
-    caches = [b.buffer(f"layers.{i}.{which}_cache", kv_heads * head_dim, RAD_EXTENT_SLOTS, split=1)
+    caches = [b.buffer(f"layers.{i}.{which}_cache", kv_heads * head_dim, RAD_EXTENT_SLOTS, split=1, parts=kv_heads)
               for which in ("k", "v")]
     b.node("attention", f"layers.{i}.attention",
            ("q", "k", "v", *caches, RAD_STEP_SLOTS, RAD_STEP_POSITIONS, RAD_STEP_CU_SEQLENS,
@@ -80,10 +83,11 @@ def declare(hyper: dict, weights: dict) -> RadGraphDecl:
     b = Builder(hyper, weights)
     hidden, heads, kv_heads, head_dim = hyper["hidden"], hyper["heads"], hyper["kv_heads"], hyper["head_dim"]
     vocab, ffn = hyper["vocab"], hyper["ffn"]
-    for name, cols, split in (("h", hidden, 0), ("x", hidden, 0), ("q", heads * head_dim, 1),
-                              ("k", kv_heads * head_dim, 1), ("v", kv_heads * head_dim, 1),
-                              ("attn", heads * head_dim, 1), ("t", hidden, 0), ("gate", ffn, 1), ("up", ffn, 1)):
-        b.buffer(name, cols, TOKENS, split)
+    for name, cols, split, parts in (("h", hidden, 0, 0), ("x", hidden, 0, 0), ("q", heads * head_dim, 1, 0),
+                                     ("k", kv_heads * head_dim, 1, kv_heads), ("v", kv_heads * head_dim, 1, kv_heads),
+                                     ("attn", heads * head_dim, 1, 0), ("t", hidden, 0, 0), ("gate", ffn, 1, 0),
+                                     ("up", ffn, 1, 0)):
+        b.buffer(name, cols, TOKENS, split, parts)
     table = names.EMBEDDING
     b.weight(table, RAD_SPLIT_NONE)
     b.node("embedding", "embedding", (RAD_STEP_IDS, table, "h"), n=hidden, vocab=vocab,

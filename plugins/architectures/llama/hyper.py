@@ -21,6 +21,17 @@ def check(hyper: dict) -> str:
     scaling = hyper.get("rope_scaling")
     if scaling and scaling_type(scaling) not in ("linear", "llama3"):
         return f"rope_scaling type {scaling_type(scaling)!r} is not one of linear, llama3"
+    return freq_factors_problem(hyper)
+
+
+def freq_factors_problem(hyper: dict) -> str:
+    """rope_freq_factors (Llama 3.1's rope_freqs, as llama.cpp writes it): head_dim / 2 positive numbers."""
+    factors = hyper.get("rope_freq_factors")
+    if factors is None:
+        return ""
+    if (not isinstance(factors, list) or len(factors) != hyper["head_dim"] // 2
+            or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors)):
+        return f"rope_freq_factors must be {hyper['head_dim'] // 2} positive numbers (head_dim / 2)"
     return ""
 
 

@@ -1,5 +1,6 @@
-"""Rope frequencies as data: theta, and the linear or llama3 scaling, computed once here so the
-rope kernel sees only a table inv_freq f32 [head_dim / 2]."""
+"""Rope frequencies as data: theta, and the linear or llama3 scaling or Llama 3.1's per-frequency
+divisors as a GGUF file carries them (rope_freqs, kept as the hyper-parameter rope_freq_factors),
+computed once here so the rope kernel sees only a table inv_freq f32 [head_dim / 2]."""
 
 import math
 
@@ -16,6 +17,9 @@ def inv_freq(hyper: dict) -> np.ndarray:
         frequencies = frequencies / scaling["factor"]
     elif scaling_type(scaling) == "llama3":
         frequencies = _llama3(frequencies, scaling)
+    factors = hyper.get("rope_freq_factors")
+    if factors is not None:  # llama.cpp's freq_factors: theta_i = position * base^(-2i/d) / factor_i
+        frequencies = frequencies / np.asarray(factors, np.float64)
     return frequencies.astype(np.float32)
 
 

@@ -1,5 +1,6 @@
 """libr4d: the in-tree host kernel library. A row for every op of docs/OPS.md but the collectives,
-on f32 activations, reading q4_1, q8_0 and plain f32/f16/bf16 weights as the container stores them.
+on f32 activations, reading q4_1, q8_0 and plain f32/f16/bf16 weights (rows.py) and the other GGUF
+block types, q4_0, q5_0, q5_1, q2_k..q6_k (rows_kquants.py), as the container stores them.
 
 The kernels are C (r4d.c), compiled at first load with gcc -O3 -march=native -fopenmp, cached on disk
 by a hash of the source, and called through ctypes (native.py); threads follow RADIANCE_THREADS
@@ -19,7 +20,7 @@ import logging
 
 from radiance.abi import RAD_ABI_VERSION, RAD_OK, RAD_PLUGIN_KERNEL, RadPluginInfo
 
-from . import native, rows
+from . import native, rows, rows_kquants
 
 log = logging.getLogger("radiance.libr4d")
 
@@ -76,7 +77,8 @@ def _open() -> None:
                     "several times slower", why)
     _STATE["native"] = loaded
     collective = _collective_rows(loaded)
-    _STATE["rows"] = rows.build_rows(loaded) + [info for info, _ in collective] + _device_rows()
+    _STATE["rows"] = (rows.build_rows(loaded) + rows_kquants.build_rows(loaded) + [info for info, _ in collective]
+                      + _device_rows())
     _STATE["colour"] = {info.name: colour for info, colour in collective}
 
 

@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 SOURCE = Path(__file__).with_name("r4d.c")
+# r4d.c and the GGUF block types' rows (r4d_kquants.c) build into one library
+SOURCES = (SOURCE, SOURCE.with_name("r4d_kquants.c"))
 log = logging.getLogger("radiance.libr4d")
 
 COMMON = ["-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing"]
@@ -73,7 +75,7 @@ SIGNATURES = {
 # one packed int64 argument (rows.py prepares it once per RadArgs); no argtypes: the call takes a
 # prebuilt c_void_p, the cheapest argument ctypes passes
 PACKED = ("r4d_embedding_p", "r4d_gemv_p", "r4d_gemm_p", "r4d_rmsnorm_p", "r4d_add_p", "r4d_silu_mul_p",
-          "r4d_take_rows_p", "r4d_rope_p", "r4d_attention_p")
+          "r4d_take_rows_p", "r4d_rope_p", "r4d_attention_p", "r4d_kq_gemm_p", "r4d_kq_embedding_p")
 
 
 class NativeUnavailable(RuntimeError):
@@ -124,7 +126,7 @@ def _compiler() -> tuple[str, str]:
 
 
 def _build(variant: str, flags: list[str], cc: str, version: str, folder: Path) -> Path:
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256()
     for part in (source, " ".join(COMMON + flags).encode(), version.encode(), platform.machine().encode()):
         key.update(part + b"\0")
@@ -137,7 +139,7 @@ def _build(variant: str, flags: list[str], cc: str, version: str, folder: Path) 
     fd, temporary = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=folder)
     os.close(fd)
     try:
-        command = [cc, *COMMON, *flags, "-o", temporary, str(SOURCE), "-lm"]
+        command = [cc, *COMMON, *flags, "-o", temporary, *map(str, SOURCES), "-lm"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["?"])[-1]

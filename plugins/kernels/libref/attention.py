@@ -37,7 +37,16 @@ def _slots(block_table, block_size, length):
     return block_table[positions // block_size] * block_size + positions % block_size
 
 
+def sliding_attention(a):
+    """attention, each token at position p seeing positions p - window < j <= p."""
+    return _attend(a, rad_args_geti(a, "window"))
+
+
 def attention(a):
+    return _attend(a, None)
+
+
+def _attend(a, window):
     q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = (t.data for t in a.t)
     m = rad_args_geti(a, "M")
     heads, kv_heads = rad_args_geti(a, "q_heads"), rad_args_geti(a, "kv_heads")
@@ -60,6 +69,8 @@ def attention(a):
             scores += query[:, :, d, None] * keys[None, :, :, d].transpose(0, 2, 1)
         scores *= scale
         visible = np.arange(length)[None, None, :] <= positions[t0:t1, None, None]
+        if window is not None:
+            visible &= np.arange(length)[None, None, :] > positions[t0:t1, None, None] - window
         scores = np.where(visible, scores, F32(-np.inf))
         weights = exp32(scores - scores.max(axis=2, keepdims=True))  # masked -> 0
         total = weights[:, :, 0].copy()

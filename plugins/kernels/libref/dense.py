@@ -4,7 +4,7 @@ import numpy as np
 
 from radiance.abi import RAD_OK, rad_args_getf, rad_args_geti, rad_weight_f32
 
-from .ordered import F32, ordered_dot, ordered_sum, sigmoid32
+from .ordered import F32, gelu_tanh32, ordered_dot, ordered_sum, sigmoid32
 
 
 def relayout_f32(weight, geometry):
@@ -27,6 +27,35 @@ def rmsnorm(a):
     mean = ordered_sum(x * x) / F32(n)
     scale = F32(1.0) / np.sqrt(mean + F32(rad_args_getf(a, "eps")))
     y[:m] = (x * scale[:, None]) * w.reshape(-1)[None, :n]
+    return RAD_OK
+
+
+def rmsnorm_heads(a):
+    """rmsnorm over each head_dim slice of a row: y = (x * (1 / sqrt(sum(x*x) / d + eps))) * w, the sum
+    in column order (y may be x)."""
+    x, w, y = (t.data for t in a.t)
+    m, heads, head_dim = rad_args_geti(a, "M"), rad_args_geti(a, "heads"), rad_args_geti(a, "head_dim")
+    x = x[:m, :heads * head_dim].reshape(m, heads, head_dim)
+    mean = ordered_sum(x * x) / F32(head_dim)
+    scale = F32(1.0) / np.sqrt(mean + F32(rad_args_getf(a, "eps")))
+    y[:m, :heads * head_dim] = ((x * scale[:, :, None]) * w.reshape(-1)[None, None, :head_dim]).reshape(m, -1)
+    return RAD_OK
+
+
+def scale(a):
+    """y = x * scale, the scale rounded to f32 (y may be x)."""
+    x, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    np.multiply(x[:m], F32(rad_args_getf(a, "scale")), out=y[:m])
+    return RAD_OK
+
+
+def gelu_tanh_mul(a):
+    """y = gelu_tanh(gate) * up, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in f64
+    rounded once to f32."""
+    gate, up, y = (t.data for t in a.t)
+    m = rad_args_geti(a, "M")
+    y[:m] = gelu_tanh32(gate[:m]) * up[:m]
     return RAD_OK
 
 

@@ -8,8 +8,10 @@ from . import attention, collective, dense, sample
 from .vocabulary import SCHEMAS
 
 LINK_ROWS = {"embedding": dense.embedding, "rmsnorm": dense.rmsnorm, "gemm": dense.gemm, "rope": attention.rope,
-             "attention": attention.attention, "add": dense.add, "silu_mul": dense.silu_mul,
-             "take_rows": dense.take_rows, "all_reduce": collective.all_reduce, "sample": sample.sample}
+             "attention": attention.attention, "sliding_attention": attention.sliding_attention, "add": dense.add,
+             "silu_mul": dense.silu_mul, "gelu_tanh_mul": dense.gelu_tanh_mul, "rmsnorm_heads": dense.rmsnorm_heads,
+             "scale": dense.scale, "take_rows": dense.take_rows, "all_reduce": collective.all_reduce,
+             "sample": sample.sample}
 SCHEMA = {schema.op: schema for schema in SCHEMAS}
 
 # the chains, spelled with each fused op's operands (docs/OPS.md)

@@ -35,3 +35,9 @@ def exp32(values: np.ndarray) -> np.ndarray:
 
 def sigmoid32(values: np.ndarray) -> np.ndarray:
     return (1.0 / (1.0 + np.exp(-np.asarray(values, dtype=np.float64)))).astype(F32)
+
+
+def gelu_tanh32(values: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation (PyTorch's approximate='tanh', ggml's gelu), in f64 rounded once."""
+    x = np.asarray(values, dtype=np.float64)
+    return (0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x * x * x)))).astype(F32)

@@ -37,7 +37,9 @@ int32_t rad_dtype_bits(int32_t dtype) {
     case RAD_DT_I8: case RAD_DT_U8: case RAD_DT_FP8_E4M3: case RAD_DT_FP8_E5M2: return 8;
     case RAD_DT_U1: return 1;
     case RAD_DT_U2: return 2;
+    case RAD_DT_U3: return 3;
     case RAD_DT_U4: case RAD_DT_I4: case RAD_DT_FP4_E2M1: return 4;
+    case RAD_DT_U5: return 5;
     case RAD_DT_U6: return 6;
     default: return 0;
     }

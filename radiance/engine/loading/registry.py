@@ -65,7 +65,9 @@ def schema_difference(fixed: RadOpSchema, other: RadOpSchema) -> str | None:
 
 
 class Registry:
-    def __init__(self, radiance_home: str | None = None, kernels: str | None = None):
+    def __init__(self, radiance_home: str | None = None, kernels: str | None = None,
+                 kinds: tuple = (RAD_PLUGIN_KERNEL, RAD_PLUGIN_ARCH, RAD_PLUGIN_QUANT)):
+        """Every plugin of the `kinds` asked for (rad-convert needs no kernel library)."""
         self.homes = search_path(radiance_home)
         self.kernel_entries = parse_kernels(kernels)
         self.refused: list[Refusal] = []
@@ -73,7 +75,7 @@ class Registry:
         self.shadowed = []
         self.plugins: dict[int, list[Plugin]] = {}
         for kind in (RAD_PLUGIN_KERNEL, RAD_PLUGIN_ARCH, RAD_PLUGIN_QUANT):
-            self.plugins[kind] = self._load_kind(kind)
+            self.plugins[kind] = self._load_kind(kind) if kind in kinds else []
         self.hierarchy, self.unmatched = order_libraries(self.plugins[RAD_PLUGIN_KERNEL], self.kernel_entries)
         self._check_named()
         self.ops: dict[str, OpEntry] = {}

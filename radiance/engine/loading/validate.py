@@ -4,7 +4,7 @@ plugin with one line naming the file and what is wrong."""
 from radiance.abi import (
     RAD_C_DIV, RAD_C_EQ, RAD_C_GE, RAD_C_IN, RAD_C_LE, RAD_DERIVED, RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST,
     RAD_OPD_IN, RAD_OPD_WTAB, RAD_OPTIONAL, RAD_P_F64, RAD_P_INT, RAD_P_STR, RAD_PROLE_CAPACITY,
-    RAD_PROLE_NONE, RAD_REQUIRED, RadArchInfo, RadConstraint, RadKernelInfo, RadOpSchema, RadQuantizerInfo,
+    RAD_PROLE_NONE, RAD_REQUIRED, RadArchInfo, RadArchOption, RadConstraint, RadKernelInfo, RadOpSchema, RadQuantizerInfo,
 )
 
 from .records import PluginRefused
@@ -111,5 +111,21 @@ def validate_quantizers(path, quantizers) -> None:
                                           f"unknown type {option.type}")
 
 
+IMPORT_HOOKS = ("takes", "hyper", "weights")
+
+
 def validate_architectures(path, architectures) -> None:
     _validate_named(path, architectures, RadArchInfo, "architecture", "rad_arch_at", ("check", "declare"))
+    for architecture in architectures:
+        given = [hook for hook in IMPORT_HOOKS if getattr(architecture, hook) is not None]
+        if given and len(given) != len(IMPORT_HOOKS):
+            missing = [hook for hook in IMPORT_HOOKS if hook not in given]
+            raise PluginRefused(path, f"architecture '{architecture.name}' has the import hook "
+                                      f"{given[0]} but not {' and '.join(missing)} (all three or none)")
+        bad = [hook for hook in given if not callable(getattr(architecture, hook))]
+        if bad:
+            raise PluginRefused(path, f"architecture '{architecture.name}': {bad[0]} is not callable")
+        for option in architecture.synthetic:
+            if not isinstance(option, RadArchOption) or option.type not in PARAM_TYPES:
+                raise PluginRefused(path, f"architecture '{architecture.name}': synthetic option "
+                                          f"{getattr(option, 'key', option)!r} is not a RadArchOption of a known type")

@@ -32,7 +32,7 @@ class RankWeights:
         container, source = self.model.container, decl.source or decl.name
         info = self.model.weights[source]
         encoding, shape = container.encoding(source), (info.rows, info.cols)
-        cut = weight_cut(decl.split, info.rows, info.cols, shard, decl.name)
+        cut = weight_cut(decl.split, info.rows, info.cols, shard, decl.name, decl.parts)
         if cut is None:
             planes = {p.name: container.plane(source, p.name) for p in encoding.planes}
         elif cut[0] == 0:

@@ -15,8 +15,19 @@ class Shard:
     rank: int
     world: int
 
-    def part(self, extent: int, what: str) -> tuple[int, int]:
-        """[start, stop) of this rank's share of `extent`."""
+    def part(self, extent: int, what: str, parts: int = 0) -> tuple[int, int]:
+        """[start, stop) of this rank's share of `extent`: divided evenly, or, as `parts` equal parts
+        (rad_arch.h), never cut inside a part, each part replicated where the ranks outnumber them."""
+        if parts:
+            if extent % parts:
+                raise ShardError(f"{what} is {extent}, not {parts} equal parts")
+            size = extent // parts
+            if parts < self.world and self.world % parts == 0:  # replicated: rank r takes part r * parts / world
+                part = self.rank * parts // self.world
+                return part * size, (part + 1) * size
+            if parts % self.world:
+                raise ShardError(f"{what} is {parts} parts, which the {self.world} ranks neither divide nor "
+                                 f"replicate evenly")
         if extent % self.world:
             raise ShardError(f"{what} is {extent}, not divisible by the {self.world} ranks")
         size = extent // self.world
@@ -41,12 +52,23 @@ class RankBuffer:
     cols: int
 
 
+def split_keys(split: str) -> list[tuple[str, int]]:
+    """A node's split: (parameter, parts) for each of its names, "N/4" being N in 4 parts (0: none)."""
+    keys = []
+    for entry in split.split():
+        key, _, parts = entry.partition("/")
+        if parts and not (parts.isdigit() and int(parts) > 0):
+            raise ShardError(f"split '{entry}': the parts after '/' must be a positive count")
+        keys.append((key, int(parts or 0)))
+    return keys
+
+
 def shard_nodes(graph: RadGraphDecl, shard: Shard) -> list[RankNode]:
     nodes = []
     for index, node in enumerate(graph.nodes):
         params = dict(node.params)
-        for key in node.split.split():
-            start, stop = shard.part(params[key], f"node '{node.name}': {key}")
+        for key, parts in split_keys(node.split):
+            start, stop = shard.part(params[key], f"node '{node.name}': {key}", parts)
             params[key] = stop - start
         nodes.append(RankNode(index, node.op, node.name, node.extent, params, tuple(node.operands)))
     return nodes
@@ -57,20 +79,22 @@ def shard_buffers(graph: RadGraphDecl, shard: Shard) -> dict:
     for buffer in graph.buffers:
         cols = buffer.cols
         if buffer.split:
-            start, stop = shard.part(cols, f"buffer '{buffer.name}' columns")
+            start, stop = shard.part(cols, f"buffer '{buffer.name}' columns", buffer.parts)
             cols = stop - start
         buffers[buffer.name] = RankBuffer(buffer.name, buffer.dtype, buffer.extent, cols)
     return buffers
 
 
-def weight_cut(split: int, rows: int, cols: int, shard: Shard, name: str):
-    """(axis, start, stop) of this rank's slice of a weight, or None when it is replicated."""
+def weight_cut(split: int, rows: int, cols: int, shard: Shard, name: str, parts: int = 0):
+    """(axis, start, stop) of this rank's slice of a weight, or None when it is whole on every rank."""
     if split == RAD_SPLIT_NONE or shard.world == 1:
         return None
     if split == RAD_SPLIT_ROWS:
-        return (0, *shard.part(rows, f"weight '{name}' rows"))
+        cut = (0, *shard.part(rows, f"weight '{name}' rows", parts))
+        return None if cut[1:] == (0, rows) else cut
     if split == RAD_SPLIT_COLS:
-        return (1, *shard.part(cols, f"weight '{name}' columns"))
+        cut = (1, *shard.part(cols, f"weight '{name}' columns", parts))
+        return None if cut[1:] == (0, cols) else cut
     raise ShardError(f"weight '{name}': unknown split {split}")
 
 

@@ -1,0 +1,146 @@
+"""The graph of one Gemma 3 step and its tensor-parallel plan, declared as data.
+
+    h = embedding(ids) * sqrt(hidden)
+    per layer: x = rmsnorm(h) * attn_norm; q, k, v = x . Wq, Wk, Wv; q, k = rmsnorm per head * q_norm,
+               k_norm; rope (the layer's own table); attention, through a sliding window on sliding
+               layers; t = attn . Wo; all_reduce; h += rmsnorm(t) * post_norm
+               x = rmsnorm(h) * ffn_norm; t = (gelu_tanh(x . Wg) * (x . Wu)) . Wd; all_reduce;
+               h += rmsnorm(t) * post_norm
+    logits = rmsnorm(h[last]) * output_norm . token_embd^T (tied), all_gather, sample
+
+Every norm weight is the multiplier itself (1 + w, as llama.cpp's converter stores it). Column-
+parallel q/k/v/gate/up, row-parallel o/down; the KV heads are split as whole heads, replicated where
+the ranks outnumber them (Gemma 3 270M has one: every rank holds it at TP 2 and 4)."""
+
+import math
+
+import numpy as np
+
+from radiance.abi import (
+    RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_SPLIT_COLS, RAD_SPLIT_NONE,
+    RAD_SPLIT_ROWS, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_CU_SEQLENS, RAD_STEP_IDS,
+    RAD_STEP_LAST_INDEX, RAD_STEP_POSITIONS, RAD_STEP_RNG, RAD_STEP_SLOTS, RAD_STEP_TEMPERATURE,
+    RAD_STEP_TOKENS, RAD_STEP_TOP_K, RAD_STEP_TOP_P, RadBufferDecl, RadGraphDecl, RadNodeDecl,
+    RadTableDecl, RadWeightDecl, rad_tensor,
+)
+
+from . import names
+
+TOKENS, SEQS = RAD_EXTENT_TOKENS, RAD_EXTENT_SEQS
+GLOBAL_TABLE, LOCAL_TABLE = "rope.inv_freq", "rope.inv_freq.local"
+
+
+def inv_freq(theta: float, head_dim: int, factor: float = 1.0) -> np.ndarray:
+    """theta^(-2i/d) / factor, f32 [head_dim / 2] (a linear rope scaling divides every frequency)."""
+    return (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim) / factor).astype(np.float32)
+
+
+class Builder:
+    def __init__(self, hyper: dict, weights: dict):
+        self.hyper, self.weights = hyper, weights
+        self.dtype = hyper.get("activation_dtype", "f32")
+        self.nodes, self.buffers, self.declared = [], [], []
+
+    def weight(self, name: str, split: int, source: str = "", parts: int = 0) -> str:
+        self.declared.append(RadWeightDecl(name=name, source=source, split=split, parts=parts))
+        return name
+
+    def buffer(self, name: str, cols: int, extent: int = TOKENS, split: int = 0, parts: int = 0) -> str:
+        self.buffers.append(RadBufferDecl(name=name, dtype=RAD_DT_F32, extent=extent, cols=cols, split=split,
+                                          parts=parts))
+        return name
+
+    def node(self, op, name, operands, extent=TOKENS, split="", **params):
+        self.nodes.append(RadNodeDecl(op=op, name=name, extent=extent, params=params, split=split,
+                                      operands=tuple(operands)))
+
+    def gemm(self, name, x, weight, y, split, extent=TOKENS, source="", parts=0):
+        """y = x . weight^T; split RAD_SPLIT_ROWS shards N, RAD_SPLIT_COLS shards K (as `parts` heads)."""
+        info = self.weights[source or weight]
+        self.weight(weight, split, source, parts)
+        key = {RAD_SPLIT_ROWS: "N", RAD_SPLIT_COLS: "K"}[split]
+        self.node("gemm", name, (x, weight, y), extent, split=f"{key}/{parts}" if parts else key,
+                  N=info.rows, K=info.cols, wdtype=info.format, dtype=self.dtype)
+
+    def rmsnorm(self, name, x, weight, y, extent=TOKENS):
+        self.weight(weight, RAD_SPLIT_NONE)
+        self.node("rmsnorm", name, (x, weight, y), extent, n=self.hyper["hidden"],
+                  eps=float(self.hyper["rms_eps"]), dtype=self.dtype)
+
+    def rmsnorm_heads(self, name, x, weight, heads, split):
+        self.weight(weight, RAD_SPLIT_NONE)
+        self.node("rmsnorm_heads", name, (x, weight, x), split=split, heads=heads,
+                  head_dim=self.hyper["head_dim"], eps=float(self.hyper["rms_eps"]), dtype=self.dtype)
+
+
+def _layer(b: Builder, i: int) -> None:
+    h = b.hyper
+    hidden, heads, kv_heads, head_dim = h["hidden"], h["heads"], h["kv_heads"], h["head_dim"]
+    sliding = h["layer_types"][i] == "sliding"
+    heads_split = f"q_heads kv_heads/{kv_heads}"
+    b.rmsnorm(f"layers.{i}.attn_norm", "h", names.layer(i, "attn_norm"), "x")
+    for part, parts in (("q", 0), ("k", kv_heads), ("v", kv_heads)):
+        b.gemm(f"layers.{i}.attn.{part}", "x", names.layer(i, f"attn.{part}"), part, RAD_SPLIT_ROWS, parts=parts)
+    b.rmsnorm_heads(f"layers.{i}.attn.q_norm", "q", names.layer(i, "attn.q_norm"), heads, "heads")
+    b.rmsnorm_heads(f"layers.{i}.attn.k_norm", "k", names.layer(i, "attn.k_norm"), kv_heads, f"heads/{kv_heads}")
+    b.node("rope", f"layers.{i}.rope", ("q", "k", RAD_STEP_POSITIONS, LOCAL_TABLE if sliding else GLOBAL_TABLE),
+           split=heads_split, q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+           interleaved=int(h.get("rope_interleaved", 0)), dtype=b.dtype)
+    caches = [b.buffer(f"layers.{i}.{which}_cache", kv_heads * head_dim, RAD_EXTENT_SLOTS, split=1, parts=kv_heads)
+              for which in ("k", "v")]
+    operands = ("q", "k", "v", *caches, RAD_STEP_SLOTS, RAD_STEP_POSITIONS, RAD_STEP_CU_SEQLENS,
+                RAD_STEP_CONTEXT_LENS, RAD_STEP_BLOCK_TABLES, "attn")
+    common = dict(q_heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=int(h.get("block_size", 16)))
+    scale = float(h["query_pre_attn_scalar"]) ** -0.5
+    if sliding:
+        b.node("sliding_attention", f"layers.{i}.attention", operands, split=heads_split, **common,
+               window=int(h["sliding_window"]), scale=scale, dtype=b.dtype)
+    else:
+        b.node("attention", f"layers.{i}.attention", operands, split=heads_split, **common, scale=scale, dtype=b.dtype)
+    b.gemm(f"layers.{i}.attn.o", "attn", names.layer(i, "attn.o"), "t", RAD_SPLIT_COLS)
+    b.node("all_reduce", f"layers.{i}.attn.all_reduce", ("t",), n=hidden, dtype=b.dtype)
+    b.rmsnorm(f"layers.{i}.attn.post_norm", "t", names.layer(i, "attn.post_norm"), "x")
+    b.node("add", f"layers.{i}.attn.residual", ("h", "x", "h"), n=hidden, dtype=b.dtype)
+    b.rmsnorm(f"layers.{i}.ffn_norm", "h", names.layer(i, "ffn_norm"), "x")
+    b.gemm(f"layers.{i}.ffn.gate", "x", names.layer(i, "ffn.gate"), "gate", RAD_SPLIT_ROWS)
+    b.gemm(f"layers.{i}.ffn.up", "x", names.layer(i, "ffn.up"), "up", RAD_SPLIT_ROWS)
+    b.node("gelu_tanh_mul", f"layers.{i}.ffn.gelu_tanh_mul", ("gate", "up", "gate"), split="n", n=h["ffn"],
+           dtype=b.dtype)
+    b.gemm(f"layers.{i}.ffn.down", "gate", names.layer(i, "ffn.down"), "t", RAD_SPLIT_COLS)
+    b.node("all_reduce", f"layers.{i}.ffn.all_reduce", ("t",), n=hidden, dtype=b.dtype)
+    b.rmsnorm(f"layers.{i}.ffn.post_norm", "t", names.layer(i, "ffn.post_norm"), "x")
+    b.node("add", f"layers.{i}.ffn.residual", ("h", "x", "h"), n=hidden, dtype=b.dtype)
+
+
+def declare(hyper: dict, weights: dict) -> RadGraphDecl:
+    b = Builder(hyper, weights)
+    hidden, heads, kv_heads, head_dim = hyper["hidden"], hyper["heads"], hyper["kv_heads"], hyper["head_dim"]
+    vocab, ffn = hyper["vocab"], hyper["ffn"]
+    for name, cols, split, parts in (("h", hidden, 0, 0), ("x", hidden, 0, 0), ("q", heads * head_dim, 1, 0),
+                                     ("k", kv_heads * head_dim, 1, kv_heads), ("v", kv_heads * head_dim, 1, kv_heads),
+                                     ("attn", heads * head_dim, 1, 0), ("t", hidden, 0, 0), ("gate", ffn, 1, 0),
+                                     ("up", ffn, 1, 0)):
+        b.buffer(name, cols, TOKENS, split, parts)
+    table = names.EMBEDDING
+    b.weight(table, RAD_SPLIT_NONE)
+    b.node("embedding", "embedding", (RAD_STEP_IDS, table, "h"), n=hidden, vocab=vocab,
+           wdtype=weights[table].format, dtype=b.dtype)
+    # llama.cpp: ggml_scale(inpL, sqrtf(n_embd)), in f32
+    b.node("scale", "embedding.scale", ("h", "h"), n=hidden, scale=float(np.sqrt(np.float32(hidden))), dtype=b.dtype)
+    for i in range(hyper["layers"]):
+        _layer(b, i)
+    b.buffer("hs", hidden, SEQS)
+    b.buffer("xs", hidden, SEQS)
+    b.buffer("logits_part", vocab, SEQS, split=1)
+    b.buffer("logits", vocab, SEQS)
+    b.node("take_rows", "last_tokens", ("h", RAD_STEP_LAST_INDEX, "hs"), SEQS, n=hidden, dtype=b.dtype)
+    b.rmsnorm("output_norm", "hs", names.OUTPUT_NORM, "xs", SEQS)
+    tied = names.OUTPUT not in weights
+    b.gemm("lm_head", "xs", "lm_head", "logits_part", RAD_SPLIT_ROWS, SEQS, source=table if tied else names.OUTPUT)
+    b.node("all_gather", "lm_head.all_gather", ("logits_part", "logits"), SEQS, split="n", n=vocab, dtype=b.dtype)
+    b.node("sample", "sample", ("logits", RAD_STEP_TEMPERATURE, RAD_STEP_TOP_K, RAD_STEP_TOP_P, RAD_STEP_RNG,
+                                RAD_STEP_TOKENS), SEQS, vocab=vocab)
+    factor = (hyper.get("rope_scaling") or {}).get("factor", 1.0)
+    tables = [RadTableDecl(name=GLOBAL_TABLE, table=rad_tensor(inv_freq(hyper["rope_theta"], head_dim, factor))),
+              RadTableDecl(name=LOCAL_TABLE, table=rad_tensor(inv_freq(hyper["rope_local_theta"], head_dim)))]
+    return RadGraphDecl(weights=b.declared, tables=tables, buffers=b.buffers, nodes=b.nodes)

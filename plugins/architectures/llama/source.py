@@ -1,0 +1,160 @@
+"""The llama family's checkpoints, for rad-convert (rad_arch.h's import hooks): which sources it
+takes, the hyper-parameters each gives, and the weights those call for with their GGUF and Hugging
+Face names (docs/CONVERT.md has the tables)."""
+
+import numpy as np
+
+from radiance.abi import (
+    RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_P_F64, RAD_P_INT, RAD_SOURCE_GGUF, RAD_SOURCE_HF, RAD_SOURCE_SYNTHETIC,
+    RadArchOption, RadWeightSpec,
+)
+
+from . import names
+
+GGUF_FAMILIES = ("llama",)  # llama.cpp writes Llama 2/3, Mistral and SmolLM2 as `llama`
+HF_FAMILIES = ("LlamaForCausalLM",)
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1's per-frequency divisors, as llama.cpp writes them
+
+SYNTHETIC = [  # SmolLM2-135M's shape
+    RadArchOption("hidden", RAD_P_INT, "576", "model width"),
+    RadArchOption("layers", RAD_P_INT, "30", "transformer blocks"),
+    RadArchOption("heads", RAD_P_INT, "9", "attention heads"),
+    RadArchOption("kv_heads", RAD_P_INT, "3", "key/value heads"),
+    RadArchOption("head_dim", RAD_P_INT, "0", "per head (0: hidden / heads)"),
+    RadArchOption("ffn", RAD_P_INT, "1536", "feed-forward width"),
+    RadArchOption("vocab", RAD_P_INT, "49152", "vocabulary size"),
+    RadArchOption("context", RAD_P_INT, "2048", "context length"),
+    RadArchOption("rope_theta", RAD_P_F64, "10000", "rope base"),
+    RadArchOption("rms_eps", RAD_P_F64, "1e-5", "RMS norm epsilon"),
+    RadArchOption("tie_embeddings", RAD_P_INT, "1", "the lm head reads token_embd"),
+]
+
+# (ours, GGUF, Hugging Face) per layer
+LAYER = (("attn_norm", "attn_norm", "input_layernorm"), ("attn.q", "attn_q", "self_attn.q_proj"),
+         ("attn.k", "attn_k", "self_attn.k_proj"), ("attn.v", "attn_v", "self_attn.v_proj"),
+         ("attn.o", "attn_output", "self_attn.o_proj"), ("ffn_norm", "ffn_norm", "post_attention_layernorm"),
+         ("ffn.gate", "ffn_gate", "mlp.gate_proj"), ("ffn.up", "ffn_up", "mlp.up_proj"),
+         ("ffn.down", "ffn_down", "mlp.down_proj"))
+
+
+def takes(kind: int, family: str) -> bool:
+    return family in {RAD_SOURCE_GGUF: GGUF_FAMILIES, RAD_SOURCE_HF: HF_FAMILIES,
+                      RAD_SOURCE_SYNTHETIC: ("llama",)}.get(kind, ())
+
+
+def f32_decimal(value) -> float:
+    """A float stored as f32, as the shortest decimal that reads back as that f32 (1e-05, not 9.99e-06)."""
+    return float(str(np.float32(value)))
+
+
+class _Missing(Exception):
+    pass
+
+
+def _getter(meta: dict, prefix: str = ""):
+    def get(key, default=_Missing):
+        if prefix + key in meta:
+            return meta[prefix + key]
+        if default is _Missing:
+            raise _Missing(f"metadata {prefix}{key} is missing" if prefix else f"{key} is missing")
+        return default
+    return get
+
+
+def _gguf(source) -> dict:
+    get = _getter(source.meta, f"{source.family}.")
+    tensors = source.tensors
+    if "token_embd.weight" not in tensors:
+        raise _Missing("tensor token_embd.weight is missing")
+    hidden, heads = get("embedding_length"), get("attention.head_count")
+    hyper = {"hidden": hidden, "layers": get("block_count"), "heads": heads,
+             "kv_heads": get("attention.head_count_kv", heads), "head_dim": get("attention.key_length", hidden // heads),
+             "ffn": get("feed_forward_length"), "vocab": tensors["token_embd.weight"].rows,
+             "context": get("context_length"), "rope_theta": f32_decimal(get("rope.freq_base", 10000.0)),
+             "rms_eps": f32_decimal(get("attention.layer_norm_rms_epsilon")),
+             "tie_embeddings": "output.weight" not in tensors, "rope_interleaved": 1}  # llama.cpp permutes q, k
+    scaling = get("rope.scaling.type", "none")
+    if scaling != "none":
+        hyper["rope_scaling"] = {"rope_type": scaling, "factor": f32_decimal(get("rope.scaling.factor"))}
+        original = get("rope.scaling.original_context_length", None)
+        if original is not None:
+            hyper["rope_scaling"]["original_max_position_embeddings"] = original
+    if ROPE_FREQS in tensors:  # Llama 3.1: each frequency divided by its factor (the graph's rope table)
+        hyper["rope_freq_factors"] = [float(value) for value in source.read_f32(ROPE_FREQS)]
+    return hyper
+
+
+def _hf(source) -> dict:
+    get = _getter(source.meta)
+    hidden, heads = get("hidden_size"), get("num_attention_heads")
+    hyper = {"hidden": hidden, "layers": get("num_hidden_layers"), "heads": heads,
+             "kv_heads": get("num_key_value_heads", heads), "head_dim": get("head_dim", None) or hidden // heads,
+             "ffn": get("intermediate_size"), "vocab": get("vocab_size"), "context": get("max_position_embeddings"),
+             "rope_theta": float(get("rope_theta", 10000.0)), "rms_eps": float(get("rms_norm_eps")),
+             "tie_embeddings": bool(get("tie_word_embeddings", False)), "rope_interleaved": 0}
+    scaling = get("rope_scaling", None)
+    if scaling:
+        scaling = dict(scaling)
+        scaling["rope_type"] = scaling.pop("type", None) or scaling.get("rope_type")
+        hyper["rope_scaling"] = scaling
+    return hyper
+
+
+def flag(key: str) -> str:
+    """A synthetic option as rad-convert's command line spells it."""
+    return "--" + key.replace("_", "-")
+
+
+def _synthetic(source) -> dict:
+    shape = source.meta
+    bad = [key for key in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "context") if shape[key] < 1]
+    if bad:
+        return f"{flag(bad[0])} {shape[bad[0]]} is not a positive count"
+    if not shape["head_dim"] and shape["hidden"] % shape["heads"]:
+        return f"--hidden {shape['hidden']} is not a multiple of --heads {shape['heads']}"
+    if shape["heads"] % shape["kv_heads"]:
+        return f"--heads {shape['heads']} is not a multiple of --kv-heads {shape['kv_heads']}"
+    return {"hidden": shape["hidden"], "layers": shape["layers"], "heads": shape["heads"],
+            "kv_heads": shape["kv_heads"], "head_dim": shape["head_dim"] or shape["hidden"] // shape["heads"],
+            "ffn": shape["ffn"], "vocab": shape["vocab"], "context": shape["context"],
+            "rope_theta": float(shape["rope_theta"]), "rms_eps": float(shape["rms_eps"]),
+            "tie_embeddings": bool(shape["tie_embeddings"]), "rope_interleaved": 0}
+
+
+def hyper(source):
+    """The hyper-parameters a source gives, or a one-line reason."""
+    read = {RAD_SOURCE_GGUF: _gguf, RAD_SOURCE_HF: _hf, RAD_SOURCE_SYNTHETIC: _synthetic}[source.kind]
+    try:
+        return read(source)
+    except _Missing as missing:
+        return str(missing)
+
+
+def _spec(name, gguf, hf, shape, optional=0, fill=RAD_FILL_NORMAL):
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape
+    return RadWeightSpec(name=name, gguf=gguf, hf=hf, ndim=len(shape), rows=rows, cols=cols, optional=optional,
+                         fill=fill)
+
+
+def weights(hyper: dict) -> list:
+    """Every weight of a llama model, in the container's order, with the tensors a source may hold
+    that are not kept: Llama 3.1's rope_freqs (kept as hyper-parameters), Hugging Face's derived
+    rotary tables, and its lm_head when the embeddings are tied."""
+    hidden, ffn, vocab, head_dim = hyper["hidden"], hyper["ffn"], hyper["vocab"], hyper["head_dim"]
+    q, kv = hyper["heads"] * head_dim, hyper["kv_heads"] * head_dim
+    shapes = {"attn_norm": (hidden,), "attn.q": (q, hidden), "attn.k": (kv, hidden), "attn.v": (kv, hidden),
+              "attn.o": (hidden, q), "ffn_norm": (hidden,), "ffn.gate": (ffn, hidden), "ffn.up": (ffn, hidden),
+              "ffn.down": (hidden, ffn)}
+    specs = [_spec("", ROPE_FREQS, "", (head_dim // 2,), optional=1),
+             _spec(names.EMBEDDING, "token_embd.weight", "model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(hyper["layers"]):
+        for ours, gguf, hf in LAYER:
+            fill = RAD_FILL_ONES if len(shapes[ours]) == 1 else RAD_FILL_NORMAL
+            specs.append(_spec(names.layer(i, ours), f"blk.{i}.{gguf}.weight", f"model.layers.{i}.{hf}.weight",
+                               shapes[ours], fill=fill))
+        specs.append(RadWeightSpec(name="", hf=f"model.layers.{i}.self_attn.rotary_emb.inv_freq", optional=1))
+    specs.append(_spec(names.OUTPUT_NORM, "output_norm.weight", "model.norm.weight", (hidden,), fill=RAD_FILL_ONES))
+    tied = hyper["tie_embeddings"]
+    specs.append(_spec("" if tied else names.OUTPUT, "output.weight", "lm_head.weight", (vocab, hidden),
+                       optional=int(tied)))
+    return specs

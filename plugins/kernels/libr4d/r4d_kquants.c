@@ -1,0 +1,449 @@
+/* r4d_kquants.c: libr4d's rows for the GGUF block types imported as bit-stream encodings
+ * (radiance.weights.formats): q4_0, q5_0, q5_1 (blocks of 32) and q2_k, q3_k, q4_k, q5_k, q6_k
+ * (super-blocks of 256). Built into the same library as r4d.c (native.py compiles both); it
+ * shares nothing with r4d.c but r4d_threads().
+ *
+ * Every plane is read as stored: codes and sub-byte scales are little-endian bit streams along the
+ * row (element i at bit i * bits), so 8 elements of b bits fill exactly b bytes. A row is decoded to
+ * f32 exactly as the core decoder does (radiance/weights/decode.py), in its order and in f32:
+ *
+ *     v = (code - zero) * scale * scale.1 - min * min.1
+ *
+ * with zero 8 (q4_0), 16 (q5_0), 4 (q3_k), 32 (q6_k), else none, and min stored negated where GGUF
+ * adds it (q5_1). The embedding therefore equals libref's bit for bit; the GEMV and GEMM decode
+ * panels of 4 weight rows into a thread's buffer and take f32 FMA dot products with every
+ * activation row (libref's values, another summation order: within docs/LIBR4D.md's f32 tolerance).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KQ_AVX2 1
+#endif
+
+#define KQ_OK 0
+#define KQ_E_SHAPE (-3)
+#define KQ_E_INVALID (-4)
+#define KQ_E_NOMEM (-5)
+
+/* formats: rows_kquants.FORMAT_CODES */
+enum { KQ_Q4_0 = 1, KQ_Q5_0, KQ_Q5_1, KQ_Q2_K, KQ_Q3_K, KQ_Q4_K, KQ_Q5_K, KQ_Q6_K, KQ_LAST = KQ_Q6_K };
+
+#define PANEL 4 /* weight rows decoded together; each activation load feeds PANEL FMAs */
+
+int r4d_threads(void); /* r4d.c */
+
+/* an operand, laid out as r4d.c's Arr (native.Header) */
+typedef struct {
+    intptr_t refcnt;
+    void *type;
+    char *data;
+    int nd;
+    int64_t *dims;
+    int64_t *strides;
+} KArr;
+
+typedef struct {
+    char *p;
+    int64_t rows, pitch;
+} KMat;
+
+/* a row-major [rows, cols] f32 view with at least `need` rows (r4d.c's mat()) */
+static int kmat(const KArr *a, int64_t cols, int64_t need, KMat *m) {
+    if (!a || !a->data) return KQ_E_INVALID;
+    if (a->nd >= 2) {
+        const int nd = a->nd;
+        if (a->dims[nd - 1] != cols || a->strides[nd - 1] != 4) return KQ_E_SHAPE;
+        int64_t rows = 1;
+        for (int i = 0; i < nd - 1; i++) rows *= a->dims[i];
+        for (int i = 0; i < nd - 2; i++)
+            if (a->dims[i] > 1 && a->strides[i] != a->dims[i + 1] * a->strides[i + 1]) return KQ_E_SHAPE;
+        m->rows = rows;
+        m->pitch = a->strides[nd - 2];
+    } else if (a->nd == 1) {
+        if (a->strides[0] != 4 || a->dims[0] % cols) return KQ_E_SHAPE;
+        m->rows = a->dims[0] / cols;
+        m->pitch = cols * 4;
+    } else {
+        return KQ_E_SHAPE;
+    }
+    if (m->rows < need) return KQ_E_SHAPE;
+    m->p = a->data;
+    return KQ_OK;
+}
+
+#define KROW(m, i) ((float *)((m).p + (int64_t)(i) * (m).pitch))
+
+static inline float kq_h2f(uint16_t h) {
+#ifdef KQ_AVX2
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            uint32_t m = man;
+            do { e++; m <<= 1; } while (!(m & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((m & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline uint16_t f16_at(const uint8_t *p, int64_t i) {
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return h;
+}
+
+/* element j of a little-endian stream of b-bit elements (b <= 8) */
+static inline unsigned bits_at(const uint8_t *p, int64_t j, int b) {
+    const int64_t pos = j * b;
+    unsigned v = p[pos >> 3];
+    const int shift = (int)(pos & 7);
+    if (shift + b > 8) v |= (unsigned)p[(pos >> 3) + 1] << 8;
+    return (v >> shift) & ((1u << b) - 1);
+}
+
+/* 8 consecutive b-bit elements from the b bytes at p (element 8g starts on a byte) */
+static inline __attribute__((always_inline)) void unpack8(const uint8_t *p, int b, uint8_t *out) {
+    uint64_t v = 0;
+    memcpy(&v, p, (size_t)b);
+    const uint64_t mask = (1u << b) - 1;
+    for (int i = 0; i < 8; i++) out[i] = (uint8_t)((v >> (i * b)) & mask);
+}
+
+typedef struct {
+    int fmt;
+    const uint8_t *codes, *scale, *scale1, *min, *min1;
+    int64_t rows, cols;
+} KW;
+
+static int code_bits(int fmt) {
+    switch (fmt) {
+    case KQ_Q4_0: case KQ_Q4_K: return 4;
+    case KQ_Q5_0: case KQ_Q5_1: case KQ_Q5_K: return 5;
+    case KQ_Q2_K: return 2;
+    case KQ_Q3_K: return 3;
+    case KQ_Q6_K: return 6;
+    }
+    return 0;
+}
+
+static int64_t block_of(int fmt) { return fmt <= KQ_Q5_1 ? 32 : 256; }
+
+static int kw_check(const KW *w) {
+    if (w->fmt < KQ_Q4_0 || w->fmt > KQ_LAST || !w->codes || !w->scale) return KQ_E_INVALID;
+    if (w->cols <= 0 || w->cols % block_of(w->fmt)) return KQ_E_SHAPE;
+    if (w->fmt >= KQ_Q2_K && !w->scale1) return KQ_E_INVALID;
+    if ((w->fmt == KQ_Q5_1 || w->fmt == KQ_Q2_K || w->fmt == KQ_Q4_K || w->fmt == KQ_Q5_K) && !w->min) return KQ_E_INVALID;
+    if ((w->fmt == KQ_Q2_K || w->fmt == KQ_Q4_K || w->fmt == KQ_Q5_K) && !w->min1) return KQ_E_INVALID;
+    return KQ_OK;
+}
+
+#ifdef KQ_AVX2
+/* the 8 b-bit codes in the b bytes at p as int32 lanes: the b bytes (read exactly: no byte past
+ * them, a plane may end a mapping) broadcast, each lane's two bytes picked by a shuffle, shifted
+ * by its bit offset and masked */
+#define KQ_AT(i, b) ((char)(((i) * (b)) >> 3))
+#define KQ_PAIR(i, b) KQ_AT(i, b), (char)(KQ_AT(i, b) + 1), (char)-128, (char)-128
+static inline __attribute__((always_inline)) uint64_t load_bytes(const uint8_t *p, int b) {
+    /* assembled in registers: a memcpy of 3, 5 or 6 bytes into a word then read whole stalls on
+     * store forwarding (measured 4x slower) */
+    uint32_t word;
+    uint16_t half;
+    if (b >= 4) {
+        memcpy(&word, p, 4);
+        if (b == 4) return word;
+        if (b == 5) return word | (uint64_t)p[4] << 32;
+        memcpy(&half, p + 4, 2);
+        return word | (uint64_t)half << 32; /* b == 6 */
+    }
+    memcpy(&half, p, 2);
+    return b == 2 ? half : half | (uint32_t)p[2] << 16; /* b == 3 */
+}
+
+static inline __attribute__((always_inline)) __m256i codes8(const uint8_t *p, int b) {
+    const uint64_t v = load_bytes(p, b);
+    const __m256i word = _mm256_set1_epi64x((long long)v);
+    const __m256i pick = _mm256_setr_epi8(KQ_PAIR(0, b), KQ_PAIR(1, b), KQ_PAIR(2, b), KQ_PAIR(3, b),
+                                          KQ_PAIR(4, b), KQ_PAIR(5, b), KQ_PAIR(6, b), KQ_PAIR(7, b));
+    const __m256i shift = _mm256_setr_epi32(0, b & 7, (2 * b) & 7, (3 * b) & 7, (4 * b) & 7, (5 * b) & 7,
+                                            (6 * b) & 7, (7 * b) & 7);
+    const __m256i pairs = _mm256_shuffle_epi8(word, pick);
+    return _mm256_and_si256(_mm256_srlv_epi32(pairs, shift), _mm256_set1_epi32((1 << b) - 1));
+}
+#endif
+
+
+/* EACH8(B, G0, G1, EXPR): for groups G0..G1-1 (of 4) of block j's 32 codes of B bits, f = the
+ * codes as f32, EXPR (SUB / MUL steps, the core decoder's order), then stored at dst; 8 lanes at a
+ * time with AVX2, one element at a time otherwise, the same operations either way */
+#ifdef KQ_AVX2
+#define EACH8(B, G0, G1, EXPR)                                                                   \
+    for (int g = (G0); g < (G1); g++) {                                                          \
+        __m256 f = _mm256_cvtepi32_ps(codes8(c + j * 4 * (B) + g * (B), (B)));                   \
+        EXPR;                                                                                    \
+        _mm256_storeu_ps(dst + 32 * j + 8 * g, f);                                               \
+    }
+#define SUB(f, v) f = _mm256_sub_ps(f, _mm256_set1_ps(v))
+#define MUL(f, v) f = _mm256_mul_ps(f, _mm256_set1_ps(v))
+#else
+#define EACH8(B, G0, G1, EXPR)                                                                   \
+    for (int g = (G0); g < (G1); g++) {                                                          \
+        uint8_t u_[8];                                                                           \
+        unpack8(c + j * 4 * (B) + g * (B), (B), u_);                                             \
+        for (int i_ = 0; i_ < 8; i_++) {                                                         \
+            float f = (float)u_[i_];                                                             \
+            EXPR;                                                                                \
+            dst[32 * j + 8 * g + i_] = f;                                                        \
+        }                                                                                        \
+    }
+#define SUB(f, v) f = f - (v)
+#define MUL(f, v) f = f * (v)
+#endif
+
+/* dst[K] = row n of the weight, the core decoder's f32 values */
+static void kq_row(const KW *w, int64_t n, float *dst) {
+    const int64_t K = w->cols;
+    const int b = code_bits(w->fmt);
+    const uint8_t *c = w->codes + n * (K * b / 8);
+    switch (w->fmt) {
+    case KQ_Q4_0:
+    case KQ_Q5_0: { /* (q - zero) * d, d f16 per 32 */
+        const uint8_t *sc = w->scale + n * (K / 32) * 2;
+        for (int64_t j = 0; j < K / 32; j++) {
+            const float d = kq_h2f(f16_at(sc, j));
+            if (b == 4) EACH8(4, 0, 4, SUB(f, 8.0f); MUL(f, d))
+            else EACH8(5, 0, 4, SUB(f, 16.0f); MUL(f, d))
+        }
+        return;
+    }
+    case KQ_Q5_1: { /* q * d - min, both f16 per 32 (min = GGUF's -m) */
+        const uint8_t *sc = w->scale + n * (K / 32) * 2, *mn = w->min + n * (K / 32) * 2;
+        for (int64_t j = 0; j < K / 32; j++) {
+            const float d = kq_h2f(f16_at(sc, j)), m = kq_h2f(f16_at(mn, j));
+            EACH8(5, 0, 4, MUL(f, d); SUB(f, m))
+        }
+        return;
+    }
+    case KQ_Q2_K: { /* q * sc * d - mn * dmin: u4 sc and mn per 16, f16 d and dmin per 256 */
+        const uint8_t *sc = w->scale + n * (K / 32), *mn = w->min + n * (K / 32);
+        const uint8_t *d1 = w->scale1 + n * (K / 256) * 2, *m1 = w->min1 + n * (K / 256) * 2;
+        for (int64_t j = 0; j < K / 32; j++) {
+            const float d = kq_h2f(f16_at(d1, j / 8)), dmin = kq_h2f(f16_at(m1, j / 8));
+            const float s0 = (float)bits_at(sc, 2 * j, 4), m0 = (float)bits_at(mn, 2 * j, 4) * dmin;
+            const float s1 = (float)bits_at(sc, 2 * j + 1, 4), m1v = (float)bits_at(mn, 2 * j + 1, 4) * dmin;
+            EACH8(2, 0, 2, MUL(f, s0); MUL(f, d); SUB(f, m0))
+            EACH8(2, 2, 4, MUL(f, s1); MUL(f, d); SUB(f, m1v))
+        }
+        return;
+    }
+    case KQ_Q3_K:
+    case KQ_Q6_K: { /* (q - zero) * sc * d: i8 sc per 16, f16 d per 256 */
+        const int8_t *sc = (const int8_t *)w->scale + n * (K / 16);
+        const uint8_t *d1 = w->scale1 + n * (K / 256) * 2;
+        for (int64_t j = 0; j < K / 32; j++) {
+            const float d = kq_h2f(f16_at(d1, j / 8)), s0 = (float)sc[2 * j], s1 = (float)sc[2 * j + 1];
+            if (b == 3) {
+                EACH8(3, 0, 2, SUB(f, 4.0f); MUL(f, s0); MUL(f, d))
+                EACH8(3, 2, 4, SUB(f, 4.0f); MUL(f, s1); MUL(f, d))
+            } else {
+                EACH8(6, 0, 2, SUB(f, 32.0f); MUL(f, s0); MUL(f, d))
+                EACH8(6, 2, 4, SUB(f, 32.0f); MUL(f, s1); MUL(f, d))
+            }
+        }
+        return;
+    }
+    case KQ_Q4_K:
+    case KQ_Q5_K: { /* q * sc * d - mn * dmin: u6 sc and mn per 32, f16 d and dmin per 256 */
+        const uint8_t *sc = w->scale + n * (K / 32) * 6 / 8, *mn = w->min + n * (K / 32) * 6 / 8;
+        const uint8_t *d1 = w->scale1 + n * (K / 256) * 2, *m1 = w->min1 + n * (K / 256) * 2;
+        for (int64_t j = 0; j < K / 32; j++) {
+            const float d = kq_h2f(f16_at(d1, j / 8)), dmin = kq_h2f(f16_at(m1, j / 8));
+            const float scale = (float)bits_at(sc, j, 6), minimum = (float)bits_at(mn, j, 6) * dmin;
+            if (b == 4) EACH8(4, 0, 4, MUL(f, scale); MUL(f, d); SUB(f, minimum))
+            else EACH8(5, 0, 4, MUL(f, scale); MUL(f, d); SUB(f, minimum))
+        }
+        return;
+    }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* threads */
+
+static int kq_threads_for(int64_t work, int64_t grain) {
+    const int most = r4d_threads();
+    int64_t t = work / (grain > 0 ? grain : 1);
+    if (t < 1) t = 1;
+    return (int)(t < most ? t : most);
+}
+
+/* [lo, hi) of n items for thread id of nt, in multiples of unit */
+static void kq_split(int64_t n, int64_t unit, int id, int nt, int64_t *lo, int64_t *hi) {
+    const int64_t units = (n + unit - 1) / unit, a = units * id / nt, z = units * (id + 1) / nt;
+    *lo = a * unit < n ? a * unit : n;
+    *hi = z * unit < n ? z * unit : n;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* y[m, n] = sum_k x[m, k] w[n, k] for m < M: panels of PANEL rows decoded, then dot products */
+
+#ifdef KQ_AVX2
+static inline float kq_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+static void panel_dots(const float *panel, int rows, int64_t K, const KMat *X, int64_t M, const KMat *Y, int64_t n0) {
+    int64_t m = 0;
+#ifdef KQ_AVX2
+    if (rows == PANEL) /* a 4 x 3 register tile: 7 loads feed 12 FMAs */
+        for (; m + 3 <= M; m += 3) {
+            const float *x0 = KROW(*X, m), *x1 = KROW(*X, m + 1), *x2 = KROW(*X, m + 2);
+            __m256 a[12];
+            for (int i = 0; i < 12; i++) a[i] = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K; k += 8) {
+                const __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k), v2 = _mm256_loadu_ps(x2 + k);
+                for (int r = 0; r < PANEL; r++) {
+                    const __m256 wv = _mm256_load_ps(panel + r * K + k);
+                    a[3 * r] = _mm256_fmadd_ps(wv, v0, a[3 * r]);
+                    a[3 * r + 1] = _mm256_fmadd_ps(wv, v1, a[3 * r + 1]);
+                    a[3 * r + 2] = _mm256_fmadd_ps(wv, v2, a[3 * r + 2]);
+                }
+            }
+            for (int r = 0; r < PANEL; r++)
+                for (int i = 0; i < 3; i++) KROW(*Y, m + i)[n0 + r] = kq_hsum8(a[3 * r + i]);
+        }
+#endif
+    for (; m < M; m++) {
+        const float *x = KROW(*X, m);
+        float *y = KROW(*Y, m) + n0;
+#ifdef KQ_AVX2
+        if (rows == PANEL) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t k = 0; k < K; k += 8) {
+                const __m256 xv = _mm256_loadu_ps(x + k);
+                a0 = _mm256_fmadd_ps(_mm256_load_ps(panel + k), xv, a0);
+                a1 = _mm256_fmadd_ps(_mm256_load_ps(panel + K + k), xv, a1);
+                a2 = _mm256_fmadd_ps(_mm256_load_ps(panel + 2 * K + k), xv, a2);
+                a3 = _mm256_fmadd_ps(_mm256_load_ps(panel + 3 * K + k), xv, a3);
+            }
+            y[0] = kq_hsum8(a0), y[1] = kq_hsum8(a1), y[2] = kq_hsum8(a2), y[3] = kq_hsum8(a3);
+            continue;
+        }
+        for (int r = 0; r < rows; r++) {
+            __m256 a = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K; k += 8) a = _mm256_fmadd_ps(_mm256_load_ps(panel + r * K + k), _mm256_loadu_ps(x + k), a);
+            y[r] = kq_hsum8(a);
+        }
+#else
+        for (int r = 0; r < rows; r++) {
+            float lane[8] = {0};
+            for (int64_t k = 0; k < K; k += 8)
+                for (int l = 0; l < 8; l++) lane[l] += panel[r * K + k + l] * x[k + l];
+            y[r] = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+        }
+#endif
+    }
+}
+
+int r4d_kq_gemm(const KArr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
+                const void *min1, KArr *y, int64_t M, int64_t N, int64_t K) {
+    const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
+    KMat X, Y;
+    int rc;
+    if ((rc = kw_check(&w)) || (rc = kmat(x, K, M, &X)) || (rc = kmat(y, N, M, &Y))) return rc;
+    if (M <= 0) return KQ_OK;
+    /* each thread decodes its panels once and reuses them for every activation row */
+    const int nt = kq_threads_for(N * K * (M < 4 ? 4 : M), 1 << 16);
+    int failed = 0;
+    (void)nt; /* without OpenMP: one thread */
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : failed)
+#endif
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num(), tcnt = omp_get_num_threads();
+#else
+        const int tid = 0, tcnt = 1;
+#endif
+        float *panel = aligned_alloc(64, (size_t)((PANEL * K * 4 + 63) / 64 * 64));
+        if (!panel) {
+            failed = 1;
+        } else {
+            int64_t lo, hi;
+            kq_split(N, PANEL, tid, tcnt, &lo, &hi);
+            for (int64_t n = lo; n < hi; n += PANEL) {
+                const int rows = (int)(hi - n < PANEL ? hi - n : PANEL);
+                for (int r = 0; r < rows; r++) kq_row(&w, n + r, panel + r * K);
+                panel_dots(panel, rows, K, &X, M, &Y, n);
+            }
+            free(panel);
+        }
+    }
+    return failed ? KQ_E_NOMEM : KQ_OK;
+}
+
+/* y[m] = table[ids[m]]: ids int32 or int64 (the element size is the stride) */
+int r4d_kq_embedding(const KArr *ids, int fmt, const void *codes, const void *scale, const void *scale1,
+                     const void *min, const void *min1, int64_t vocab, int64_t n, KArr *y, int64_t M) {
+    const KW w = {fmt, codes, scale, scale1, min, min1, vocab, n};
+    KMat Y;
+    int rc;
+    if ((rc = kw_check(&w)) || (rc = kmat(y, n, M, &Y))) return rc;
+    if (!ids || !ids->data || ids->nd < 1) return KQ_E_INVALID;
+    int64_t count = 1; /* r4d.c's ivec(): the ids evenly strided, at least M of them */
+    for (int i = 0; i < ids->nd; i++) count *= ids->dims[i];
+    const int64_t stride = ids->strides[ids->nd - 1];
+    if ((stride != 4 && stride != 8) || count < M) return KQ_E_SHAPE;
+    if (ids->nd > 1 && ids->dims[0] > 1 && ids->strides[0] != stride * count / ids->dims[0]) return KQ_E_SHAPE;
+    for (int64_t m = 0; m < M; m++) {
+        const char *p = ids->data + m * stride;
+        int64_t id;
+        if (stride == 4) {
+            int32_t v;
+            memcpy(&v, p, 4);
+            id = v;
+        } else {
+            memcpy(&id, p, 8);
+        }
+        if (id < 0 || id >= vocab) return KQ_E_INVALID;
+        kq_row(&w, id, KROW(Y, m));
+    }
+    return KQ_OK;
+}
+
+/* packed-argument entry points (rows_kquants.py plans them once per RadArgs) */
+#define KA(i) ((KArr *)(intptr_t)a[i])
+#define KV(i) ((const void *)(intptr_t)a[i])
+
+int r4d_kq_gemm_p(const int64_t *a) {
+    return r4d_kq_gemm(KA(0), (int)a[1], KV(2), KV(3), KV(4), KV(5), KV(6), KA(7), a[8], a[9], a[10]);
+}
+
+int r4d_kq_embedding_p(const int64_t *a) {
+    return r4d_kq_embedding(KA(0), (int)a[1], KV(2), KV(3), KV(4), KV(5), KV(6), a[7], a[8], KA(9), a[10]);
+}

@@ -1,0 +1,173 @@
+"""libr4d's rows for the GGUF block types imported as bit-stream encodings: q4_0, q5_0, q5_1
+(blocks of 32) and the k-quants q2_k, q3_k, q4_k, q5_k, q6_k (super-blocks of 256), whose kernels
+are r4d_kquants.c. Each format has a decode GEMV row (M <= 16), a prefill GEMM row (M >= 17) and a
+share of one embedding row; all read the planes as the container stores them.
+
+The GEMV and the GEMM are one kernel: panels of 4 weight rows decoded to the core decoder's exact
+f32 values, then f32 FMA dot products with every activation row (docs/LIBR4D.md). The two rows
+exist so the selection can give each band its own kernel later without a change of names. Without
+the native library they run the numpy bodies of fallback.py, as every libr4d row does.
+"""
+
+import weakref
+
+import numpy as np
+
+from radiance.abi import (
+    RAD_DOMAIN_HOST, RAD_DT_F16, RAD_DT_I8, RAD_DT_U2, RAD_DT_U3, RAD_DT_U4, RAD_DT_U5, RAD_DT_U6, RAD_DT_U8,
+    RAD_E_DTYPE, RAD_E_SHAPE, RAD_E_UNSUPPORTED, RAD_PLANE_TILED, RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE,
+    RadKernelInfo, RadTensor,
+)
+
+from . import fallback
+from .rows import F32_ACTIVATIONS, GEMV_MAX_M, _guarded, _planned
+
+BITS = {RAD_DT_U2: 2, RAD_DT_U3: 3, RAD_DT_U4: 4, RAD_DT_U5: 5, RAD_DT_U6: 6, RAD_DT_U8: 8, RAD_DT_I8: 8,
+        RAD_DT_F16: 16}
+WHOLE = (0, 0)  # a plane of one element for the whole weight (the zero)
+
+
+def _kquant(codes, zero=None, scale=RAD_DT_U6, scale_cols=32, minimum=True):
+    planes = {"codes": (codes, 1, 1), "scale": (scale, 1, scale_cols), "scale.1": (RAD_DT_F16, 1, 256)}
+    if zero is not None:
+        planes["zero"] = (RAD_DT_U8, *WHOLE)
+    if minimum:
+        planes.update({"min": (scale, 1, scale_cols), "min.1": (RAD_DT_F16, 1, 256)})
+    return planes
+
+
+# name: (r4d_kquants.c's format code, block of columns, zero or None, {plane: (dtype, block rows,
+# block cols)}), as radiance.weights.formats defines them (scheme affine, no transform, vec 1)
+FORMATS = {
+    "q4_0": (1, 32, 8, {"codes": (RAD_DT_U4, 1, 1), "zero": (RAD_DT_U8, *WHOLE), "scale": (RAD_DT_F16, 1, 32)}),
+    "q5_0": (2, 32, 16, {"codes": (RAD_DT_U5, 1, 1), "zero": (RAD_DT_U8, *WHOLE), "scale": (RAD_DT_F16, 1, 32)}),
+    "q5_1": (3, 32, None, {"codes": (RAD_DT_U5, 1, 1), "scale": (RAD_DT_F16, 1, 32), "min": (RAD_DT_F16, 1, 32)}),
+    "q2_k": (4, 256, None, _kquant(RAD_DT_U2, scale=RAD_DT_U4, scale_cols=16)),
+    "q3_k": (5, 256, 4, _kquant(RAD_DT_U3, zero=4, scale=RAD_DT_I8, scale_cols=16, minimum=False)),
+    "q4_k": (6, 256, None, _kquant(RAD_DT_U4)),
+    "q5_k": (7, 256, None, _kquant(RAD_DT_U5)),
+    "q6_k": (8, 256, 32, _kquant(RAD_DT_U6, zero=32, scale=RAD_DT_I8, scale_cols=16, minimum=False)),
+}
+LEVELS = ("codes", "scale", "scale.1", "min", "min.1")  # the pointers r4d_kquants.c takes, in order
+
+
+def encoding_format(encoding) -> str | None:
+    """The name in FORMATS `encoding` is exactly, else None."""
+    if encoding is None or encoding.transform or encoding.vec != 1 or encoding.scheme != "affine":
+        return None
+    planes = {plane.name: plane for plane in encoding.planes}
+    for name, (_, _, _, wanted) in FORMATS.items():
+        if set(planes) == set(wanted) and all(
+                planes[p].kind == RAD_PLANE_TILED and (planes[p].dtype, planes[p].block_rows, planes[p].block_cols)
+                == spec for p, spec in wanted.items()):
+            return name
+    return None
+
+
+def _layout(fmt):
+    """Read as stored (RAD_E_UNSUPPORTED: the planes in place) when the weight is `fmt` and its
+    columns are whole blocks; RAD_E_DTYPE / RAD_E_SHAPE otherwise."""
+    def layout(weight, encoding, geometry):
+        if encoding_format(encoding) != fmt:
+            return RAD_E_DTYPE
+        if int(geometry.get("K", geometry.get("n", 0))) % FORMATS[fmt][1]:
+            return RAD_E_SHAPE
+        return RAD_E_UNSUPPORTED
+    return layout
+
+
+def _layout_any(weight, encoding, geometry):
+    fmt = encoding_format(encoding)
+    return RAD_E_DTYPE if fmt is None else _layout(fmt)(weight, encoding, geometry)
+
+
+class Prepared:
+    """A weight as r4d_kquants.c takes it: format code, the five plane pointers (0 where the
+    format has no such plane), rows, cols; `keep` holds the arrays the pointers point into."""
+    __slots__ = ("ref", "fmt", "pointers", "rows", "cols", "keep", "__weakref__")
+
+
+_WEIGHTS: dict = {}
+
+
+def prepare(weight) -> Prepared:
+    """Check a RadWeightPlanes once (format, every plane's byte count, the zero's value) and keep
+    its plane pointers while it lives."""
+    fmt = encoding_format(weight.encoding)
+    if fmt is None:
+        raise ValueError("libr4d: a weight in an encoding the GGUF block rows do not read")
+    code, block, zero, wanted = FORMATS[fmt]
+    rows, cols = int(weight.rows), int(weight.cols)
+    if cols % block:
+        raise ValueError(f"libr4d: a {fmt} weight of {cols} columns (not a multiple of {block})")
+    arrays = {}
+    for spec, tensor in zip(weight.encoding.planes, weight.planes):
+        data = tensor.data if isinstance(tensor, RadTensor) else tensor
+        arrays[spec.name] = np.ascontiguousarray(data).view(np.uint8)
+    for name, (dtype, _, block_cols) in wanted.items():
+        size = 1 if (name == "zero") else rows * (cols // block_cols) * BITS[dtype] // 8
+        if arrays[name].nbytes != size:
+            raise ValueError(f"libr4d: plane '{name}' of a {rows}x{cols} {fmt} weight holds "
+                             f"{arrays[name].nbytes} bytes, not {size}")
+    if zero is not None and int(arrays["zero"].reshape(-1)[0]) != zero:
+        raise ValueError(f"libr4d: a {fmt} weight whose zero is {int(arrays['zero'].reshape(-1)[0])}, not {zero}")
+    prepared = Prepared()
+    key = id(weight)
+    prepared.ref = weakref.ref(weight, lambda ref, key=key: _WEIGHTS.pop(key, None) if
+                               getattr(_WEIGHTS.get(key), "ref", None) is ref else None)
+    prepared.fmt, prepared.rows, prepared.cols, prepared.keep = code, rows, cols, arrays
+    prepared.pointers = [arrays[name].ctypes.data if name in arrays else 0 for name in LEVELS]
+    _WEIGHTS[key] = prepared
+    return prepared
+
+
+def weight_of(operand) -> Prepared:
+    weight = operand.data if isinstance(operand, RadTensor) else operand
+    entry = _WEIGHTS.get(id(weight))
+    if entry is not None and entry.ref() is weight:
+        return entry
+    return prepare(weight)
+
+
+def _pack_gemm(op, a):
+    w = weight_of(a.t[1].data)
+    op.keep.append(w)
+    return [op(a.t[0].data), w.fmt, *w.pointers, op(a.t[2].data), a.params["M"], w.rows, w.cols]
+
+
+def _pack_embedding(op, a):
+    w = weight_of(a.t[1].data)
+    op.keep.append(w)
+    return [op(a.t[0].data), w.fmt, *w.pointers, w.rows, w.cols, op(a.t[2].data), a.params["M"]]
+
+
+def build_rows(native) -> list[RadKernelInfo]:
+    """The GEMV, GEMM and embedding rows of FORMATS, bound to r4d_kquants.c, or to numpy when
+    `native` is None."""
+    if native is not None:
+        gemm = _planned(native, "r4d_kq_gemm_p", _pack_gemm)
+        embedding = _planned(native, "r4d_kq_embedding_p", _pack_embedding)
+        body = "r4d_kquants.c"
+    else:
+        gemm, embedding = _guarded("gemm (numpy)", fallback.gemm), _guarded("embedding (numpy)", fallback.embedding)
+        body = "numpy fallback"
+
+    def row(name, op, launch, constraints, computes, shape, dtypes, layout):
+        return RadKernelInfo(name=name, op=op, family="r4d", computes=f"{computes} ({body})", shape=shape,
+                             dtypes=dtypes, domain=RAD_DOMAIN_HOST, priority=10, constraints=constraints,
+                             launch=launch, layout=layout)
+
+    found = []
+    for fmt, (_, block, _, _) in FORMATS.items():
+        common = [RAD_CIN("wdtype", fmt), F32_ACTIVATIONS, RAD_CEQ("split_k", 1), RAD_CDIV("K", block)]
+        found.append(row(f"r4d_gemv_{fmt}", "gemm", gemm, [RAD_CLE("M", GEMV_MAX_M), *common],
+                         "decode GEMV: 4 weight rows decoded exactly per panel, f32 FMA dot products",
+                         f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout(fmt)))
+        found.append(row(f"r4d_gemm_{fmt}", "gemm", gemm, [RAD_CGE("M", GEMV_MAX_M + 1), *common],
+                         "prefill GEMM: 4 weight rows decoded exactly per panel, reused by every row of x",
+                         f"M>={GEMV_MAX_M + 1}, K%{block}==0", f"f32 x {fmt}", _layout(fmt)))
+    formats = " ".join(FORMATS)
+    found.append(row("r4d_embedding_gguf", "embedding", embedding, [RAD_CIN("wdtype", formats), F32_ACTIVATIONS],
+                     "table rows decoded to f32 exactly", "n a whole number of blocks", f"{formats} table",
+                     _layout_any))
+    return found

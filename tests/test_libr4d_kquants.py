@@ -1,0 +1,138 @@
+"""libr4d's rows for the GGUF block types (rows_kquants.py, r4d_kquants.c): q4_0, q5_0, q5_1 and the
+k-quants q2_k..q6_k, imported from GGUF blocks as the converter imports them, against libref: the
+decode GEMV and prefill GEMM rows within the f32 tolerance of docs/LIBR4D.md, the embedding bit for
+bit; on a rank's slice of columns; in the native, portable-C and numpy builds."""
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf.quants import dequantize
+
+from radiance.abi import RAD_E_DTYPE, RAD_E_SHAPE, RAD_E_UNSUPPORTED, RadWeightPlanes, rad_tensor
+from radiance.engine.loading.registry import Registry
+from radiance.weights.gguf_blocks import gguf_encoding, split_blocks
+from radiance.weights.slicing import slice_cols
+from test_libr4d_gemm import r4d_row
+from test_libr4d_support import (  # noqa: F401 (registry is a fixture)
+    PREFILL_M, TOL_F32, activations, launch, make_weight, registry, rel_err, row_of,
+)
+
+# Byte offsets of each block's f16 fields (random bytes elsewhere), as test_encoding_gguf's
+F16_FIELDS = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2),
+              Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+TYPES = tuple(F16_FIELDS)
+
+
+def gguf_weight(qtype, rows, cols, seed):
+    """(RadWeightPlanes as the converter imports it, gguf's own f32 values) of a [rows, cols]
+    tensor of random blocks with small finite f16 fields."""
+    rng = np.random.default_rng(seed)
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, (rows, cols // block_size, type_size), np.uint8)
+    for offset in F16_FIELDS[qtype]:
+        field = rng.uniform(-0.02, 0.02, (rows, cols // block_size, 1)).astype(np.float16)
+        data[..., offset:offset + 2] = field.view(np.uint8)
+    data = data.reshape(rows, -1)
+    return planes_of(qtype, split_blocks(data, qtype, (rows, cols)), (rows, cols)), \
+        dequantize(data, qtype).reshape(rows, cols).astype(np.float32)
+
+
+def planes_of(qtype, raw: dict, shape) -> RadWeightPlanes:
+    encoding = gguf_encoding(qtype)
+    return RadWeightPlanes(encoding=encoding, rows=shape[0], cols=shape[1],
+                           planes=[rad_tensor(raw[plane.name]) for plane in encoding.planes])
+
+
+def columns_for(qtype) -> int:
+    return 512 if GGML_QUANT_SIZES[qtype][0] == 256 else 576
+
+
+def gemm_both(reg, reference, qtype, weight, m, seed):
+    """(the libr4d row's name, its y, libref's y) for activations [m, cols]."""
+    k, n = weight.cols, weight.rows
+    x = activations(m, k, seed)
+    geometry = {"M": m, "N": n, "K": k, "wdtype": qtype.name.lower(), "dtype": "f32", "split_k": 1}
+    out = []
+    row = r4d_row(reg, m, geometry)
+    for chosen in (row, row_of(reference, "gemm", "libref")):
+        y = np.full((m, n), np.nan, np.float32)
+        assert launch(chosen, [x, None, y], geometry, {1: weight}) == 0, chosen.name
+        out.append(y)
+    return row.name, out[0], out[1]
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("m", [1, 5, 16, 17, PREFILL_M])
+def test_gemm_rows_agree_with_libref(registry, qtype, m):
+    """Both bands, 98 output rows (a panel of 4 cut short at the end of each thread's share)."""
+    weight, _ = gguf_weight(qtype, 98, columns_for(qtype), seed=int(qtype))
+    name, y, ref = gemm_both(registry, registry, qtype, weight, m, seed=m)
+    assert name == f"r4d_{'gemv' if m <= 16 else 'gemm'}_{qtype.name.lower()}"
+    assert np.isfinite(y).all() and rel_err(y, ref) <= TOL_F32, (name, rel_err(y, ref))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_a_rank_s_slice_of_columns_agrees_with_libref(registry, qtype):
+    """Tensor parallel cuts a row-parallel weight along K at a block edge; the slice's planes are
+    read with their own row pitch."""
+    block = GGML_QUANT_SIZES[qtype][0]
+    weight, values = gguf_weight(qtype, 40, 4 * max(block, 64), seed=3)
+    raw = {plane.name: tensor.data for plane, tensor in zip(weight.encoding.planes, weight.planes)}
+    part, shape = slice_cols(weight.encoding, raw, (weight.rows, weight.cols), weight.cols // 2, weight.cols)
+    sliced = planes_of(qtype, part, shape)
+    name, y, ref = gemm_both(registry, registry, qtype, sliced, 3, seed=4)
+    x = activations(3, shape[1], 4)
+    assert rel_err(y, ref) <= TOL_F32, (name, rel_err(y, ref))
+    exact = x.astype(np.float64) @ values[:, weight.cols // 2:].T.astype(np.float64)
+    assert rel_err(y, exact) <= TOL_F32  # gguf's own values, not only libref's
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_embedding_is_exactly_gguf_s_values(registry, qtype):
+    vocab, n = 300, columns_for(qtype)
+    table, values = gguf_weight(qtype, vocab, n, seed=7)
+    ids = np.array([0, vocab - 1, 5, 5, 123], np.int64)
+    geometry = {"M": len(ids), "n": n, "vocab": vocab, "wdtype": qtype.name.lower(), "dtype": "f32"}
+    outs = {}
+    for library, name in (("libr4d", "r4d_embedding_gguf"), ("libref", None)):
+        y = np.full((len(ids) + 1, n), 7.0, np.float32)
+        assert launch(row_of(registry, "embedding", library, name), [ids, None, y], geometry, {1: table}) == 0
+        outs[library] = y
+    np.testing.assert_array_equal(outs["libr4d"].view(np.uint32), outs["libref"].view(np.uint32))
+    np.testing.assert_array_equal(outs["libr4d"][:len(ids)], values[ids])
+    assert (outs["libr4d"][len(ids):] == 7.0).all()
+    y = np.zeros((1, n), np.float32)
+    geometry["M"] = 1
+    assert launch(row_of(registry, "embedding", "libr4d", "r4d_embedding_gguf"),
+                  [np.array([vocab], np.int64), None, y], geometry, {1: table}) != 0  # outside the table
+
+
+def test_layouts_refuse_what_the_rows_cannot_read(registry):
+    gemv = row_of(registry, "gemm", "libr4d", "r4d_gemv_q4_k")
+    q4_k, q6_k = gguf_encoding(Q.Q4_K), gguf_encoding(Q.Q6_K)
+    assert gemv.info.layout("w", q4_k, {"K": 512}) == RAD_E_UNSUPPORTED  # read as stored
+    assert gemv.info.layout("w", q4_k, {"K": 288}) == RAD_E_SHAPE  # not whole super-blocks
+    assert gemv.info.layout("w", q6_k, {"K": 512}) == RAD_E_DTYPE
+    assert gemv.info.layout("w", make_weight("q4_1", 4, 64, 0).encoding, {"K": 64}) == RAD_E_DTYPE
+    embedding = row_of(registry, "embedding", "libr4d", "r4d_embedding_gguf")
+    assert embedding.info.layout("w", q6_k, {"n": 512}) == RAD_E_UNSUPPORTED
+    assert embedding.info.layout("w", make_weight("q8_0", 4, 64, 0).encoding, {"n": 64}) == RAD_E_DTYPE
+
+
+@pytest.mark.parametrize("env", [{"RADIANCE_R4D_ISA": "portable"}, {"RADIANCE_R4D_NATIVE": "0"}],
+                         ids=["portable-C", "numpy"])
+def test_the_portable_and_numpy_builds_agree_with_libref(monkeypatch, tmp_path, env):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    reg = Registry(radiance_home="")
+    try:
+        backend = next(lib for lib in reg.hierarchy if lib.name == "libr4d").module.backend()
+        assert backend.startswith("portable" if "RADIANCE_R4D_ISA" in env else "numpy"), backend
+        for qtype in TYPES:
+            weight, _ = gguf_weight(qtype, 20, columns_for(qtype), seed=9)
+            for m in (1, PREFILL_M):
+                name, y, ref = gemm_both(reg, reg, qtype, weight, m, seed=2)
+                assert rel_err(y, ref) <= TOL_F32, (qtype.name, m, rel_err(y, ref))
+    finally:
+        reg.close()
