@@ -14,6 +14,12 @@ wait, sum in rank order, end the link-gate hold (docs/COLLECTIVES.md, "Device P2
 order), as for radiance/device/probe.py: the launcher's handshake in the engine, a pipe or a store in
 the benchmark. Every rank calls it the same number of times (twice to set up, twice to close).
 
+The row family (allreduce_fused.cu, compiled into the same module after common.cu and allreduce.cu,
+over the same regions and epochs): the all-reduce of f32 activations with f32 or bf16 on the wire
+(`wire`), by the LL exchange (flags carried in the data words) for small messages or through the
+slots, and the fused all_reduce + residual add + rmsnorm in one launch (`all_reduce_add_rmsnorm`).
+device_rows_family.py has its arithmetic (words, grids, the slot it needs).
+
 The host-staged twin (the same kernels over regions in POSIX shared memory that every card maps,
 for cards without P2P) is collectives/device_peers.py's DeviceHostStaged, a subclass that changes
 only where the regions live (`_regions`) and the compile option (`COMPILE_OPTIONS`).
@@ -32,7 +38,12 @@ import numpy as np
 
 from radiance.device import KernelArgs
 
-SOURCE_PATH = Path(__file__).resolve().parent.parent / "plugins" / "kernels" / "libr4d" / "device" / "allreduce.cu"
+from . import device_rows_family as family
+
+DEVICE_FOLDER = Path(__file__).resolve().parent.parent / "plugins" / "kernels" / "libr4d" / "device"
+SOURCE_PATH = DEVICE_FOLDER / "allreduce.cu"
+# the module: common.cu (r4d_row_squares, the rmsnorm rows' order), allreduce.cu, allreduce_fused.cu
+MODULE_FILES = ("common.cu", "allreduce.cu", "allreduce_fused.cu")
 
 # Mirrors of the source's RAD_P2P_* defines (tests/test_device_allreduce.py checks they agree).
 MAX_WORLD = 8
@@ -66,7 +77,13 @@ def one_shot_max_bytes(world: int) -> int:
 
 
 def source() -> str:
+    """allreduce.cu alone (its defines and entry points)."""
     return SOURCE_PATH.read_text()
+
+
+def module_source() -> str:
+    """What DeviceP2P compiles: MODULE_FILES in order, one string (nvrtc and hiprtc take no include path)."""
+    return "\n".join((DEVICE_FOLDER / name).read_text() for name in MODULE_FILES)
 
 
 def source_constants(text: str | None = None) -> dict[str, int]:
@@ -87,8 +104,14 @@ def slot_bytes_for(buffer_bytes: int) -> int:
     return -(-(int(buffer_bytes) + MAX_WORLD * PACK_BYTES) // 4096) * 4096
 
 
-def region_bytes(buffer_bytes: int) -> int:
-    return CTRL_BYTES + 2 * slot_bytes_for(buffer_bytes)
+def slot_size(buffer_bytes: int, world: int, ll_max_bytes: int | None = None) -> int:
+    """A slot: the largest message for allreduce.cu's kernels, and room for the row family's LL inboxes."""
+    ll_max = family.LL_MAX_BYTES if ll_max_bytes is None else int(ll_max_bytes)
+    return max(slot_bytes_for(buffer_bytes), family.ll_slot_bytes(buffer_bytes, world, ll_max))
+
+
+def region_bytes(buffer_bytes: int, world: int = MAX_WORLD, ll_max_bytes: int | None = None) -> int:
+    return CTRL_BYTES + 2 * slot_size(buffer_bytes, world, ll_max_bytes)
 
 
 def grid_for(form: str, nbytes: int, world: int, max_blocks: int) -> int:
@@ -100,7 +123,12 @@ def grid_for(form: str, nbytes: int, world: int, max_blocks: int) -> int:
 
 
 def _address(value) -> int:
-    return int(getattr(value, "ptr", value))
+    return int(getattr(value, "ptr", value) or 0)
+
+
+# What every rank tells the others before anything is opened: slot bytes, max blocks, the wire (an
+# index of family.WIRES), the LL limit.
+TERMS = struct.Struct("<QQQQ")
 
 
 class DeviceP2P:
@@ -108,11 +136,18 @@ class DeviceP2P:
     count * itemsize; all_gather: this rank's m * n * itemsize) a launch may move."""
 
     def __init__(self, device, rank: int, world: int, buffer_bytes: int, exchange: Callable[[bytes], list[bytes]],
-                 *, max_blocks: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 *, max_blocks: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, wire: str = "f32",
+                 ll_max_bytes: int | None = None):
+        """`wire`: what an all-reduce of f32 activations moves, f32 or bf16 (every rank alike);
+        `ll_max_bytes`: f32 messages up to this size take the LL exchange (family.LL_MAX_BYTES)."""
         if not 1 <= world <= MAX_WORLD or not 0 <= rank < world:
             raise ValueError(f"device P2P collectives: rank {rank} of world {world} (1 to {MAX_WORLD} ranks)")
+        if wire not in family.WIRES:
+            raise ValueError(f"device P2P collectives: wire {wire!r} (one of {', '.join(family.WIRES)})")
         self.device, self.rank, self.world, self.exchange = device, rank, world, exchange
-        self.slot_bytes = slot_bytes_for(buffer_bytes)
+        self.wire = wire
+        self.ll_max_bytes = family.LL_MAX_BYTES if ll_max_bytes is None else int(ll_max_bytes)
+        self.slot_bytes = slot_size(buffer_bytes, world, self.ll_max_bytes)
         if self.slot_bytes > MAX_SLOT_BYTES:
             raise ValueError(f"device P2P collectives: a {buffer_bytes}-byte buffer is over {MAX_SLOT_BYTES}")
         self.timeout_ns = int(timeout_s * 1e9)
@@ -121,49 +156,79 @@ class DeviceP2P:
         mine = int(max_blocks or 2 * int(getattr(device, "multiprocessors", 66)))
         bases, self.local = self._regions(mine)                                              # exchange 1
         self.table = struct.pack(f"<{MAX_WORLD + 1}Q", *bases, *[0] * (MAX_WORLD - world), self.local)
-        self.module = device.load(device.compile(source(), self.COMPILE_OPTIONS))
-        self.kernels = {name: device.kernel(self.module, name) for name in KERNELS}
+        self.module = device.load(device.compile(module_source(), self.COMPILE_OPTIONS))
+        self.kernels = {name: device.kernel(self.module, name) for name in KERNELS + family.KERNELS}
         self._args: dict[tuple, object] = {}
         exchange(b"ready")                                                                   # 2
 
     COMPILE_OPTIONS: tuple[str, ...] = ()
 
+    @property
+    def region_bytes(self) -> int:
+        return CTRL_BYTES + 2 * self.slot_bytes
+
     def _regions(self, max_blocks: int) -> tuple[list[int], int]:
         """This rank's region on its card, exported; every peer's opened. Returns every rank's region
         base (rank order) and the base of this card's local words (EPOCH, ARRIVE, ERROR)."""
         device, rank, world = self.device, self.rank, self.world
-        self.region = device.alloc(region_bytes(self.buffer_bytes), "p2p collectives")
+        self.region = device.alloc(self.region_bytes, "p2p collectives")
         device.copy_to_device(self.region, np.zeros(CTRL_BYTES, np.uint8))
         device.synchronize()
-        blobs = self.exchange(struct.pack("<QQ", self.slot_bytes, max_blocks) + device.export_handle(self.region))
+        blobs = self.exchange(self._terms(max_blocks) + device.export_handle(self.region))
         self._agree(blobs)
-        self.peers = {p: device.open_handle(blobs[p][16:], self.region.nbytes, f"p2p collectives of rank {p}")
+        self.peers = {p: device.open_handle(blobs[p][TERMS.size:], self.region.nbytes, f"p2p collectives of rank {p}")
                       for p in range(world) if p != rank}
         return [self.region.ptr if p == rank else self.peers[p].ptr for p in range(world)], self.region.ptr
 
+    def _terms(self, max_blocks: int) -> bytes:
+        return TERMS.pack(self.slot_bytes, max_blocks, family.WIRES.index(self.wire), self.ll_max_bytes)
+
     def _agree(self, blobs: list[bytes]) -> None:
-        """Every blob starts (slot_bytes, max_blocks): the ranks' slots must agree, and every rank
-        launches the same grids: the smallest card's limit, at most MAX_BLOCKS."""
-        sizes = [struct.unpack_from("<QQ", b) for b in blobs]
-        if len({s for s, _ in sizes}) != 1:
-            raise ValueError(f"device P2P collectives: the ranks' slot sizes differ: {[s for s, _ in sizes]}")
-        self.max_blocks = min(MAX_BLOCKS, *(b for _, b in sizes))
+        """Every blob starts with TERMS: the ranks' slots, wires and LL limits must agree (they pick the
+        same kernels for the same messages), and every rank launches the same grids: the smallest card's
+        limit, at most MAX_BLOCKS."""
+        terms = [TERMS.unpack_from(b) for b in blobs]
+        for index, what in ((0, "slot sizes"), (2, "wires"), (3, "LL limits")):
+            values = [t[index] for t in terms]
+            if len(set(values)) != 1:
+                shown = [family.WIRES[v] for v in values] if index == 2 else values
+                raise ValueError(f"device P2P collectives: the ranks' {what} differ: {shown} (rank order)")
+        self.max_blocks = min(MAX_BLOCKS, *(t[1] for t in terms))
 
     # ---- the collectives ------------------------------------------------------------------------
-    def form_for(self, nbytes: int) -> str:
+    def slot_form(self, nbytes: int) -> str:
+        """allreduce.cu's kernel for a message of nbytes: one-shot up to the measured limit."""
         return "one_shot" if nbytes <= one_shot_max_bytes(self.world) else "two_shot"
+
+    def form_for(self, nbytes: int, dtype: str = "f32") -> str:
+        """The form an all-reduce of nbytes of dtype takes: f32 activations up to ll_max_bytes go LL;
+        on a bf16 wire the larger ones go through the slots in the row kernel (allreduce.cu's kernels
+        move f32 as f32); everything else takes allreduce.cu's one-shot or two-shot."""
+        if dtype == "f32" and nbytes <= self.ll_max_bytes:
+            return "ll"
+        if dtype == "f32" and self.wire == "bf16":
+            return "rows"
+        return self.slot_form(nbytes)
 
     def all_reduce(self, x, y, count: int, dtype: str = "f32", *, stream=None, gate: int = 0,
                    form: str | None = None, linger_ns: int = 0) -> str:
         """y = the rank-order sum of every rank's x (count elements of dtype; y may be x). `gate`:
         the device address of the mapped link-gate word, stored 0 once the peers' bytes have landed
-        (colour 2), or 0. Returns the form launched."""
+        (colour 2), or 0. f32 activations move as `wire` says. Returns the form launched."""
         if dtype not in ITEMSIZE:
             raise ValueError(f"all_reduce: dtype {dtype!r} (device rows take {', '.join(ITEMSIZE)})")
         count, itemsize = int(count), ITEMSIZE[dtype]
-        form = form or self.form_for(count * itemsize)
+        form = form or self.form_for(count * itemsize, dtype)
+        if form in family.FORMS:
+            if dtype != "f32":
+                raise ValueError(f"all_reduce: form {form!r} takes f32 activations, not {dtype}")
+            self._launch_rows(form, x, y, 0, 0, 0, 1, count, 0.0, stream, gate)
+            return form
         if form not in ("one_shot", "two_shot"):
-            raise ValueError(f"all_reduce: form {form!r} (one_shot or two_shot)")
+            raise ValueError(f"all_reduce: form {form!r} (ll, rows, one_shot or two_shot)")
+        if dtype == "f32" and self.wire != "f32":
+            raise ValueError(f"all_reduce: form {form!r} moves f32 as f32; this rank's wire is {self.wire} "
+                             f"(forms ll and rows)")
         elems = PACK_BYTES // itemsize
         need = count if form == "one_shot" else self.world * piece(count, self.world, 0, elems)[1]
         self._check(x, y, need * itemsize, "all_reduce")
@@ -177,6 +242,44 @@ class DeviceP2P:
         grid = grid_for(form, count * itemsize, self.world, self.max_blocks)
         self.device.launch(self.kernels[name], grid, THREADS, args, stream=stream)
         return form
+
+    def all_reduce_add_rmsnorm(self, x, residual, w, y, m: int, n: int, eps: float, *, stream=None, gate: int = 0,
+                               form: str | None = None) -> str:
+        """One launch: x = the rank-order sum of every rank's x (f32 [m, n], moved as `wire` says);
+        residual = residual + x; y = rmsnorm(residual) * w (r4d_rmsnorm_dev's arithmetic; w an f32
+        vector of n). `gate` as all_reduce. Returns the form launched (ll or rows)."""
+        m, n = int(m), int(n)
+        form = form or ("ll" if m * n * 4 <= self.ll_max_bytes else "rows")
+        if form not in family.FORMS:
+            raise ValueError(f"all_reduce_add_rmsnorm: form {form!r} (one of {', '.join(family.FORMS)})")
+        if not residual or not w or not y:
+            raise ValueError("all_reduce_add_rmsnorm: residual, w and y are all needed")
+        self._launch_rows(form, x, x, residual, w, y, m, n, float(eps), stream, gate)
+        return form
+
+    def _launch_rows(self, form, x, out, residual, w, y, m, n, eps, stream, gate) -> None:
+        """allreduce_fused.cu's kernel for this wire: a plain all_reduce (no residual: m = 1 row of n =
+        count, cut in pieces) or the fused op (rows)."""
+        rows = bool(residual)
+        words = family.words(self.wire, m, n, rows)
+        need = family.slot_need(form, self.world, words)
+        if need > self.slot_bytes:
+            raise ValueError(f"all_reduce ({form}): {need} bytes do not fit the {self.slot_bytes}-byte slot "
+                             f"(DeviceP2P's buffer_bytes is the largest message)")
+        for label, value in (("x", x), ("out", out), ("residual", residual), ("w", w), ("y", y)):
+            if _address(value) % 4:
+                raise ValueError(f"all_reduce ({form}): {label} at {_address(value):#x} is not 4-byte aligned")
+        name = family.KERNEL[self.wire]
+        stage = family.stage_floats(m, n, _address(residual)) if rows else 0
+        key = (name, form, *(_address(v) for v in (x, out, residual, w, y)), m, n, eps, int(gate))
+        args = self._args.get(key)
+        if args is None:
+            args = self._args[key] = (KernelArgs(name).raw(self.table, 8).pointer(x).pointer(out).pointer(residual)
+                                      .pointer(w).pointer(y).u64(m).u64(n).i32(self.rank).i32(self.world)
+                                      .u64(self.slot_bytes).u64(int(gate)).u64(self.timeout_ns).f32(eps)
+                                      .i32(int(form == "ll")).u32(stage).pack())
+        grid = family.grid(m, n, rows, self.max_blocks)
+        self.device.launch(self.kernels[name], grid, THREADS, args, 4 * stage, stream=stream)
 
     def all_gather(self, x, y, m: int, n: int, itemsize: int = 4, *, stream=None, gate: int = 0,
                    linger_ns: int = 0) -> None:

@@ -108,7 +108,7 @@ class DeviceHostStaged(DeviceP2P):
 
     COMPILE_OPTIONS = ("-DRAD_P2P_HOST_MAPPED=1",)
 
-    def form_for(self, nbytes: int) -> str:
+    def slot_form(self, nbytes: int) -> str:
         return "one_shot" if nbytes <= HOST_ONE_SHOT_MAX_BYTES else "two_shot"
 
     def __init__(self, device, rank: int, world: int, buffer_bytes: int, board: ShmBoard, **options):
@@ -116,11 +116,11 @@ class DeviceHostStaged(DeviceP2P):
         super().__init__(device, rank, world, buffer_bytes, board.exchange, **options)
 
     def _regions(self, max_blocks: int) -> tuple[list[int], int]:
-        device, nbytes = self.device, region_bytes(self.buffer_bytes)
+        device, nbytes = self.device, self.region_bytes
         self.local_words = device.alloc(CTRL_BYTES, "host-staged collectives: local words")
         device.copy_to_device(self.local_words, np.zeros(CTRL_BYTES, np.uint8))
         device.synchronize()
-        self._agree(self.exchange(struct.pack("<QQ", self.slot_bytes, max_blocks)))
+        self._agree(self.exchange(self._terms(max_blocks)))
         bases = []
         for r in range(self.world):
             view = self.board.region(r, nbytes)   # zero-filled at creation: flags start at 0
@@ -146,21 +146,22 @@ def _stream_handle(stream):
 
 class DevicePeers:
     """A card rank's device collectives. `buffer_bytes`: the largest message (all_reduce: count * 4;
-    all_gather: this rank's m * n * 4). Launches are asynchronous on the stream, allocate nothing and
+    all_gather: this rank's m * n * 4). `wire`: what an all-reduce moves (docs/COLLECTIVES.md,
+    "The row family"). Launches are asynchronous on the stream, allocate nothing and
     never synchronise, so they can be captured in a CUDA graph."""
 
     def __init__(self, device, host_peers, p2p: bool, buffer_bytes: int, *, max_blocks: int | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, wire: str = "f32", ll_max_bytes: int | None = None):
+        """`wire`: f32 or bf16, what an all-reduce moves (the activations stay f32; every rank alike)."""
         self.rank, self.world_size = int(host_peers.rank), int(host_peers.world)
-        self.p2p, self.buffer_bytes, self.device = bool(p2p), int(buffer_bytes), device
-        self.board = ShmBoard(host_peers, 0 if p2p else region_bytes(buffer_bytes))
+        self.p2p, self.buffer_bytes, self.device, self.wire = bool(p2p), int(buffer_bytes), device, wire
+        self.board = ShmBoard(host_peers, 0 if p2p else region_bytes(buffer_bytes, self.world_size, ll_max_bytes))
+        options = dict(max_blocks=max_blocks, timeout_s=timeout_s, wire=wire, ll_max_bytes=ll_max_bytes)
         try:
             if self.p2p:
-                self.impl = DeviceP2P(device, self.rank, self.world_size, buffer_bytes, self.board.exchange,
-                                      max_blocks=max_blocks, timeout_s=timeout_s)
+                self.impl = DeviceP2P(device, self.rank, self.world_size, buffer_bytes, self.board.exchange, **options)
             else:
-                self.impl = DeviceHostStaged(device, self.rank, self.world_size, buffer_bytes, self.board,
-                                             max_blocks=max_blocks, timeout_s=timeout_s)
+                self.impl = DeviceHostStaged(device, self.rank, self.world_size, buffer_bytes, self.board, **options)
         except BaseException:
             self.board.close()
             raise
@@ -174,6 +175,12 @@ class DevicePeers:
         `gate`: the device address of this rank's mapped link-gate word, stored 0 once the peers'
         bytes have landed (colour 2), or 0."""
         self.impl.all_reduce(x, y, count, "f32", stream=_stream_handle(stream), gate=int(gate or 0))
+
+    def all_reduce_add_rmsnorm(self, stream, x, residual, w, y, m: int, n: int, eps: float, gate: int = 0) -> None:
+        """One launch: x = the rank-order sum of every rank's x [m, n]; residual = residual + x;
+        y = rmsnorm(residual) * w (w: n f32); all f32 at device addresses; gate as all_reduce."""
+        self.impl.all_reduce_add_rmsnorm(x, residual, w, y, m, n, eps, stream=_stream_handle(stream),
+                                         gate=int(gate or 0))
 
     def all_gather(self, stream, x, y, m: int, n: int, gate: int = 0) -> None:
         """y[:, p*n:(p+1)*n] = rank p's x; x (m, n) f32, y (m, world * n) f32; gate as all_reduce."""

@@ -93,3 +93,23 @@ def figures_dict(array: np.ndarray) -> dict:
     figures = dict(zip(FIGURES, array.tolist()))
     figures["gate_holds"] = int(figures["gate_holds"])
     return figures
+
+
+# A profiled rank's seconds by op travel as one f64 array whose name carries the ops' names (they
+# are the same step after step, so the header stays cached and a step still costs no JSON).
+OPS_PREFIX = "ops:"
+
+
+def ops_arrays(ops: dict) -> dict:
+    """{"ops:<op>|<op>|...": the seconds in that order} (nothing for no ops)."""
+    if not ops:
+        return {}
+    return {OPS_PREFIX + "|".join(ops): np.fromiter(ops.values(), np.float64, len(ops))}
+
+
+def pop_ops(arrays: dict) -> dict | None:
+    """The seconds by op that ops_arrays put into `arrays` (taken out of them), or None."""
+    for name in arrays:
+        if name.startswith(OPS_PREFIX):
+            return dict(zip(name[len(OPS_PREFIX):].split("|"), arrays.pop(name).tolist()))
+    return None

@@ -16,7 +16,7 @@ import numpy as np
 
 from radiance.abi import PLANNED, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, STEP_INPUTS
 from radiance.collectives.ring import RingReader, RingTimeout, RingWriter
-from radiance.collectives.ring_record import RecordCodec, figures_dict
+from radiance.collectives.ring_record import RecordCodec, figures_dict, pop_ops
 from radiance.config import Config
 from radiance.generation.feed import Feed
 
@@ -92,6 +92,9 @@ class StepRings:
         except RingTimeout:
             raise TimeoutError(f"step: rank 0's result did not come within {timeout:g} s") from None
         kind, meta, result = self.decoder.decode(payload)
+        ops = pop_ops(result)
+        if ops is not None:
+            meta["ops"] = ops
         now = self.arrived = time.perf_counter()
         self.seconds[shape] = now - begun
         if "figures" in result:  # rank 0's; the step's delivery split into plan out and result back

@@ -53,11 +53,14 @@ class Config:
     launched: bool = False  # rank processes even at TP 1 (radiance-launch)
     threads: int | None = None  # launched: compute threads of each host rank (None: the cores shared out)
     disable_p2p: bool = False  # launched: the _host twins of the collectives even where P2P holds
+    # cards at TP > 1: what a device all-reduce moves, f32 or bf16 (activations stay f32); auto: bf16
+    # when every projection weight of the model is bf16 (ranks/worker.py, collective_wire)
+    collective_wire: str = "auto"
     stage_timeout: float = 60.0  # launched: seconds every handshake stage may take
     step_timeout: float = 120.0  # launched: seconds one step may take
     profile: bool = False  # rank 0 times every op; the ranks' step_stats() then have the collective seconds
     return_buffer: str | None = None  # a debugging aid: rank 0 returns this buffer's rows each step
-    debug_selection: bool = False  # in process: print the winner of every band (stderr)
+    debug_selection: bool = False  # print the winner of every band (stderr): in process, or rank 0 of a launch
     # Plan step n + 1 while the ranks run step n, the token step n samples feeding step n + 1 on the
     # ranks (generation/feed.py). None: where it was measured to help (launch/ranks.py, run_ahead_default).
     run_ahead: bool | None = None
@@ -83,6 +86,8 @@ class Config:
         self._check_nodes()
         if self.device not in ("auto", "host"):
             raise ConfigError(f"{flag('device')} must be 'auto' or 'host', not {self.device!r}")
+        if self.collective_wire not in ("auto", "f32", "bf16"):
+            raise ConfigError(f"{flag('collective_wire')} must be 'auto', 'f32' or 'bf16', not {self.collective_wire!r}")
         context = self._model_context()
         object.__setattr__(self, "max_context", min(self.max_context or context, context))
         if not self.num_blocks:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from radiance.collectives.ring import RingReader, RingWriter
-from radiance.collectives.ring_record import RecordCodec, figures_array
+from radiance.collectives.ring_record import RecordCodec, figures_array, ops_arrays
 from radiance.collectives.shm import stage_run_id
 from radiance.config import Config
 from radiance.device.selection import backend_name
@@ -27,7 +27,7 @@ from .worker import Worker
 
 log = get_logger("radiance.rank")
 RESULT_SLOTS = 2
-RESULT_META_BYTES = 16384  # the JSON of a result's figures, with every op's seconds when profiling
+RESULT_META_BYTES = 16384  # a result record's header: its arrays' names, every op's name when profiling
 
 
 class RankSession:
@@ -82,7 +82,7 @@ class RankSession:
         from radiance.collectives.device_peers import DevicePeers
 
         self.device_peers = DevicePeers(self.worker.device, self.peers, bool(combined["device.p2p"]),
-                                        self.worker.collective_bytes())
+                                        self.worker.collective_bytes(), wire=self.worker.collective_wire())
         return self.device_peers
 
     def run(self) -> None:
@@ -151,11 +151,11 @@ class RankSession:
                 timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"], received_at=received,
                               waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())
                 answered = timing["answered_at"]  # from here to the next plan in hand (its result sent), rank 0 waits
-                arrays = {"tokens": tokens, "figures": figures_array(timing)}
+                arrays = {"tokens": tokens, "figures": figures_array(timing), **ops_arrays(ops)}
                 shown = self.config.return_buffer  # a debugging aid: a buffer's rows, e.g. logits
                 if shown:
                     arrays[shown] = executor.read_buffer(shown, len(tokens))
-                self.results.publish(encoder.encode("result", {"ops": ops} if ops else None, arrays))
+                self.results.publish(encoder.encode("result", None, arrays))
 
     def close(self) -> None:
         """Shared memory first: whatever fails after, nothing of this rank stays in /dev/shm."""

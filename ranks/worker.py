@@ -64,6 +64,15 @@ class Worker:
                 largest = max(largest, rows * node.params["n"] * 4)
         return largest
 
+    def collective_wire(self) -> str:
+        """What the device all-reduces move: config.collective_wire, or for "auto" bf16 when every
+        projection (gemm) weight the graph reads is bf16, as a bf16 model's activations would be in
+        another engine's hands, else f32 (docs/COLLECTIVES.md, "The row family")."""
+        if self.config.collective_wire != "auto":
+            return self.config.collective_wire
+        formats = {node.params.get("wdtype") for node in self.model.graph.nodes if node.op == "gemm"}
+        return "bf16" if formats == {"bf16"} else "f32"
+
     def build(self, facts: dict | None = None, peers=None, link: LinkScheduler | None = None,
               pipes: dict | None = None) -> "Worker":
         """`pipes`: the RadPeers of this stage's boundaries, {"recv": ..., "send": ...}."""

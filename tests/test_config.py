@@ -38,6 +38,7 @@ def test_a_rank_makes_the_same_object_from_its_fields(tiny_model):
     ({"threads": 0}, "--threads-per-rank must be at least 1, not 0"),
     ({"step_timeout": 0}, "--step-timeout must be more than 0 seconds, not 0"),
     ({"device": "gpu"}, "--device must be 'auto' or 'host', not 'gpu'"),
+    ({"collective_wire": "fp8"}, "--collective-wire must be 'auto', 'f32' or 'bf16', not 'fp8'"),
 ])
 def test_a_bad_value_is_one_line_naming_its_flag(tiny_model, given, message):
     with pytest.raises(ConfigError) as error:

@@ -33,8 +33,11 @@ def fake_cards(tmp_path, monkeypatch):
 
 def generate(model, home, tp=1, launched=True, disable_p2p=False, run_ahead=None):
     """Greedy tokens of PROMPTS, and what the launch agreed on."""
+    # f32 on the wire: the tiny model is bf16, whose default wire (bf16) would round every all-reduce,
+    # and these tokens are held to the host path's exactly (tests/test_fake_card_fused.py has bf16)
     config = Config(model=str(model), radiance_home=home, kernels="fakedev,libref", accept_reference=True,
-                    progress=False, max_seqs=2, tp=tp, launched=launched, disable_p2p=disable_p2p, run_ahead=run_ahead)
+                    progress=False, max_seqs=2, tp=tp, launched=launched, disable_p2p=disable_p2p, run_ahead=run_ahead,
+                    collective_wire="f32")
     with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         assert engine.run_ahead is bool(run_ahead)  # not by default on cards: not measured on one yet

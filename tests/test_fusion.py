@@ -194,3 +194,18 @@ def test_radiance_no_fusion_runs_every_chain_as_declared_with_the_same_tokens(ti
     assert "fused by libr4d, replaces all_reduce(x)+add(residual,x,residual)+rmsnorm(residual,w,y)" in fused.stderr
     assert "fused by" not in plain.stderr
     assert fused.stdout == plain.stdout and fused.stdout
+
+
+def test_radiance_launch_debug_selection_prints_rank_0s_report_once(tiny_model):
+    """radiance-launch --debug-selection: rank 0 prints its winners (through the launcher's stderr),
+    the other ranks do not, so a TP 2 report names each fused site once."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "radiance.tools.launch", "--tp", "2", "--model", str(tiny_model),
+                           "--prompt", "hello", "--max-tokens", "2", "--temperature", "0", "--debug-selection"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("\n[sample]\n") == 1, done.stderr[-3000:]   # one report: a node's header once
+    assert "fused by libr4d, replaces all_reduce(x)+add(residual,x,residual)+rmsnorm(residual,w,y)" in done.stderr
+    assert "all_reduce_add_rmsnorm M=[1, 256] host: libr4d:all_reduce_add_rmsnorm_host" in done.stderr

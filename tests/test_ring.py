@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from radiance.collectives.ring import PeerGone, RingError, RingReader, RingTimeout, RingWriter
-from radiance.collectives.ring_record import RecordCodec
+from radiance.collectives.ring_record import RecordCodec, ops_arrays, pop_ops
 from radiance.collectives.shm import list_run, new_run_id, unlink_run
 
 SECRET = secrets.token_bytes(32)  # handed to every process: a spawned one imports this file anew
@@ -172,6 +172,32 @@ def test_a_napping_reader_waits_on_no_futex_and_checks_once_a_slice(run_id):
         writer.close()
 
 
+def test_a_writer_wakes_only_a_reader_that_sleeps(run_id):
+    """No reader on the futex (a rank spinning for its plan, the coordinator napping): publish makes
+    no system call; a reader asleep on the futex is woken, well before its 20 ms slice ends."""
+    import threading
+
+    from radiance.collectives import futex
+
+    writer = RingWriter.create(run_id, "plans", 2, 2, 4096, SECRET)
+    readers = [RingReader.attach(run_id, "plans", index, SECRET, slice_s=5.0) for index in range(2)]
+    wakes, wake = [], futex.wake
+    try:
+        futex.wake = lambda address: (wakes.append(address), wake(address))[1]
+        writer.publish(b"first")
+        assert wakes == [] and [bytes(r.read(timeout=1)) for r in readers] == [b"first", b"first"]
+        threading.Timer(0.2, lambda: writer.publish(b"second")).start()
+        started = time.monotonic()
+        assert bytes(readers[1].read(timeout=10, spin_s=0.0)) == b"second"   # asleep on the futex
+        assert time.monotonic() - started < 2.0 and len(wakes) == 1, len(wakes)
+        assert int(readers[1].sleeping[1]) == 0
+    finally:
+        futex.wake = wake
+        for reader in readers:
+            reader.close()
+        writer.close()
+
+
 def test_a_record_that_does_not_verify_is_refused(run_id):
     writer = RingWriter.create(run_id, "plans", 2, 2, 4096, SECRET)
     honest = RingReader.attach(run_id, "plans", 0, SECRET)
@@ -223,3 +249,17 @@ def test_records_carry_kind_meta_and_arrays_as_views():
             assert kind == "step" and got_meta == meta and list(got) == list(arrays)
             for name, array in arrays.items():
                 assert got[name].dtype == array.dtype and np.array_equal(got[name], array)
+
+
+def test_a_profiled_result_carries_its_ops_with_no_json_a_step():
+    """Seconds by op go as one array named by the ops: the second record of the same ops reuses the
+    first's header (the same bytes up to the arrays), and the ops come back by name, in order."""
+    codec = RecordCodec()
+    payloads = []
+    for seconds in ((0.5, 0.25, 0.125), (1.0, 2.0, 3.0)):
+        ops = dict(zip(("gemm", "all_reduce", "rope_attention"), seconds))
+        payloads.append(codec.encode("result", None, {"tokens": np.int64([7]), **ops_arrays(ops)}))
+        kind, meta, arrays = codec.decode(payloads[-1])
+        assert pop_ops(arrays) == ops and list(arrays) == ["tokens"] and meta == {}
+    assert len(payloads[0]) == len(payloads[1]) and payloads[0][:-24] == payloads[1][:-24]
+    assert pop_ops({"tokens": np.int64([7])}) is None and ops_arrays({}) == {}

@@ -88,6 +88,8 @@ model_and_mode = _stack(
                  help="On a Hopper card, launch r4dchain rows as programmatic dependent launches."),
     click.option("--fusion/--no-fusion", default=True, show_default=True,
                  help="Run fused rows (replaces) where their library serves the chain; off: every chain as declared."),
+    click.option("--collective-wire", type=click.Choice(["auto", "f32", "bf16"]), default="auto", show_default=True,
+                 help="Cards at TP > 1: what an all-reduce moves (activations stay f32); auto: bf16 for a bf16 model."),
     click.option("--draft-model", type=click.Path(dir_okay=False), default=None,
                  help="Speculative decoding: a .rad model of the same vocabulary drafts tokens the model verifies "
                       "(the ops mtp_couple_propose/verify come from a kernel library such as plugins/spechub)."),

@@ -1,7 +1,8 @@
-"""libr4d's device collectives (domain RAD_DOMAIN_DEVICE), colour 2: all_reduce and all_gather on
-f32 activations, each as a P2P row (device.p2p == 1) and its `_host` twin (device.p2p == 0).
+"""libr4d's device collectives (domain RAD_DOMAIN_DEVICE), colour 2: all_reduce, all_gather and the fused
+all_reduce_add_rmsnorm on f32 activations, each as a P2P row (device.p2p == 1) and its `_host` twin
+(device.p2p == 0).
 
-The kernels are allreduce.cu's (libr4d/device); the engine object in RadArgs.peers (DevicePeers,
+The kernels are allreduce.cu's and allreduce_fused.cu's (libr4d/device); the engine object in RadArgs.peers (DevicePeers,
 collectives/device_peers.py) owns the regions they move bytes through and launches them: over the
 peers' card memory opened by IPC handle in the P2P form, over POSIX shared memory mapped on every
 card in the host-staged one. A row reads, per launch:
@@ -14,13 +15,24 @@ card in the host-staged one. A row reads, per launch:
 
 and returns RAD_LINK_ENDED when a gate was given (the kernel stores 0 there once its peers' bytes
 have landed), RAD_OK without one. Nothing here allocates or waits: a launch may be captured.
+What an all-reduce moves (f32 or bf16 on the wire) is the DevicePeers' `wire`, one for the launch.
 Imports nothing of radiance's but radiance.abi (tests/test_packaging.py).
+
+R4D_FUSED_ALL_REDUCE=0 leaves the fused rows out (a process's choice, read at import): where the fused
+row takes a norm, the norm is no longer there for a GEMV that would fold it (rmsnorm_gemm3,
+rmsnorm_gemm2_silu_mul), so which decodes faster is a measurement (docs/COLLECTIVES.md).
 """
 
+import os
+
+import numpy as np
+
 from radiance.abi import (
-    RAD_CEQ, RAD_DOMAIN_DEVICE, RAD_E_NOMEM, RAD_E_SHAPE, RAD_FACT_P2P, RAD_LINK_ENDED, RAD_OK, RadKernelInfo,
-    rad_args_geti,
+    RAD_CEQ, RAD_DOMAIN_DEVICE, RAD_E_DTYPE, RAD_E_INVALID, RAD_E_NOMEM, RAD_E_SHAPE, RAD_FACT_P2P, RAD_LINK_ENDED,
+    RAD_OK, RadKernelInfo, rad_args_getf, rad_args_geti, rad_weight_f32,
 )
+
+from .collectives import FUSED_OP, FUSED_REPLACES
 
 F32_BYTES = 4
 
@@ -92,22 +104,63 @@ def all_gather_device(a):
     return _ended(gate)
 
 
-def _device_row(name, op, launch, p2p, computes):
+def all_reduce_add_rmsnorm_device(a):
+    """x = all_reduce(x); residual = residual + x; y = rmsnorm(residual) * w, in one launch that equals
+    all_reduce_p2p -> r4dchain_add_dev -> r4dchain_rmsnorm_dev bit for bit; colour 2 (the kernel ends the
+    hold before the norm). The engine drops collectives at world 1 on a card, so the chain never forms
+    there: without peers the row refuses (RAD_E_INVALID)."""
+    try:
+        m, n, (x, residual, y) = _geometry(a, [(0, 1), (1, 1), (3, 1)])
+    except ValueError:
+        return RAD_E_SHAPE
+    peers, gate = a.peers, _gate(a)
+    if peers is None or int(peers.world_size) == 1:
+        return RAD_E_INVALID
+    if m * n * F32_BYTES > int(peers.buffer_bytes):
+        return RAD_E_NOMEM
+    try:
+        peers.all_reduce_add_rmsnorm(a.stream, x, residual, int(a.t[2].data), y, m, n, rad_args_getf(a, "eps"), gate)
+    except ValueError:
+        return RAD_E_SHAPE
+    return _ended(gate)
+
+
+def layout_vector(weight, encoding, geometry):
+    """The norm's weight as an f32 vector, decoded once at load (as the rmsnorm rows keep it)."""
+    return RAD_OK if encoding is not None and encoding.scheme in ("plain", "affine") else RAD_E_DTYPE
+
+
+def relayout_vector(weight, geometry):
+    return np.ascontiguousarray(rad_weight_f32(weight), dtype=np.float32).reshape(-1)
+
+
+def _device_row(name, op, launch, p2p, computes, **hooks):
     return RadKernelInfo(
         name=name, op=op, family="collective", computes=computes, shape="any", dtypes="f32 activations",
         domain=RAD_DOMAIN_DEVICE, priority=0, constraints=[RAD_CEQ(RAD_FACT_P2P, p2p), RAD_CEQ("dtype", "f32")],
-        launch=launch)
+        launch=launch, **hooks)
+
+
+def _fused_row(name, p2p, computes):
+    return _device_row(name, FUSED_OP, all_reduce_add_rmsnorm_device, p2p, computes, layout=layout_vector,
+                       relayout=relayout_vector, replaces=FUSED_REPLACES)
 
 
 # As collectives.py's HOST_ROWS: each declaration with its rad_kernel_collective colour, 2 for
 # every one (the kernel ends the hold once its peers' bytes have landed); none is chained.
 DEVICE_ROWS = [
     (_device_row("all_reduce_p2p", "all_reduce", all_reduce_device, 1,
-                 "device kernel over the peers' card memory (IPC), rank-order sum, one-shot or two-shot"), 2),
+                 "device kernel over the peers' card memory (IPC), rank-order sum: LL words, one-shot or two-shot"), 2),
     (_device_row("all_reduce_p2p_host", "all_reduce", all_reduce_device, 0,
                  "the same kernel over shared memory mapped on every card (PCIe), rank-order sum"), 2),
     (_device_row("all_gather_p2p", "all_gather", all_gather_device, 1,
                  "device kernel over the peers' card memory (IPC)"), 2),
     (_device_row("all_gather_p2p_host", "all_gather", all_gather_device, 0,
                  "the same kernel over shared memory mapped on every card (PCIe)"), 2),
-]
+] + ([
+    (_fused_row("all_reduce_add_rmsnorm_p2p", 1,
+                "one kernel over the peers' card memory: rank-order sum (LL words or slots), residual add, the "
+                "rmsnorm rows' ordered norm"), 2),
+    (_fused_row("all_reduce_add_rmsnorm_p2p_host", 0,
+                "the same kernel over shared memory mapped on every card (PCIe)"), 2),
+] if os.environ.get("R4D_FUSED_ALL_REDUCE", "1") != "0" else [])
