@@ -41,6 +41,9 @@ def sources() -> dict:
     parts = {part for chosen in kernels.PARTS.values() for part in chosen}
     text = (DEVICE / "allreduce.cu").read_text()
     found["allreduce"], found["allreduce_host_mapped"] = text, "#define RAD_P2P_HOST_MAPPED 1\n" + text
+    # the collectives' one module (collectives/device_p2p.py's MODULE_FILES): the row family after both
+    found["allreduce_fused"] = "\n".join((DEVICE / name).read_text() for name in ("common.cu", "allreduce.cu",
+                                                                                  "allreduce_fused.cu"))
     every = {path.stem for path in DEVICE.glob("*.cu")}
     assert every == {"common", *parts, *found} - {"allreduce_host_mapped"}, "a device source no build covers"
     return {name: text for name, text in found.items() if name not in kernels.NVIDIA_ONLY}  # AMD's builds
