@@ -9,9 +9,8 @@ import httpx
 import pytest
 
 from radiance.generation.options import EngineOptions
-from radiance.generation.text import TextCodec
+from radiance.generation.text import Detokenizer, TextCodec
 from radiance.launch.ranks import engine_over, open_ranks
-from radiance.serving.loop import TextStream
 from radiance.serving.server import Server, ServeSettings
 
 from test_server_support import wait_for
@@ -135,13 +134,13 @@ def test_a_stop_answers_the_waiting_requests(server, tiny_model):
     running.stop()
 
 
-def test_text_stream_equals_the_whole_decode(smollm2):
+def test_the_detokenizer_s_stream_equals_the_whole_decode(smollm2):
     from radiance.weights.container_reader import Container
 
     with Container(str(smollm2)) as container:
         codec = TextCodec(container.tokenizer, container.chat_template, container.hyper)
     text = "Ünïcødé naïve café — 東京 🚀🚀 done.\n  indented\ttabs"
     ids = codec.encode(text)
-    stream = TextStream(codec)
+    stream = Detokenizer(codec)
     pieces = [stream.push(token) for token in ids]
     assert "".join(pieces) == codec.decode(ids) == text

@@ -4,6 +4,9 @@ CLIs import this on every run, the server's own dependencies only with --serve."
 import click
 
 DEFAULT_SERVE_SEQS = 32
+# The characters of a request's stop strings, all together: what the stop scan's automaton holds per
+# request (one node a character), so what a request may make the engine thread keep and walk.
+DEFAULT_MAX_STOP_CHARS = 4096
 
 
 def serve_options(function):
@@ -16,6 +19,8 @@ def serve_options(function):
                      help="Require 'Authorization: Bearer KEY' on every route but /health."),
         click.option("--max-seqs", type=click.IntRange(1), default=None,
                      help=f"Sequences batched in one step (default: {DEFAULT_SERVE_SEQS} with --serve, else 1)."),
+        click.option("--max-stop-chars", type=click.IntRange(1), default=DEFAULT_MAX_STOP_CHARS, show_default=True,
+                     help="Characters a request's stop strings may hold, all together (more: a 400)."),
     ]):
         function = option(function)
     return function

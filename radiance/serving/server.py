@@ -17,6 +17,7 @@ from radiance.log import get_logger
 from .app import ServerState, create_app
 from .loop import EngineLoop
 from .metrics import Metrics
+from .options import DEFAULT_MAX_STOP_CHARS
 
 log = get_logger("radiance.serving")
 
@@ -27,6 +28,7 @@ class ServeSettings:
     port: int = 8000
     api_key: str | None = None
     defaults: dict = field(default_factory=dict)  # sampling defaults a request may override
+    max_stop_chars: int = DEFAULT_MAX_STOP_CHARS  # a request's stop strings, all together
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -83,6 +85,7 @@ class Server:
         self.settings = settings
         self.metrics = Metrics()
         self.state = ServerState(model_path, settings.api_key, settings.defaults, self.metrics)
+        self.state.max_stop_chars = settings.max_stop_chars
         self.http = HttpServer(create_app(self.state), listen(settings.host, settings.port))
         self.loop: EngineLoop | None = None
 

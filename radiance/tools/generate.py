@@ -56,7 +56,8 @@ def run(program: str, verbose: bool, settings: RankSettings, mode: dict, samplin
             from radiance.serving.server import ServeSettings, serve
 
             settings.profile = settings.profile or settings.tp > 1 or settings.launched  # rank 0's figures for /metrics
-            return serve(engine_options, ServeSettings(serving["host"], serving["port"], serving["api_key"], sampling),
+            return serve(engine_options, ServeSettings(serving["host"], serving["port"], serving["api_key"], sampling,
+                                                       serving["max_stop_chars"]),
                          lambda: open_ranks(engine_options, settings))
         with open_ranks(engine_options, settings) as ranks:
             if mode["chat"]:
@@ -69,7 +70,7 @@ def split(params: dict) -> tuple[dict, dict, dict, dict]:
     """The options both commands share, by what they are for: (mode, sampling, engine, serving)."""
     mode = {name: params.pop(name) for name in ("prompt", "chat")}
     sampling = {name: params.pop(name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")}
-    serving = {name: params.pop(name) for name in ("serve", "host", "port", "api_key", "max_seqs")}
+    serving = {name: params.pop(name) for name in ("serve", "host", "port", "api_key", "max_seqs", "max_stop_chars")}
     engine = {"model": params.pop("model"), "radiance_home": params.pop("radiance_home"),
               "kernels": params.pop("kernels"), "accept_reference": params.pop("accept_reference"),
               **{name: params.pop(name) for name in ("max_context", "max_step_tokens", "device", "graphs", "chain",
