@@ -1,19 +1,21 @@
 """The compiled half of libr4d: r4d.c built at first load, cached on disk, loaded with ctypes.
 
-Build: `$CC` (default gcc) with `-O3 -march=native -fopenmp -ffp-contract=off`; when that fails
-(an old compiler, a machine where -march=native means nothing, no OpenMP) the next variant is tried:
-without OpenMP, then a portable `-O2` build (plain C loops, no intrinsics). The library is cached under
-`$XDG_CACHE_HOME/radiance/libr4d` (else `~/.cache/radiance/libr4d`) by a hash of the source, the
-flags, the compiler's version and, for a native build, this CPU's model and flags, so a cache folder
-shared between machines never hands one CPU another's code. A build writes a temporary file and
+Build: `$CC` (default gcc) with `-O3 -march=native -pthread -ffp-contract=off`; when that fails (an
+old compiler, a machine where -march=native means nothing) a portable `-O2` build (plain C loops, no
+intrinsics) is tried. `-march=native` is how the CPU in hand chooses its paths: the AVX-512 (VNNI)
+GEMVs where it reports AVX-512 F/BW/VL, the AVX2/FMA ones otherwise. The library is cached under
+`$XDG_CACHE_HOME/radiance/libr4d` (else `~/.cache/radiance/libr4d`) by a hash of the sources (r4d.c
+and the r4d_*.h it includes), the flags, the compiler's version and, for a native build, this CPU's
+model and flags, so a cache folder shared between machines never hands one CPU another's code. A build writes a temporary file and
 renames it, so ranks starting together at most compile twice and never see half a file.
 
 Knobs (read when the plugin opens):
-  RADIANCE_THREADS      threads per launch (else OMP_NUM_THREADS, else the CPUs this process may use)
+  RADIANCE_THREADS      threads per launch, the calling thread included (else OMP_NUM_THREADS, else
+                        the CPUs this process may use); `radiance --threads N` sets it
   RADIANCE_R4D_NATIVE   0: do not build; every row runs its numpy fallback
   RADIANCE_R4D_ISA      portable: skip the native build (what a CPU without AVX2 gets)
   RADIANCE_R4D_MARCH    the -march of the native build (default native; haswell builds the AVX2
-                        paths without VNNI, what an older CPU gets)
+                        paths without VNNI or AVX-512, what an older CPU gets)
   RADIANCE_R4D_AQ       the decode GEMV's activations: 16 (default), 8 or 0 (rows.py)
   CC                    the compiler
 
@@ -35,20 +37,25 @@ from pathlib import Path
 import numpy as np
 
 SOURCE = Path(__file__).with_name("r4d.c")
+HEADERS = sorted(Path(__file__).parent.glob("r4d_*.h"))  # included by r4d.c: part of the build's key
 log = logging.getLogger("radiance.libr4d")
 
-COMMON = ["-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing"]
+COMMON = ["-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
+
+
 def variants(march: str):
-    """(name, flags) to try in order: the target's build with and without OpenMP, then portable C."""
-    return (
-        ("native-omp", ["-O3", f"-march={march}", "-fopenmp"]),
-        ("native", ["-O3", f"-march={march}"]),
-        ("portable-omp", ["-O2", "-fopenmp"]),
-        ("portable", ["-O2"]),
-    )
+    """(name, flags) to try in order: the target's build, then portable C."""
+    return (("native", ["-O3", f"-march={march}", *prefetch_flags()]), ("portable", ["-O2"]))
+
+
+def prefetch_flags() -> list[str]:
+    """The GEMVs' prefetch hint for this CPU's vendor (r4d.c, R4D_PF_HINT): non-temporal on AMD,
+    where it was measured best, T0 elsewhere (on Intel NTA halved the streaming rate)."""
+    return ["-DR4D_PF_HINT=_MM_HINT_NTA"] if "AuthenticAMD" in _cpu_signature() else []
+
 
 # r4d_isa() bits
-ISA_AVX2, ISA_VNNI, ISA_OPENMP = 1, 2, 4
+ISA_AVX2, ISA_VNNI, ISA_AVX512 = 1, 2, 4
 
 _P, _I64, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 SIGNATURES = {
@@ -67,6 +74,8 @@ SIGNATURES = {
     "r4d_attention": ([_P] * 11 + [_I64] * 5 + [_D], _I),
     "r4d_argsort_desc": ([_P, _I64, _P], _I),
     "r4d_add_rmsnorm": ([_P, _P, _P, _P, _I64, _I64, _D], _I),
+    "r4d_wait_word": ([_P, ctypes.c_uint64, _I64, _I64], _I),
+    "r4d_wake_word": ([_P], None),
 }
 
 
@@ -103,7 +112,7 @@ def _cpu_signature() -> str:
             seen = set()
             for line in f:
                 key = line.split(":", 1)[0].strip()
-                if key in ("model name", "flags", "Features", "CPU part") and key not in seen:
+                if key in ("vendor_id", "model name", "flags", "Features", "CPU part") and key not in seen:
                     seen.add(key)
                     text += line
     except OSError:
@@ -124,9 +133,9 @@ def _compiler() -> tuple[str, str]:
 
 
 def _build(variant: str, flags: list[str], cc: str, version: str, folder: Path) -> Path:
-    source = SOURCE.read_bytes()
+    sources = b"\0".join(path.read_bytes() for path in (SOURCE, *HEADERS))
     key = hashlib.sha256()
-    for part in (source, " ".join(COMMON + flags).encode(), version.encode(), platform.machine().encode()):
+    for part in (sources, " ".join(COMMON + flags).encode(), version.encode(), platform.machine().encode()):
         key.update(part + b"\0")
     if "-march=native" in flags:
         key.update(_cpu_signature().encode())
@@ -137,7 +146,7 @@ def _build(variant: str, flags: list[str], cc: str, version: str, folder: Path) 
     fd, temporary = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=folder)
     os.close(fd)
     try:
-        command = [cc, *COMMON, *flags, "-o", temporary, str(SOURCE), "-lm"]
+        command = [cc, *COMMON, *flags, "-o", temporary, str(SOURCE), "-lm"]  # r4d.c includes its headers
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["?"])[-1]
@@ -188,7 +197,7 @@ class Native:
         return self.threads
 
     def describe(self) -> str:
-        isa = [name for bit, name in ((ISA_AVX2, "avx2+fma"), (ISA_VNNI, "vnni"), (ISA_OPENMP, "openmp"))
+        isa = [name for bit, name in ((ISA_AVX2, "avx2+fma"), (ISA_AVX512, "avx512"), (ISA_VNNI, "vnni"))
                if self.isa & bit]
         if not self.isa & ISA_AVX2:
             isa.insert(0, "portable C")

@@ -1,8 +1,8 @@
 /* libr4d host kernels.
  *
- * Compiled at first load by native.py (gcc -O3 -march=native -fopenmp -ffp-contract=off, or a
- * portable -O2 build when that fails), cached on disk by a hash of this source and the flags, and
- * called through ctypes. Imports nothing: the Python side hands over array heads shaped like numpy's
+ * Compiled at first load by native.py (gcc -O3 -march=native -pthread -ffp-contract=off, or a
+ * portable -O2 build when that fails), cached on disk by a hash of the sources and the flags, and
+ * called through ctypes. Parallel rows run on r4d_pool.h's thread pool. Imports nothing: the Python side hands over array heads shaped like numpy's
  * PyArrayObject head (native.Header: data, nd, dims, strides, filled from the numpy array once per
  * launch plan) and the raw plane pointers of each weight.
  *
@@ -23,9 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "r4d_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -34,6 +32,10 @@
 #define R4D_VNNI 1
 #elif defined(__AVXVNNI__)
 #define R4D_VNNI 1
+#endif
+/* the decode GEMVs' 512-bit paths: AVX-512 F, BW and VL, with VNNI's vpdpwssd where present */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define R4D_AVX512 1
 #endif
 #endif
 
@@ -71,7 +73,7 @@ int r4d_set_threads(int n) {
 
 int r4d_threads(void) { return g_threads; }
 
-/* bit 0: AVX2+FMA+F16C paths, bit 1: VNNI int8 dot products, bit 2: OpenMP */
+/* bit 0: AVX2+FMA+F16C paths, bit 1: VNNI integer dot products, bit 2: AVX-512 paths */
 int r4d_isa(void) {
     int isa = 0;
 #ifdef R4D_AVX2
@@ -80,7 +82,7 @@ int r4d_isa(void) {
 #ifdef R4D_VNNI
     isa |= 2;
 #endif
-#ifdef _OPENMP
+#ifdef R4D_AVX512
     isa |= 4;
 #endif
     return isa;
@@ -270,38 +272,20 @@ static inline int nthreads_for(int64_t work, int64_t grain) {
     return (int)(t < g_threads ? t : g_threads);
 }
 
-/* [lo, hi) of `n` items for thread `id` of `nt`, split in multiples of `unit` */
-static inline void split(int64_t n, int64_t unit, int id, int nt, int64_t *lo, int64_t *hi) {
-    int64_t units = (n + unit - 1) / unit;
-    int64_t a = units * id / nt, b = units * (id + 1) / nt;
-    *lo = a * unit < n ? a * unit : n;
-    *hi = b * unit < n ? b * unit : n;
-}
+/* A buffer of this thread's own, at least `bytes` long, 64-byte aligned, kept for the next launch
+ * (the pool's workers live as long as the process); NULL when memory runs out. */
+static __thread char *t_buffer;
+static __thread size_t t_buffer_bytes;
 
-/* PAR(nt, { body }): the body once per thread, with tid_ and tcnt_; with one thread it runs
- * directly, never entering OpenMP (a one-thread region still costs about 0.3 us). */
-#ifdef _OPENMP
-#define PAR(nt, ...)                                                                       \
-    do {                                                                                   \
-        const int par_nt_ = (nt);                                                          \
-        if (par_nt_ > 1) {                                                                 \
-            _Pragma("omp parallel num_threads(par_nt_)") {                                 \
-                const int tid_ = omp_get_thread_num(), tcnt_ = omp_get_num_threads();     \
-                __VA_ARGS__                                                                \
-            }                                                                              \
-        } else {                                                                           \
-            const int tid_ = 0, tcnt_ = 1;                                                 \
-            __VA_ARGS__                                                                    \
-        }                                                                                  \
-    } while (0)
-#else
-#define PAR(nt, ...)                                                                       \
-    do {                                                                                   \
-        const int tid_ = 0, tcnt_ = 1;                                                     \
-        (void)(nt);                                                                        \
-        __VA_ARGS__                                                                        \
-    } while (0)
-#endif
+static void *thread_buffer(size_t bytes) {
+    if (bytes > t_buffer_bytes) {
+        free(t_buffer);
+        const size_t rounded = (bytes + 63) & ~(size_t)63;
+        t_buffer = (char *)aligned_alloc(64, rounded);
+        t_buffer_bytes = t_buffer ? rounded : 0;
+    }
+    return t_buffer;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* dequantisation: one weight row to f32, exactly as the core decoder computes it */
@@ -381,6 +365,17 @@ static int weight_check(const Weight *w) {
 /* ------------------------------------------------------------------------------------------ */
 /* embedding: y[m] = table[ids[m]] */
 
+typedef struct {
+    const Weight *w;
+    const IVec *ids;
+    const Mat *Y;
+} EmbeddingTask;
+
+static void embedding_task(const void *context, int64_t lo, int64_t hi) {
+    const EmbeddingTask *t = (const EmbeddingTask *)context;
+    for (int64_t m = lo; m < hi; m++) dequant_row(t->w, iget(t->ids, m), ROW(*t->Y, m, float));
+}
+
 int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale, const void *min, int64_t vocab,
                   int64_t n, Arr *y, int64_t M) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, vocab, n};
@@ -392,12 +387,8 @@ int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale,
         int64_t id = iget(&iv, m);
         if (id < 0 || id >= vocab) return R4D_E_INVALID;
     }
-    const int nt = nthreads_for(M * n, 1 << 14);
-    PAR(nt, {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) dequant_row(&w, iget(&iv, m), ROW(Y, m, float));
-    });
+    const EmbeddingTask task = {&w, &iv, &Y};
+    pool_run(embedding_task, &task, M, 1, nthreads_for(M * n, 1 << 14));
     return R4D_OK;
 }
 
@@ -418,7 +409,10 @@ int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale,
 #define R4D_PF_ROWS 4 /* weight rows prefetched ahead */
 #endif
 #ifndef R4D_PF_HINT
-#define R4D_PF_HINT _MM_HINT_NTA /* weights are read once per token: keep them out of the outer caches */
+/* native.py passes the hint by the CPU's vendor: NTA on AMD (weights are read once per token: kept
+ * out of the outer caches; measured on Zen 4), T0 elsewhere (on this Xeon NTA halved the lm head's
+ * rate: 13 against 28 GB/s, docs/LIBR4D.md) */
+#define R4D_PF_HINT _MM_HINT_T0
 #endif
 
 typedef struct {
@@ -498,9 +492,15 @@ static void act_row(const Act *A, int64_t m, const float *x, int aq, int perm) {
                 _mm256_store_si256((__m256i *)(A->xq + m * K + b * QK),
                                    _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
             } else {
-                int16_t *dst = A->xw + m * K + b * QK;
-                _mm256_store_si256((__m256i *)dst, _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8));
-                _mm256_store_si256((__m256i *)(dst + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(q2, q3), 0xD8));
+                int16_t *first = A->xw + m * K + b * QK, *second = first + 16;
+#ifdef R4D_AVX512
+                if (perm && (b | 1) < nb) { /* r4d_gemv512.h's pair layout: [evens b, evens b^1, odds b, odds b^1] */
+                    first = A->xw + m * K + (b & ~(int64_t)1) * QK + 16 * (b & 1);
+                    second = first + 32;
+                }
+#endif
+                _mm256_store_si256((__m256i *)first, _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8));
+                _mm256_store_si256((__m256i *)second, _mm256_permute4x64_epi64(_mm256_packs_epi32(q2, q3), 0xD8));
             }
             A->xd[m * nb + b] = d;
         } else {
@@ -769,12 +769,39 @@ static inline __attribute__((always_inline)) void gemv_rows(const Weight *w, con
     }
 }
 
+#ifdef R4D_AVX512
+#include "r4d_gemv512.h"
+#endif
+
 static void gemv_block(const Weight *w, const Act *A, int aq, int64_t m0, int mt, int64_t n0, int64_t n1, const Mat *Y) {
+#ifdef R4D_AVX512
+    if (aq == 16 && (w->fmt == F_Q4_1 || w->fmt == F_Q8_0)) {
+        gemv512_block(w, A, m0, mt, n0, n1, Y);
+        return;
+    }
+#endif
     switch (mt) {
     case 1: gemv_rows(w, A, aq, m0, 1, n0, n1, Y); break;
     case 2: gemv_rows(w, A, aq, m0, 2, n0, n1, Y); break;
     case 3: gemv_rows(w, A, aq, m0, 3, n0, n1, Y); break;
     default: gemv_rows(w, A, aq, m0, 4, n0, n1, Y); break;
+    }
+}
+
+typedef struct {
+    const Weight *w;
+    const Act *A;
+    int aq;
+    int64_t M;
+    const Mat *Y;
+} GemvTask;
+
+/* weight rows [lo, hi) against every activation row, MT_MAX at a time */
+static void gemv_task(const void *context, int64_t lo, int64_t hi) {
+    const GemvTask *t = (const GemvTask *)context;
+    for (int64_t m0 = 0; m0 < t->M; m0 += MT_MAX) {
+        const int mt = (int)(t->M - m0 < MT_MAX ? t->M - m0 : MT_MAX);
+        gemv_block(t->w, t->A, t->aq, m0, mt, lo, hi, t->Y);
     }
 }
 
@@ -804,17 +831,10 @@ int r4d_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const 
     const int perm = 0;
 #endif
     for (int64_t m = 0; m < M; m++) act_row(&A, m, ROW(X, m, const float), aq, perm);
-    /* rows of W per thread: a multiple of 16 so no two threads share a cache line of y */
+    /* chunks of rows of W, a multiple of 16 so no two threads share a cache line of y */
     const int64_t bytes = fmt == F_Q4_1 ? N * K * 5 / 8 : fmt == F_Q8_0 ? N * K * 17 / 16 : N * K * (fmt == F_F32 ? 4 : 2);
-    const int nt = nthreads_for(bytes, 1 << 15);
-    PAR(nt, {
-        int64_t lo, hi;
-        split(N, 16, tid_, tcnt_, &lo, &hi);
-        for (int64_t m0 = 0; m0 < M; m0 += MT_MAX) {
-            const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
-            gemv_block(&w, &A, aq, m0, mt, lo, hi, &Y);
-        }
-    });
+    const GemvTask task = {&w, &A, aq, M, &Y};
+    pool_run(gemv_task, &task, N, 16, nthreads_for(bytes, 1 << 15));
     return R4D_OK;
 }
 
@@ -866,6 +886,45 @@ static void tile_any(const float *X, int64_t ldx, int mr, const float *W, int64_
 #undef T
 }
 
+typedef struct {
+    const Weight *w;
+    const Mat *X, *Y;
+    int64_t M, N, K, ldx, ldy;
+    _Atomic int failed;
+} GemmTask;
+
+/* weight panels [lo, hi): each dequantised to f32 once, then every activation row against it */
+static void gemm_task(const void *context, int64_t lo, int64_t hi) {
+    GemmTask *t = (GemmTask *)context;
+    const int64_t M = t->M, N = t->N, K = t->K;
+    /* K padded to a multiple of 8 floats keeps every panel row 32-byte aligned */
+    const int64_t kp = (K + 7) & ~(int64_t)7;
+    float *panel = (float *)thread_buffer((size_t)(NP * kp * 4));
+    if (!panel) {
+        atomic_store(&t->failed, 1);
+        return;
+    }
+    for (int64_t p = lo; p < hi; p++) {
+        const int64_t n0 = p * NP, np = N - n0 < NP ? N - n0 : NP;
+        for (int64_t j = 0; j < np; j++) dequant_row(t->w, n0 + j, panel + j * kp);
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int mr = (int)(M - m0 < MR ? M - m0 : MR);
+            const float *xr = ROW(*t->X, m0, const float);
+            for (int64_t j0 = 0; j0 < np; j0 += NR) {
+                const int nr = (int)(np - j0 < NR ? np - j0 : NR);
+                /* the tile reads rows of K elements at a pitch of kp */
+                float *yr = ROW(*t->Y, m0, float) + n0 + j0;
+                if (kp == K) {
+                    tile_any(xr, t->ldx, mr, panel + j0 * kp, K, nr, yr, t->ldy);
+                } else {
+                    for (int jj = 0; jj < nr; jj++)
+                        tile_any(xr, t->ldx, mr, panel + (j0 + jj) * kp, K, 1, yr + jj, t->ldy);
+                }
+            }
+        }
+    }
+}
+
 int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
              int64_t N, int64_t K) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};
@@ -873,42 +932,9 @@ int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const 
     int rc;
     if ((rc = weight_check(&w)) || (rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
     if (X.pitch % 4 || Y.pitch % 4) return R4D_E_SHAPE;
-    const int64_t ldx = X.pitch / 4, ldy = Y.pitch / 4;
-    const int64_t panels = (N + NP - 1) / NP;
-    const int nt = nthreads_for(M * N * K, 1 << 18);
-    int failed = 0;
-    PAR(nt, {
-        /* K padded to a multiple of 8 floats keeps every panel row 32-byte aligned */
-        const int64_t kp = (K + 7) & ~(int64_t)7;
-        float *panel = (float *)aligned_alloc(64, (size_t)(NP * kp * 4 + 64));
-        if (!panel) {
-            failed = 1;
-        } else {
-            int64_t lo, hi;
-            split(panels, 1, tid_, tcnt_, &lo, &hi);
-            for (int64_t p = lo; p < hi; p++) {
-                const int64_t n0 = p * NP, np = N - n0 < NP ? N - n0 : NP;
-                for (int64_t j = 0; j < np; j++) dequant_row(&w, n0 + j, panel + j * kp);
-                for (int64_t m0 = 0; m0 < M; m0 += MR) {
-                    const int mr = (int)(M - m0 < MR ? M - m0 : MR);
-                    const float *xr = ROW(X, m0, const float);
-                    for (int64_t j0 = 0; j0 < np; j0 += NR) {
-                        const int nr = (int)(np - j0 < NR ? np - j0 : NR);
-                        /* the tile reads rows of K elements at a pitch of kp */
-                        float *yr = ROW(Y, m0, float) + n0 + j0;
-                        if (kp == K) {
-                            tile_any(xr, ldx, mr, panel + j0 * kp, K, nr, yr, ldy);
-                        } else {
-                            for (int jj = 0; jj < nr; jj++)
-                                tile_any(xr, ldx, mr, panel + (j0 + jj) * kp, K, 1, yr + jj, ldy);
-                        }
-                    }
-                }
-            }
-            free(panel);
-        }
-    });
-    return failed ? R4D_E_NOMEM : R4D_OK;
+    GemmTask task = {&w, &X, &Y, M, N, K, X.pitch / 4, Y.pitch / 4, 0};
+    pool_run(gemm_task, &task, (N + NP - 1) / NP, 1, nthreads_for(M * N * K, 1 << 18));
+    return atomic_load(&task.failed) ? R4D_E_NOMEM : R4D_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -931,22 +957,42 @@ static void rmsnorm_row(const float *xr, const float *w, float *yr, int64_t n, f
     for (; i < n; i++) yr[i] = (xr[i] * scale) * w[i];
 }
 
+/* the row-wise ops' operands: rows of a (and b) into rows of y, n wide */
+typedef struct {
+    const Mat *a, *b, *y;
+    const float *w;
+    int64_t n;
+    float fn, eps;
+} RowsTask;
+
+static void rmsnorm_task(const void *context, int64_t lo, int64_t hi) {
+    const RowsTask *t = (const RowsTask *)context;
+    for (int64_t m = lo; m < hi; m++) rmsnorm_row(ROW(*t->a, m, const float), t->w, ROW(*t->y, m, float), t->n, t->fn, t->eps);
+}
+
 int r4d_rmsnorm(const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, double eps) {
     Mat X, Y, W;
     int rc;
     if ((rc = mat(x, n, 4, M, &X)) || (rc = mat(weight, n, 4, 1, &W)) || (rc = mat(y, n, 4, M, &Y))) return rc;
     const float *w = (const float *)W.p;
     const float e = (float)eps, fn = (float)n;
-    PAR(nthreads_for(M * n, 1 << 14), {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) rmsnorm_row(ROW(X, m, const float), w, ROW(Y, m, float), n, fn, e);
-    });
+    const RowsTask task = {&X, NULL, &Y, w, n, fn, e};
+    pool_run(rmsnorm_task, &task, M, 1, nthreads_for(M * n, 1 << 14));
     return R4D_OK;
 }
 
 /* residual = residual + x; y = rmsnorm(residual) * w: the tail of the fused all_reduce + add +
  * rmsnorm once the reduction is done, with add's and rmsnorm's arithmetic (bit for bit libref's) */
+static void add_rmsnorm_task(const void *context, int64_t lo, int64_t hi) {
+    const RowsTask *t = (const RowsTask *)context;
+    for (int64_t m = lo; m < hi; m++) {
+        float *rr = ROW(*t->a, m, float);
+        const float *xr = ROW(*t->b, m, const float);
+        for (int64_t i = 0; i < t->n; i++) rr[i] = rr[i] + xr[i];
+        rmsnorm_row(rr, t->w, ROW(*t->y, m, float), t->n, t->fn, t->eps);
+    }
+}
+
 int r4d_add_rmsnorm(Arr *residual, const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, double eps) {
     Mat R, X, W, Y;
     int rc;
@@ -955,36 +1001,29 @@ int r4d_add_rmsnorm(Arr *residual, const Arr *x, const Arr *weight, Arr *y, int6
         return rc;
     const float *w = (const float *)W.p;
     const float e = (float)eps, fn = (float)n;
-    PAR(nthreads_for(M * n, 1 << 14), {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) {
-            float *rr = ROW(R, m, float);
-            const float *xr = ROW(X, m, const float);
-            for (int64_t i = 0; i < n; i++) rr[i] = rr[i] + xr[i];
-            rmsnorm_row(rr, w, ROW(Y, m, float), n, fn, e);
-        }
-    });
+    const RowsTask task = {&R, &X, &Y, w, n, fn, e};
+    pool_run(add_rmsnorm_task, &task, M, 1, nthreads_for(M * n, 1 << 14));
     return R4D_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* elementwise */
 
+static void add_task(const void *context, int64_t lo, int64_t hi) {
+    const RowsTask *t = (const RowsTask *)context;
+    for (int64_t m = lo; m < hi; m++) {
+        const float *ar = ROW(*t->a, m, const float), *br = ROW(*t->b, m, const float);
+        float *yr = ROW(*t->y, m, float);
+        for (int64_t i = 0; i < t->n; i++) yr[i] = ar[i] + br[i];
+    }
+}
+
 int r4d_add(const Arr *a, const Arr *b, Arr *y, int64_t M, int64_t n) {
     Mat A, B, Y;
     int rc;
     if ((rc = mat(a, n, 4, M, &A)) || (rc = mat(b, n, 4, M, &B)) || (rc = mat(y, n, 4, M, &Y))) return rc;
-    const int nt = nthreads_for(M * n, 1 << 16);
-    PAR(nt, {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) {
-            const float *ar = ROW(A, m, const float), *br = ROW(B, m, const float);
-            float *yr = ROW(Y, m, float);
-            for (int64_t i = 0; i < n; i++) yr[i] = ar[i] + br[i];
-        }
-    });
+    const RowsTask task = {&A, &B, &Y, NULL, n, 0, 0};
+    pool_run(add_task, &task, M, 1, nthreads_for(M * n, 1 << 16));
     return R4D_OK;
 }
 
@@ -1006,15 +1045,17 @@ static void silu_row(const float *gr, const float *ur, float *yr, int64_t n) {
     }
 }
 
+static void silu_mul_task(const void *context, int64_t lo, int64_t hi) {
+    const RowsTask *t = (const RowsTask *)context;
+    for (int64_t m = lo; m < hi; m++) silu_row(ROW(*t->a, m, const float), ROW(*t->b, m, const float), ROW(*t->y, m, float), t->n);
+}
+
 int r4d_silu_mul(const Arr *g, const Arr *u, Arr *y, int64_t M, int64_t n) {
     Mat G, U, Y;
     int rc;
     if ((rc = mat(g, n, 4, M, &G)) || (rc = mat(u, n, 4, M, &U)) || (rc = mat(y, n, 4, M, &Y))) return rc;
-    PAR(nthreads_for(M * n, 1 << 13), {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) silu_row(ROW(G, m, const float), ROW(U, m, const float), ROW(Y, m, float), n);
-    });
+    const RowsTask task = {&G, &U, &Y, NULL, n, 0, 0};
+    pool_run(silu_mul_task, &task, M, 1, nthreads_for(M * n, 1 << 13));
     return R4D_OK;
 }
 
@@ -1124,6 +1165,29 @@ static void rotate(float *x, int64_t heads, int64_t D, int interleaved, const fl
     }
 }
 
+typedef struct {
+    const Mat *Q, *K;
+    const IVec *positions;
+    const float *inv;
+    int64_t half, qh, kvh, D;
+    int interleaved, cached;
+} RopeTask;
+
+static void rope_task(const void *context, int64_t lo, int64_t hi) {
+    const RopeTask *t = (const RopeTask *)context;
+    float local[1024];
+    for (int64_t m = lo; m < hi; m++) {
+        const int64_t p = iget(t->positions, m);
+        const float *cs = local;
+        if (t->cached)
+            cs = g_rope_tab + p * 1024;
+        else
+            rope_angles(t->inv, t->half, p, local);
+        rotate(ROW(*t->Q, m, float), t->qh, t->D, t->interleaved, cs);
+        rotate(ROW(*t->K, m, float), t->kvh, t->D, t->interleaved, cs);
+    }
+}
+
 int r4d_rope(Arr *q, Arr *k, const Arr *positions, const Arr *inv_freq, int64_t M, int64_t qh, int64_t kvh,
              int64_t D, int interleaved) {
     Mat Q, Kk, F;
@@ -1150,22 +1214,8 @@ int r4d_rope(Arr *q, Arr *k, const Arr *positions, const Arr *inv_freq, int64_t 
                 g_rope_have[p] = 1;
             }
         }
-    const int nt = nthreads_for(M * (qh + kvh) * D, 1 << 13);
-    PAR(nt, {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        float local[1024];
-        for (int64_t m = lo; m < hi; m++) {
-            const int64_t p = iget(&pos, m);
-            const float *cs = local;
-            if (cached)
-                cs = g_rope_tab + p * 1024;
-            else
-                rope_angles(inv, half, p, local);
-            rotate(ROW(Q, m, float), qh, D, interleaved, cs);
-            rotate(ROW(Kk, m, float), kvh, D, interleaved, cs);
-        }
-    });
+    const RopeTask task = {&Q, &Kk, &pos, inv, half, qh, kvh, D, interleaved, cached};
+    pool_run(rope_task, &task, M, 1, nthreads_for(M * (qh + kvh) * D, 1 << 13));
     return R4D_OK;
 }
 
@@ -1255,6 +1305,50 @@ static void head_attend_any(const float *qv, const float *const *rk, const float
     }
 }
 
+typedef struct {
+    const Mat *Q, *KC, *VC, *O;
+    const IVec *positions, *context_lens;
+    const ITab *tables;
+    const int64_t *seq_of;
+    int64_t KVH, group, D, bs, maxlen;
+    float scale;
+    _Atomic int failed;
+} AttentionTask;
+
+static void attention_task(const void *context, int64_t lo, int64_t hi) {
+    AttentionTask *a = (AttentionTask *)context;
+    const int64_t KVH = a->KVH, D = a->D, bs = a->bs, group = a->group, maxlen = a->maxlen;
+    /* this thread's: the scores of one head, the row pointers of one sequence's keys and values */
+    float *sc = (float *)thread_buffer((size_t)(maxlen + 8) * sizeof(float) + (size_t)(2 * maxlen) * sizeof(float *));
+    if (!sc) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    const float **rk = (const float **)(sc + ((maxlen + 8 + 15) & ~(int64_t)15)), **rv = rk + maxlen;
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t t = it / KVH, g = it % KVH, s = a->seq_of[t];
+        if (s < 0) continue; /* a token of no sequence: left as it is */
+        const int64_t len = iget(a->context_lens, s), p = iget(a->positions, t);
+        const int64_t L = p + 1 < len ? p + 1 : len;
+        const int64_t off = g * D, h0 = g * group;
+        if (L <= 0) {
+            for (int64_t hh = 0; hh < group; hh++)
+                for (int64_t d = 0; d < D; d++) ROW(*a->O, t, float)[(h0 + hh) * D + d] = NAN;
+            continue;
+        }
+        for (int64_t j0 = 0; j0 < L; j0 += bs) {
+            const int64_t base = tget(a->tables, s, j0 / bs) * bs, jn = L - j0 < bs ? L - j0 : bs;
+            for (int64_t jj = 0; jj < jn; jj++) {
+                rk[j0 + jj] = ROW(*a->KC, base + jj, const float) + off;
+                rv[j0 + jj] = ROW(*a->VC, base + jj, const float) + off;
+            }
+        }
+        for (int64_t hh = 0; hh < group; hh++)
+            head_attend_any(ROW(*a->Q, t, const float) + (h0 + hh) * D, rk, rv, L, D, a->scale, sc,
+                            ROW(*a->O, t, float) + (h0 + hh) * D, hh == 0);
+    }
+}
+
 int r4d_attention(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, const Arr *slots, const Arr *positions,
                   const Arr *cu_seqlens, const Arr *context_lens, const Arr *block_tables, Arr *out, int64_t M,
                   int64_t H, int64_t KVH, int64_t D, int64_t bs, double scale) {
@@ -1303,55 +1397,11 @@ int r4d_attention(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, co
             }
         }
     }
-    const float fscale = (float)scale;
-    const int64_t group = H / KVH;
-    const int64_t items = M * KVH; /* (token, kv head): each cached row is read once for its group */
-    const int nt = nthreads_for(M * H * maxlen * D, 1 << 16);
-    int failed = 0;
-    PAR(nt, {
-        /* per thread: the scores of one head and the row pointers of one sequence's keys/values,
-         * on the stack up to 8192 positions */
-        const int small = maxlen <= 8192;
-        float sc_stack[small ? maxlen + 8 : 1];
-        const float *ptr_stack[small ? 2 * maxlen : 1];
-        float *sc = small ? sc_stack : (float *)malloc((size_t)(maxlen + 8) * sizeof(float));
-        const float **rk = small ? ptr_stack : (const float **)malloc((size_t)(2 * maxlen) * sizeof(float *));
-        if (!sc || !rk) {
-            failed = 1;
-        } else {
-            const float **rv = rk + maxlen;
-            int64_t lo, hi;
-            split(items, 1, tid_, tcnt_, &lo, &hi);
-            for (int64_t it = lo; it < hi; it++) {
-                const int64_t t = it / KVH, g = it % KVH, s = seq_of[t];
-                if (s < 0) continue; /* a token of no sequence: left as it is */
-                const int64_t len = iget(&ctx, s), p = iget(&pos, t);
-                const int64_t L = p + 1 < len ? p + 1 : len;
-                const int64_t off = g * D, h0 = g * group;
-                if (L <= 0) {
-                    for (int64_t hh = 0; hh < group; hh++)
-                        for (int64_t d = 0; d < D; d++) ROW(O, t, float)[(h0 + hh) * D + d] = NAN;
-                    continue;
-                }
-                for (int64_t j0 = 0; j0 < L; j0 += bs) {
-                    const int64_t base = tget(&bt, s, j0 / bs) * bs, jn = L - j0 < bs ? L - j0 : bs;
-                    for (int64_t jj = 0; jj < jn; jj++) {
-                        rk[j0 + jj] = ROW(KC, base + jj, const float) + off;
-                        rv[j0 + jj] = ROW(VC, base + jj, const float) + off;
-                    }
-                }
-                for (int64_t hh = 0; hh < group; hh++)
-                    head_attend_any(ROW(Q, t, const float) + (h0 + hh) * D, rk, rv, L, D, fscale, sc,
-                                    ROW(O, t, float) + (h0 + hh) * D, hh == 0);
-            }
-        }
-        if (!small) {
-            free(sc);
-            free(rk);
-        }
-    });
+    AttentionTask task = {&Q, &KC, &VC, &O, &pos, &ctx, &bt, seq_of, KVH, H / KVH, D, bs, maxlen, (float)scale, 0};
+    /* (token, kv head) items: each cached row is read once for its group of query heads */
+    pool_run(attention_task, &task, M * KVH, 1, nthreads_for(M * H * maxlen * D, 1 << 16));
     free(seq_of);
-    return failed ? R4D_E_NOMEM : R4D_OK;
+    return atomic_load(&task.failed) ? R4D_E_NOMEM : R4D_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
