@@ -130,3 +130,29 @@ def test_a_word_wait_returns_once_another_thread_stores_and_wakes(registries):
     assert native.lib.r4d_wait_word(address, 4, 0, 0) == 0  # already there: no wait
     assert native.lib.r4d_wait_word(address, 6, 1000, 2_000_000) == -1  # nobody stores 6: the timeout
     assert ctypes.sizeof(ctypes.c_uint64) == word.itemsize
+
+
+@pytest.mark.parametrize("option,threads", [("--threads", 1), ("--threads", 3)])
+def test_radiance_threads_sets_the_rank_s_threads(tiny_model, option, threads):
+    """`radiance --threads N`: the one line libr4d logs when it opens names the threads it runs."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "radiance.tools.generate", "--model", str(tiny_model), "--prompt",
+                             "hello", "--max-tokens", "2", "--temperature", "0", option, str(threads)],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "RADIANCE_THREADS": "2"})
+    assert result.returncode == 0, result.stderr
+    assert f"{threads} thread(s)" in result.stderr, result.stderr
+
+
+def test_radiance_launch_threads_per_rank_sets_each_rank_s_threads(tiny_model):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "radiance.tools.launch", "--tp", "2", "--model", str(tiny_model),
+                             "--prompt", "hello", "--max-tokens", "2", "--temperature", "0", "--threads-per-rank", "3"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "libr4d:" in line and "thread(s)" in line]
+    assert sorted(line.split()[1] for line in lines) == ["0]", "1]"], result.stderr
+    assert all("3 thread(s)" in line for line in lines), lines

@@ -3,6 +3,7 @@
 interactive chat through the model's template; `--serve` serves the OpenAI API. Which ranks run
 the steps is launch/ranks.py's open_ranks' choice, for this command and radiance-launch alike."""
 
+import os
 import sys
 
 import click
@@ -87,12 +88,17 @@ def split(params: dict) -> tuple[dict, dict, dict, dict]:
 @options.accept_reference
 @options.debug_selection
 @options.run_ahead
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="Compute threads of the rank (of each rank with --tp; default: the cores, shared out among the ranks).")
 @click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
-def main(tp, debug_selection, run_ahead, verbose, **params):
+def main(tp, debug_selection, run_ahead, threads, verbose, **params):
     """Generate with a .rad model on this machine's CPU (or the card it sees), or serve it (--serve)."""
     if tp < 1:
         raise click.UsageError(f"--tp must be at least 1, not {tp}")
-    run("radiance", verbose, RankSettings(tp=tp, debug_selection=debug_selection, run_ahead=run_ahead), *split(params))
+    if threads is not None:
+        os.environ["RADIANCE_THREADS"] = str(threads)  # read by the host kernels of the rank in this process
+    run("radiance", verbose, RankSettings(tp=tp, debug_selection=debug_selection, run_ahead=run_ahead, threads=threads),
+        *split(params))
 
 
 if __name__ == "__main__":

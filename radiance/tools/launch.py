@@ -16,7 +16,7 @@ from .generate import run, split
 @click.command()
 @click.option("--tp", default=1, show_default=True, help="Ranks: one per card, or host ranks without a card.")
 @options.model_and_mode
-@click.option("--threads-per-rank", type=int, default=None, help="Compute threads of each host rank "
+@click.option("--threads-per-rank", type=click.IntRange(1), default=None, help="Compute threads of each host rank "
               "(default: the cores divided among the ranks).")
 @click.option("--disable-p2p", is_flag=True, help="Use the _host twins of the collectives even where P2P works.")
 @click.option("--stage-timeout", default=60.0, show_default=True, help="Seconds every handshake stage may take.")

@@ -73,6 +73,8 @@ def _open() -> None:
         log.warning("libr4d: the C kernels are unavailable (%s); every row runs its numpy fallback, "
                     "several times slower", why)
     _STATE["native"] = loaded
+    if loaded is not None:
+        log.info("libr4d: %s", loaded.describe())
     collective, colours, chains = _collective_rows(loaded)
     device = _device_rows()
     _STATE["rows"] = rows.build_rows(loaded) + collective + device

@@ -15,8 +15,9 @@
  * only for generation g + 2, after every chunk of g and g + 1 was finished, so a thread that read
  * (g, i) reads g's job until its CAS tells it whether g is still running.
  *
- * One launch at a time: the rows are not reentrant (docs/LIBR4D.md), and the engine launches from
- * one thread. Without Linux futexes the sleeps are sched_yield and short nanosleeps. */
+ * One launch at a time: pool_run holds a mutex for its launch, so two threads launching at once
+ * (a test's threads; the engine launches from one) take turns. Without Linux futexes the sleeps are
+ * sched_yield and short nanosleeps. */
 
 #include <errno.h>
 #include <pthread.h>
@@ -66,8 +67,8 @@ static struct {
     PoolJob jobs[2];
     uint32_t published; /* the caller's own count of generations */
     int workers;        /* worker threads started (ids 1..workers) */
-    pthread_mutex_t start_lock;
-} g_pool = {.start_lock = PTHREAD_MUTEX_INITIALIZER};
+    pthread_mutex_t start_lock, run_lock;
+} g_pool = {.start_lock = PTHREAD_MUTEX_INITIALIZER, .run_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static inline int64_t now_ns(void) {
     struct timespec t;
@@ -144,6 +145,7 @@ static void pool_after_fork(void) {
     atomic_store(&g_pool.sleepers, 0);
     atomic_store(&g_pool.caller_asleep, 0);
     pthread_mutex_init(&g_pool.start_lock, NULL);
+    pthread_mutex_init(&g_pool.run_lock, NULL);
 }
 
 /* workers 1..want-1 running; returns how many threads (the caller included) can take part */
@@ -184,6 +186,7 @@ static void pool_run(pool_fn fn, const void *ctx, int64_t items, int64_t unit, i
     }
     int64_t per = (units + (int64_t)threads * CHUNKS_PER_THREAD - 1) / ((int64_t)threads * CHUNKS_PER_THREAD);
     const int64_t chunk = per * unit;
+    pthread_mutex_lock(&g_pool.run_lock);
     const uint32_t g = ++g_pool.published;
     PoolJob *job = &g_pool.jobs[g & 1];
     job->fn = fn;
@@ -199,17 +202,20 @@ static void pool_run(pool_fn fn, const void *ctx, int64_t items, int64_t unit, i
     pool_take(g);
     const uint32_t chunks = job->chunks;
     uint32_t finished = atomic_load(&g_pool.done[g & 1]);
-    if (finished == chunks) return;
-    const int64_t until = now_ns() + CALLER_SPIN_NS;
-    for (int n = 1; (finished = atomic_load(&g_pool.done[g & 1])) != chunks; n++) {
-        POOL_PAUSE();
-        if ((n & 63) == 0 && now_ns() > until) break;
+    if (finished != chunks) {
+        const int64_t until = now_ns() + CALLER_SPIN_NS;
+        for (int n = 1; (finished = atomic_load(&g_pool.done[g & 1])) != chunks; n++) {
+            POOL_PAUSE();
+            if ((n & 63) == 0 && now_ns() > until) break;
+        }
+        while ((finished = atomic_load(&g_pool.done[g & 1])) != chunks) {
+            atomic_store(&g_pool.caller_asleep, 1);
+            if ((finished = atomic_load(&g_pool.done[g & 1])) != chunks)
+                word_sleep(&g_pool.done[g & 1], finished, 1000000);
+            atomic_store(&g_pool.caller_asleep, 0);
+        }
     }
-    while ((finished = atomic_load(&g_pool.done[g & 1])) != chunks) {
-        atomic_store(&g_pool.caller_asleep, 1);
-        if ((finished = atomic_load(&g_pool.done[g & 1])) != chunks) word_sleep(&g_pool.done[g & 1], finished, 1000000);
-        atomic_store(&g_pool.caller_asleep, 0);
-    }
+    pthread_mutex_unlock(&g_pool.run_lock);
 }
 
 /* ------------------------------------------------------------------------------------------ */
