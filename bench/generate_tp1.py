@@ -90,6 +90,37 @@ def stop_busy(spinners: list) -> None:
         spinner.join()
 
 
+class Others:
+    """The CPU taken meanwhile by processes other than this bench and its spinners, in cores (what
+    makes a "quiet" figure not quiet), and the hypervisor's steal."""
+
+    def __init__(self, spinners: list):
+        import psutil
+
+        self.psutil, self.mine = psutil, [psutil.Process(), *(psutil.Process(s.pid) for s in spinners)]
+        self.cores, self.steal, self.seconds = 0.0, 0.0, 0.0
+
+    def _sample(self):
+        total = self.psutil.cpu_times()
+        busy = sum(getattr(total, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
+        mine = sum(p.cpu_times().user + p.cpu_times().system for p in self.mine)
+        return time.perf_counter(), busy - mine, getattr(total, "steal", 0.0)
+
+    def __enter__(self):
+        self.start = self._sample()
+        return self
+
+    def __exit__(self, *_):
+        end = self._sample()
+        self.seconds += end[0] - self.start[0]
+        self.cores += end[1] - self.start[1]
+        self.steal += end[2] - self.start[2]
+
+    def line(self) -> str:
+        span = max(self.seconds, 1e-9)
+        return f"other processes took {self.cores / span:.2f} cores meanwhile, steal {self.steal / span:.2f}"
+
+
 def gguf_of(fmt: str) -> Path:
     if fmt == "q4_1":
         return smollm2_gguf()
@@ -109,13 +140,17 @@ def compare(fmt: str, args) -> None:
         convert(gguf, model)
         prompt_ids = list(range(1000, 1000 + args.prompt_tokens))
         ours, theirs = [], []
+        load = " ".join(f"{v:.2f}" for v in os.getloadavg())
         spinners = start_busy(args.busy)
+        others = Others(spinners)
         try:
             for _ in range(args.repeats):
-                prefill, decode, _ = radiance_run(model, prompt_ids, args.decode_tokens, profile=False)
+                with others:
+                    prefill, decode, _ = radiance_run(model, prompt_ids, args.decode_tokens, profile=False)
                 ours.append((prefill, decode))
                 try:
-                    theirs.append(llama_cpp_run(gguf, prompt_ids, args.decode_tokens, args.threads))
+                    with others:
+                        theirs.append(llama_cpp_run(gguf, prompt_ids, args.decode_tokens, args.threads))
                 except ImportError:
                     pass
             profile = radiance_run(model, prompt_ids, args.decode_tokens, profile=True)[2]  # untimed
@@ -124,8 +159,7 @@ def compare(fmt: str, args) -> None:
     median = lambda pairs, i: statistics.median(p[i] for p in pairs)  # noqa: E731
     busy = f", {args.busy} busy process{'es' if args.busy != 1 else ''}" if args.busy else ""
     print(f"SmolLM2-135M {fmt.upper()}, {args.prompt_tokens}-token prompt, {args.decode_tokens} decoded tokens, "
-          f"{args.threads} threads{busy}, median of {args.repeats} (load before: "
-          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())})")
+          f"{args.threads} threads{busy}, median of {args.repeats} (load before: {load}; {others.line()})")
     print(f"{'':12}{'prefill tok/s':>16}{'decode tok/s':>16}")
     print(f"{'radiance':12}{median(ours, 0):16.1f}{median(ours, 1):16.1f}")
     if theirs:

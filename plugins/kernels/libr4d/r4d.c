@@ -395,7 +395,8 @@ int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale,
 /* ------------------------------------------------------------------------------------------ */
 /* GEMV, M <= 4: the weight streams once, every activation row reuses each loaded block.
  *
- * Activations are prepared once per launch in the scratch, by `aq` (bits of the activations):
+ * Activations are prepared once (`prepared`: shared by the GEMVs that read the same rows), by `aq`
+ * (bits of the activations):
  *   aq = 0:  x in f32; for q4_1 permuted per block to the nibble order (the 16 even elements,
  *            then the 16 odd ones), with the f32 sum of each block for the min term;
  *   aq = 16: x quantised per block of 32 to int16 with an f32 step d = max|x|/32767 (round to
@@ -805,12 +806,59 @@ static void gemv_task(const void *context, int64_t lo, int64_t hi) {
     }
 }
 
-int64_t r4d_gemv_scratch(int64_t M, int64_t K, int aq) { return act_bytes(M, K, aq); }
+/* The activations the last GEMV of this thread prepared, kept for the next GEMV that reads the same
+ * rows in the same form: q, k and v read one normed x, gate and up another, so a decode step
+ * quantises each once (as llama.cpp shares its Q8 activations). `source` holds the f32 rows they
+ * were made from, compared whole before they are taken again: a buffer written since (the next
+ * layer's x in the same buffer) is never taken for the old one, whichever row wrote it. */
+typedef struct {
+    Act act;
+    char *buffer;
+    float *source;
+    size_t buffer_bytes, source_bytes;
+    const char *from;
+    int64_t pitch, M, K;
+    int aq, perm, valid;
+} ActCache;
+
+static __thread ActCache t_act;
+
+static int grow(void *slot, size_t *have, size_t need) {
+    if (need <= *have) return 1;
+    void **p = (void **)slot;
+    free(*p);
+    const size_t rounded = (need + 63) & ~(size_t)63;
+    *p = aligned_alloc(64, rounded);
+    *have = *p ? rounded : 0;
+    return *p != NULL;
+}
+
+/* rows [0, M) of X prepared as `aq` and `perm` ask, from the cache when X still holds what they were
+ * made from; NULL when memory runs out */
+static const Act *prepared(const Mat *X, int64_t M, int64_t K, int aq, int perm) {
+    ActCache *c = &t_act;
+    const size_t row = (size_t)K * sizeof(float);
+    if (c->valid && c->from == X->p && c->pitch == X->pitch && c->M == M && c->K == K && c->aq == aq && c->perm == perm) {
+        int64_t m = 0;
+        while (m < M && !memcmp(c->source + m * K, ROW(*X, m, const float), row)) m++;
+        if (m == M) return &c->act;
+    }
+    c->valid = 0;
+    if (!grow(&c->buffer, &c->buffer_bytes, (size_t)act_bytes(M, K, aq)) || !grow(&c->source, &c->source_bytes, M * row))
+        return NULL;
+    act_layout(&c->act, c->buffer, M, K, aq);
+    for (int64_t m = 0; m < M; m++) {
+        act_row(&c->act, m, ROW(*X, m, const float), aq, perm);
+        memcpy(c->source + m * K, ROW(*X, m, const float), row);
+    }
+    c->from = X->p, c->pitch = X->pitch, c->M = M, c->K = K, c->aq = aq, c->perm = perm, c->valid = 1;
+    return &c->act;
+}
 
 int r4d_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
-             int64_t N, int64_t K, int aq, Arr *scratch) {
+             int64_t N, int64_t K, int aq) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};
-    Mat X, Y, S;
+    Mat X, Y;
     int rc;
     if ((rc = weight_check(&w)) || (rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
 #ifndef R4D_AVX2
@@ -818,22 +866,16 @@ int r4d_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const 
 #endif
     if (fmt != F_Q4_1 && fmt != F_Q8_0) aq = 0;
     if (aq != 0 && aq != 8 && aq != 16) return R4D_E_INVALID;
-    if (!scratch || !scratch->data) return R4D_E_INVALID;
-    int64_t sbytes = 1;
-    for (int i = 0; i < scratch->nd; i++) sbytes *= scratch->dims[i];
-    if (sbytes < act_bytes(M, K, aq)) return R4D_E_NOMEM;
-    S.p = scratch->data;
-    Act A;
-    act_layout(&A, S.p, M, K, aq);
 #ifdef R4D_AVX2
     const int perm = fmt == F_Q4_1;
 #else
     const int perm = 0;
 #endif
-    for (int64_t m = 0; m < M; m++) act_row(&A, m, ROW(X, m, const float), aq, perm);
+    const Act *A = prepared(&X, M, K, aq, perm);
+    if (!A) return R4D_E_NOMEM;
     /* chunks of rows of W, a multiple of 16 so no two threads share a cache line of y */
     const int64_t bytes = fmt == F_Q4_1 ? N * K * 5 / 8 : fmt == F_Q8_0 ? N * K * 17 / 16 : N * K * (fmt == F_F32 ? 4 : 2);
-    const GemvTask task = {&w, &A, aq, M, &Y};
+    const GemvTask task = {&w, A, aq, M, &Y};
     pool_run(gemv_task, &task, N, 16, nthreads_for(bytes, 1 << 15));
     return R4D_OK;
 }
@@ -1468,7 +1510,7 @@ static inline double bits_f64(int64_t v) {
 
 int r4d_embedding_p(const int64_t *a) { return r4d_embedding(PA(0), (int)a[1], PV(2), PV(3), PV(4), a[5], a[6], PA(7), a[8]); }
 int r4d_gemv_p(const int64_t *a) {
-    return r4d_gemv(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8], (int)a[9], PA(10));
+    return r4d_gemv(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8], (int)a[9]);
 }
 int r4d_gemm_p(const int64_t *a) { return r4d_gemm(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8]); }
 int r4d_rmsnorm_p(const int64_t *a) { return r4d_rmsnorm(PA(0), PA(1), PA(2), a[3], a[4], bits_f64(a[5])); }
