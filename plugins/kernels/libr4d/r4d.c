@@ -882,12 +882,14 @@ int r4d_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const 
 
 /* ------------------------------------------------------------------------------------------ */
 /* GEMM, larger M: each thread dequantises a panel of NP weight rows to exact f32 values, then a
- * 4 x 3 register tile of dot products over K runs against it. */
+ * register tile of dot products over K runs against it: 4 x 3 of 8 floats (AVX2), or 4 x 4 of 16
+ * (r4d_gemm512.h). */
 
 #define NP 24
 #define MR 4
 #define NR 3
 
+#ifndef R4D_AVX512 /* r4d_gemm512.h's tile serves where the compiler targets AVX-512 */
 static inline __attribute__((always_inline)) void tile(const float *X, int64_t ldx, const int mr, const float *W,
                                                       int64_t K, const int nr, float *Y, int64_t ldy) {
 #ifdef R4D_AVX2
@@ -928,6 +930,12 @@ static void tile_any(const float *X, int64_t ldx, int mr, const float *W, int64_
 #undef T
 }
 
+#endif
+
+#ifdef R4D_AVX512
+#include "r4d_gemm512.h"
+#endif
+
 typedef struct {
     const Weight *w;
     const Mat *X, *Y;
@@ -949,6 +957,15 @@ static void gemm_task(const void *context, int64_t lo, int64_t hi) {
     for (int64_t p = lo; p < hi; p++) {
         const int64_t n0 = p * NP, np = N - n0 < NP ? N - n0 : NP;
         for (int64_t j = 0; j < np; j++) dequant_row(t->w, n0 + j, panel + j * kp);
+#ifdef R4D_AVX512
+        for (int64_t m0 = 0; m0 < M; m0 += MR512) {
+            const int mr = (int)(M - m0 < MR512 ? M - m0 : MR512);
+            const float *xr = ROW(*t->X, m0, const float);
+            for (int64_t j0 = 0; j0 < np; j0 += NR512)
+                tile512_any(xr, t->ldx, mr, panel + j0 * kp, kp, K, (int)(np - j0 < NR512 ? np - j0 : NR512),
+                            ROW(*t->Y, m0, float) + n0 + j0, t->ldy);
+        }
+#else
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             const int mr = (int)(M - m0 < MR ? M - m0 : MR);
             const float *xr = ROW(*t->X, m0, const float);
@@ -964,6 +981,7 @@ static void gemm_task(const void *context, int64_t lo, int64_t hi) {
                 }
             }
         }
+#endif
     }
 }
 
