@@ -136,11 +136,11 @@ def test_a_word_wait_returns_once_another_thread_stores_and_wakes(registries):
 
     thread = threading.Thread(target=writer)
     thread.start()
-    assert native.lib.r4d_wait_word(address, 5, 1000, 10_000_000_000) == 0
+    assert native.lib.r4d_wait_word(address, 5, 1000, 1000, 10_000_000_000) == 0
     thread.join()
     assert word[0] == 5
-    assert native.lib.r4d_wait_word(address, 4, 0, 0) == 0  # already there: no wait
-    assert native.lib.r4d_wait_word(address, 6, 1000, 2_000_000) == -1  # nobody stores 6: the timeout
+    assert native.lib.r4d_wait_word(address, 4, 0, 0, 0) == 0  # already there: no wait
+    assert native.lib.r4d_wait_word(address, 6, 1000, 1000, 2_000_000) == -1  # nobody stores 6: the timeout
     assert ctypes.sizeof(ctypes.c_uint64) == word.itemsize
 
 

@@ -65,9 +65,12 @@ DONE = 1  # "my reduced chunk of epoch e is in my slot"
 # replaces it (and `_wake`, called after every flag store) with r4d.c's futex wait and wake.
 wait_word = rad_wait_word
 _wake = None
-# How long a native wait spins before it sleeps: while every rank has a core of its own the peer is
-# running and about to store; with more ranks than cores it may be waiting for this very core.
+# How long a native wait spins: while every rank has a core of its own the peer is running and about
+# to store; with more ranks than cores it may be waiting for this very core, so none. Then it yields
+# the core for up to YIELD_NS (to a rank sharing it; the core stays awake: waking a halted core of
+# this KVM guest costs more than the yields) before it sleeps on the futex.
 SPIN_NS_OWN_CORES = 20_000
+YIELD_NS = 1_000_000
 
 F32 = np.float32
 
@@ -126,14 +129,15 @@ def _store_flag(peers, which, epoch):
 
 
 def use_native_wait(wait, wake) -> None:
-    """Take libr4d's native waits: `wait(address, value, spin_ns, timeout_ns) -> 0 or -1` and
+    """Take libr4d's native waits: `wait(address, value, spin_ns, yield_ns, timeout_ns) -> 0 or -1` and
     `wake(address)` (r4d.c's r4d_wait_word and r4d_wake_word)."""
     global wait_word, _wake
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def native_wait(word, value, timeout_ns=0):
         spin = SPIN_NS_OWN_CORES if _WORLD[0] <= cores else 0
-        return RAD_OK if wait(word.__array_interface__["data"][0], int(value), spin, timeout_ns) == 0 else RAD_E_DEVICE
+        address = word.__array_interface__["data"][0]
+        return RAD_OK if wait(address, int(value), spin, YIELD_NS, timeout_ns) == 0 else RAD_E_DEVICE
 
     wait_word, _wake = native_wait, wake
 

@@ -73,7 +73,7 @@ SIGNATURES = {
     "r4d_attention": ([_P] * 11 + [_I64] * 5 + [_D], _I),
     "r4d_argsort_desc": ([_P, _I64, _P], _I),
     "r4d_add_rmsnorm": ([_P, _P, _P, _P, _I64, _I64, _D], _I),
-    "r4d_wait_word": ([_P, ctypes.c_uint64, _I64, _I64], _I),
+    "r4d_wait_word": ([_P, ctypes.c_uint64, _I64, _I64, _I64], _I),
     "r4d_wake_word": ([_P], None),
 }
 

@@ -4,10 +4,14 @@
  * the chunks are taken one at a time, by the calling thread and by whichever workers are running,
  * from one atomic ticket. A worker that has lost its core takes nothing, so the others take its
  * share: a launch waits for a descheduled thread only while that thread holds a chunk it took.
- * When the caller has no chunk left to take it spins briefly, then sleeps on a futex that the
- * worker finishing the last chunk wakes: sleeping hands the core to whichever thread the launch
- * waits for (a worker, or another rank sharing the core). Between launches the workers spin for
- * SPIN_NS, then sleep on the generation word, woken by the next launch.
+ * When the caller has no chunk left to take it spins briefly, then yields its core for a while (to
+ * the worker it waits for, or another rank, where they share the core), then sleeps on a futex
+ * that the worker finishing the last chunk wakes. Between launches the workers spin for SPIN_NS,
+ * then sleep on the generation word, woken by the next launch.
+ *
+ * Why yield before sleeping: on this kind of machine (a KVM guest) a core left idle by a sleeper
+ * halts, and waking it again costs far more than a sched_yield; while another thread is runnable on
+ * the core, sched_yield hands it the core just as a sleep would, and keeps the core awake.
  *
  * The ticket is (generation << 32) | next chunk. A launch of generation g publishes its job in
  * jobs[g & 1] and its done count, then the ticket (g, 0). A thread takes chunk i by a CAS of (g, i)
@@ -45,7 +49,10 @@
 #define SPIN_NS 50000 /* a worker's spin between launches before it sleeps: a decode step's gap between launches is a few µs */
 #endif
 #ifndef CALLER_SPIN_NS
-#define CALLER_SPIN_NS 20000 /* the caller's spin for the last chunks before it sleeps */
+#define CALLER_SPIN_NS 20000 /* the caller's spin for the last chunks before it yields */
+#endif
+#ifndef CALLER_YIELD_NS
+#define CALLER_YIELD_NS 200000 /* then its sched_yield loop before it sleeps */
 #endif
 
 typedef void (*pool_fn)(const void *ctx, int64_t begin, int64_t end);
@@ -203,11 +210,13 @@ static void pool_run(pool_fn fn, const void *ctx, int64_t items, int64_t unit, i
     const uint32_t chunks = job->chunks;
     uint32_t finished = atomic_load(&g_pool.done[g & 1]);
     if (finished != chunks) {
-        const int64_t until = now_ns() + CALLER_SPIN_NS;
+        const int64_t start = now_ns();
         for (int n = 1; (finished = atomic_load(&g_pool.done[g & 1])) != chunks; n++) {
             POOL_PAUSE();
-            if ((n & 63) == 0 && now_ns() > until) break;
+            if ((n & 63) == 0 && now_ns() - start > CALLER_SPIN_NS) break;
         }
+        while (atomic_load(&g_pool.done[g & 1]) != chunks && now_ns() - start < CALLER_SPIN_NS + CALLER_YIELD_NS)
+            sched_yield();
         while ((finished = atomic_load(&g_pool.done[g & 1])) != chunks) {
             atomic_store(&g_pool.caller_asleep, 1);
             if ((finished = atomic_load(&g_pool.done[g & 1])) != chunks)
@@ -221,10 +230,11 @@ static void pool_run(pool_fn fn, const void *ctx, int64_t items, int64_t unit, i
 /* ------------------------------------------------------------------------------------------ */
 /* waiting on a word another process writes: the host collectives' flags (collectives.py) */
 
-/* Wait until the u64 at `word` >= value: spin for `spin_ns`, then sleep on its low 32 bits (the
+/* Wait until the u64 at `word` >= value: spin for `spin_ns`, sched_yield until `yield_ns` more have
+ * passed (the core to a rank sharing it, the core kept awake), then sleep on its low 32 bits (the
  * writer stores the new value, then calls r4d_wake_word), re-checking at least every millisecond.
  * Returns 0, or -1 after timeout_ns (0: no limit). Shared memory: the futex is not private. */
-int r4d_wait_word(const uint64_t *word, uint64_t value, int64_t spin_ns, int64_t timeout_ns) {
+int r4d_wait_word(const uint64_t *word, uint64_t value, int64_t spin_ns, int64_t yield_ns, int64_t timeout_ns) {
     const _Atomic uint64_t *w = (const _Atomic uint64_t *)word;
     if (atomic_load_explicit(w, memory_order_acquire) >= value) return 0;
     const int64_t start = now_ns();
@@ -232,6 +242,7 @@ int r4d_wait_word(const uint64_t *word, uint64_t value, int64_t spin_ns, int64_t
         POOL_PAUSE();
         if ((n & 63) == 0 && now_ns() - start > spin_ns) break;
     }
+    while (atomic_load_explicit(w, memory_order_acquire) < value && now_ns() - start < spin_ns + yield_ns) sched_yield();
     for (;;) {
         const uint64_t seen = atomic_load_explicit(w, memory_order_acquire);
         if (seen >= value) return 0;
