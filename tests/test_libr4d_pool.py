@@ -146,13 +146,14 @@ def test_a_word_wait_returns_once_another_thread_stores_and_wakes(registries):
 
 @pytest.mark.parametrize("option,threads", [("--threads", 1), ("--threads", 3)])
 def test_radiance_threads_sets_the_rank_s_threads(tiny_model, option, threads):
-    """`radiance --threads N`: the one line libr4d logs when it opens names the threads it runs."""
+    """`radiance --threads N`: the line libr4d logs when it opens (RADIANCE_LOG=debug) names its threads."""
     import subprocess
     import sys
 
     result = subprocess.run([sys.executable, "-m", "radiance.tools.generate", "--model", str(tiny_model), "--prompt",
                              "hello", "--max-tokens", "2", "--temperature", "0", option, str(threads)],
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "RADIANCE_THREADS": "2"})
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "RADIANCE_THREADS": "2", "RADIANCE_LOG": "debug"})
     assert result.returncode == 0, result.stderr
     assert f"{threads} thread(s)" in result.stderr, result.stderr
 
@@ -163,7 +164,7 @@ def test_radiance_launch_threads_per_rank_sets_each_rank_s_threads(tiny_model):
 
     result = subprocess.run([sys.executable, "-m", "radiance.tools.launch", "--tp", "2", "--model", str(tiny_model),
                              "--prompt", "hello", "--max-tokens", "2", "--temperature", "0", "--threads-per-rank", "3"],
-                            capture_output=True, text=True, timeout=180)
+                            capture_output=True, text=True, timeout=180, env={**os.environ, "RADIANCE_LOG": "debug"})
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if "libr4d:" in line and "thread(s)" in line]
     assert sorted(line.split()[1] for line in lines) == ["0]", "1]"], result.stderr

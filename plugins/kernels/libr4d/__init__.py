@@ -74,7 +74,7 @@ def _open() -> None:
                     "several times slower", why)
     _STATE["native"] = loaded
     if loaded is not None:
-        log.info("libr4d: %s", loaded.describe())
+        log.debug("libr4d: %s", loaded.describe())
     collective, colours, chains = _collective_rows(loaded)
     device = _device_rows()
     _STATE["rows"] = rows.build_rows(loaded) + collective + device

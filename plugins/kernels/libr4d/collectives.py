@@ -29,6 +29,7 @@ still reads.
 """
 
 import os
+import time
 
 import numpy as np
 
@@ -71,6 +72,7 @@ _wake = None
 # this KVM guest costs more than the yields) before it sleeps on the futex.
 SPIN_NS_OWN_CORES = 20_000
 YIELD_NS = 1_000_000
+SLICE_NS = 50_000_000  # the longest a native wait stays in C before Python runs its signal handlers
 
 F32 = np.float32
 
@@ -135,9 +137,17 @@ def use_native_wait(wait, wake) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def native_wait(word, value, timeout_ns=0):
+        address, value = word.__array_interface__["data"][0], int(value)
         spin = SPIN_NS_OWN_CORES if _WORLD[0] <= cores else 0
-        address = word.__array_interface__["data"][0]
-        return RAD_OK if wait(address, int(value), spin, YIELD_NS, timeout_ns) == 0 else RAD_E_DEVICE
+        if wait(address, value, spin, YIELD_NS, min(timeout_ns or SLICE_NS, SLICE_NS)) == 0:
+            return RAD_OK
+        # A long wait: in slices that come back to Python, where a SIGTERM's handler can run (a
+        # signal does not end the C call), sleeping on the futex from the start.
+        deadline = time.monotonic_ns() + timeout_ns if timeout_ns else None
+        while deadline is None or time.monotonic_ns() < deadline:
+            if wait(address, value, 0, 0, SLICE_NS) == 0:
+                return RAD_OK
+        return RAD_E_DEVICE
 
     wait_word, _wake = native_wait, wake
 

@@ -1379,12 +1379,13 @@ static void attention_task(const void *context, int64_t lo, int64_t hi) {
     AttentionTask *a = (AttentionTask *)context;
     const int64_t KVH = a->KVH, D = a->D, bs = a->bs, group = a->group, maxlen = a->maxlen;
     /* this thread's: the scores of one head, the row pointers of one sequence's keys and values */
-    float *sc = (float *)thread_buffer((size_t)(maxlen + 8) * sizeof(float) + (size_t)(2 * maxlen) * sizeof(float *));
+    const int64_t scores = (maxlen + 8 + 15) & ~(int64_t)15; /* floats, so the pointers after them stay aligned */
+    float *sc = (float *)thread_buffer((size_t)scores * sizeof(float) + (size_t)(2 * maxlen) * sizeof(float *));
     if (!sc) {
         atomic_store(&a->failed, 1);
         return;
     }
-    const float **rk = (const float **)(sc + ((maxlen + 8 + 15) & ~(int64_t)15)), **rv = rk + maxlen;
+    const float **rk = (const float **)(sc + scores), **rv = rk + maxlen;
     for (int64_t it = lo; it < hi; it++) {
         const int64_t t = it / KVH, g = it % KVH, s = a->seq_of[t];
         if (s < 0) continue; /* a token of no sequence: left as it is */
