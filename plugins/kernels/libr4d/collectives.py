@@ -258,7 +258,8 @@ def _reduce(a, xs, epoch, chain):
 
 
 def _all_reduce(a, xs, chain=None):
-    """all_reduce of xs [m, n] in place; returns RAD_LINK_ENDED/RAD_OK (gate ended) or an error."""
+    """all_reduce of xs [m, n] in place (None at one rank: nothing to move); returns RAD_LINK_ENDED/RAD_OK
+    (gate ended) or an error."""
     peers = a.peers
     if _world(peers) == 1:
         if peers is not None:
@@ -355,8 +356,7 @@ def all_reduce_add_rmsnorm_host(a):
         m, n = rad_args_geti(a, "M"), rad_args_geti(a, "n")
         eps = rad_args_getf(a, "eps")
         x, residual, w, y = (t.data for t in a.t[:4])
-        xs, rs, ys = _rows(x, m, n), _rows(residual, m, n), _rows(y, m, n)
-        status = _all_reduce(a, xs)
+        status = _all_reduce(a, _rows(x, m, n) if _world(a.peers) > 1 else None)  # one rank: x stays
         if status not in (RAD_OK, RAD_LINK_ENDED):
             return status
         if _native_add_rmsnorm is not None and x.dtype == residual.dtype == y.dtype == F32:
@@ -364,6 +364,7 @@ def all_reduce_add_rmsnorm_host(a):
             # on the arrays a node passes every step.
             tail = _native_add_rmsnorm(residual, x, w, y, m, n, eps)
             return status if tail == RAD_OK else tail
+        xs, rs, ys = _rows(x, m, n), _rows(residual, m, n), _rows(y, m, n)
         np.add(rs, xs, out=rs)
         rmsnorm_rows(rs, w, eps, n, ys)
         return status

@@ -81,7 +81,7 @@ SIGNATURES = {
 # one packed int64 argument (rows.py prepares it once per RadArgs); no argtypes: the call takes a
 # prebuilt c_void_p, the cheapest argument ctypes passes
 PACKED = ("r4d_embedding_p", "r4d_gemv_p", "r4d_gemm_p", "r4d_rmsnorm_p", "r4d_add_p", "r4d_silu_mul_p",
-          "r4d_take_rows_p", "r4d_rope_p", "r4d_attention_p")
+          "r4d_take_rows_p", "r4d_rope_p", "r4d_attention_p", "r4d_add_rmsnorm_p")
 
 
 class NativeUnavailable(RuntimeError):

@@ -1371,6 +1371,7 @@ typedef struct {
     const ITab *tables;
     const int64_t *seq_of;
     int64_t KVH, group, D, bs, maxlen;
+    int per_head; /* items are (token, query head), not (token, kv head) */
     float scale;
     _Atomic int failed;
 } AttentionTask;
@@ -1386,14 +1387,16 @@ static void attention_task(const void *context, int64_t lo, int64_t hi) {
         return;
     }
     const float **rk = (const float **)(sc + scores), **rv = rk + maxlen;
+    const int64_t per_item = a->per_head ? 1 : group; /* query heads an item attends with */
     for (int64_t it = lo; it < hi; it++) {
-        const int64_t t = it / KVH, g = it % KVH, s = a->seq_of[t];
+        const int64_t heads = KVH * group / per_item; /* items per token */
+        const int64_t t = it / heads, h0 = (it % heads) * per_item, g = h0 / group, s = a->seq_of[t];
         if (s < 0) continue; /* a token of no sequence: left as it is */
         const int64_t len = iget(a->context_lens, s), p = iget(a->positions, t);
         const int64_t L = p + 1 < len ? p + 1 : len;
-        const int64_t off = g * D, h0 = g * group;
+        const int64_t off = g * D;
         if (L <= 0) {
-            for (int64_t hh = 0; hh < group; hh++)
+            for (int64_t hh = 0; hh < per_item; hh++)
                 for (int64_t d = 0; d < D; d++) ROW(*a->O, t, float)[(h0 + hh) * D + d] = NAN;
             continue;
         }
@@ -1404,7 +1407,7 @@ static void attention_task(const void *context, int64_t lo, int64_t hi) {
                 rv[j0 + jj] = ROW(*a->VC, base + jj, const float) + off;
             }
         }
-        for (int64_t hh = 0; hh < group; hh++)
+        for (int64_t hh = 0; hh < per_item; hh++)
             head_attend_any(ROW(*a->Q, t, const float) + (h0 + hh) * D, rk, rv, L, D, a->scale, sc,
                             ROW(*a->O, t, float) + (h0 + hh) * D, hh == 0);
     }
@@ -1458,9 +1461,13 @@ int r4d_attention(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, co
             }
         }
     }
-    AttentionTask task = {&Q, &KC, &VC, &O, &pos, &ctx, &bt, seq_of, KVH, H / KVH, D, bs, maxlen, (float)scale, 0};
-    /* (token, kv head) items: each cached row is read once for its group of query heads */
-    pool_run(attention_task, &task, M * KVH, 1, nthreads_for(M * H * maxlen * D, 1 << 16));
+    /* (token, kv head) items, each cached row read once for its group of query heads; where that
+     * leaves too few items to share out (decode: one token, a few kv heads), (token, query head)
+     * items, a kv head's rows read once per query head (from cache after the first) */
+    const int nt = nthreads_for(M * H * maxlen * D, 1 << 14);
+    const int per_head = nt > 1 && M * KVH < 4 * nt;
+    AttentionTask task = {&Q, &KC, &VC, &O, &pos, &ctx, &bt, seq_of, KVH, H / KVH, D, bs, maxlen, per_head, (float)scale, 0};
+    pool_run(attention_task, &task, per_head ? M * H : M * KVH, 1, nt);
     free(seq_of);
     return atomic_load(&task.failed) ? R4D_E_NOMEM : R4D_OK;
 }
@@ -1534,6 +1541,7 @@ int r4d_gemv_p(const int64_t *a) {
 int r4d_gemm_p(const int64_t *a) { return r4d_gemm(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8]); }
 int r4d_rmsnorm_p(const int64_t *a) { return r4d_rmsnorm(PA(0), PA(1), PA(2), a[3], a[4], bits_f64(a[5])); }
 int r4d_add_p(const int64_t *a) { return r4d_add(PA(0), PA(1), PA(2), a[3], a[4]); }
+int r4d_add_rmsnorm_p(const int64_t *a) { return r4d_add_rmsnorm(PA(0), PA(1), PA(2), PA(3), a[4], a[5], bits_f64(a[6])); }
 int r4d_silu_mul_p(const int64_t *a) { return r4d_silu_mul(PA(0), PA(1), PA(2), a[3], a[4]); }
 int r4d_take_rows_p(const int64_t *a) { return r4d_take_rows(PA(0), PA(1), PA(2), a[3], a[4]); }
 int r4d_rope_p(const int64_t *a) { return r4d_rope(PA(0), PA(1), PA(2), PA(3), a[4], a[5], a[6], a[7], (int)a[8]); }

@@ -46,7 +46,12 @@
 #define POOL_MAX_THREADS 256
 #define CHUNKS_PER_THREAD 6
 #ifndef SPIN_NS
-#define SPIN_NS 50000 /* a worker's spin between launches before it sleeps: a decode step's gap between launches is a few µs */
+/* A worker's spin after a launch before it sleeps. Long enough to span the gaps inside a decode step
+ * (a single-threaded launch such as the fused collective row or a short attention, and Python,
+ * between two parallel ones: up to ~100 µs), short of the gap between steps. Waking a sleeping worker
+ * cost a launch ~40 µs on this KVM guest: with 50 µs here a SmolLM2 decode step took 19.7 ms, with
+ * 100 µs 15.8, 200 µs 14.7, 1 ms 14.3 (bench/results/generate_tp1_issue16.md). */
+#define SPIN_NS 200000
 #endif
 #ifndef CALLER_SPIN_NS
 #define CALLER_SPIN_NS 20000 /* the caller's spin for the last chunks before it yields */
