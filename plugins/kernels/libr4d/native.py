@@ -161,19 +161,23 @@ class Header(ctypes.Structure):
     """A PyArrayObject head with its dims and strides inline: what a launch plan hands r4d.c for an
     operand, copied once (a numpy array never moves its data while referenced). The headers of one
     launch sit side by side, so r4d.c reads a line or two instead of chasing every array's head."""
+    # dims and strides are int64_t * on the C side; held as addresses here (no ctypes.cast per fill:
+    # a new shape's first step fills a header for every operand of every launch)
     _fields_ = [("refcnt", ctypes.c_ssize_t), ("type", ctypes.c_void_p), ("data", ctypes.c_void_p),
-                ("nd", ctypes.c_int), ("dims", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("dim", ctypes.c_int64 * 4),
-                ("stride", ctypes.c_int64 * 4)]
+                ("nd", ctypes.c_int), ("dims", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("dim", ctypes.c_int64 * 4), ("stride", ctypes.c_int64 * 4)]
 
     def fill(self, array):
         if array.ndim > 4:
             raise ValueError(f"an operand of {array.ndim} dimensions")
-        self.refcnt, self.data, self.nd = 1, array.ctypes.data, array.ndim
-        for i in range(array.ndim):
-            self.dim[i], self.stride[i] = array.shape[i], array.strides[i]
-        self.dims = ctypes.cast(ctypes.addressof(self) + Header.dim.offset, ctypes.POINTER(ctypes.c_int64))
-        self.strides = ctypes.cast(ctypes.addressof(self) + Header.stride.offset, ctypes.POINTER(ctypes.c_int64))
+        interface = array.__array_interface__
+        self.refcnt, self.data, self.nd = 1, interface["data"][0], array.ndim
+        self.dim[:array.ndim], self.stride[:array.ndim] = array.shape, array.strides
+        address = ctypes.addressof(self)
+        self.dims, self.strides = address + _DIM_OFFSET, address + _STRIDE_OFFSET
+
+
+_DIM_OFFSET, _STRIDE_OFFSET = Header.dim.offset, Header.stride.offset
 
 
 class Native:
