@@ -255,6 +255,10 @@ static inline __m256d exp_pd(__m256d x) {
     return _mm256_blendv_pd(y, x, nan);
 }
 
+#ifdef R4D_AVX512
+#include "r4d_exp512.h"
+#endif
+
 /* 8 floats -> (float)exp((double)x) */
 static inline __m256 exp_f64_ps(__m256 x) {
     __m256d a = exp_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)));
@@ -1001,12 +1005,51 @@ int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const 
 /* rmsnorm: y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, the sum in column order (libref's
  * arithmetic, operation for operation) */
 
-static void rmsnorm_row(const float *xr, const float *w, float *yr, int64_t n, float fn, float e) {
-    float s = xr[0] * xr[0];
-    for (int64_t i = 1; i < n; i++) {
-        const float p = xr[i] * xr[i];
-        s = s + p;
+/* sums[r] = the ordered sum of squares of rows[r], r < count <= SQUARE_ROWS: every row's own sum in
+ * column order, each square rounded before its add (libref's arithmetic). Eight rows go together,
+ * one per lane: 8 x 8 blocks transposed so lane r holds row r's columns in turn, so the rows' add
+ * chains run side by side (a row alone is bound by the adds' latency). The sums start at +0, and
+ * 0 + x*x is x*x exactly. */
+#define SQUARE_ROWS 8
+static void sums_of_squares(const float *const *rows, int count, int64_t n, float *sums) {
+    int64_t i = 0;
+    float s[SQUARE_ROWS] = {0};
+#ifdef R4D_AVX2
+    if (count == SQUARE_ROWS) {
+        __m256 acc = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) {
+            __m256 r[8], t[8], u[8];
+            for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(rows[k] + i);
+            for (int k = 0; k < 8; k += 2) {
+                t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+                t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+            }
+            for (int k = 0; k < 8; k += 4) {
+                u[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+                u[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+                u[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+                u[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+            }
+            for (int k = 0; k < 4; k++) { /* column k, then column k + 4, of the 8 rows */
+                const __m256 low = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
+                t[k] = low;
+                t[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+            }
+            for (int k = 0; k < 8; k++) acc = _mm256_add_ps(acc, _mm256_mul_ps(t[k], t[k]));
+        }
+        _mm256_storeu_ps(s, acc);
     }
+#endif
+    for (int r = 0; r < count; r++)
+        for (int64_t k = i; k < n; k++) {
+            const float p = rows[r][k] * rows[r][k];
+            s[r] = s[r] + p;
+        }
+    for (int r = 0; r < count; r++) sums[r] = s[r];
+}
+
+/* yr = (xr * (1 / sqrt(s / n + eps))) * w, given xr's sum of squares s */
+static void rmsnorm_scale(const float *xr, float s, const float *w, float *yr, int64_t n, float fn, float e) {
     const float scale = 1.0f / sqrtf(s / fn + e);
     int64_t i = 0;
 #ifdef R4D_AVX2
@@ -1015,6 +1058,18 @@ static void rmsnorm_row(const float *xr, const float *w, float *yr, int64_t n, f
         _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), vs), _mm256_loadu_ps(w + i)));
 #endif
     for (; i < n; i++) yr[i] = (xr[i] * scale) * w[i];
+}
+
+/* rows [lo, hi) of Y = rmsnorm(rows of X) * w, SQUARE_ROWS at a time */
+static void rmsnorm_rows(const Mat *X, const float *w, const Mat *Y, int64_t lo, int64_t hi, int64_t n, float fn, float e) {
+    for (int64_t m = lo; m < hi; m += SQUARE_ROWS) {
+        const int count = (int)(hi - m < SQUARE_ROWS ? hi - m : SQUARE_ROWS);
+        const float *rows[SQUARE_ROWS];
+        float sums[SQUARE_ROWS];
+        for (int r = 0; r < count; r++) rows[r] = ROW(*X, m + r, const float);
+        sums_of_squares(rows, count, n, sums);
+        for (int r = 0; r < count; r++) rmsnorm_scale(rows[r], sums[r], w, ROW(*Y, m + r, float), n, fn, e);
+    }
 }
 
 /* the row-wise ops' operands: rows of a (and b) into rows of y, n wide */
@@ -1027,7 +1082,7 @@ typedef struct {
 
 static void rmsnorm_task(const void *context, int64_t lo, int64_t hi) {
     const RowsTask *t = (const RowsTask *)context;
-    for (int64_t m = lo; m < hi; m++) rmsnorm_row(ROW(*t->a, m, const float), t->w, ROW(*t->y, m, float), t->n, t->fn, t->eps);
+    rmsnorm_rows(t->a, t->w, t->y, lo, hi, t->n, t->fn, t->eps);
 }
 
 int r4d_rmsnorm(const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, double eps) {
@@ -1037,7 +1092,7 @@ int r4d_rmsnorm(const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, d
     const float *w = (const float *)W.p;
     const float e = (float)eps, fn = (float)n;
     const RowsTask task = {&X, NULL, &Y, w, n, fn, e};
-    pool_run(rmsnorm_task, &task, M, 1, nthreads_for(M * n, 1 << 14));
+    pool_run(rmsnorm_task, &task, M, SQUARE_ROWS, nthreads_for(M * n, 1 << 14));
     return R4D_OK;
 }
 
@@ -1049,8 +1104,8 @@ static void add_rmsnorm_task(const void *context, int64_t lo, int64_t hi) {
         float *rr = ROW(*t->a, m, float);
         const float *xr = ROW(*t->b, m, const float);
         for (int64_t i = 0; i < t->n; i++) rr[i] = rr[i] + xr[i];
-        rmsnorm_row(rr, t->w, ROW(*t->y, m, float), t->n, t->fn, t->eps);
     }
+    rmsnorm_rows(t->a, t->w, t->y, lo, hi, t->n, t->fn, t->eps);
 }
 
 int r4d_add_rmsnorm(Arr *residual, const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, double eps) {
@@ -1062,7 +1117,7 @@ int r4d_add_rmsnorm(Arr *residual, const Arr *x, const Arr *weight, Arr *y, int6
     const float *w = (const float *)W.p;
     const float e = (float)eps, fn = (float)n;
     const RowsTask task = {&R, &X, &Y, w, n, fn, e};
-    pool_run(add_rmsnorm_task, &task, M, 1, nthreads_for(M * n, 1 << 14));
+    pool_run(add_rmsnorm_task, &task, M, SQUARE_ROWS, nthreads_for(M * n, 1 << 14));
     return R4D_OK;
 }
 
@@ -1090,6 +1145,15 @@ int r4d_add(const Arr *a, const Arr *b, Arr *y, int64_t M, int64_t n) {
 /* y = (g * sigmoid(g)) * u, the sigmoid 1 / (1 + exp(-g)) in double, rounded once to f32 */
 static void silu_row(const float *gr, const float *ur, float *yr, int64_t n) {
     int64_t i = 0;
+#ifdef R4D_AVX512
+    const __m512d one8 = _mm512_set1_pd(1.0);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(gr + i);
+        const __m512d e = exp_pd512(_mm512_sub_pd(_mm512_setzero_pd(), _mm512_cvtps_pd(gv)));
+        const __m256 sg = _mm512_cvtpd_ps(_mm512_div_pd(one8, _mm512_add_pd(one8, e)));
+        _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_mul_ps(gv, sg), _mm256_loadu_ps(ur + i)));
+    }
+#endif
 #ifdef R4D_AVX2
     const __m256d one = _mm256_set1_pd(1.0);
     for (; i + 4 <= n; i += 4) {
@@ -1299,6 +1363,30 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
                 __builtin_prefetch(rows_k[u] + d);
                 __builtin_prefetch(rows_v[u] + d);
             }
+#ifdef R4D_AVX512
+    if (D % 16 == 0) {
+        for (; j + 8 <= L; j += 8) { /* 8 keys at once, 16 dimensions a step, then as below */
+            if (prefetch)
+                for (int64_t u = j + ATT_PF; u < j + ATT_PF + 8 && u < L; u++)
+                    for (int64_t d = 0; d < D; d += 16) {
+                        __builtin_prefetch(rows_k[u] + d);
+                        __builtin_prefetch(rows_v[u] + d);
+                    }
+            __m512 w[8];
+            for (int u = 0; u < 8; u++) w[u] = _mm512_setzero_ps();
+            for (int64_t d = 0; d < D; d += 16) {
+                const __m512 q16 = _mm512_loadu_ps(qv + d);
+                for (int u = 0; u < 8; u++) w[u] = _mm512_fmadd_ps(q16, _mm512_loadu_ps(rows_k[j + u] + d), w[u]);
+            }
+            __m256 a[8];
+            for (int u = 0; u < 8; u++) a[u] = _mm256_add_ps(_mm512_castps512_ps256(w[u]), _mm512_extractf32x8_ps(w[u], 1));
+            const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            const __m256 t2 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(t0, t2, 0x20), _mm256_permute2f128_ps(t0, t2, 0x31));
+            _mm256_storeu_ps(sc + j, _mm256_mul_ps(r, _mm256_set1_ps(fscale)));
+        }
+    }
+#endif
 #ifdef R4D_AVX2
     if (D % 8 == 0) {
         for (; j + 8 <= L; j += 8) { /* 8 keys at once, reduced by a transpose of sums */
@@ -1329,6 +1417,10 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
     float mx = -INFINITY;
     for (j = 0; j < L; j++) mx = sc[j] > mx ? sc[j] : mx;
     j = 0;
+#ifdef R4D_AVX512
+    const __m512 vmx16 = _mm512_set1_ps(mx);
+    for (; j + 16 <= L; j += 16) _mm512_storeu_ps(sc + j, exp_f64_ps16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vmx16)));
+#endif
 #ifdef R4D_AVX2
     const __m256 vmx = _mm256_set1_ps(mx);
     for (; j + 8 <= L; j += 8) _mm256_storeu_ps(sc + j, exp_f64_ps(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx)));
@@ -1336,6 +1428,20 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
     for (; j < L; j++) sc[j] = (float)exp((double)(sc[j] - mx));
     float total = sc[0];
     for (j = 1; j < L; j++) total = total + sc[j];
+#ifdef R4D_AVX512
+    if (D % 16 == 0 && D <= 256) { /* each output element adds its products in key order, as below */
+        __m512 acc[16];
+        for (int64_t d = 0; d < D / 16; d++) acc[d] = _mm512_setzero_ps();
+        for (j = 0; j < L; j++) {
+            const __m512 e = _mm512_set1_ps(sc[j]);
+            const float *vr = rows_v[j];
+            for (int64_t d = 0; d < D / 16; d++) acc[d] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * d), acc[d]);
+        }
+        const __m512 inv = _mm512_set1_ps(total);
+        for (int64_t d = 0; d < D / 16; d++) _mm512_storeu_ps(o + 16 * d, _mm512_div_ps(acc[d], inv));
+        return;
+    }
+#endif
 #ifdef R4D_AVX2
     if (D % 8 == 0 && D <= 256) {
         __m256 acc[32];
