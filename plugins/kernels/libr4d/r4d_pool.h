@@ -7,7 +7,9 @@
  * When the caller has no chunk left to take it spins briefly, then yields its core for a while (to
  * the worker it waits for, or another rank, where they share the core), then sleeps on a futex
  * that the worker finishing the last chunk wakes. Between launches the workers spin for SPIN_NS,
- * then sleep on the generation word, woken by the next launch.
+ * yielding every few µs (a spinning worker must not keep a core another rank, or its own launching
+ * thread, is waiting for: a launch never waits for a worker that has not taken a chunk), then
+ * sleep on the generation word, woken by the next launch.
  *
  * Why yield before sleeping: on this kind of machine (a KVM guest) a core left idle by a sleeper
  * halts, and waking it again costs far more than a sched_yield; while another thread is runnable on
@@ -138,6 +140,8 @@ static void *pool_worker(void *arg) {
             const int64_t until = now_ns() + SPIN_NS;
             for (int n = 1; (g = atomic_load_explicit(&g_pool.generation, memory_order_acquire)) == seen; n++) {
                 POOL_PAUSE();
+                if ((n & 63) == 0) /* a thread waiting for this core (a rank sharing it, the launcher) goes first */
+                    sched_yield();
                 if ((n & 63) == 0 && now_ns() > until) {
                     atomic_fetch_add(&g_pool.sleepers, 1);
                     if (atomic_load(&g_pool.generation) == seen) word_sleep(&g_pool.generation, seen, 0);
