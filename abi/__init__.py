@@ -10,16 +10,18 @@ from .dtypes import BITS, BY_NAME, NAMES, NUMPY, UNPACKED, dtype_bits, dtype_fro
 from .encoding import RadEncoding, RadPlane  # noqa: F401
 from .packing import pack_bits, unpack_bits  # noqa: F401
 from .plugin import (  # noqa: F401
-    rad_arg_in, rad_args_getf, rad_backoff, rad_args_getf_or, rad_args_geti, rad_args_geti_or, rad_args_gets,
-    rad_args_gets_or, rad_dtype_bits, rad_load_bits, rad_load_f32, rad_store_bits, rad_store_f32,
-    rad_tensor, rad_tensor_lastdim, rad_tensor_row_pitch, rad_tensor_rows, rad_wait_word, rad_weight_f32,
+    engine_defines_weight_decoder, rad_arg_in, rad_args_getf, rad_args_getf_or, rad_args_geti, rad_args_geti_or,
+    rad_args_gets, rad_args_gets_or, rad_backoff, rad_dtype_bits, rad_load_bits, rad_load_f32, rad_store_bits,
+    rad_store_f32, rad_tensor, rad_tensor_lastdim, rad_tensor_row_pitch, rad_tensor_rows, rad_wait_word,
+    rad_weight_f32,
 )
 from .kernel_args import KernelArgs, PackedArgs  # noqa: F401
+from .step import PLANNED, STEP_INPUTS, StepInput  # noqa: F401
 from .stream import RadStream, rad_device_tensor  # noqa: F401
 from .quant import RadQuantizerInfo, RadQuantOption  # noqa: F401
 from .types import (  # noqa: F401
     RAD_CDIV, RAD_CEQ, RAD_CEQS, RAD_CGE, RAD_CIN, RAD_CLE, RadArgs, RadChainRec, RadConstraint,
-    RadKernelInfo, RadOperandSpec, RadOpSchema, RadParam, RadParamSpec, RadPeers, RadPluginInfo,
+    RadKernelInfo, RadOperandSpec, RadOpSchema, RadParam, RadParamSpec, RadLink, RadPeers, RadPluginInfo,
     RadTensor, RadTunable, RadWeightPlanes,
 )
 
@@ -27,7 +29,7 @@ HEADERS_DIR = Path(__file__).resolve().parent
 HEADERS = ("rad_abi.h", "rad_types.h", "rad_encoding.h", "rad_plugin.h", "rad_quant.h", "rad_arch.h")
 STRUCTS = (
     RadPluginInfo, RadConstraint, RadParamSpec, RadOperandSpec, RadOpSchema, RadTensor, RadParam,
-    RadWeightPlanes, RadChainRec, RadPeers, RadArgs, RadTunable, RadKernelInfo, RadPlane, RadEncoding,
+    RadWeightPlanes, RadChainRec, RadLink, RadPeers, RadArgs, RadTunable, RadKernelInfo, RadPlane, RadEncoding,
     RadQuantOption, RadQuantizerInfo, RadWeightDecl, RadBufferDecl, RadTableDecl, RadNodeDecl, RadGraphDecl,
     RadWeightInfo, RadArchInfo,
 )

@@ -1,6 +1,6 @@
 """The constants of rad_types.h, rad_encoding.h and rad_abi.h, with the C values."""
 
-RAD_ABI_VERSION = 31
+RAD_ABI_VERSION = 32
 
 RAD_PLUGIN_KERNEL = 1
 RAD_PLUGIN_ARCH = 2
@@ -48,6 +48,7 @@ RAD_FACT_PREFIX = "device."
 RAD_FACT_P2P = "device.p2p"
 RAD_FACT_ARCH = "device.arch"
 RAD_FACT_INTEGRATED = "device.integrated"
+RAD_FACT_SAME_HOST = "device.same_host"
 
 RAD_DT_NONE = 0
 RAD_DT_F32 = 1

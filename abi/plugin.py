@@ -162,10 +162,23 @@ def rad_wait_word(word, value: int, timeout_ns: int = 0) -> int:
             return c.RAD_E_DEVICE
 
 
+# rad_plugin.h declares rad_weight_f32 and the engine that loads a plugin defines it; here the
+# engine hands its core decoder in (engine_defines_weight_decoder) before it imports any plugin.
+_engine_decoder = None
+
+
+def engine_defines_weight_decoder(decode) -> None:
+    """The engine's side of rad_weight_f32: `decode(encoding, planes, (rows, cols))` -> f32 [rows,
+    cols]. radiance/engine/loading/loader.py calls it; a plugin never does."""
+    global _engine_decoder
+    _engine_decoder = decode
+
+
 def rad_weight_f32(weight) -> np.ndarray:
     """A RadWeightPlanes decoded to f32 [rows, cols] by the engine's core decoder (plain and
     affine schemes). Declared here, defined by the engine, as rad_plugin.h's helpers are."""
-    from radiance.weights.decode import decode  # the engine's definition; imported on first use
-
+    if _engine_decoder is None:
+        raise RuntimeError("rad_weight_f32: no engine has defined the core decoder (the engine's loader "
+                           "hands it in before it imports a plugin)")
     planes = {spec.name: tensor.data for spec, tensor in zip(weight.encoding.planes, weight.planes)}
-    return decode(weight.encoding, planes, (weight.rows, weight.cols))
+    return _engine_decoder(weight.encoding, planes, (weight.rows, weight.cols))

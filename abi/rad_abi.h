@@ -3,7 +3,7 @@
 #ifndef RAD_ABI_H
 #define RAD_ABI_H
 
-#define RAD_ABI_VERSION 31
+#define RAD_ABI_VERSION 32
 
 #include "rad_types.h"
 #include "rad_encoding.h"

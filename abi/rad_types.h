@@ -61,6 +61,7 @@ struct RadEncoding;
 #define RAD_FACT_P2P        "device.p2p"
 #define RAD_FACT_ARCH       "device.arch"
 #define RAD_FACT_INTEGRATED "device.integrated"
+#define RAD_FACT_SAME_HOST  "device.same_host"
 
 /* Element types of tensors and planes. Sub-byte types are bit streams along a row, lowest bits
  * first; every row starts on a byte. */
@@ -178,6 +179,15 @@ typedef struct RadChainRec {
     uint64_t bump_value;
 } RadChainRec;
 
+/* The engine's transport to a peer on another host, for the rows that move bytes there
+ * (send/recv at a pipeline stage boundary when device.same_host == 0): each call moves `bytes`
+ * bytes in order and returns RAD_OK, or an error status once the peer is gone. */
+typedef struct RadLink {
+    void* ctx;
+    int (*send)(void* ctx, const void* data, int64_t bytes);
+    int (*recv)(void* ctx, void* data, int64_t bytes);
+} RadLink;
+
 /* What a collective row reaches of its peers: mapped buffers (IPC on a card, shared memory on
  * the host), one per rank, and the flag words it waits on. */
 typedef struct RadPeers {
@@ -187,6 +197,7 @@ typedef struct RadPeers {
     int64_t            buffer_bytes;
     volatile uint64_t** flags;       /* [world_size] */
     uint64_t           epoch;        /* bumped once per collective launch */
+    const RadLink*     link;         /* a peer beyond shared memory; NULL where the buffers reach it */
 } RadPeers;
 
 typedef struct RadArgs {

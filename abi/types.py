@@ -121,6 +121,15 @@ class RadChainRec:
 
 
 @cstruct
+class RadLink:
+    """In Python `send(array)` and `recv(array)` take a contiguous numpy array and return a status;
+    `ctx` is the engine's (C: the first argument of both)."""
+    ctx: Ptr = None
+    send: Fn
+    recv: Fn
+
+
+@cstruct
 class RadPeers:
     rank: I32
     world_size: I32
@@ -128,6 +137,7 @@ class RadPeers:
     buffer_bytes: I64
     flags: Ptr = ()
     epoch: U64
+    link: Ptr = None  # a RadLink to a peer beyond shared memory, else None
 
 
 @cstruct

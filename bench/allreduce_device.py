@@ -57,8 +57,8 @@ def rank_main(rank, world, store_path, sizes, queue):
 
 
 def _measure(rank, world, store_path, sizes, report):
-    from radiance.ranks.device import CompileCache
-    from radiance.ranks.device.cuda import CudaDevice
+    from radiance.device import CompileCache
+    from radiance.device.cuda import CudaDevice
     from radiance.collectives.device_p2p import DeviceP2P
     device = CudaDevice(cache=CompileCache(tempfile.mkdtemp(prefix="radk")))
     import torch

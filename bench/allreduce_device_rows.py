@@ -55,8 +55,8 @@ def _measure(rank, world, run_id, barrier, report):
 
     from radiance.collectives.device_peers import DevicePeers
     from radiance.collectives.peers import HostPeers
-    from radiance.ranks.device import CompileCache
-    from radiance.ranks.device.cuda import CudaDevice
+    from radiance.device import CompileCache
+    from radiance.device.cuda import CudaDevice
 
     host = HostPeers.create(run_id, rank, world, 4096)
     barrier.wait(timeout=60)

@@ -11,7 +11,8 @@
   unfused, against the memory bound (weight bytes a rank reads per token / 4.8 TB/s); --peer adds
   PyTorch on the same shape and context (bench/torch_peer.py: eager ops in one CUDA graph, and
   gpt-fast's recipe, inductor then one CUDA graph), measured after radiance has let the card go.
-  --host-8b: the host path's first tokens (slow).
+  --host-8b: the host path's first tokens (slow). --stream-shape: the persistent GEMV
+  (gemv_stream.cu, opt-in) instead of gemv.cu.
 
 Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
 checkout shim maps it). Launches need pyzmq (carry its wheel). Writes $OUT/card_generate.json."""
@@ -77,22 +78,27 @@ def launches_per_step(worker) -> int | None:
         device.launch, executor.profile = launch, False
     ops = sorted(executor.op_seconds.items(), key=lambda item: -item[1])
     print("    ... one profiled step (launched one by one, so slower than a graph): "
-          + ", ".join(f"{op} {1e3 * seconds:.3f} ms" for op, seconds in ops), flush=True)
+          + ", ".join(f"{op} {1e3 * seconds:.3f} ms" for op, seconds in ops)
+          + f"; sum {1e3 * sum(seconds for _, seconds in ops):.3f} ms", flush=True)
     return counted[0]
 
 
 def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=True):
-    from radiance.generation.options import EngineOptions
-    from radiance.launch.ranks import engine_over, open_ranks
+    from radiance.config import Config
+    from radiance.launch import engine_over, open_ranks
 
     os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"  # in process: one card
-    options = EngineOptions(model=str(model), progress=False, device=device, graphs=graphs, chain=chain,
+    options = Config(model=str(model), progress=False, device=device, graphs=graphs, chain=chain,
                             fusion=fusion, max_context=max(1024, len(prompt_ids) + tokens + 16))
     start = time.perf_counter()
     with open_ranks(options) as ranks:
         loaded = time.perf_counter() - start
         ids, samples = generate(engine_over(ranks), prompt_ids, tokens)
-        counted = launches_per_step(ranks.worker) if device == "auto" else None
+        try:
+            counted = launches_per_step(ranks.worker) if device == "auto" else None
+        except Exception as error:  # the profile is a diagnosis: its failure must not lose the figures
+            print(f"    ... the profiled step failed: {type(error).__name__}: {error}", flush=True)
+            counted = None
     result = summary(ids, samples, loaded)
     result["launches_per_step"] = counted
     if counted is not None:
@@ -101,17 +107,17 @@ def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=Tru
 
 
 def launched(model, tp, graphs, prompt_ids, tokens, chain=True, profile=False):
-    from radiance.generation.options import EngineOptions
-    from radiance.launch.ranks import RankSettings, engine_over, open_ranks
+    from radiance.config import Config
+    from radiance.launch import engine_over, open_ranks
 
     result = {}
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # the launcher pins each rank to the card it is given
     if USER_CARDS is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = USER_CARDS
     start = time.perf_counter()
-    options = EngineOptions(model=str(model), progress=False, graphs=graphs, chain=chain, max_context=1024)
-    settings = RankSettings(tp=tp, launched=True, stage_timeout=600.0, step_timeout=600.0, profile=profile)
-    with open_ranks(options, settings) as ranks:
+    options = Config(model=str(model), progress=False, graphs=graphs, chain=chain, max_context=1024, tp=tp,
+                     launched=True, stage_timeout=600.0, step_timeout=600.0, profile=profile)
+    with open_ranks(options) as ranks:
         engine = engine_over(ranks)
         steps, execute = [], engine.execute
 
@@ -185,7 +191,12 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--context", type=int, default=512, help="8B: tokens of the prompt decoding starts after")
     parser.add_argument("--peer", action="store_true", help="8B: PyTorch on the same shape (bench/torch_peer.py)")
+    parser.add_argument("--stream-shape", help="run the decode GEMVs on gemv_stream.cu (opt-in): '1' for its default "
+                                               "cut, or 'warps,blocks,unit,depth,ahead' as bench/device_ops.py "
+                                               "--sweep prints it")
     args = parser.parse_args()
+    if args.stream_shape:
+        os.environ["R4D_GEMV_STREAM"] = args.stream_shape  # read when libr4d loads (device_kernels.STREAM)
     results = {}
     from radiance.convert.api import convert, convert_synthetic
     from radiance.convert.synthetic import LlamaShape

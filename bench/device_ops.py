@@ -5,11 +5,14 @@ over enough copies to be read from HBM, not from the 60 MB L2; the median of 10 
     PYTHONUNBUFFERED=1 python3 bench/device_ops.py [--sweep] [--quick]
 
 - GEMV bandwidth at M = 1, 2, 4, 8 on every Llama-3-8B linear shape (bf16, q8_0, q4_1): weight
-  bytes read per second, against 4.8 TB/s and against the device-to-device copy measured first.
+  bytes read per second, against 4.8 TB/s and against the device-to-device copy measured first;
+  the kernel the row picks (gemv.cu; gemv_stream.cu where R4D_GEMV_STREAM asks for it and it
+  serves) and, with --both, the two side by side.
 - The fused rows against the launches they replace: rmsnorm + q, k, v (rmsnorm_gemm3), rmsnorm +
   gate, up + silu_mul (rmsnorm_gemm2_silu_mul), o + add (gemm_add).
-- --sweep: the GEMV's cut of the work (device_kernels.GemvShape: warps a block, rows a warp,
-  steps in flight) at M = 1 and 4 on four shapes, to choose the default.
+- --sweep: gemv_stream.cu's cut of the work (device_kernels.StreamShape: warps a block, steps in
+  flight, units prefetched ahead) at M = 1 on one 8B layer's bf16 GEMVs, to choose the default; the
+  GEMVs after it use the fastest cut.
 - Agreement with libref for every timed GEMV (max |y - ref| / max |ref|).
 
 Runs where radiance is not installed (checkout_shim maps the checkout). Writes $OUT/device_ops.json."""
@@ -29,16 +32,18 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 
 from radiance.abi import RadArgs  # noqa: E402
-from radiance.engine.registry import Registry  # noqa: E402
+from radiance.engine.loading.registry import Registry  # noqa: E402
 from test_device_rows_support import Card, card  # noqa: E402
 from test_libr4d_support import activations, launch, make_weight, rel_err, row_of  # noqa: E402
 
 HBM = 4.8e12
+DEVICE_ROWS = []  # libr4d's device_rows module, as the registry loaded it
 L2_BYTES = 60 << 20
 SHAPES = [("q/o 4096x4096", 4096, 4096), ("k/v 1024x4096", 1024, 4096), ("gate/up 14336x4096", 14336, 4096),
           ("down 4096x14336", 4096, 14336), ("lm head 128256x4096", 128256, 4096)]
-SWEEP_SHAPES = [("gate/up 14336x4096", 14336, 4096), ("down 4096x14336", 4096, 14336), ("q/o 4096x4096", 4096, 4096),
-                ("k/v 1024x4096", 1024, 4096)]
+# one 8B layer's GEMVs at TP 1 as the fused rows run them: q, k, v in one; o; gate and up in one; down
+SWEEP_SHAPES = [("qkv 6144x4096", 6144, 4096), ("o 4096x4096", 4096, 4096), ("gate+up 28672x4096", 28672, 4096),
+                ("down 4096x14336", 4096, 14336)]
 
 
 def weight_bytes(fmt, n, k):
@@ -99,65 +104,85 @@ def gemv_args(on_card, row, weight, m, n, k, fmt, copies):
     return [first, *rest], x, y, params
 
 
-def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, results):
+def issuer(on_card, stream_shape):
+    """A launch of the GEMV row's one kernel through device_rows.gemv_step, with gemv_stream.cu cut
+    as `stream_shape` (None: gemv.cu, split K where the shape is narrow)."""
+    device_rows = DEVICE_ROWS[0]
+    stream = on_card.stream
+
+    def issue(a):
+        step = device_rows.gemv_step(a, device_rows._address(a.t[0]), [(a.t[1], device_rows._address(a.t[2]))],
+                                     scratch=int(a.scratch or 0), scratch_bytes=a.scratch_bytes,
+                                     stream_shape=stream_shape)
+        kernel = stream.kernel(device_rows.dk.source(step.source), step.kernel, step.options)
+        stream.launch(kernel, step.grid, step.block, step.args.pack(), step.shared)
+        return step.source
+    return issue
+
+
+def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, results, kernels, stream_shape=None):
     weight = make_weight(fmt, n, k, 1)
     row = rows[f"r4dchain_gemv_{label_of(fmt)}_dev"]
     copies = copies_for(weight_bytes(fmt, n, k))
     for m in ms_list:
-        args, x, y, params = gemv_args(on_card, row, weight, m, n, k, fmt, copies)
-        ms = timer.ms([lambda a=a: row.info.launch(a) for a in args] * 2)
-        got = on_card.download(args[0].t[2], y)
-        want = np.zeros((m, n), np.float32)
-        assert launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == 0
-        err = rel_err(got, want)
-        gbps = weight_bytes(fmt, n, k) / (ms * 1e-3) / 1e9
-        entry = {"fmt": fmt, "shape": label, "M": m, "N": n, "K": k, "us": ms * 1e3, "weight_GBps": gbps,
-                 "of_4.8TBps": gbps * 1e9 / HBM, "of_copy": gbps * 1e9 / results["copy_Bps"], "rel_err": err}
-        results["gemv"].append(entry)
-        print(f"  gemv {fmt:5} {label:22} M={m}  {ms * 1e3:8.2f} us  {gbps:6.0f} GB/s  {entry['of_4.8TBps']:6.1%} of "
-              f"4.8 TB/s  {entry['of_copy']:6.1%} of the copy  err {err:.1e}", flush=True)
-        on_card.close()
+        for kernel in kernels:
+            args, x, y, params = gemv_args(on_card, row, weight, m, n, k, fmt, copies)
+            issue = issuer(on_card, None if kernel == "split" else (stream_shape or STREAM_DEFAULT()))
+            source = issue(args[0])
+            if kernel != source.replace("gemv_stream", "stream").replace("gemv", "split"):
+                on_card.close()
+                continue  # the stream kernel does not serve this M or shape
+            ms = timer.ms([lambda a=a: issue(a) for a in args] * 2)
+            got = on_card.download(args[0].t[2], y)
+            want = np.zeros((m, n), np.float32)
+            assert launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == 0
+            err = rel_err(got, want)
+            gbps = weight_bytes(fmt, n, k) / (ms * 1e-3) / 1e9
+            entry = {"fmt": fmt, "shape": label, "M": m, "N": n, "K": k, "kernel": kernel, "us": ms * 1e3,
+                     "weight_GBps": gbps, "of_4.8TBps": gbps * 1e9 / HBM, "of_copy": gbps * 1e9 / results["copy_Bps"],
+                     "rel_err": err}
+            results["gemv"].append(entry)
+            print(f"  gemv {fmt:5} {label:22} M={m} {kernel:6} {ms * 1e3:8.2f} us  {gbps:6.0f} GB/s  "
+                  f"{entry['of_4.8TBps']:6.1%} of 4.8 TB/s  {entry['of_copy']:6.1%} of the copy  err {err:.1e}", flush=True)
+            on_card.close()
 
 
-def sweep(on_card, rows, timer, results):
-    device_rows = importlib.import_module(f"{rows['r4dchain_gemv_plain_dev'].plugin.module.__name__}.device_rows")
-    dk = device_rows.dk
-    shapes = [dk.GemvShape(w, r, p) for w, r, p in
-              [(4, 4, 2), (4, 4, 4), (4, 2, 4), (8, 2, 4), (8, 2, 2), (4, 8, 2), (8, 4, 2), (2, 4, 4), (4, 2, 8)]]
-    for fmt in ("bf16", "q4_1"):
+def STREAM_DEFAULT():
+    """The cut R4D_GEMV_STREAM asks for, else gemv_stream.cu's default cut."""
+    dk = DEVICE_ROWS[0].dk
+    return dk.STREAM or dk.StreamShape()
+
+
+def sweep(on_card, registry, rows, timer, results):
+    dk = DEVICE_ROWS[0].dk.StreamShape
+    shapes = [dk(*cut) for cut in [(4, 4, 2, 6, 0), (4, 4, 4, 3, 0), (4, 3, 2, 8, 0), (4, 2, 2, 12, 0), (4, 4, 2, 4, 0),
+                                   (4, 3, 4, 4, 0), (8, 2, 2, 6, 0), (4, 4, 2, 6, 1), (4, 2, 4, 6, 0), (8, 1, 2, 12, 0)]]
+    best = {}
+    for fmt in ("bf16",):
         for label, n, k in SWEEP_SHAPES:
-            weight = make_weight(fmt, n, k, 1)
-            copies = copies_for(weight_bytes(fmt, n, k))
-            row = rows[f"r4dchain_gemv_{label_of(fmt)}_dev"]
-            for m in (1, 4):
+            for m in (1,):
                 line = []
                 for shape in shapes:
-                    args, _, _, _ = gemv_args(on_card, row, weight, m, n, k, fmt, copies)
-                    scratch = dk.gemv_scratch_layout(m, n, k, fmt, 32, shape)[1]
-                    if scratch > args[0].scratch_bytes:
-                        on_card.close()
-                        continue
-                    stream = on_card.stream
-
-                    def issue(a, shape=shape):
-                        step = device_rows.gemv_step(a, device_rows._address(a.t[0]),
-                                                     [(a.t[1], device_rows._address(a.t[2]))],
-                                                     scratch=int(a.scratch or 0), scratch_bytes=a.scratch_bytes,
-                                                     shape=shape)
-                        kernel = stream.kernel(dk.source("gemv"), step.kernel, step.options)
-                        stream.launch(kernel, step.grid, step.block, step.args.pack())
+                    entries = len(results["gemv"])
                     try:
-                        ms = timer.ms([lambda a=a: issue(a) for a in args] * 2)
-                    except Exception as error:  # a shape the compiler or the card refuses: named, skipped
+                        bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, ["stream"], shape)
+                    except Exception as error:  # a cut the compiler or the card refuses: named, skipped
                         print(f"  sweep {shape}: {type(error).__name__}: {error}", flush=True)
                         on_card.close()
                         continue
-                    gbps = weight_bytes(fmt, n, k) / (ms * 1e-3) / 1e9
-                    results["sweep"].append({"fmt": fmt, "shape": label, "M": m, "warps": shape.warps,
-                                             "rows": shape.rows, "pipe": shape.pipe, "us": ms * 1e3, "weight_GBps": gbps})
-                    line.append(f"{shape.warps}/{shape.rows}/{shape.pipe}:{gbps:5.0f}")
-                    on_card.close()
-                print(f"  sweep {fmt:5} {label:20} M={m}  (warps/rows/pipe: GB/s)  " + "  ".join(line), flush=True)
+                    for entry in results["gemv"][entries:]:
+                        cut = f"{shape.warps},{shape.blocks},{shape.unit},{shape.depth},{shape.ahead}"
+                        entry.update(cut=cut, sweep=True)
+                        line.append(f"{cut}:{entry['weight_GBps']:5.0f}")
+                        best[cut] = best.get(cut, 0.0) + entry["us"]
+                print(f"  sweep {fmt:5} {label:20} M={m}  (warps,blocks,unit,depth,ahead: GB/s)  " + "  ".join(line),
+                      flush=True)
+    # the cut that reads one layer's shapes fastest (a cut missing a shape counts as never best)
+    complete = {cut: us for cut, us in best.items()
+                if sum(1 for e in results["gemv"] if e.get("cut") == cut) == len(SWEEP_SHAPES)}
+    if complete:
+        results["best_cut"] = min(complete, key=complete.get)
+        print(f"  sweep best cut {results['best_cut']}: {complete[results['best_cut']]:.1f} us over the shapes", flush=True)
 
 
 def bench_fused(on_card, registry, rows, timer, results):
@@ -231,6 +256,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="time other cuts of the GEMV's work first")
     parser.add_argument("--quick", action="store_true", help="bf16 only, M = 1 and 8")
+    parser.add_argument("--both", action="store_true", help="time gemv_stream.cu beside gemv.cu where both serve")
     args = parser.parse_args()
     device, stream, why = card()
     if device is None:
@@ -239,6 +265,7 @@ def main():
     registry = Registry(radiance_home="")
     lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
     rows = {row.name: row for row in lib.rows}
+    DEVICE_ROWS.append(importlib.import_module(f"{rows['r4dchain_gemv_plain_dev'].plugin.module.__name__}.device_rows"))
     on_card, started = Card(device, stream), time.perf_counter()
     timer = Timer(on_card)
     results = {"card": getattr(device, "name", "?"), "target": device.target, "gemv": [], "sweep": [], "fused": []}
@@ -246,18 +273,28 @@ def main():
     print(f"card {results['card']} ({device.target}); device-to-device copy {results['copy_Bps'] / 1e9:.0f} GB/s "
           f"(read + write)", flush=True)
     if args.sweep:
-        sweep(on_card, rows, timer, results)
+        sweep(on_card, registry, rows, timer, results)
+        if results.get("best_cut"):  # the timings below use it
+            DEVICE_ROWS[0].dk.STREAM = DEVICE_ROWS[0].dk.StreamShape.parse(results["best_cut"])
+    # what the row picks (gemv.cu unless R4D_GEMV_STREAM asks for gemv_stream.cu), or both
+    kernels = ["stream", "split"] if args.both or args.sweep else ["stream" if DEVICE_ROWS[0].dk.STREAM else "split"]
     for fmt in ("bf16",) if args.quick else ("bf16", "q8_0", "q4_1"):
         for label, n, k in SHAPES if fmt == "bf16" else SHAPES[:-1]:  # the quantised lm heads: slow to make here
-            bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, (1, 8) if args.quick else (1, 2, 4, 8), results)
+            for m in (1, 8) if args.quick else (1, 2, 4, 8):  # gemv.cu where the stream kernel does not serve
+                served = len(results["gemv"])
+                bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, kernels)
+                if len(results["gemv"]) == served:
+                    bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, ["split"])
     bench_fused(on_card, registry, rows, timer, results)
     registry.close()
     out = os.environ.get("OUT")
     if out:
         Path(out, "device_ops.json").write_text(json.dumps(results, indent=1))
-    at_one = [e["of_4.8TBps"] for e in results["gemv"] if e["M"] == 1]
+        if results.get("best_cut"):
+            Path(out, "best_cut.txt").write_text(results["best_cut"] + "\n")
+    at_one = [e["of_4.8TBps"] for e in results["gemv"] if e["M"] == 1 and not e.get("sweep")]
     print(json.dumps({"gemv_m1_min_of_hbm": min(at_one), "gemv_m1_median_of_hbm": statistics.median(at_one),
-                      "gemv_m8_min_of_hbm": min(e["of_4.8TBps"] for e in results["gemv"] if e["M"] == 8),
+                      "gemv_m8_min_of_hbm": min((e["of_4.8TBps"] for e in results["gemv"] if e["M"] == 8), default=None),
                       "seconds": time.perf_counter() - started}))
     return 0
 

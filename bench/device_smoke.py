@@ -29,7 +29,7 @@ from checkout_shim import ROOT, SHIM_PATH  # noqa: E402,F401  (first: maps the c
 
 import numpy as np  # noqa: E402
 
-from radiance.ranks.device import CompileCache, KernelArgs  # noqa: E402
+from radiance.device import CompileCache, KernelArgs  # noqa: E402
 
 GiB = 1 << 30
 SOURCE = r"""
@@ -42,7 +42,7 @@ extern "C" __global__ void fill(unsigned char* x, unsigned long long n, unsigned
 
 
 def open_card(cache_root=None):
-    from radiance.ranks.device.cuda import CudaDevice
+    from radiance.device.cuda import CudaDevice
     return CudaDevice(cache=CompileCache(cache_root or tempfile.mkdtemp(prefix="radk")))
 
 
@@ -126,7 +126,7 @@ class FileExchange:
 
 def p2p_rank(rank, card, folder, nbytes, results):
     os.environ["CUDA_VISIBLE_DEVICES"] = str(card)  # before the driver starts: this process sees one card
-    from radiance.ranks.device.probe import probe_p2p
+    from radiance.device.probe import probe_p2p
     device = open_card()
     exchange = FileExchange(folder, rank, 2)
     fact = probe_p2p(device, rank, 2, exchange)

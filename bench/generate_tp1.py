@@ -34,12 +34,12 @@ def smollm2_gguf() -> Path:
 def radiance_run(model: Path, prompt_ids: list[int], decode_tokens: int, profile: bool):
     from collections import Counter
 
-    from radiance.generation.options import EngineOptions
+    from radiance.config import Config
     from radiance.generation.sequence import SamplingParams
-    from radiance.launch.ranks import RankSettings, engine_over, open_ranks
+    from radiance.launch import engine_over, open_ranks
 
-    options = EngineOptions(model=str(model), progress=False, max_step_tokens=max(256, len(prompt_ids)))
-    with open_ranks(options, RankSettings(profile=profile)) as ranks:
+    config = Config(model=str(model), progress=False, max_step_tokens=max(256, len(prompt_ids)), profile=profile)
+    with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         sequence = engine.add(prompt_ids, SamplingParams(max_tokens=decode_tokens + 1, temperature=0, ignore_eos=True))
         start = time.perf_counter()

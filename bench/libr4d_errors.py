@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from radiance.abi import RAD_DT_ENCODED, RAD_DT_NONE, RAD_OK, RadArgs, RadTensor, rad_tensor
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from radiance.weights import formats
 from radiance.weights.planes import plane_raw
 
@@ -119,12 +119,12 @@ def rows_part(registry, seeds):
 def greedy(model, kernels, accept, tokens, aq=None):
     if aq is not None:
         os.environ["RADIANCE_R4D_AQ"] = str(aq)
-    from radiance.generation.options import EngineOptions
+    from radiance.config import Config
     from radiance.generation.sequence import SamplingParams
-    from radiance.launch.ranks import engine_over, open_ranks
+    from radiance.launch import engine_over, open_ranks
 
     out = []
-    with open_ranks(EngineOptions(model=str(model), kernels=kernels, accept_reference=accept)) as ranks:
+    with open_ranks(Config(model=str(model), kernels=kernels, accept_reference=accept)) as ranks:
         engine = engine_over(ranks)
         for prompt in PROMPTS:
             sequence = engine.add(engine.text.encode(prompt), SamplingParams(max_tokens=tokens, temperature=0.0))

@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from radiance.abi import RAD_DT_ENCODED, RAD_DT_NONE, RAD_E_UNSUPPORTED, RAD_OK, RadArgs, RadTensor, RadWeightPlanes, rad_tensor
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from radiance.weights import formats
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 30, 576, 9, 3, 64, 1536, 49152
@@ -121,7 +121,7 @@ def median_time(calls, repeats, warmup=2):
 
 def row_for(registry, op, library, **geometry):
     """The row the engine would pick for this geometry in `library` (its first matching row)."""
-    from radiance.engine.selection import resolve
+    from radiance.engine.selection.bands import resolve
     rows = [row for row in registry.rows_for(op) if row.plugin.name == library]
     resolution = resolve(op, registry.ops[op].schema, rows, geometry, {"device.p2p": 0}, 1, max(256, geometry["M"]),
                          accept_reference=True)

@@ -46,13 +46,13 @@ quantizer = "q8_0"
 
 
 def measure(model: Path, tp: int, tokens: int, launched: bool = True, run_ahead: bool = False) -> dict:
-    from radiance.generation.options import EngineOptions
+    from radiance.config import Config
     from radiance.generation.sequence import SamplingParams
-    from radiance.launch.ranks import RankSettings, engine_over, open_ranks
+    from radiance.launch import engine_over, open_ranks
 
     samples = []
-    settings = RankSettings(tp=tp, launched=launched, profile=True, run_ahead=run_ahead)
-    with open_ranks(EngineOptions(model=str(model), progress=False), settings) as ranks:
+    config = Config(model=str(model), progress=False, tp=tp, launched=launched, profile=True, run_ahead=run_ahead)
+    with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         sequence = engine.add(list(range(300, 332)), SamplingParams(max_tokens=tokens + 2, temperature=0, ignore_eos=True))
         last = None

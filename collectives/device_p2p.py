@@ -11,14 +11,14 @@ each rank holds the device address of every rank's region. The kernels do the re
 wait, sum in rank order, end the link-gate hold (docs/COLLECTIVES.md, "Device P2P").
 
 `exchange(payload: bytes) -> list[bytes]` is the caller's all-gather (one payload per rank, rank
-order), as for ranks/device/probe.py: the launcher's handshake in the engine, a pipe or a store in
+order), as for radiance/device/probe.py: the launcher's handshake in the engine, a pipe or a store in
 the benchmark. Every rank calls it the same number of times (twice to set up, twice to close).
 
 The host-staged twin (the same kernels over regions in POSIX shared memory that every card maps,
 for cards without P2P) is collectives/device_peers.py's DeviceHostStaged, a subclass that changes
 only where the regions live (`_regions`) and the compile option (`COMPILE_OPTIONS`).
 
-Nothing here imports a GPU library: the device object (ranks/device) does the driver calls.
+Nothing here imports a GPU library: the device object (radiance/device) does the driver calls.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from radiance.ranks.device import KernelArgs
+from radiance.device import KernelArgs
 
 SOURCE_PATH = Path(__file__).resolve().parent.parent / "plugins" / "kernels" / "libr4d" / "device" / "allreduce.cu"
 

@@ -174,10 +174,17 @@ def _unlink_path(path: Path) -> bool:
         return False
 
 
+def stage_run_id(run_id: str, stage: int) -> str:
+    """The run id a pipeline stage's TP peers name their segments by (their ranks count from 0 in
+    every stage); list_run and unlink_run count them the run's."""
+    return f"{check_run_id(run_id)}_s{int(stage)}"
+
+
 def list_run(run_id: str, directory: Path | str = SHM_DIR) -> list[str]:
-    """The names of the run's segments that exist now."""
+    """The names of the run's segments that exist now, its stages' (stage_run_id) among them."""
     check_run_id(run_id)
-    return sorted(p.name for p in Path(directory).glob(f"{PREFIX}.{run_id}.*"))
+    paths = [*Path(directory).glob(f"{PREFIX}.{run_id}.*"), *Path(directory).glob(f"{PREFIX}.{run_id}_s*.*")]
+    return sorted(p.name for p in paths)
 
 
 def unlink_run(run_id: str, directory: Path | str = SHM_DIR) -> list[str]:

@@ -4,6 +4,7 @@ the plans ring every rank reads and takes the sampled tokens from rank 0's resul
 (step_rings.py), looking after zmq (errors, heartbeats) and the processes while it waits. It holds
 no card and computes nothing."""
 
+import dataclasses
 import json
 import os
 import time
@@ -11,9 +12,13 @@ import time
 import zmq
 
 from radiance.collectives.ring import PeerGone
+from radiance.collectives.wire import Wire
+from radiance.config import Config
 from radiance.log import get_logger
-from radiance.wire import Wire
+from radiance.ranks.layout import Layout
 
+from .front import Front
+from .remote_steps import RemoteSteps
 from .run_folder import RunFolder
 from .spawn import spawn_rank
 from .step_rings import StepRings
@@ -27,21 +32,40 @@ class LaunchError(RuntimeError):
 
 
 class Coordinator:
-    def __init__(self, world: int, cards: list, threads: int, rank_options: dict, stage_timeout: float,
-                 step_timeout: float, heartbeat_timeout: float = 15.0):
-        self.world, self.stage_timeout, self.step_timeout = world, stage_timeout, step_timeout
+    def __init__(self, config: Config, cards: list, threads: int, heartbeat_timeout: float = 15.0):
+        """`config.world` ranks (TP x PP), this node's on `cards` (none: host ranks), each handed the
+        config's fields; over several nodes the others' agents join (front.py) and start theirs."""
+        self.world, self.stage_timeout, self.step_timeout = config.world, config.stage_timeout, config.step_timeout
+        self.layout = Layout.of(config)
         self.heartbeat_timeout = heartbeat_timeout
-        self.folder = RunFolder()
         self.context = zmq.Context()
+        self.front = Front(config, self.context) if config.nnodes > 1 else None  # the keys, the TCP bind, the agents
+        self.folder = RunFolder(self.front.keys.signing if self.front else None)
         socket = self.context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.bind(self.folder.endpoint("coordinator"))
+        try:
+            if self.front:
+                self.front.bind(socket)
+            socket.bind(self.folder.endpoint("coordinator"))
+        except BaseException:
+            socket.close(0)
+            if self.front:
+                self.front.close()
+            self.context.term()
+            self.folder.remove()
+            raise
         self.wire = Wire(socket, self.folder.secret)
+        if self.front:
+            self.front.attach_wire(self.wire)
         self.last_beat = {}
         extra = {"RADIANCE_COORDINATOR": self.folder.endpoint("coordinator"), "RADIANCE_COORDINATOR_PID": str(os.getpid()), "RADIANCE_RUN_ID": self.folder.run_id,
-                 "RADIANCE_SECRET_FILE": str(self.folder.secret_file), "RADIANCE_RANK_OPTIONS": json.dumps(rank_options)}
-        self.ranks = [spawn_rank(rank, world, cards[rank] if cards else None, threads, extra) for rank in range(world)]
+                 "RADIANCE_SECRET_FILE": str(self.folder.secret_file), "RADIANCE_CONFIG": json.dumps(dataclasses.asdict(config)),
+                 **(self.front.rank_environment() if self.front else {})}
+        node = 0 if self.front else None
+        self.ranks = [spawn_rank(rank, self.world, cards[rank] if cards else None, threads, extra, node)
+                      for rank in self.layout.ranks_of(0)]
         self.supervisor = Supervisor(self.ranks)
+        self.remote = None  # RemoteSteps, once the ranks are ready (open_rings) where some are on other nodes
         self.last_step, self.last_result = {}, {}
         self.rings: StepRings | None = None  # once every rank has built (open_rings)
         self.early = []  # messages of a later stage that arrived before this one ended
@@ -54,12 +78,12 @@ class Coordinator:
         self.wire.send(kind, meta, arrays, route=[self.routes[rank]])
 
     def broadcast(self, kind: str, meta: dict | None = None, arrays: dict | None = None) -> None:
-        for rank in range(self.world):
+        for rank in sorted(self.routes):  # every rank, once each has said hello
             self.send(rank, kind, meta, arrays)
 
     def _receive(self, deadline: float, what: str, waiting: set):
         while True:
-            self.supervisor.check()
+            self.check()
             message = self.wire.recv(timeout_ms=50, routed=True)
             if message is None:
                 # Only with nothing left to read: heartbeats queued while nobody listened (a chat
@@ -67,7 +91,7 @@ class Coordinator:
                 now = time.monotonic()
                 for rank, beat in self.last_beat.items():
                     if now - beat > self.heartbeat_timeout:
-                        raise RankFailed(self.ranks[rank], f"no heartbeat for {now - beat:.0f} s (hung)")
+                        raise self.failed(rank, f"no heartbeat for {now - beat:.0f} s (hung)")
                 if now > deadline:
                     names = ", ".join(f"rank {rank}" for rank in sorted(waiting))
                     raise LaunchError(f"{what}: {names} did not answer within the deadline")
@@ -76,6 +100,8 @@ class Coordinator:
             if kind == "heartbeat":
                 self.last_beat[int(meta["rank"])] = time.monotonic()
                 continue
+            if self.front and self.front.nodes.take(route[0], kind, meta):
+                continue
             if kind == "hello":
                 rank = int(meta["rank"])
                 self.routes[rank], self.rank_of[route[0]] = route[0], rank
@@ -83,8 +109,21 @@ class Coordinator:
                 raise LaunchError(f"{what}: a signed message from an unknown sender")
             rank = self.rank_of[route[0]]
             if kind == "error":
-                raise RankFailed(self.ranks[rank], meta.get("error", "an error"))
+                raise self.failed(rank, meta.get("error", "an error"))
             return rank, kind, meta, arrays
+
+    def failed(self, rank: int, how: str) -> RankFailed:
+        """The failure of `rank`, with its last lines where it runs on this node."""
+        local = [process for process in self.ranks if process.rank == rank]
+        if local:
+            return RankFailed(local[0], how)
+        return RankFailed(None, how, rank=rank, node=self.layout.node(rank))
+
+    def check(self) -> None:
+        """This node's rank processes, and the other nodes' agents."""
+        self.supervisor.check()
+        if self.front:
+            self.front.nodes.check()
 
     def gather(self, kind: str, what: str, timeout: float | None = None) -> dict:
         """One `kind` message from every rank, before the stage's deadline."""
@@ -105,20 +144,28 @@ class Coordinator:
             waiting.discard(rank)
         return answers
 
-    def open_rings(self, options) -> None:
-        """The plans ring, and rank 0's results ring attached (it made it before 'resolved')."""
-        self.rings = StepRings(self.folder.run_id, self.world, self.folder.secret, options)
+    def open_rings(self, config: Config) -> None:
+        """The plans ring, and the answering rank's results ring attached (it made it before
+        'resolved'); over several nodes, the other nodes' ranks' plans and results by zmq."""
+        remote = [rank for rank in range(self.world) if self.layout.node(rank) != 0]
+        if remote:
+            self.remote = RemoteSteps(remote, self.send, self.layout.node(self.layout.answering) != 0,
+                                      self.wire.socket.poll)
+        self.rings = StepRings(self.folder.run_id, len(self.ranks), self.folder.secret, config, self.remote)
         plans, results = self.rings.plans, self.rings.results
-        log.info("steps go through shared memory: plans ring %d x %d KiB to %d rank%s, results ring %d x %d KiB "
-                 "from rank 0", plans.slots, plans.slot_bytes >> 10, self.world, "" if self.world == 1 else "s",
-                 results.slots, results.slot_bytes >> 10)
+        local = len(self.ranks)
+        answers = (f"results ring {results.slots} x {results.slot_bytes >> 10} KiB from rank {self.layout.answering}"
+                   if results is not self.remote else f"results by zmq from rank {self.layout.answering}")
+        log.info("steps go through shared memory: plans ring %d x %d KiB to %d rank%s%s, %s", plans.slots,
+                 plans.slot_bytes >> 10, local, "" if local == 1 else "s",
+                 f" (by zmq to the other nodes' {self.world - local})" if self.remote else "", answers)
 
     def submit(self, arrays: dict, feed=None) -> None:
         """One step's plan (and its feed, run ahead) to every rank."""
         try:
             self.rings.publish(arrays, feed, self.step_timeout, self.look_after)
         except PeerGone:  # a rank ended without reading its plans; the supervisor names how
-            self.supervisor.check()
+            self.check()
             raise LaunchError("step: a rank is gone before reading its plan") from None
         except TimeoutError as error:
             raise LaunchError(str(error)) from None
@@ -127,9 +174,9 @@ class Coordinator:
         """The tokens rank 0 sampled in the oldest step submitted and not collected."""
         try:
             kind, meta, result = self.rings.result(self.step_timeout, self.look_after)
-        except PeerGone:  # rank 0 ended before its result; the supervisor names how
-            self.supervisor.check()
-            raise RankFailed(self.ranks[0], "gone before its result") from None
+        except PeerGone:  # the answering rank ended before its result; the supervisor names how
+            self.check()
+            raise self.failed(self.layout.answering, "gone before its result") from None
         except TimeoutError as error:
             raise LaunchError(str(error)) from None
         if kind != "result":
@@ -147,18 +194,22 @@ class Coordinator:
         """Take what zmq brought (heartbeats; an error ends the launch naming its rank; nothing else
         is due once the ranks are ready), then check the processes and the heartbeats' ages."""
         while (message := self.wire.recv(timeout_ms=0, routed=True)) is not None:
-            route, kind, meta, _ = message
+            route, kind, meta, arrays = message
             if kind == "heartbeat":
                 self.last_beat[int(meta["rank"])] = time.monotonic()
+            elif self.front and self.front.nodes.take(route[0], kind, meta):
+                continue
             elif kind == "error" and route[0] in self.rank_of:
-                raise RankFailed(self.ranks[self.rank_of[route[0]]], meta.get("error", "an error"))
+                raise self.failed(self.rank_of[route[0]], meta.get("error", "an error"))
+            elif kind == "result" and self.remote and self.rank_of.get(route[0]) == self.layout.answering:
+                self.remote.arrived(arrays["record"].tobytes())
             else:
                 raise LaunchError(f"between handshake and stop: an unexpected '{kind}' message")
-        self.supervisor.check()
+        self.check()
         now = time.monotonic()
         for rank, beat in self.last_beat.items():
             if now - beat > self.heartbeat_timeout:
-                raise RankFailed(self.ranks[rank], f"no heartbeat for {now - beat:.0f} s (hung)")
+                raise self.failed(rank, f"no heartbeat for {now - beat:.0f} s (hung)")
 
     def _ask_to_stop(self) -> None:
         """Once the ranks read the plans ring, 'stop' is its last record; before, a zmq message."""
@@ -177,10 +228,14 @@ class Coordinator:
         try:
             if not failed:
                 self._ask_to_stop()
+            if self.front:
+                self.front.nodes.stop(failed)  # each agent takes its own ranks down
             self.supervisor.teardown(polite_seconds=0.0 if failed else 5.0)
         finally:
             if self.rings is not None:
                 self.rings.close()
+            if self.front:
+                self.front.close()
             self.wire.socket.close(0)
             self.context.term()
             from radiance.collectives.shm import unlink_run  # the segments every rank made

@@ -11,7 +11,7 @@ KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 # For tests only (a user never sets these): RADIANCE_TEST_FAKE_CARDS=N makes the machine show N
 # fake cards in place of its own, and a rank pinned to fake card i gets RADIANCE_TEST_FAKE_CARD=i
-# (ranks/device/fake.py's backend). CI launches "card" ranks this way on a machine without cards.
+# (radiance/device/fake.py's backend). CI launches "card" ranks this way on a machine without cards.
 FAKE_CARDS = "RADIANCE_TEST_FAKE_CARDS"
 FAKE_CARD = "RADIANCE_TEST_FAKE_CARD"
 

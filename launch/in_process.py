@@ -1,5 +1,5 @@
 """One rank in this process (`radiance`, TP 1): a Worker, on the card this process may use or on
-the host. Where options.device is auto and no visibility variable names one card already, the
+the host. Where config.device is auto and no visibility variable names one card already, the
 process first pins itself to the first card launch/devices.py finds, as the launcher pins a rank,
 before any GPU library starts.
 
@@ -16,15 +16,14 @@ from collections import deque
 
 import numpy as np
 
-from radiance.engine.registry import Registry
+from radiance.config import Config
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
 from radiance.log import get_logger
+from radiance.ranks.worker import Worker
 
 from .devices import pin_this_process
-from .ranks import Ranks, RankSettings, run_ahead_default
+from .ranks import Ranks, run_ahead_default
 from .step_thread import StepThread
 
 log = get_logger("radiance.cli")
@@ -34,22 +33,21 @@ IDLE_SECONDS = 1.0
 class InProcessRanks(Ranks):
     world = 1
 
-    def __init__(self, options: EngineOptions, settings: RankSettings):
-        if options.device == "auto":
+    def __init__(self, config: Config):
+        if config.device == "auto":
             card = pin_this_process()
             if card is not None:
                 log.info("running on %s card %d%s", card.vendor, card.index,
                          f" (PCI {card.bus_id})" if card.bus_id else "")
-        self.settings = settings
-        self.worker = Worker(options, Registry(options.radiance_home, options.kernels)).build()
-        self.worker.executor.profile = settings.profile
-        self.options, self.digest, self.lines = options, self.worker.digest, list(self.worker.lines)
-        if settings.debug_selection:
+        self.worker = Worker(config).build()
+        self.worker.executor.profile = config.profile
+        self.config, self.digest, self.lines = config, self.worker.digest, list(self.worker.lines)
+        if config.debug_selection:
             print("\n".join(self.worker.graph.report()), file=sys.stderr)
         container = self.worker.model.container
-        self.text = TextCodec(container.tokenizer, container.chat_template, self.worker.model.hyper, options.model)
+        self.text = TextCodec(container.tokenizer, container.chat_template, self.worker.model.hyper, config.model)
         self.last_result, self._stats = {}, {}
-        self.run_ahead = run_ahead_default(settings, card=self.worker.device is not None)
+        self.run_ahead = run_ahead_default(config, card=self.worker.device is not None)
         self._held: deque = deque()  # synchronously: the steps submitted, run when collected
         self._answered = None  # when the last step ended (perf_counter)
         self._thread = StepThread(self._step, self.worker.device) if self.run_ahead else None
@@ -74,14 +72,14 @@ class InProcessRanks(Ranks):
         executor = self.worker.executor
         holds = self.worker.link.hold_stats()  # cumulative, for a server's /metrics
         stats = {"compute": time.perf_counter() - start, "gate_holds": holds["holds"],
-                 "gate_hold_s": holds["total_s"],  # collective ops (fused ones too), timed with --profile:
+                 "gate_hold_s": holds["total_s"],  # collective ops (fused ones too), timed when profiling:
                  "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_")),
                  "waited": 0.0 if self._answered is None else start - self._answered}
-        if self.settings.profile:
+        if self.config.profile:
             stats["ops"] = dict(executor.op_seconds)
         executor.op_seconds.clear()
         result = {"tokens": tokens}
-        shown = self.settings.return_buffer
+        shown = self.config.return_buffer
         if shown:
             result[shown] = self.worker.executor.read_buffer(shown, len(tokens))
         self._answered = time.perf_counter()

@@ -3,22 +3,21 @@ where there is none, started, shaken hands with and supervised by a Coordinator 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 
 import numpy as np
 
+from radiance.config import Config
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
 from radiance.log import get_logger
-from radiance.weights.container_reader import Container
+from radiance.weights.container_reader import open_container
 
 from .coordinator import Coordinator, LaunchError
 from .devices import visible_cards
 from .handshake import handshake
-from .ranks import Ranks, RankSettings, run_ahead_default
+from .ranks import Ranks, run_ahead_default
 
 log = get_logger("radiance.launch")
 IDLE_SECONDS = 0.2  # while idle, the ranks' heartbeats are taken at least this often
@@ -38,25 +37,21 @@ def choose_cards(tp: int) -> list:
 
 
 class LaunchedRanks(Ranks):
-    def __init__(self, options: EngineOptions, settings: RankSettings):
-        cards = choose_cards(settings.tp)
-        threads = settings.threads or max(1, (os.cpu_count() or 1) // settings.tp)
-        with Container(options.model) as container:
-            options.fit(container.hyper["context"])
-            self.text = TextCodec(container.tokenizer, container.chat_template, container.hyper, options.model)
-        self.options, self.world = options, settings.tp
-        rank_options = {"engine": dataclasses.asdict(options), "profile": settings.profile,
-                        "return_buffer": settings.return_buffer}
-        self.coordinator = Coordinator(settings.tp, cards, threads, rank_options, settings.stage_timeout,
-                                       settings.step_timeout)
+    def __init__(self, config: Config):
+        local = config.world // config.nnodes  # this node's ranks
+        cards = choose_cards(local) if config.nnodes == 1 else []  # over nodes: host ranks (docs/RUNTIME.md)
+        threads = config.threads or max(1, (os.cpu_count() or 1) // local)
+        with open_container(config.model) as container:
+            self.text = TextCodec(container.tokenizer, container.chat_template, container.hyper, config.model)
+        self.config, self.world = config, config.world
+        self.coordinator = Coordinator(config, cards, threads)
         try:
-            agreement = handshake(self.coordinator, options, settings.disable_p2p,
-                                  load_timeout=max(settings.stage_timeout, LOAD_SECONDS))
+            agreement = handshake(self.coordinator, config, load_timeout=max(config.stage_timeout, LOAD_SECONDS))
         except BaseException:
             self.coordinator.stop(failed=True)
             raise
         self.facts, self.digest, self.lines = agreement.facts, agreement.digest, list(agreement.lines)
-        self.run_ahead = run_ahead_default(settings, card=bool(cards))
+        self.run_ahead = run_ahead_default(config, card=bool(cards))
         self.closed = False
 
     @property

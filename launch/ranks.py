@@ -1,10 +1,11 @@
 """One interface for the ranks behind an Engine, whether one rank runs in this process or N rank
 processes were launched: submit a step and collect its tokens (execute: both at once), wait while
-idle, the last step's figures, the resolved graph's lines and digest, close. `open_ranks` is the
-one place that chooses between them (the idea of vLLM v1's executor: one interface, one process or
-many behind it); the CLIs, the server and the benches go through it and nothing else.
+idle, the last step's figures, the resolved graph's lines and digest, close. `open_ranks`
+(launch/__init__.py) is the one place that chooses between them (the idea of vLLM v1's executor:
+one interface, one process or many behind it); the CLIs, the server and the benches go through it
+and nothing else.
 
-    with open_ranks(options, RankSettings(tp=3)) as ranks:
+    with open_ranks(Config(model="smollm2.rad", tp=3)) as ranks:
         engine = engine_over(ranks)
         ...
 """
@@ -14,51 +15,30 @@ from __future__ import annotations
 import abc
 import os
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
-from radiance.generation.engine import Engine
+from radiance.config import Config
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
 from radiance.generation.text import TextCodec
 
+from .agent import AgentError
 from .coordinator import LaunchError
+from .nodes import NodeFailed
 from .supervisor import RankFailed
 
 # What ends a launch for a reason the user should read in one line (the CLIs report these as they
-# report a bad model file): a rank that failed, or a launch that cannot go on.
-RANK_ERRORS = (RankFailed, LaunchError)
-
-
-@dataclass
-class RankSettings:
-    """How the ranks run, apart from what the engine itself is given (EngineOptions)."""
-    tp: int = 1
-    launched: bool = False  # rank processes even at TP 1 (radiance-launch); TP > 1 always launches
-    threads: int | None = None  # compute threads of each host rank (default: the cores shared out)
-    disable_p2p: bool = False  # launched: the _host twins of the collectives even where P2P holds
-    stage_timeout: float = 60.0  # launched: seconds every handshake stage may take
-    step_timeout: float = 120.0  # seconds one step may take (launched)
-    profile: bool = False  # rank 0 times every op; step_stats() then has the collective seconds
-    return_buffer: str | None = None  # a debugging aid: rank 0 returns this buffer's rows each step
-    debug_selection: bool = False  # in process: print the winner of every band (stderr)
-    # The engine plans step n + 1 while the ranks run step n, the token step n samples feeding step
-    # n + 1 on the ranks (generation/feed.py). None: where it was measured to help (run_ahead_default).
-    run_ahead: bool | None = None
-
-    def __post_init__(self):
-        if self.tp < 1:
-            raise ValueError(f"--tp must be at least 1, not {self.tp}")
+# report a bad model file): a rank that failed, a node that did, or a launch that cannot go on.
+RANK_ERRORS = (RankFailed, NodeFailed, AgentError, LaunchError)
 
 
 class Ranks(abc.ABC):
-    """The ranks of one engine. `options` are the engine's (fitted to the model), `text` its codec."""
+    """The ranks of one engine. `config` is what they were opened with, `text` the model's codec."""
 
     world: int
     digest: str  # the resolved graph's digest, the same on every rank
     lines: list[str]  # rank 0's resolved graph: one "node|op|band|row" line per node and band
-    options: EngineOptions
+    config: Config
     text: TextCodec
     last_result: dict  # what rank 0 returned for the last step collected: "tokens", and the return buffer if asked
     run_ahead: bool  # whether engine_over's Engine plans a step while these ranks run the one before
@@ -100,29 +80,18 @@ class Ranks(abc.ABC):
         self.close(failed=error is not None)
 
 
-def open_ranks(options: EngineOptions, settings: RankSettings | None = None) -> Ranks:
-    """The ranks `settings` ask for: launched rank processes when TP > 1 or `launched`, else one
-    rank in this process (pinned to the first card it may use, when options.device is auto)."""
-    settings = settings or RankSettings()
-    if settings.tp > 1 or settings.launched:
-        from .launched import LaunchedRanks
-
-        return LaunchedRanks(options, settings)
-    from .in_process import InProcessRanks
-
-    return InProcessRanks(options, settings)
-
-
-def run_ahead_default(settings: RankSettings, card: bool) -> bool:
+def run_ahead_default(config: Config, card: bool) -> bool:
     """Whether to run ahead when not told: where it was measured to help (docs/RUNTIME.md, "Run
     ahead"), launched host ranks that leave the coordinator a core. Run ahead, the coordinator plans
     while the ranks compute: with a core of its own that is time out of every step (TP 1 launched on
     2 cores: 15.5 -> 14.0 ms), without one it comes out of the ranks' (TP 2 and 3 on 2 cores: no
     faster, no slower). Not yet in process (the engine's planning there is ~0.1 ms of a 13 ms step)
     nor on a card (correct on the fake card, not yet measured on a real one)."""
-    if settings.run_ahead is not None:
-        return settings.run_ahead
-    return (settings.tp > 1 or settings.launched) and not card and settings.tp < usable_cores()
+    if config.run_ahead is not None:
+        return config.run_ahead
+    if config.pp > 1:  # the first stage would need the tokens the last one samples
+        return False
+    return (config.tp > 1 or config.launched) and not card and config.tp < usable_cores()
 
 
 def usable_cores() -> int:
@@ -130,8 +99,3 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def engine_over(ranks: Ranks) -> Engine:
-    """The generation engine that runs its steps on `ranks`, ahead of them where ranks.run_ahead."""
-    return Engine(ranks.options, ranks.execute, ranks.text, ahead=ranks if ranks.run_ahead else None)

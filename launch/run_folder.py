@@ -9,12 +9,13 @@ from pathlib import Path
 
 
 class RunFolder:
-    def __init__(self):
+    def __init__(self, secret: bytes | None = None):
+        """`secret`: the launch's signing secret where nodes share it (their key file), else a new one."""
         base = os.environ.get("XDG_RUNTIME_DIR") if os.access(os.environ.get("XDG_RUNTIME_DIR", "/nonexistent"), os.W_OK) else None
         self.path = Path(tempfile.mkdtemp(prefix="radiance-", dir=base))
         os.chmod(self.path, 0o700)
         self.run_id = self.path.name
-        self.secret = secrets.token_bytes(32)
+        self.secret = secret or secrets.token_bytes(32)
         secret_file = self.path / "secret"
         descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "wb") as handle:
@@ -26,7 +27,3 @@ class RunFolder:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
-
-
-def read_secret(path: str) -> bytes:
-    return Path(path).read_bytes()

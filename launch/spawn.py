@@ -20,6 +20,7 @@ class RankProcess:
     rank: int
     process: subprocess.Popen
     card: Card | None
+    node: int | None = None  # the node it runs on, in a launch over several
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
     @property
@@ -44,10 +45,11 @@ def _pump(rank_process: RankProcess) -> None:
         sys.stderr.flush()
 
 
-def spawn_rank(rank: int, world: int, card: Card | None, threads: int, extra: dict) -> RankProcess:
+def spawn_rank(rank: int, world: int, card: Card | None, threads: int, extra: dict,
+               node: int | None = None) -> RankProcess:
     process = subprocess.Popen([sys.executable, "-m", "radiance.ranks.main"], stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env=rank_environment(rank, world, card, threads, extra))
-    rank_process = RankProcess(rank, process, card)
+    rank_process = RankProcess(rank, process, card, node)
     threading.Thread(target=_pump, args=(rank_process,), daemon=True, name=f"rank{rank}-stderr").start()
     return rank_process

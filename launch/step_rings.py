@@ -12,11 +12,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
+import numpy as np
+
+from radiance.abi import PLANNED, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, STEP_INPUTS
 from radiance.collectives.ring import RingReader, RingTimeout, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_dict
+from radiance.config import Config
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
 
 # Two steps (run ahead) and the stop after them fit with room to spare: the coordinator publishes
 # a plan only once it holds the result of the step two before it.
@@ -30,22 +32,28 @@ SPIN_SHARE, SPIN_MAX_S = 0.3, 5e-3
 POLL_SHARE, POLL_MIN_S, POLL_MAX_S = 0.05, 5e-5, 1e-3
 
 
-def plan_bytes(options: EngineOptions) -> int:
+def plan_bytes(config: Config) -> int:
     """The largest plan record of an engine: generation/step_plan.py's arrays at their largest
-    (every array padded to 8 bytes), its feed (a token of every sequence), and its header."""
-    tokens, seqs, blocks = options.max_step_tokens, options.max_seqs, options.max_blocks
-    arrays = 3 * tokens * 4 + (seqs + 1) * 4 + 5 * seqs * 4 + seqs * blocks * 4 + seqs * 2 * 8 + 2 * seqs * 4
-    return PLAN_HEADER_BYTES + arrays + 13 * 8
+    (radiance.abi's PLANNED step inputs), its feed (two int32 a sequence: a token of every one), and
+    its header; every array padded to 8 bytes."""
+    tokens, seqs, blocks = config.max_step_tokens, config.max_seqs, config.max_blocks
+    arrays = [np.dtype(STEP_INPUTS[name].dtype).itemsize * int(np.prod(STEP_INPUTS[name].shape(tokens, seqs, blocks)))
+              for name in PLANNED] + [seqs * 4, seqs * 4]
+    return PLAN_HEADER_BYTES + sum(-(-nbytes // 8) * 8 for nbytes in arrays)
 
 
 class StepRings:
     """Made once every rank has built (rank 0 has created the results ring): creates the plans ring,
     which the ranks attach when told `go`."""
 
-    def __init__(self, run_id: str, world: int, secret: bytes, options: EngineOptions):
-        self.plans = RingWriter.create(run_id, "plans", world, PLAN_SLOTS, plan_bytes(options), secret)
+    def __init__(self, run_id: str, world: int, secret: bytes, config: Config, remote=None):
+        """`world`: this node's ranks, which read the plans ring; `remote`: launch/remote_steps.py's
+        RemoteSteps where ranks are on other nodes (their plans go by zmq, and the answering rank's
+        results come back that way when it is one of them)."""
+        self.plans = RingWriter.create(run_id, "plans", world, PLAN_SLOTS, plan_bytes(config), secret)
+        self.remote = remote
         try:
-            self.results = RingReader.attach(run_id, "results", 0, secret)
+            self.results = remote if remote and remote.answers else RingReader.attach(run_id, "results", 0, secret)
         except BaseException:
             self.plans.close()
             raise
@@ -58,7 +66,10 @@ class StepRings:
         """The plan (and its feed) to every rank. `watch` raises for a failed rank."""
         start = time.perf_counter()
         record = arrays if feed is None else {**arrays, **feed.arrays()}
-        self.plans.publish(self.encoder.encode("step", None, record), timeout=timeout, check=watch)
+        payload = self.encoder.encode("step", None, record)
+        self.plans.publish(payload, timeout=timeout, check=watch)
+        if self.remote:
+            self.remote.publish(payload)
         self.sent.append((start, (len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS]))))
 
     def result(self, timeout: float, watch: Callable[[], None]) -> tuple[str, dict, dict]:
@@ -91,7 +102,10 @@ class StepRings:
 
     def stop(self) -> None:
         """The last record every rank reads: stop."""
-        self.plans.publish(self.encoder.encode("stop"), timeout=2.0)
+        payload = self.encoder.encode("stop")
+        self.plans.publish(payload, timeout=2.0)
+        if self.remote:
+            self.remote.publish(payload)
 
     def close(self) -> None:
         self.results.close()

@@ -12,11 +12,14 @@ GRACE_SECONDS = 2.0
 class RankFailed(RuntimeError):
     """A rank ended the launch: which one, how, and its last lines."""
 
-    def __init__(self, rank_process: RankProcess | None, how: str, rank: int | None = None):
+    def __init__(self, rank_process: RankProcess | None, how: str, rank: int | None = None,
+                 node: int | None = None, tail: list | None = None):
         self.rank = rank_process.rank if rank_process else rank
-        lines = list(rank_process.tail)[-8:] if rank_process else []
-        detail = ("\n  last lines:\n    " + "\n    ".join(lines)) if lines else ""
-        super().__init__(f"rank {self.rank} failed first: {how}{detail}")
+        self.node = rank_process.node if rank_process else node
+        self.tail = list(rank_process.tail)[-8:] if rank_process else list(tail or [])[-8:]
+        detail = ("\n  last lines:\n    " + "\n    ".join(self.tail)) if self.tail else ""
+        where = f" on node {self.node}" if self.node is not None else ""
+        super().__init__(f"rank {self.rank}{where} failed first: {how}{detail}")
         self.how = how
 
 

@@ -1,5 +1,5 @@
 """What a rank measures about its card: device.p2p (a real write/read-back through IPC handles
-with every peer, ranks/device/probe.py; 0 on a host rank, which has no card), device.arch,
+with every peer, radiance/device/probe.py; 0 on a host rank, which has no card), device.arch,
 device.integrated, and the card's PCI bus id, so the launch can show each rank is on the card it
 was given."""
 
@@ -12,8 +12,8 @@ def measure_facts(rank: int, world: int, exchange: Callable[[bytes], list[bytes]
     """`exchange` is the launch's all-gather (None on a host rank, which probes nothing)."""
     if exchange is None:
         return dict(HOST_FACTS)
-    from radiance.ranks.device.probe import probe_p2p
-    from radiance.ranks.device.selection import open_device
+    from radiance.device.probe import probe_p2p
+    from radiance.device.selection import open_device
 
     device = open_device()
     try:

@@ -12,9 +12,11 @@ import traceback
 
 import zmq
 
+from radiance.collectives.curve import LaunchKeys, client
 from radiance.collectives.shm import unlink_run
+from radiance.collectives.wire import Wire
+from radiance.config import Config
 from radiance.log import get_logger
-from radiance.wire import Wire
 
 from .lifecycle import die_with_parent, exit_on_sigterm, limit_threads, terminated
 from .session import RankSession
@@ -23,8 +25,14 @@ HEARTBEAT_SECONDS = 0.5
 log = get_logger("radiance.rank")
 
 
-def _heartbeat(context: zmq.Context, endpoint: str, secret: bytes, rank: int, stop: threading.Event) -> None:
+def _socket(context: zmq.Context, keys) -> zmq.Socket:
+    """A DEALER to the coordinator: a CURVE client where the launch spans nodes (`keys`)."""
     socket = context.socket(zmq.DEALER)
+    return client(socket, keys) if keys is not None else socket
+
+
+def _heartbeat(context: zmq.Context, endpoint: str, secret: bytes, rank: int, stop: threading.Event, keys) -> None:
+    socket = _socket(context, keys)
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(endpoint)
     wire = Wire(socket, secret)
@@ -41,15 +49,18 @@ def main() -> int:
     endpoint = os.environ["RADIANCE_COORDINATOR"]
     with open(os.environ["RADIANCE_SECRET_FILE"], "rb") as handle:
         secret = handle.read()
+    keys = LaunchKeys.read(os.environ["RADIANCE_KEYS"]) if os.environ.get("RADIANCE_KEYS") else None
     context = zmq.Context()
-    socket = context.socket(zmq.DEALER)
+    socket = _socket(context, keys)
     socket.setsockopt(zmq.LINGER, 1000)
     socket.connect(endpoint)
     wire = Wire(socket, secret)
     stop = threading.Event()
-    threading.Thread(target=_heartbeat, args=(context, endpoint, secret, rank, stop), daemon=True).start()
-    session = RankSession(wire, rank, world, os.environ["RADIANCE_RUN_ID"], json.loads(os.environ["RADIANCE_RANK_OPTIONS"]),
-                          secret)
+    threading.Thread(target=_heartbeat, args=(context, endpoint, secret, rank, stop, keys), daemon=True).start()
+    config = Config(**json.loads(os.environ["RADIANCE_CONFIG"]))  # the coordinator's, field for field
+    session = RankSession(wire, rank, world, os.environ["RADIANCE_RUN_ID"], config, secret, keys,
+                          remote=os.environ.get("RADIANCE_REMOTE") == "1",
+                          address=os.environ.get("RADIANCE_NODE_ADDR", "127.0.0.1"))
     try:
         session.run()
         return 0

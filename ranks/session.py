@@ -12,16 +12,17 @@ import numpy as np
 
 from radiance.collectives.ring import RingReader, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_array
-from radiance.engine.registry import Registry
-from radiance.engine.shard import Shard
+from radiance.collectives.shm import stage_run_id
+from radiance.config import Config
+from radiance.device.selection import backend_name
 from radiance.generation.feed import Feed
-from radiance.generation.options import EngineOptions
-from radiance.generation.worker import Worker
 from radiance.log import get_logger
 
-from radiance.ranks.device.selection import backend_name
-
+from .boundaries import Boundaries
 from .facts import measure_facts
+from .layout import Layout
+from .wire_steps import WirePlans, WireResults
+from .worker import Worker
 
 log = get_logger("radiance.rank")
 RESULT_SLOTS = 2
@@ -29,9 +30,15 @@ RESULT_META_BYTES = 16384  # the JSON of a result's figures, with every op's sec
 
 
 class RankSession:
-    def __init__(self, wire, rank: int, world: int, run_id: str, options: dict, secret: bytes):
-        self.wire, self.rank, self.world, self.run_id, self.options = wire, rank, world, run_id, options
-        self.secret = secret
+    def __init__(self, wire, rank: int, world: int, run_id: str, config: Config, secret: bytes, keys=None,
+                 remote: bool = False, address: str = "127.0.0.1"):
+        """`keys`: the launch's CURVE keys (launches across nodes); `remote`: this rank is on another
+        node than the coordinator's, so its steps come over the wire (wire_steps.py); `address`:
+        its node's, where a stage boundary from another host binds."""
+        self.wire, self.rank, self.world, self.run_id, self.config = wire, rank, world, run_id, config
+        self.secret, self.remote = secret, remote
+        self.layout = Layout.of(config)
+        self.boundaries = Boundaries(run_id, rank, self.layout, keys, address) if config.pp > 1 else None
         self.worker = self.peers = self.gate = self.device_peers = self.plans = self.results = None
 
     def expect(self, kind: str):
@@ -49,16 +56,23 @@ class RankSession:
         return [arrays[f"rank{rank}"].tobytes() for rank in range(self.world)]
 
     def _peers(self, combined: dict):
-        """This rank's collective buffers, created, then attached to every peer's."""
-        if self.world == 1:
-            self.wire.send("created")
-            self.expect("attach")
-            return None
-        from radiance.collectives.peers import HostPeers
+        """This rank's collective buffers (its stage's TP peers) and the receiving end of its stage
+        boundary, created, then attached to every peer's, and the sending end to the next stage's."""
+        same_host, pipe = combined.get("device.same_host", 1), {}
+        if self.boundaries is not None:
+            pipe = self.boundaries.create(same_host, self.worker.boundary_bytes())
+        shard = self.layout.shard(self.rank)
+        if shard.world > 1:
+            from radiance.collectives.peers import HostPeers
 
-        self.peers = HostPeers.create(self.run_id, self.rank, self.world, self.worker.collective_bytes())
-        self.wire.send("created")
-        self.expect("attach")
+            run = self.run_id if self.layout.pp == 1 else stage_run_id(self.run_id, self.layout.stage(self.rank).index)
+            self.peers = HostPeers.create(run, shard.rank, shard.world, self.worker.collective_bytes())
+        self.wire.send("created", {"pipe": pipe})
+        told = self.expect("attach")[0]
+        if self.boundaries is not None:
+            self.boundaries.attach(same_host, told["pipes"])
+        if self.peers is None:
+            return None
         attached = self.peers.attach()
         if self.worker.device is None:
             return attached
@@ -72,34 +86,44 @@ class RankSession:
 
     def run(self) -> None:
         self.card = backend_name() is not None
-        self.wire.send("hello", {"rank": self.rank, "pid": os.getpid(), "card": self.card})
-        engine_options = EngineOptions(**self.options["engine"])
-        registry = Registry(engine_options.radiance_home, engine_options.kernels)
-        self.worker = Worker(engine_options, registry, Shard(self.rank, self.world))
-        self.wire.send("facts", measure_facts(self.rank, self.world, self._exchange if self.card else None))
+        hello = {"rank": self.rank, "pid": os.getpid(), "card": self.card}
+        if self.boundaries is not None:
+            hello["host"] = self.boundaries.hello()
+        self.wire.send("hello", hello)
+        self.worker = Worker(self.config, self.layout.shard(self.rank), stage=self.layout.stage(self.rank))
+        facts = measure_facts(self.rank, self.world, self._exchange if self.card else None)
+        if self.boundaries is not None:
+            facts["device.same_host"] = self.boundaries.same_host(self.expect("hosts")[0]["hosts"])
+        self.wire.send("facts", facts)
         combined = self.expect("combined")[0]["facts"]
+        if self.boundaries is not None:
+            self.boundaries.measured()  # every rank has measured before the facts were combined
         from radiance.collectives.gate import LinkGate, LinkScheduler
 
         self.gate = LinkGate.create(self.run_id, self.rank)
-        self.worker.build(combined, self._peers(combined), LinkScheduler(self.gate))
-        if self.rank == 0:
-            self.results = RingWriter.create(self.run_id, "results", 1, RESULT_SLOTS, self._result_bytes(),
-                                             self.secret)
-        self.wire.send("resolved", {"digest": self.worker.digest, "lines": self.worker.lines})
+        peers = self._peers(combined)
+        self.worker.build(combined, peers, LinkScheduler(self.gate),
+                          self.boundaries.pipes() if self.boundaries is not None else None)
+        if self.rank == self.layout.answering:
+            self.results = WireResults(self.wire) if self.remote else RingWriter.create(
+                self.run_id, "results", 1, RESULT_SLOTS, self._result_bytes(), self.secret)
+        self.wire.send("resolved", {"digest": self.worker.digest, "lines": self.worker.lines,
+                                    "stage": self.layout.stage(self.rank).index})
         self.expect("go")
-        self.plans = RingReader.attach(self.run_id, "plans", self.rank, self.secret)
+        self.plans = WirePlans(self.wire) if self.remote else RingReader.attach(self.run_id, "plans", self.rank,
+                                                                                   self.secret)
         self.wire.send("ready")
         self._serve()
 
     def _result_bytes(self) -> int:
         """Rank 0's largest result: a token per sequence, the figures, and the buffer it shows, if asked."""
-        seqs, shown = self.worker.options.max_seqs, self.options.get("return_buffer")
+        seqs, shown = self.config.max_seqs, self.config.return_buffer
         extra = self.worker.executor.read_buffer(shown, seqs).nbytes if shown else 0
         return RESULT_META_BYTES + seqs * 8 + extra
 
     def _serve(self) -> None:
         executor = self.worker.executor
-        executor.profile = bool(self.options.get("profile"))
+        executor.profile = self.config.profile
         decoder, encoder = RecordCodec(), RecordCodec()
         answered = None
         while True:
@@ -111,7 +135,7 @@ class RankSession:
             received = time.perf_counter()
             feed = Feed.take(arrays)
             tokens = self.worker.execute(arrays, feed)
-            if self.rank == 0:
+            if self.rank == self.layout.answering:
                 timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
                           "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_"))}
                 ops = dict(executor.op_seconds) if executor.profile else None
@@ -123,14 +147,14 @@ class RankSession:
                               waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())
                 answered = timing["answered_at"]  # from here to the next plan in hand (its result sent), rank 0 waits
                 arrays = {"tokens": tokens, "figures": figures_array(timing)}
-                shown = self.options.get("return_buffer")  # a debugging aid: a buffer's rows, e.g. logits
+                shown = self.config.return_buffer  # a debugging aid: a buffer's rows, e.g. logits
                 if shown:
                     arrays[shown] = executor.read_buffer(shown, len(tokens))
                 self.results.publish(encoder.encode("result", {"ops": ops} if ops else None, arrays))
 
     def close(self) -> None:
         """Shared memory first: whatever fails after, nothing of this rank stays in /dev/shm."""
-        for resource in (self.plans, self.results, self.device_peers, self.peers, self.gate):
+        for resource in (self.plans, self.results, self.device_peers, self.peers, self.gate, self.boundaries):
             if resource is not None:
                 try:
                     resource.close()

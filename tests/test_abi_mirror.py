@@ -5,6 +5,7 @@ import ctypes
 import re
 import subprocess
 
+import numpy as np
 import pytest
 
 import radiance.abi as abi
@@ -92,3 +93,16 @@ def test_mirror_fills_counts_and_keeps_c_field_names():
         python_fields = [f for f in struct.__dataclass_fields__]
         c_fields = [f for f, _ in struct.ctype._fields_]
         assert python_fields == c_fields, struct.__name__
+
+
+def test_the_step_inputs_are_the_headers_word_for_word():
+    """radiance.abi's STEP_INPUTS says what rad_arch.h's comments say: each step buffer's element
+    type and shape, and no other buffer."""
+    types = {"i32": np.int32, "f32": np.float32, "u64": np.uint64}
+    text = (abi.HEADERS_DIR / "rad_arch.h").read_text()
+    stated = {}
+    for name, kind, extents in re.findall(r'^#define\s+(RAD_STEP_\w+)\s+"[^"]+"\s+/\*\s*(\w+)\s+\[([^\]]*)\]', text, re.M):
+        rows, *cols = [extent.strip() for extent in extents.split(",")]
+        col = (int(cols[0]) if cols[0].isdigit() else cols[0]) if cols else None
+        stated[getattr(constants, name)] = abi.StepInput(types[kind], rows, col)
+    assert len(stated) == 12 and abi.STEP_INPUTS == stated

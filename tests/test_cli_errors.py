@@ -32,13 +32,28 @@ def test_a_missing_file(tmp_path):
     one_line_error(radiance("--model", tmp_path / "nope.rad", "--prompt", "hi"), "No such file or directory")
 
 
-def test_an_architecture_no_plugin_serves(tmp_path):
-    path = tmp_path / "mamba.rad"
-    with ContainerWriter(path, "mamba", {"hidden": 8}) as writer:
+def mamba(path, hyper):
+    with ContainerWriter(path, "mamba", hyper) as writer:
         writer.declare("w", (1, 4), formats.plain("f32"), {"codes": 16})
         writer.write("w", "codes", bytes(16))
+    return path
+
+
+def test_an_architecture_no_plugin_serves(tmp_path):
+    path = mamba(tmp_path / "mamba.rad", {"hidden": 8, "context": 64})
     one_line_error(radiance("--model", path, "--prompt", "hi"),
                    "architecture 'mamba' is served by no plugin on the search path (served: llama)")
+
+
+def test_a_model_that_gives_no_context_length(tmp_path):
+    path = mamba(tmp_path / "mamba.rad", {"hidden": 8})
+    one_line_error(radiance("--model", path, "--prompt", "hi"),
+                   f"{path}: the mamba model's hyper-parameters give no context length ('context' is None)")
+
+
+def test_a_bad_option_names_its_flag(tiny_model):
+    one_line_error(radiance("--model", tiny_model, "--prompt", "hi", "--max-step-tokens", "0"),
+                   "--max-step-tokens must be at least 1, not 0")
 
 
 def test_a_prompt_longer_than_the_context(tiny_model):

@@ -60,7 +60,7 @@ def test_the_fused_schema_and_replaces():
         ("M", 1, 0, 1), ("n", 1, 0, 0), ("eps", 2, 0, 0), ("dtype", 3, 0, 0)]
     assert [(o.name, o.role, o.fixed) for o in schema.operands] == [
         ("x", 3, 0), ("residual", 3, 0), ("w", 4, 1), ("y", 2, 0)]
-    (row,) = [r for r in kernel.HOST_ROWS if r.op == schema.op]
+    (row,) = [info for info, _ in kernel.HOST_ROWS if info.op == schema.op]
     assert row.replaces == kernel.FUSED_REPLACES and row.launch is kernel.all_reduce_add_rmsnorm_host
 
 

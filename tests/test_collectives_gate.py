@@ -57,7 +57,8 @@ def _streaming_rank(rank):
         plan = _launch_plan(kernel, peers, rank.rank, rank.world)
         for i in range(90):
             name, colour, args = plan[i % len(plan)]
-            statuses.append(scheduler.launch_collective(kernel.ROW_HOOKS[name], args, colour, name))
+            launch = next(info.launch for info, _ in kernel.HOST_ROWS if info.name == name)
+            statuses.append(scheduler.launch_collective(launch, args, colour, name))
             if i % 3 == 0:  # the compute between collectives, when bulk chunks move: let one through
                 moved, deadline = len(scheduler.chunks), time.monotonic() + 2
                 while len(scheduler.chunks) == moved and not transfer.done and time.monotonic() < deadline:
@@ -191,12 +192,13 @@ def test_the_real_rows_end_their_hold_on_one_rank():
     kernel = load_kernel()
     x = np.ones((2, 3), np.float32)
     with LinkScheduler() as scheduler:
-        for name, colour in kernel.ROW_COLOURS.items():
+        for info, colour in kernel.HOST_ROWS:
+            name = info.name
             t = (rad_tensor(x), rad_tensor(np.empty((2, 3), np.float32)))
             if name == "all_reduce_add_rmsnorm_host":
                 t = (rad_tensor(x), rad_tensor(np.zeros((2, 3), np.float32)), rad_tensor(np.ones(3, np.float32)), t[1])
-            args = RadArgs(t=t[:1] if kernel.ROW_OPS[name] == "all_reduce" else t,
+            args = RadArgs(t=t[:1] if info.op == "all_reduce" else t,
                            params={"M": 2, "n": 3, "eps": 1e-5, "dtype": "f32"})
-            status = scheduler.launch_collective(kernel.ROW_HOOKS[name], args, colour, name)
+            status = scheduler.launch_collective(info.launch, args, colour, name)
             assert status == (RAD_LINK_ENDED if colour == 2 else RAD_OK), name
             assert scheduler.holds[-1].ended_by == ("kernel" if colour == 2 else "engine") and not scheduler.gate.held

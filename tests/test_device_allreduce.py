@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from radiance.collectives import device_p2p as p2p
-from radiance.ranks.device import MAX_KERNEL_ARG_BYTES
+from radiance.device import MAX_KERNEL_ARG_BYTES
 
 from ranks_support import cards_reason, run_ranks
 
@@ -87,7 +87,7 @@ def test_grids_are_bounded_and_grow_with_the_message():
 
 
 def test_the_kernel_arguments_fit_the_launch_rule():
-    from radiance.ranks.device import KernelArgs
+    from radiance.device import KernelArgs
     args = (KernelArgs("rad_all_gather_b32").raw(bytes(8 * p2p.MAX_WORLD), 8).pointer(1 << 40).pointer(1 << 41)
             .u64(3).u64(5).i32(1).i32(2).u64(4096).u64(0).u64(10).u64(0).pack())
     assert len(args) == 136 <= MAX_KERNEL_ARG_BYTES
@@ -194,8 +194,8 @@ def _card_rank(rank, world, folder, queue):
 
 def _card_checks(rank, world, folder, report):
     from cuda.bindings import driver
-    from radiance.ranks.device import CompileCache
-    from radiance.ranks.device.cuda import CudaDevice
+    from radiance.device import CompileCache
+    from radiance.device.cuda import CudaDevice
     device = CudaDevice(cache=CompileCache(tempfile.mkdtemp(prefix="radk")))
     exchange = FileExchange(folder, rank, world)
     coll = p2p.DeviceP2P(device, rank, world, BUFFER, exchange)

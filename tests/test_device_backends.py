@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from radiance.ranks.device.base import Device
-from radiance.ranks.device.fake import FakeDevice
+from radiance.device.base import Device
+from radiance.device.fake import FakeDevice
 
 BACKENDS = {"cuda": ("CudaDevice", {"driver": "cuda.bindings.driver", "nvrtc": "cuda.bindings.nvrtc"}),
             "hip": ("HipDevice", {"hip": "hip.hip", "hiprtc": "hip.hiprtc"})}
 
 
 def backend_class(name):
-    return getattr(importlib.import_module(f"radiance.ranks.device.{name}"), BACKENDS[name][0])
+    return getattr(importlib.import_module(f"radiance.device.{name}"), BACKENDS[name][0])
 
 
 @pytest.mark.parametrize("name", ["cuda", "hip", "fake"])
@@ -32,7 +32,7 @@ def test_every_primitive_has_the_interfaces_call_shape(name):
 
 def binding_names(module_name, roots):
     """Every `root.attr[.attr...]` chain the backend's source uses for a binding module root."""
-    tree = ast.parse(Path(importlib.import_module(f"radiance.ranks.device.{module_name}").__file__).read_text())
+    tree = ast.parse(Path(importlib.import_module(f"radiance.device.{module_name}").__file__).read_text())
     chains = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and not isinstance(getattr(node, "_parent", None), ast.Attribute):

@@ -3,8 +3,8 @@ eighth, no allocation while a launch is issued, and frees given back."""
 
 import pytest
 
-from radiance.ranks.device import DeviceMemoryError, KernelArgs
-from radiance.ranks.device.fake import FakeDevice
+from radiance.device import DeviceMemoryError, KernelArgs
+from radiance.device.fake import FakeDevice
 
 MiB = 1 << 20
 

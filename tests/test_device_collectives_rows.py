@@ -57,10 +57,10 @@ def _card_checks(rank, run_id, barrier, report):
     from radiance.collectives.device_peers import DevicePeers
     from radiance.collectives.peers import HostPeers
     from radiance.collectives.shm import list_run
-    from radiance.engine.device_stream import EngineStream
+    from radiance.engine.running.device_stream import EngineStream
     from radiance.plugins.kernels.libr4d import collectives_device as rows
-    from radiance.ranks.device import CompileCache
-    from radiance.ranks.device.cuda import CudaDevice
+    from radiance.device import CompileCache
+    from radiance.device.cuda import CudaDevice
 
     host = HostPeers.create(run_id, rank, WORLD, 4096)
     barrier.wait(timeout=60)
@@ -98,8 +98,9 @@ def _card_checks(rank, run_id, barrier, report):
     for form in FORMS:
         peers = DevicePeers(device, host, p2p=(form == "p2p"), buffer_bytes=BUFFER)
         result = report[form] = {"world": peers.world_size, "rank": peers.rank}
-        reduce_row = rows.ROW_HOOKS["all_reduce_p2p" + ("_host" if form == "host" else "")]
-        gather_row = rows.ROW_HOOKS["all_gather_p2p" + ("_host" if form == "host" else "")]
+        hooks = {info.name: info.launch for info, _ in rows.DEVICE_ROWS}
+        reduce_row = hooks["all_reduce_p2p" + ("_host" if form == "host" else "")]
+        gather_row = hooks["all_gather_p2p" + ("_host" if form == "host" else "")]
         # plain launches, the gate hold taken as the executor takes it
         for nbytes in SIZES:
             m = nbytes // 4 // ROW

@@ -15,8 +15,8 @@ from radiance.abi import (
 from radiance.collectives import device_p2p, device_peers
 from radiance.collectives.peers import FLAG_DONE, FLAG_READY, N_FLAGS, HostPeers
 from radiance.collectives.shm import list_run, new_run_id, unlink_run
-from radiance.engine.registry import Registry
-from radiance.engine.selection import SelectionError, resolve
+from radiance.engine.loading.registry import Registry
+from radiance.engine.selection.bands import SelectionError, resolve
 from radiance.plugins.kernels.libr4d import collectives_device
 
 from ranks_support import run_ranks

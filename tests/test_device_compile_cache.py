@@ -1,8 +1,8 @@
 """The on-disk compile cache: hit, miss, corrupt entry recompiled, another target, atomic files."""
 
-from radiance.ranks.device import CompileCache
-from radiance.ranks.device.compile_cache import cache_key, default_root
-from radiance.ranks.device.fake import FakeDevice
+from radiance.device import CompileCache
+from radiance.device.compile_cache import cache_key, default_root
+from radiance.device.fake import FakeDevice
 
 SOURCE = 'extern "C" __global__ void scale(float* x, float a) { x[threadIdx.x] *= a; }'
 

@@ -92,8 +92,8 @@ PRINTS = r'extern "C" __global__ void noisy(int v) { printf("%d\n", v); }'
 
 @pytest.fixture(scope="module")
 def device(tmp_path_factory):
-    from radiance.ranks.device import CompileCache
-    from radiance.ranks.device.cuda import CudaDevice
+    from radiance.device import CompileCache
+    from radiance.device.cuda import CudaDevice
     card = CudaDevice(cache=CompileCache(tmp_path_factory.mktemp("kernels")))
     yield card
     card.close()
@@ -118,14 +118,14 @@ def test_alloc_and_copies_round_trip(device):
 
 
 def test_the_budget_refuses_before_the_driver_is_asked(device):
-    from radiance.ranks.device import DeviceMemoryError
+    from radiance.device import DeviceMemoryError
     with pytest.raises(DeviceMemoryError, match="'everything' of"):
         device.alloc(device.budget.limit + 1, "everything")
 
 
 def test_nvrtc_compiles_a_kernel_that_runs_and_the_cache_hits(device, module):
     kernel = device.kernel(module, "axpb")
-    from radiance.ranks.device import KernelArgs
+    from radiance.device import KernelArgs
     x = device.alloc(4096 * 4, "x")
     values = np.random.default_rng(2).standard_normal(4096).astype(np.float32)
     device.copy_to_device(x, values)
@@ -140,7 +140,7 @@ def test_nvrtc_compiles_a_kernel_that_runs_and_the_cache_hits(device, module):
 
 
 def test_printf_and_shared_memory_rules_on_real_code_objects(device, module):
-    from radiance.ranks.device import KernelArgs, LaunchRuleError
+    from radiance.device import KernelArgs, LaunchRuleError
     with pytest.raises(LaunchRuleError, match="kernel 'noisy': device printf"):
         device.kernel(device.load(device.compile(PRINTS)), "noisy")
     tiled = device.kernel(module, "tiled")
@@ -164,7 +164,7 @@ def test_events_time_a_copy(device):
 
 
 def test_graph_capture_replays_launches_in_order(device, module):
-    from radiance.ranks.device import KernelArgs
+    from radiance.device import KernelArgs
     kernel = device.kernel(module, "axpb")
     x = device.alloc(1024 * 4, "x")
     device.copy_to_device(x, np.zeros(1024, np.float32))
@@ -204,7 +204,7 @@ def _shm_words(nbytes=4096):
 
 
 def test_a_mapped_shared_memory_word_crosses_processes_both_ways(device, module):
-    from radiance.ranks.device import KernelArgs
+    from radiance.device import KernelArgs
     path, mapping, words = _shm_words()
     try:
         address = device.map_host(words)
@@ -226,7 +226,7 @@ def test_a_mapped_shared_memory_word_crosses_processes_both_ways(device, module)
 
 
 def test_a_chain_record_at_offset_0_waits_and_bumps_on_the_card(device, module):
-    from radiance.ranks.device import KernelArgs, write_chain
+    from radiance.device import KernelArgs, write_chain
     path, mapping, words = _shm_words()
     try:
         address = device.map_host(words)
@@ -254,8 +254,8 @@ def test_a_chain_record_at_offset_0_waits_and_bumps_on_the_card(device, module):
 
 
 def _open_in_child(handle, nbytes, results):
-    from radiance.ranks.device import CompileCache
-    from radiance.ranks.device.cuda import CudaDevice
+    from radiance.device import CompileCache
+    from radiance.device.cuda import CudaDevice
     import tempfile
     card = CudaDevice(cache=CompileCache(tempfile.mkdtemp()))
     peer = card.open_handle(handle, nbytes, "parent's buffer")
@@ -288,7 +288,7 @@ def test_an_ipc_handle_opens_in_another_process_on_the_same_card(device):
 
 
 def test_a_programmatic_dependent_launch_waits_with_griddepcontrol(device, module):
-    from radiance.ranks.device import KernelArgs
+    from radiance.device import KernelArgs
     if not device.programmatic_launch:
         pytest.skip(f"{device.target} has no programmatic dependent launch (needs sm_90)")
     n = 1 << 22

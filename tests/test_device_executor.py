@@ -12,15 +12,18 @@ import numpy as np
 import pytest
 
 from radiance.abi import NUMPY, RAD_OK, RadArgs, rad_tensor
-from radiance.engine.device_targets import runs_on
-from radiance.engine.registry import Registry
-from radiance.engine.selection import SelectionError
+from radiance.config import Config
+from radiance.device.fake import FakeDevice
+from radiance.engine.loading.registry import Registry
+from radiance.engine.running.device import DeviceExecutor
+from radiance.engine.running.executor import Executor
+from radiance.engine.running.host import HostExecutor
+from radiance.engine.selection.bands import SelectionError
+from radiance.engine.selection.device_targets import runs_on
 from radiance.generation.engine import Engine
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
-from radiance.ranks.device.fake import FakeDevice
+from radiance.ranks.worker import Worker
 
 FIXTURE = Path(__file__).parent / "fixtures" / "fakedev.py"
 PROMPTS = [list(range(1, 30)), [5, 9, 200, 17]]
@@ -69,10 +72,10 @@ def fake_card(registry) -> FakeDevice:
 
 
 def generate(model, registry, device=None, **overrides):
-    options = EngineOptions(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
-    worker = Worker(options, registry, device=device).build()
+    config = Config(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
+    worker = Worker(config, device=device, registry=registry).build()
     container = worker.model.container
-    engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper))
+    engine = Engine(config, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper))
     sequences = [engine.add(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for prompt in PROMPTS]
     while engine.scheduler.has_work:
         engine.step()
@@ -82,6 +85,7 @@ def generate(model, registry, device=None, **overrides):
 @pytest.fixture(scope="module")
 def host_tokens(tiny_model):
     tokens, worker = generate(tiny_model, Registry(radiance_home="", kernels="libref"), max_seqs=2)
+    assert isinstance(worker.executor, HostExecutor)  # no card: the host's, behind the one interface
     worker.close()
     return tokens
 
@@ -95,6 +99,7 @@ def test_the_fake_card_gives_the_host_paths_tokens(tmp_path, tiny_model, host_to
         assert tokens == host_tokens
         assert {launch.band.row.plugin.name for launch, _, _ in worker.graph.issued()} == {"fakedev"}
         executor = worker.executor
+        assert isinstance(executor, DeviceExecutor) and isinstance(executor, Executor)
         assert bool(executor._graphs) == graphs
         if graphs:
             assert all(tokens == seqs for tokens, seqs in executor._graphs)
@@ -124,8 +129,8 @@ def test_a_decode_step_replays_its_graph_without_building_launches(tmp_path, tin
 
 def test_a_library_whose_device_code_does_not_run_on_the_card_is_left_out(tmp_path, tiny_model, capfd):
     registry = Registry(radiance_home=fake_home(tmp_path, build_target="hip"), kernels="fakedev,libref")
-    options = EngineOptions(model=str(tiny_model), accept_reference=True, progress=False, device="host")
-    worker = Worker(options, registry, device=FakeDevice())
+    config = Config(model=str(tiny_model), accept_reference=True, progress=False, device="host")
+    worker = Worker(config, device=FakeDevice(), registry=registry)
     with pytest.raises(SelectionError) as error:
         worker.build()
     assert "device domain" in str(error.value) and "embedding" in str(error.value)
@@ -145,21 +150,28 @@ def test_build_targets(build_target, vendor, target, runs):
 
 def test_an_unknown_device_choice_is_refused(tiny_model):
     with pytest.raises(ValueError, match="device must be 'auto' or 'host'"):
-        EngineOptions(model=str(tiny_model), device="gpu")
+        Config(model=str(tiny_model), device="gpu")
 
 
-def test_a_profiled_step_times_every_op_with_card_events(tmp_path, tiny_model):
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_profiled_step_times_every_op_with_card_events_only_without_graphs(tmp_path, tiny_model, graphs):
+    """Profiled with graphs off, each op runs alone and is timed; with graphs on (a server profiles its
+    ranks for /metrics) a decode step stays one graph launch and times nothing."""
     registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
     device = fake_card(registry)
-    _, worker = generate(tiny_model, registry, device, max_seqs=2)
+    _, worker = generate(tiny_model, registry, device, max_seqs=2, graphs=graphs)
     try:
         executor = worker.executor
         executor.profile = True
-        before = len(device.launches)
+        before, graphs_before = len(device.launches), len(executor._graphs)
         executor.run(2, 2)
-        assert len(device.launches) - before == len(worker.graph.launches(2, 2))  # one by one, not the graph
-        assert set(executor.op_seconds) == {launch.node.op for launch in worker.graph.launches(2, 2)}
-        assert all(seconds >= 0 for seconds in executor.op_seconds.values())
+        assert len(device.launches) - before == len(worker.graph.launches(2, 2))  # each op once, either way
+        if graphs:
+            assert executor._graphs and len(executor._graphs) == graphs_before and not executor.op_seconds
+        else:
+            assert not executor._graphs
+            assert set(executor.op_seconds) == {launch.node.op for launch in worker.graph.launches(2, 2)}
+            assert all(seconds >= 0 for seconds in executor.op_seconds.values())
     finally:
         worker.close()
 
@@ -200,7 +212,7 @@ def test_a_scratch_hook_that_asks_for_nothing_gets_nothing(tmp_path, tiny_model)
 
 def test_a_device_row_that_returns_an_error_fails_the_step_naming_the_node(tmp_path, tiny_model):
     from radiance.abi import RAD_E_INVALID
-    from radiance.engine.executor import StepError
+    from radiance.engine.running.executor import StepError
 
     registry = Registry(radiance_home=fake_home(tmp_path), kernels="fakedev,libref")
     device = fake_card(registry)
@@ -268,11 +280,11 @@ class OnTheCard:
 
 def generate_ahead(model, registry, device, **overrides):
     """generate()'s workload run ahead on the card; the tokens, the steps noted, the worker."""
-    options = EngineOptions(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
-    worker = Worker(options, registry, device=device).build()
+    config = Config(model=str(model), accept_reference=True, progress=False, device="host", **overrides)
+    worker = Worker(config, device=device, registry=registry).build()
     container = worker.model.container
     card = OnTheCard(worker, device)
-    engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper),
+    engine = Engine(config, worker.execute, TextCodec(container.tokenizer, container.chat_template, worker.model.hyper),
                     ahead=card)
     sequences = [engine.add(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for prompt in PROMPTS]
     while engine.scheduler.has_work:

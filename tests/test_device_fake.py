@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from radiance.ranks.device import KernelArgs
-from radiance.ranks.device.fake import FakeDevice
+from radiance.device import KernelArgs
+from radiance.device.fake import FakeDevice
 
 SOURCE = 'extern "C" __global__ void axpb(float* x, int n, float a, float b) { }'
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from radiance.abi import RAD_CHAIN_KARG_OFF, RAD_CHAIN_REC_BYTES
-from radiance.ranks.device import KernelArgs, LaunchRuleError, pack_args, read_chain, write_chain
-from radiance.ranks.device.base import Allocation
+from radiance.device import KernelArgs, LaunchRuleError, pack_args, read_chain, write_chain
+from radiance.device.base import Allocation
 
 
 def test_arguments_sit_at_their_natural_alignment_like_a_c_parameter_list():

@@ -3,9 +3,9 @@ refusal naming the kernel; the 768-byte argument rule at launch."""
 
 import pytest
 
-from radiance.ranks.device import DeviceError, KernelArgs, LaunchRuleError, PackedArgs
-from radiance.ranks.device.fake import FakeDevice, FakeKernel
-from radiance.ranks.device.launch_rules import uses_device_printf
+from radiance.device import DeviceError, KernelArgs, LaunchRuleError, PackedArgs
+from radiance.device.fake import FakeDevice, FakeKernel
+from radiance.device.launch_rules import uses_device_printf
 
 PTX = b"""
 .version 8.0
@@ -50,7 +50,7 @@ def test_a_printing_kernel_is_refused_at_load_naming_it():
     with pytest.raises(LaunchRuleError, match=r"kernel 'noisy': device printf \(its PTX calls vprintf"):
         device.kernel(module, "noisy")
     # The same rule on the PTX text nvrtc would produce:
-    from radiance.ranks.device.base import Module
+    from radiance.device.base import Module
     with pytest.raises(LaunchRuleError, match="kernel 'noisy'"):
         device.kernel(Module(None, PTX), "noisy")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from radiance.ranks.device.fake import FakeDevice
-from radiance.ranks.device.probe import pattern, probe_p2p
+from radiance.device.fake import FakeDevice
+from radiance.device.probe import pattern, probe_p2p
 
 
 class FileExchange:

@@ -263,6 +263,35 @@ def test_rmsnorm_gemm3_and_gate_up(registry, on_card, fmt, hidden, qk, ffn, m):
                 {2: "rmsnorm", 4: "gemv", 6: "gemv"})
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_1"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_stream_gemv_gives_the_split_kernels_bits(registry, on_card, monkeypatch, fmt, m):
+    """gemv_stream.cu (opt-in, R4D_GEMV_STREAM) runs gemv.cu's arithmetic in its order: where gemv.cu
+    does not split K (gate and up, 28672 rows), the fused gate/up row gives the same bits with either,
+    and agrees with libref's chain."""
+    import importlib
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    dk = importlib.import_module(f"{lib.module.__name__}.device_kernels")
+    label = fmt if fmt in ("q4_1", "q8_0") else "plain"
+    hidden, ffn = LLAMA["hidden"], LLAMA["ffn"]
+    assert dk.gemv_split(2 * ffn, hidden, fmt)[0] == 1
+    x, norm = activations(m, hidden, 51), make_weight("f32", 1, hidden, 52)
+    weights = {1: norm, 3: make_weight(fmt, ffn, hidden, 53), 5: make_weight(fmt, ffn, hidden, 54)}
+    params = {"M": m, "n.0": hidden, "eps": 1e-5, "K": hidden, "N.1": ffn, "N.2": ffn, "wdtype": fmt, "dtype": "f32"}
+    operands = [x, None, np.zeros((m, hidden), np.float32), None, np.zeros((m, ffn), np.float32), None,
+                np.zeros((m, ffn), np.float32)]
+    row = dev_row(registry, f"r4dchain_rmsnorm_gemm2_silu_mul_{label}_dev")
+    results = {}
+    for cut in (None, dk.StreamShape()):
+        monkeypatch.setattr(dk, "STREAM", cut)
+        results[cut is not None] = on_card.run(row, operands, params, weights, read=(2, 4, 6))
+    for i in (2, 4, 6):
+        np.testing.assert_array_equal(results[True][i], results[False][i], err_msg=f"operand {i}")
+    want = ref(registry, "rmsnorm_gemm2_silu_mul", operands, params, weights, read=(4, 6))
+    for i in (4, 6):
+        assert rel_err(results[True][i], want[i]) <= tolerance(registry, "gemv")
+
+
 @pytest.mark.parametrize("fmt,n,k", [("q4_1", HIDDEN, FFN), ("bf16", 4096, 14336), ("bf16", 4096, 2048)])
 @pytest.mark.parametrize("m", [1, 8])
 def test_gemm_add(registry, on_card, fmt, n, k, m):

@@ -3,6 +3,7 @@ registration (device domain only; host selection unchanged), every kernel a plan
 its source, and each row's launch plan (kernels, grids, packed arguments, caching) through a
 recording RadStream."""
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from radiance.abi import (
     RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_DT_ENCODED, RAD_DT_F32, RAD_DT_I32, RAD_E_NOMEM, RAD_OK, RadArgs,
     RadStream, RadTensor, RadWeightPlanes, rad_device_tensor,
 )
-from radiance.engine.selection import resolve
+from radiance.engine.selection.bands import resolve
 from test_libr4d_support import make_weight, registry  # noqa: F401 (registry is a fixture)
 
 
@@ -79,11 +80,12 @@ def test_every_kernel_name_is_defined_in_its_source(registry):
 class Recorder(RadStream):
     vendor, target, multiprocessors = "cuda", "sm_90", 132
 
-    def __init__(self):
-        self.compiled, self.launches = [], []
+    def __init__(self, target="sm_90", multiprocessors=132):
+        self.compiled, self.launches, self.target, self.multiprocessors = [], [], target, multiprocessors
 
     def kernel(self, source, name, options=()):
-        macro = {"r4d_gemv_m": "r4d_gemv_m##MT(", "r4d_attend": "r4d_attend_##WHICH("}
+        macro = {"r4d_gemv_m": "r4d_gemv_m##MT(", "r4d_attend": "r4d_attend_##WHICH(",
+                 "r4d_gemv_stream_m": "r4d_gemv_stream_m##MT("}
         assert f" {name}(" in source or any(name.startswith(k) and v in source for k, v in macro.items()), name
         self.compiled.append((name, tuple(options)))
         return name
@@ -91,6 +93,13 @@ class Recorder(RadStream):
     def launch(self, kernel, grid, block, args, shared_bytes=0):
         assert args.kernel == kernel
         self.launches.append((kernel, tuple(grid), tuple(block), args))
+        self.shared = shared_bytes
+
+
+# The two GEMV kernels: gemv_stream.cu on sm_80 and later (no split-K arguments; a card of 32
+# multiprocessors, so that SmolLM2's shapes keep its warps busy), gemv.cu before
+KERNELS = {"sm_90": ("r4d_gemv_stream_m", 0), "sm_75": ("r4d_gemv_m", 3)}
+MULTIPROCESSORS = 32
 
 
 def dev(address, shape, dtype=RAD_DT_F32, itemsize=4):
@@ -217,7 +226,12 @@ def test_every_chained_kernel_waits_in_its_prologue():
     wait = body.index("R4D_CHAIN_PROLOGUE();")
     before = body[:wait]
     assert "r4d_stream16(rows[r].codes" in before and "x[" not in before and "gemv_x(" not in before
-    assert wait < body.index("gemv_norm<MT>(") < body.index("consume<FMT, MT>(")
+    assert wait < body.index("gemv_norm<MT>(") < body.index("consume<FMT, MT, GEMV_ROWS>(")
+    stream = (folder / "gemv_stream.cu").read_text()
+    body = stream[stream.index("__device__ void gemv_stream("):stream.index("#define GEMV_STREAM_ENTRY")]
+    wait = body.index("R4D_CHAIN_PROLOGUE();")
+    assert "loader.next()" in body[:wait] and "x[" not in body[:wait] and "gemv_x(" not in body[:wait]
+    assert wait < body.index("gemv_norm<MT>(") < body.index("consume<FMT, MT, GS_UNIT>(")
 
 
 def test_narrow_gemvs_split_k_into_whole_pipelined_steps(registry):
@@ -253,8 +267,17 @@ def test_a_split_gemv_plans_its_partials_in_the_rows_scratch(registry):
     assert k_chunk == chunk and counters == 0x9000000 and partial > counters
 
 
-def test_fused_gemv_rows_pack_every_weight_the_norm_and_their_epilogue(registry):
-    stream = Recorder()
+@pytest.fixture
+def stream_kernel_on(registry, monkeypatch):
+    """gemv_stream.cu turned on, as R4D_GEMV_STREAM=1 turns it on for a process."""
+    dk = module(registry, "device_kernels")
+    monkeypatch.setattr(dk, "STREAM", dk.StreamShape.parse("1"))
+    return dk
+
+
+@pytest.mark.parametrize("target", KERNELS)
+def test_fused_gemv_rows_pack_every_weight_the_norm_and_their_epilogue(registry, stream_kernel_on, target):
+    stream, (name, shift), dk = Recorder(target, MULTIPROCESSORS), KERNELS[target], stream_kernel_on
     x, normed = dev(0x1000, (1, 576)), dev(0x1800, (1, 576))
     norm = device_weight("f32", 1, 576, 0x6000000)
     wq, wk, wv = (device_weight("q4_1", rows, 576, base) for rows, base in
@@ -266,27 +289,60 @@ def test_fused_gemv_rows_pack_every_weight_the_norm_and_their_epilogue(registry)
     scratch = row.info.scratch(dict(params))
     assert launch(row, [x, norm, normed, wq, q, wk, k, wv, v], params, stream, 0x5000000, scratch) == RAD_OK
     kernel, grid, block, args = stream.launches[-1]
-    assert kernel == "r4d_gemv_m1" and grid[0] == -(-960 // 16)
+    # gemv.cu: a block a row group of 16; gemv_stream.cu: a few blocks a multiprocessor, no more
+    stream_blocks = min(MULTIPROCESSORS * dk.STREAM.blocks, 960 // dk.STREAM.unit)
+    assert kernel == f"{name}1" and grid[0] == (stream_blocks if shift == 0 else -(-960 // 16))
     assert stream.compiled[-1][1][:3] == ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=0", "-DR4D_GEMV_NORM=1")
-    assert pointers(args, [6, 9, 11, 14, 16, 19, 21]) == [0x7000000, 0x2000, 0x8000000, 0x3000, 0x9000000, 0x4000,
-                                                          0x6000000]
-    assert ints(args, [10, 15, 20]) == [576, 192, 192]
+    at = [i + shift for i in (3, 6, 8, 11, 13, 16, 18)]
+    assert pointers(args, at) == [0x7000000, 0x2000, 0x8000000, 0x3000, 0x9000000, 0x4000, 0x6000000]
+    assert ints(args, [i + shift for i in (7, 12, 17)]) == [576, 192, 192]
     # gate and up paired (mode 2), the residual add (mode 1)
     gate, up = dev(0x2000, (1, 1536)), dev(0x3000, (1, 1536))
     wg, wu = device_weight("q4_1", 1536, 576, 0x7000000), device_weight("q4_1", 1536, 576, 0x8000000)
     pair = {"M": 1, "n.0": 576, "eps": 1e-5, "K": 576, "N.1": 1536, "N.2": 1536, "wdtype": "q4_1", "dtype": "f32"}
     row = device_row(registry, "r4dchain_rmsnorm_gemm2_silu_mul_q4_1_dev")
     assert launch(row, [x, norm, normed, wg, gate, wu, up], pair, stream, 0x5000000, row.info.scratch(pair)) == RAD_OK
-    assert stream.launches[-1][1][0] == 2 * 1536 // 16 and stream.compiled[-1][1][1] == "-DR4D_GEMV_MODE=2"
+    assert stream.launches[-1][1][0] == (min(MULTIPROCESSORS * dk.STREAM.blocks, 3072 // dk.STREAM.unit) if shift == 0 else 3072 // 16)
+    assert stream.compiled[-1][1][1] == "-DR4D_GEMV_MODE=2"
     w, y, residual = device_weight("q4_1", 576, 1536, 0x7000000), dev(0x2000, (1, 576)), dev(0x3000, (1, 576))
     plus = {"M": 1, "N": 576, "K": 1536, "n": 576, "wdtype": "q4_1", "dtype": "f32"}
     row = device_row(registry, "r4dchain_gemm_add_q4_1_dev")
     assert launch(row, [dev(0x1000, (1, 1536)), w, y, residual], plus, stream, 0x5000000, row.info.scratch(plus)) == RAD_OK
-    assert pointers(stream.launches[-1][3], [28]) == [0x3000] and stream.compiled[-1][1][1] == "-DR4D_GEMV_MODE=1"
+    assert pointers(stream.launches[-1][3], [25 + shift]) == [0x3000] and stream.compiled[-1][1][1] == "-DR4D_GEMV_MODE=1"
 
 
-def test_the_fused_lm_head_is_a_gemv_with_an_argmax_then_the_sampler(registry):
-    stream = Recorder()
+def test_the_stream_gemv_is_opt_in(registry):
+    dk = module(registry, "device_kernels")
+    assert dk.STREAM is None or os.environ.get("R4D_GEMV_STREAM")
+    stream = Recorder("sm_90", MULTIPROCESSORS)
+    row = device_row(registry, "r4dchain_gemv_plain_dev")
+    params = {"M": 1, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    w = device_weight("bf16", 4096, 4096, 0x7000000)
+    need = row.info.scratch(dict(params))
+    assert launch(row, [dev(0x1000, (1, 4096)), w, dev(0x2000, (1, 4096))], params, stream, 0x9000000, need) == RAD_OK
+    assert stream.launches[-1][0] == ("r4d_gemv_stream_m1" if dk.STREAM else "r4d_gemv_m1")
+    assert dk.StreamShape.parse("1") == dk.StreamShape() and dk.StreamShape.parse("4,4,2,4,0") == dk.StreamShape()
+
+
+def test_the_stream_gemv_serves_shapes_that_keep_its_warps_busy(registry):
+    dk = module(registry, "device_kernels")
+    shape = dk.StreamShape(warps=4, blocks=4, unit=2)  # 2112 warps on 132 multiprocessors
+    assert dk.streams("cuda", "sm_90", 1, [4096, 1024, 1024], 132, shape)
+    assert dk.streams("cuda", "sm_90", 4, [4096], 132, shape)                # 2048 units: one a warp or so
+    assert not dk.streams("cuda", "sm_90", 1, [1024], 132, shape)            # 512 units: gemv.cu splits K
+    assert not dk.streams("cuda", "sm_90", 5, [14336], 132, shape)           # MT = 8: gemv.cu
+    assert not dk.streams("cuda", "sm_90", 1, [14336, 129], 132, shape)      # a matrix of odd rows
+    assert not dk.streams("cuda", "sm_75", 1, [4096], 68, shape)
+    assert not dk.streams("hip", "gfx942", 1, [4096], 304, shape)
+    assert dk.stream_grid(28672, 132, shape) == ((528, 1, 1), (128, 1, 1))
+    assert dk.stream_grid(600, 132, shape) == ((300, 1, 1), (128, 1, 1))
+    assert dk.StreamShape.parse("8,2,4,3,1") == dk.StreamShape(8, 2, 4, 3, 1)
+    assert dk.argmax_groups(128256) == 8016 and dk.argmax_groups(64) == 32  # gemv.cu's groups, or blocks
+
+
+@pytest.mark.parametrize("target", KERNELS)
+def test_the_fused_lm_head_is_a_gemv_with_an_argmax_then_the_sampler(registry, stream_kernel_on, target):
+    stream, (name, shift), dk = Recorder(target, MULTIPROCESSORS), KERNELS[target], stream_kernel_on
     h, index, rows, normed = dev(0x1000, (7, 576)), dev(0x1800, (2,), RAD_DT_I32), dev(0x2000, (2, 576)), dev(0x2800, (2, 576))
     norm, w = device_weight("f32", 1, 576, 0x6000000), device_weight("q8_0", 49152, 576, 0x7000000)
     logits = dev(0x3000, (2, 49152))
@@ -298,7 +354,9 @@ def test_the_fused_lm_head_is_a_gemv_with_an_argmax_then_the_sampler(registry):
     assert launch(row, tensors, params, stream, 0x9000000, 100) == RAD_E_NOMEM
     assert launch(row, tensors, params, stream, 0x9000000, row.info.scratch(dict(params))) == RAD_OK
     (head, grid, _, args), (sampler, sample_grid, _, sample_args) = stream.launches
-    assert head == "r4d_gemv_m2" and sampler == "r4d_sample_groups_dev" and sample_grid == (2, 1, 1)
-    assert ints(args, [27]) == [7]  # x_rows: the rows take_rows may pick
-    best, best_index = pointers(args, [29, 30])
-    assert pointers(sample_args, [9, 10]) == [best, best_index] and ints(sample_args, [11]) == [49152 // 16]
+    assert head == f"{name}2" and sampler == "r4d_sample_groups_dev" and sample_grid == (2, 1, 1)
+    assert ints(args, [24 + shift]) == [7]  # x_rows: the rows take_rows may pick
+    best, best_index = pointers(args, [26 + shift, 27 + shift])
+    # the sampler reduces one maximum a row group (gemv.cu) or a block (gemv_stream.cu)
+    assert pointers(sample_args, [9, 10]) == [best, best_index] and ints(sample_args, [11]) == [grid[0]]
+    assert grid[0] == (MULTIPROCESSORS * dk.STREAM.blocks if shift == 0 else 49152 // 16)

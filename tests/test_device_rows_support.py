@@ -19,7 +19,7 @@ def card():
     one a visibility variable names, else the first card of the machine."""
     try:
         from radiance.launch.devices import pin_this_process
-        from radiance.ranks.device.selection import backend_name, open_device
+        from radiance.device.selection import backend_name, open_device
         environ = dict(os.environ)
         pin_this_process(environ)
         if backend_name(environ) is None:
@@ -27,7 +27,7 @@ def card():
         device = open_device(environ)
     except Exception as error:  # the binding missing, or no card behind the variable
         return None, None, f"no card: {type(error).__name__}: {error}"
-    from radiance.engine.device_stream import EngineStream
+    from radiance.engine.running.device_stream import EngineStream
     return device, EngineStream(device), None
 
 

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from radiance.ranks.device import backend_name, open_device
-from radiance.ranks.device.base import Device
+from radiance.device import backend_name, open_device
+from radiance.device.base import Device
 
 
 @pytest.mark.parametrize("environ, expected", [
@@ -36,7 +36,7 @@ def test_a_host_rank_opens_no_device():
 
 @pytest.mark.parametrize("module, cls", [("cuda", "CudaDevice"), ("hip", "HipDevice")])
 def test_each_backend_module_imports_here_and_implements_the_whole_interface(module, cls):
-    backend = __import__(f"radiance.ranks.device.{module}", fromlist=[cls])
+    backend = __import__(f"radiance.device.{module}", fromlist=[cls])
     device_class = getattr(backend, cls)
     assert issubclass(device_class, Device)
     assert not device_class.__abstractmethods__, f"{cls} leaves {sorted(device_class.__abstractmethods__)} abstract"
@@ -46,8 +46,8 @@ HOST_PATH = textwrap.dedent("""
     import sys
     import numpy as np
     import radiance
-    import radiance.ranks.device as device
-    from radiance.ranks.device.fake import FakeDevice
+    import radiance.device as device
+    from radiance.device.fake import FakeDevice
     from radiance.ranks.facts import measure_facts
 
     assert device.open_device() is None

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from radiance.generation.options import EngineOptions
+from radiance.config import Config
 from radiance.generation.sequence import SamplingParams
-from radiance.launch.ranks import RankSettings, engine_over, open_ranks
+from radiance.launch import engine_over, open_ranks
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROMPTS = [list(range(1, 30)), [5, 9, 200, 17]]
@@ -33,10 +33,9 @@ def fake_cards(tmp_path, monkeypatch):
 
 def generate(model, home, tp=1, launched=True, disable_p2p=False, run_ahead=None):
     """Greedy tokens of PROMPTS, and what the launch agreed on."""
-    options = EngineOptions(model=str(model), radiance_home=home, kernels="fakedev,libref", accept_reference=True,
-                            progress=False, max_seqs=2)
-    settings = RankSettings(tp=tp, launched=launched, disable_p2p=disable_p2p, run_ahead=run_ahead)
-    with open_ranks(options, settings) as ranks:
+    config = Config(model=str(model), radiance_home=home, kernels="fakedev,libref", accept_reference=True,
+                    progress=False, max_seqs=2, tp=tp, launched=launched, disable_p2p=disable_p2p, run_ahead=run_ahead)
+    with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         assert engine.run_ahead is bool(run_ahead)  # not by default on cards: not measured on one yet
         sequences = [engine.add(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in PROMPTS]
@@ -55,9 +54,9 @@ def leftovers(agreed) -> list[str]:
 
 @pytest.fixture(scope="module")
 def host_tokens(tiny_model):
-    options = EngineOptions(model=str(tiny_model), radiance_home="", kernels="libref", accept_reference=True,
-                            progress=False, max_seqs=2, device="host")
-    with open_ranks(options) as ranks:
+    config = Config(model=str(tiny_model), radiance_home="", kernels="libref", accept_reference=True,
+                    progress=False, max_seqs=2, device="host")
+    with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         sequences = [engine.add(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in PROMPTS]
         while engine.scheduler.has_work:
@@ -85,7 +84,7 @@ def test_two_fake_cards_give_one_cards_tokens(tiny_model, fake_cards, host_token
 
 def test_two_fake_cards_run_ahead_to_one_cards_tokens(tiny_model, fake_cards, host_tokens):
     """Run ahead through the real launcher: each rank's step takes its ids from its own card's token
-    buffer (device_executor.py), the coordinator never sending a token."""
+    buffer (radiance/engine/running/device.py), the coordinator never sending a token."""
     tokens, agreed = generate(tiny_model, fake_cards, tp=2, run_ahead=True)
     assert tokens == host_tokens
     assert leftovers(agreed) == []

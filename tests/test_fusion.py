@@ -8,10 +8,10 @@ import pytest
 
 from radiance.abi import RAD_DOMAIN_HOST, RAD_DT_F32, RAD_EXTENT_TOKENS
 from radiance.collectives.gate import LinkScheduler
-from radiance.engine.executor import Executor
-from radiance.engine.registry import Registry
-from radiance.engine.resolve import resolve_graph
-from radiance.engine.shard import RankBuffer, RankNode
+from radiance.engine.running.host import HostExecutor
+from radiance.engine.loading.registry import Registry
+from radiance.engine.selection.resolve import resolve_graph
+from radiance.engine.selection.shard import RankBuffer, RankNode
 
 ADD_NORM = "add(residual,delta,residual)+rmsnorm(residual,w,y)"
 
@@ -153,7 +153,7 @@ def test_the_host_executor_runs_the_fused_row_and_leaves_every_operand_as_the_ch
         graph = graph_of(registry, nodes, max_tokens=4, fusion=fusion)
         weights = FixedWeights({"norm.w": np.linspace(0.5, 1.5, 8, dtype=np.float32)})
         link = LinkScheduler()
-        executor = Executor(graph, buffers, {}, weights, 4, 1, 16, 1, link)
+        executor = HostExecutor(graph, buffers, {}, weights, 4, 1, 16, 1, link)
         rng = np.random.default_rng(3)
         for name in ("h", "t"):
             executor.buffers[name][:] = rng.standard_normal((4, 8), dtype=np.float32)

@@ -3,20 +3,20 @@ stop conditions. The oracle library serves, so the numbers are the reference's."
 
 import pytest
 
-from radiance.engine.registry import Registry
+from radiance.config import Config
 from radiance.generation.engine import Engine
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
+from radiance.ranks.worker import Worker
 
 
 def make_engine(model, **overrides):
-    options = EngineOptions(model=str(model), accept_reference=True, progress=False, **overrides)
-    worker = Worker(options, Registry(radiance_home="", kernels="libref")).build()
+    config = Config(model=str(model), radiance_home="", kernels="libref", accept_reference=True, progress=False,
+                    **overrides)
+    worker = Worker(config).build()
     container = worker.model.container
     text = TextCodec(container.tokenizer, container.chat_template, worker.model.hyper)
-    return Engine(options, worker.execute, text), worker
+    return Engine(config, worker.execute, text), worker
 
 
 def run_all(engine, prompts, params):

@@ -4,9 +4,9 @@ parallel ranks agree with one rank; what a user meets on the way in and out."""
 import numpy as np
 import pytest
 
-from radiance.generation.options import EngineOptions
+from radiance.config import Config
 from radiance.generation.sequence import SamplingParams
-from radiance.launch.ranks import RankSettings, engine_over, open_ranks
+from radiance.launch import engine_over, open_ranks
 
 from launch_support import Launch, wait_gone
 
@@ -27,8 +27,8 @@ def wide_model(tmp_path_factory):
 def generate(model, tp, prompts, max_tokens=8, launched=True, **options):
     """Greedy tokens of each prompt, and the logits of every step rank 0 saw."""
     outputs, logits = [], []
-    settings = RankSettings(tp=tp, launched=launched, return_buffer="logits")
-    with open_ranks(EngineOptions(model=str(model), progress=False, **options), settings) as ranks:
+    config = Config(model=str(model), progress=False, tp=tp, launched=launched, return_buffer="logits", **options)
+    with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         for prompt in prompts:
             sequence = engine.add(engine.text.encode(prompt), SamplingParams(max_tokens=max_tokens, temperature=0,

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from test_libr4d_support import (
     HEAD_DIM, HEADS, KV_HEADS, TOL_A16, TOL_F32, TOLERANCE, activations, launch, make_weight, rel_err, row_of,
 )

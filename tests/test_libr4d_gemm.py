@@ -5,7 +5,7 @@ GEMV band) and M = 37 (the prefill GEMM band); both activation paths of the GEMV
 import numpy as np
 import pytest
 
-from radiance.engine.selection import resolve
+from radiance.engine.selection.bands import resolve
 from test_libr4d_support import (  # noqa: F401 (registry is a fixture)
     HIDDEN, LINEAR, PREFILL_M, TOL_F32, TOLERANCE, VOCAB, activations, launch, make_weight, registry, rel_err,
     row_of,

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from test_libr4d_support import TOL_A16, TOL_F32, activations, launch, make_weight, rel_err, row_of
 
 

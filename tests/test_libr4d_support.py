@@ -13,7 +13,7 @@ from radiance.abi import (
     RAD_DT_ENCODED, RAD_DT_NONE, RAD_E_DTYPE, RAD_E_UNSUPPORTED, RAD_OK, RadArgs, RadTensor, RadWeightPlanes,
     rad_tensor,
 )
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from radiance.weights import formats
 from radiance.weights.planes import plane_raw
 
@@ -147,14 +147,15 @@ def test_libr4d_loads_as_a_plugin_and_serves_every_op(registry):
                      "take_rows_rmsnorm_gemm_sample"}  # the device rows' fused ops (docs/OPS.md)
     # the collectives are collectives.py's rows, listed by the export table with their colours
     collective = {row.name: (row.op, row.collective, row.chain) for row in library.rows if row.collective}
-    assert {op for op, _, _ in collective.values()} <= {"all_reduce", "all_gather", "all_reduce_add_rmsnorm"}
+    assert {op for op, _, _ in collective.values()} <= {"all_reduce", "all_gather", "all_reduce_add_rmsnorm",
+                                                        "send", "recv"}  # send/recv: pipeline.py's stage rows
     assert all(chain == ("r4dchain" in name) for name, (_, _, chain) in collective.items())
     module = library.module
     assert "numpy fallback" not in module.backend(), module.backend()
 
 
 def test_gemm_rows_split_m_into_a_decode_and_a_prefill_band(registry):
-    from radiance.engine.selection import resolve
+    from radiance.engine.selection.bands import resolve
     gemm_rows = [row for row in registry.rows_for("gemm")]
     schema = registry.ops["gemm"].schema
     for wdtype, label in (("q4_1", "q4_1"), ("q8_0", "q8_0"), ("bf16", "plain")):

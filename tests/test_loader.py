@@ -1,9 +1,11 @@
 """Loading plugins from homes: shadowing, ABI and kind checks, decline, refusals, close."""
 
+import numpy as np
 import pytest
 
-from radiance.abi import RAD_ABI_VERSION
-from radiance.engine.registry import KernelsError, Registry
+from radiance.abi import RAD_ABI_VERSION, RadWeightPlanes, rad_tensor, rad_weight_f32
+from radiance.engine.loading.registry import KernelsError, Registry
+from radiance.weights.formats import plain
 
 GEMM = """
 SCHEMAS = [schema("t_gemm", ("M", "N"))]
@@ -157,3 +159,24 @@ def test_a_quantiser_without_its_hooks_is_refused_naming_them(home):
     home.quantizer("hollow", "Q = [RadQuantizerInfo(name='hollow', doc='d')]\n"
                              "def rad_quant_count():\n    return 1\ndef rad_quant_at(i):\n    return Q[i]\n")
     assert refusal(Registry(str(home.root)), "hollow.py").endswith("quantiser 'hollow' lacks encoding and quantize")
+
+
+def test_rad_weight_f32_is_the_engines_decoder_handed_in_before_a_plugin_is_imported(home, monkeypatch):
+    monkeypatch.setattr("radiance.abi.plugin._engine_decoder", None)  # a process no engine has loaded into
+    weight = RadWeightPlanes(encoding=plain("f32"), rows=2, cols=3,
+                             planes=[rad_tensor(np.arange(6, dtype=np.float32).view(np.uint8).reshape(2, 12))])
+    with pytest.raises(RuntimeError, match="rad_weight_f32: no engine has defined the core decoder"):
+        rad_weight_f32(weight)
+    # a plugin that decodes at import: the loader defined the decoder before importing it
+    home.kernel("decodes", """
+        import numpy as np
+        CODES = RadPlane(name="codes", dtype=RAD_DT_F32, kind=RAD_PLANE_TILED, block_rows=1, block_cols=1)
+        WEIGHT = RadWeightPlanes(encoding=RadEncoding(scheme="plain", planes=[CODES]), rows=1, cols=2,
+                                 planes=[rad_tensor(np.array([[1.5, -2.0]], np.float32).view(np.uint8))])
+        DECODED = rad_weight_f32(WEIGHT)
+        SCHEMAS = [schema("t_op")]
+        ROWS = [row("r", "t_op")]
+    """)
+    (library,) = [lib for lib in Registry(str(home.root)).hierarchy if lib.name == "decodes"]
+    assert library.module.DECODED.tolist() == [[1.5, -2.0]]
+    assert rad_weight_f32(weight).tolist() == [[0, 1, 2], [3, 4, 5]]

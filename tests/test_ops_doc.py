@@ -8,7 +8,7 @@ from radiance.abi import (
     RAD_DERIVED, RAD_OPD_IN, RAD_OPD_INOUT, RAD_OPD_OUT, RAD_OPD_WEIGHT, RAD_OPD_WTAB, RAD_OPTIONAL, RAD_P_F64,
     RAD_P_INT, RAD_P_STR, RAD_PROLE_CAPACITY, RAD_PROLE_NONE, RAD_PROLE_SEQ_CHUNK, RAD_REQUIRED,
 )
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 
 OPS_MD = Path(__file__).resolve().parent.parent / "docs" / "OPS.md"
 TYPES = {"int": RAD_P_INT, "f64": RAD_P_F64, "str": RAD_P_STR}

@@ -5,10 +5,10 @@ so marked never overlaps anything; dependent nodes never overlap."""
 
 from radiance.abi import RAD_DOMAIN_HOST, RAD_DT_F32, RAD_EXTENT_TOKENS
 from radiance.collectives.gate import LinkScheduler
-from radiance.engine.executor import Executor
-from radiance.engine.registry import Registry
-from radiance.engine.resolve import resolve_graph
-from radiance.engine.shard import RankBuffer, RankNode
+from radiance.engine.running.host import HostExecutor
+from radiance.engine.loading.registry import Registry
+from radiance.engine.selection.resolve import resolve_graph
+from radiance.engine.selection.shard import RankBuffer, RankNode
 
 PLUGIN = """
 import time
@@ -42,7 +42,7 @@ def run_graph(home, nodes):
     resolved = resolve_graph(rank_nodes, registry, {}, RAD_DOMAIN_HOST, 4, 1)
     buffers = {name: RankBuffer(name, RAD_DT_F32, RAD_EXTENT_TOKENS, 4) for name in "abcdef"}
     link = LinkScheduler()
-    executor = Executor(resolved, buffers, {}, None, 4, 1, 16, 1, link)
+    executor = HostExecutor(resolved, buffers, {}, None, 4, 1, 16, 1, link)
     executor.run(1, 1)
     executor.release()
     link.close()

@@ -45,7 +45,7 @@ def _run(code: str, env_extra: dict, cwd: Path) -> str:
 
 LIST_PLUGINS = """
 import json, radiance
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 registry = Registry()
 print(json.dumps({"radiance": radiance.__file__, "homes": [str(h) for h in registry.homes],
                   "plugins": {p.name: str(p.path) for kind in registry.plugins.values() for p in kind},

@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from radiance.abi import unpack_bits
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 from radiance.weights import formats
 from radiance.weights.decode import decode
 from radiance.weights.planes import plane_array, plane_row_bytes, plane_shape

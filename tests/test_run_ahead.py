@@ -8,11 +8,11 @@ nothing is left in flight or in the KV cache."""
 import numpy as np
 import pytest
 
+from radiance.config import Config
 from radiance.generation.engine import Engine
 from radiance.generation.feed import Feed, FeedError
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
-from radiance.launch.ranks import RankSettings, engine_over, open_ranks
+from radiance.launch import engine_over, open_ranks
 
 PROMPTS = [list(range(1, 40)), [5, 9, 200, 17], list(range(100, 123)), [7, 3, 250, 41, 8, 19]]
 STREAMED = [60, 61, 62, 63, 64]
@@ -87,23 +87,23 @@ def compare(sync_engine, ahead_engine):
     return sync, ahead
 
 
-def options(model, **overrides):
-    return EngineOptions(model=str(model), radiance_home="", kernels="libref", accept_reference=True,
-                         progress=False, **{"max_seqs": 4, **overrides})
+def config(model, **overrides):
+    return Config(model=str(model), radiance_home="", kernels="libref", accept_reference=True, progress=False,
+                  **{"max_seqs": 4, **overrides})
 
 
 CONFIGS = {"batched": {}, "chunked prefill": {"max_step_tokens": 7},
            "preempting": {"num_blocks": 6, "block_size": 8}}
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
-def test_in_process_run_ahead_gives_the_synchronous_tokens(tiny_model, config):
-    with open_ranks(options(tiny_model, **CONFIGS[config]), RankSettings(run_ahead=False)) as sync_ranks, \
-            open_ranks(options(tiny_model, **CONFIGS[config]), RankSettings(run_ahead=True)) as ahead_ranks:
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_in_process_run_ahead_gives_the_synchronous_tokens(tiny_model, name):
+    with open_ranks(config(tiny_model, **CONFIGS[name], run_ahead=False)) as sync_ranks, \
+            open_ranks(config(tiny_model, **CONFIGS[name], run_ahead=True)) as ahead_ranks:
         sync_engine, ahead_engine = engine_over(sync_ranks), engine_over(ahead_ranks)
         assert not sync_engine.run_ahead and ahead_engine.run_ahead
         sync, ahead = compare(sync_engine, ahead_engine)
-    if config == "preempting":
+    if name == "preempting":
         assert sync["preempted"] and ahead["preempted"]
 
 
@@ -112,8 +112,8 @@ def test_an_ending_at_eos_or_a_stop_string_leaves_no_step_on_the_ranks(tiny_mode
     engine over the same ranks takes its own tokens, not that step's."""
     greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=21)
-    with open_ranks(options(tiny_model), RankSettings(run_ahead=True)) as ranks:
-        sync_engine = Engine(ranks.options, ranks.execute, ranks.text)
+    with open_ranks(config(tiny_model, run_ahead=True)) as ranks:
+        sync_engine = Engine(ranks.config, ranks.execute, ranks.text)
         sync_engine.text.stop_ids = set()
         whole = "".join(sync_engine.stream(STREAMED, sampled))
         expected = "".join(sync_engine.stream(PROMPTS[1], greedy))
@@ -133,7 +133,7 @@ def test_an_ending_at_eos_or_a_stop_string_leaves_no_step_on_the_ranks(tiny_mode
 
 
 def test_the_context_limit_costs_no_discarded_step(tiny_model):
-    with open_ranks(options(tiny_model, max_context=24), RankSettings(run_ahead=True)) as ranks:
+    with open_ranks(config(tiny_model, max_context=24, run_ahead=True)) as ranks:
         engine, steps = engine_over(ranks), []
         submit = engine.submit
         engine.submit = lambda arrays, feed: (steps.append(len(arrays["step.ids"])), submit(arrays, feed))[1]
@@ -147,17 +147,16 @@ def test_the_context_limit_costs_no_discarded_step(tiny_model):
 def test_without_the_feed_the_tokens_differ(tiny_model, monkeypatch):
     """The workload is one a missing feed would fail: the placeholder ids change the tokens."""
     monkeypatch.setattr(Feed, "apply", lambda self, ids, tokens: None)
-    with open_ranks(options(tiny_model), RankSettings(run_ahead=False)) as sync_ranks, \
-            open_ranks(options(tiny_model), RankSettings(run_ahead=True)) as ahead_ranks:
+    with open_ranks(config(tiny_model, run_ahead=False)) as sync_ranks, \
+            open_ranks(config(tiny_model, run_ahead=True)) as ahead_ranks:
         assert drive(engine_over(ahead_ranks))["outputs"] != drive(engine_over(sync_ranks))["outputs"]
 
 
 def test_a_launch_at_tp_2_runs_ahead_to_the_synchronous_tokens(tiny_model):
     """One launch of two host ranks: the same ranks driven synchronously and run ahead (each rank
     feeds its own sampled tokens: rank 1 never sees rank 0's)."""
-    settings = RankSettings(tp=2, run_ahead=True)
-    with open_ranks(EngineOptions(model=str(tiny_model), progress=False, max_seqs=4), settings) as ranks:
-        sync_engine = Engine(ranks.options, ranks.execute, ranks.text)
+    with open_ranks(Config(model=str(tiny_model), progress=False, max_seqs=4, tp=2, run_ahead=True)) as ranks:
+        sync_engine = Engine(ranks.config, ranks.execute, ranks.text)
         sync, ahead = compare(sync_engine, engine_over(ranks))
     assert ahead["outputs"] == sync["outputs"]
 
@@ -177,17 +176,15 @@ def test_smollm2_runs_ahead_to_the_synchronous_tokens(smollm2):
     """The real model, in process, and launched at TP 3 (one launch, driven both ways)."""
     results = {}
     for run_ahead in (False, True):
-        with open_ranks(EngineOptions(model=str(smollm2), progress=False, max_seqs=2),
-                        RankSettings(run_ahead=run_ahead)) as ranks:
+        with open_ranks(Config(model=str(smollm2), progress=False, max_seqs=2, run_ahead=run_ahead)) as ranks:
             results[run_ahead] = _smollm2_outputs(engine_over(ranks))
     assert results[True] == results[False]
-    with open_ranks(EngineOptions(model=str(smollm2), progress=False, max_seqs=2),
-                    RankSettings(tp=3, run_ahead=True)) as ranks:
-        assert _smollm2_outputs(engine_over(ranks)) == _smollm2_outputs(Engine(ranks.options, ranks.execute, ranks.text))
+    with open_ranks(Config(model=str(smollm2), progress=False, max_seqs=2, tp=3, run_ahead=True)) as ranks:
+        assert _smollm2_outputs(engine_over(ranks)) == _smollm2_outputs(Engine(ranks.config, ranks.execute, ranks.text))
 
 
 def test_a_step_that_fails_running_ahead_raises_where_its_tokens_were_due(tiny_model):
-    with open_ranks(options(tiny_model), RankSettings(run_ahead=True)) as ranks:
+    with open_ranks(config(tiny_model, run_ahead=True)) as ranks:
         engine = engine_over(ranks)
         run, calls = ranks.worker.executor.run, []
 
@@ -207,8 +204,8 @@ def test_a_step_that_fails_running_ahead_raises_where_its_tokens_were_due(tiny_m
 
 
 def test_a_feed_that_does_not_fit_is_one_line(tiny_model):
-    with open_ranks(options(tiny_model), RankSettings(run_ahead=False)) as ranks:
-        engine, plans = Engine(ranks.options, ranks.execute, ranks.text), []
+    with open_ranks(config(tiny_model, run_ahead=False)) as ranks:
+        engine, plans = Engine(ranks.config, ranks.execute, ranks.text), []
         submit = engine.submit
         engine.submit = lambda arrays, feed: (plans.append(arrays), submit(arrays, feed))[1]
         engine.add(PROMPTS[1], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
@@ -253,11 +250,13 @@ def _streamed(model, run_ahead: bool, request: dict) -> list:
 
     import httpx
 
-    from radiance.serving.server import Server, ServeSettings
+    from radiance.serving.options import ServeSettings
+    from radiance.serving.server import Server
     from test_server_inprocess import Running
+    from test_server_support import wait_for
 
     server = Server(str(model), ServeSettings(port=0)).start()
-    ranks = open_ranks(options(model), RankSettings(run_ahead=run_ahead))
+    ranks = open_ranks(config(model, run_ahead=run_ahead))
     running = Running(server, engine_over(ranks), ranks)
     try:
         body = {"model": "tiny", "prompt": "hello there", "max_tokens": 16, "temperature": 1.0, "seed": 3,
@@ -267,7 +266,10 @@ def _streamed(model, run_ahead: bool, request: dict) -> list:
             lines = [line[5:].strip() for line in response.iter_lines() if line.startswith("data:")]
         assert lines[-1] == "[DONE]"
         chunks = [json.loads(line)["choices"][0] for line in lines[:-1]]
-        assert running.loop.engine.blocks.usage == 0 and running.loop.engine.in_flight is None
+        # the last chunk goes out from inside the engine thread's step; the step still in flight is
+        # collected on its next turn (Engine.settle), so the client may be answered a moment before
+        engine = running.loop.engine
+        assert wait_for(lambda: engine.in_flight is None, timeout=10) and engine.blocks.usage == 0
         return [(chunk["text"], chunk["finish_reason"]) for chunk in chunks]
     finally:
         running.stop()
@@ -297,16 +299,18 @@ def test_the_command_line_runs_ahead_to_the_same_completion(tiny_model):
     assert outputs["--run-ahead"] == outputs["--no-run-ahead"] and len(outputs["--run-ahead"]) > 4
 
 
-def test_run_ahead_by_default_only_where_it_was_measured_to_help(monkeypatch):
+def test_run_ahead_by_default_only_where_it_was_measured_to_help(monkeypatch, tiny_model):
     from radiance.launch import ranks as module
 
+    def default(card, **given):
+        return module.run_ahead_default(Config(model=str(tiny_model), **given), card=card)
+
     monkeypatch.setattr(module, "usable_cores", lambda: 2)
-    default = module.run_ahead_default
-    assert default(RankSettings(tp=1, launched=True), card=False)
-    assert not default(RankSettings(tp=2), card=False)  # no core left for the coordinator
+    assert default(tp=1, launched=True, card=False)
+    assert not default(tp=2, card=False)  # no core left for the coordinator
     monkeypatch.setattr(module, "usable_cores", lambda: 4)
-    assert default(RankSettings(tp=2), card=False) and default(RankSettings(tp=3), card=False)
-    assert not default(RankSettings(tp=1), card=False)  # in process
-    assert not default(RankSettings(tp=2), card=True)  # not measured on a card yet
-    assert default(RankSettings(tp=3, run_ahead=True), card=True)
-    assert not default(RankSettings(tp=2, run_ahead=False), card=False)
+    assert default(tp=2, card=False) and default(tp=3, card=False)
+    assert not default(tp=1, card=False)  # in process
+    assert not default(tp=2, card=True)  # not measured on a card yet
+    assert default(tp=3, run_ahead=True, card=True)
+    assert not default(tp=2, run_ahead=False, card=False)

@@ -3,8 +3,8 @@
 import pytest
 
 from radiance.abi import RAD_DOMAIN_HOST
-from radiance.engine.registry import Registry
-from radiance.engine.selection import SelectionError, describe_resolution, resolve
+from radiance.engine.loading.registry import Registry
+from radiance.engine.selection.bands import SelectionError, describe_resolution, resolve
 
 
 def select(registry, op, geometry=None, facts=None, max_extent=4096, accept_reference=False):

@@ -8,19 +8,20 @@ import threading
 import httpx
 import pytest
 
-from radiance.generation.options import EngineOptions
+from radiance.config import Config
 from radiance.generation.text import Detokenizer, TextCodec
-from radiance.launch.ranks import engine_over, open_ranks
-from radiance.serving.server import Server, ServeSettings
+from radiance.launch import engine_over, open_ranks
+from radiance.serving.options import ServeSettings
+from radiance.serving.server import Server
 
 from test_server_support import wait_for
 
 
 def make_engine(model, **overrides):
     """An engine over one rank in this process, and those ranks."""
-    options = EngineOptions(model=str(model), radiance_home="", accept_reference=True, progress=False,
-                            kernels="libref", **overrides)
-    ranks = open_ranks(options)
+    config = Config(model=str(model), radiance_home="", accept_reference=True, progress=False, kernels="libref",
+                    **overrides)
+    ranks = open_ranks(config)
     return engine_over(ranks), ranks
 
 

@@ -6,22 +6,22 @@ import sys
 
 import pytest
 
-from radiance.engine.registry import Registry
+from radiance.config import Config
 from radiance.generation.engine import Engine
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextCodec
-from radiance.generation.worker import Worker
+from radiance.ranks.worker import Worker
 
 PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "Water boils at a temperature of"]
 
 
 def greedy(model, kernels, prompts, max_tokens, accept_reference=False):
-    options = EngineOptions(model=str(model), kernels=kernels, accept_reference=accept_reference, progress=False)
-    worker = Worker(options, Registry(radiance_home="", kernels=kernels)).build()
+    config = Config(model=str(model), radiance_home="", kernels=kernels, accept_reference=accept_reference,
+                    progress=False)
+    worker = Worker(config).build()
     try:
         container = worker.model.container
-        engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template,
+        engine = Engine(config, worker.execute, TextCodec(container.tokenizer, container.chat_template,
                                                           worker.model.hyper))
         outputs = []
         for prompt in prompts:
@@ -44,11 +44,11 @@ def test_libr4d_and_libref_agree_on_the_first_16_greedy_tokens(smollm2):
 def test_everyday_answers_are_on_topic(smollm2):
     questions = {"What is the capital of France?": "Paris", "How many days are in a week?": "7",
                  "What color is the sky on a clear day?": "blue", "What is the opposite of hot?": "cold"}
-    options = EngineOptions(model=str(smollm2), progress=False)
-    worker = Worker(options, Registry(radiance_home="")).build()
+    config = Config(model=str(smollm2), radiance_home="", progress=False)
+    worker = Worker(config).build()
     try:
         container = worker.model.container
-        engine = Engine(options, worker.execute, TextCodec(container.tokenizer, container.chat_template,
+        engine = Engine(config, worker.execute, TextCodec(container.tokenizer, container.chat_template,
                                                           worker.model.hyper))
         for question, expected in questions.items():
             answer = "".join(engine.stream(engine.text.chat([{"role": "user", "content": question}]),

@@ -4,7 +4,7 @@ never decoded."""
 import numpy as np
 import zmq
 
-from radiance.wire import Wire
+from radiance.collectives.wire import Wire
 
 
 def pair(tmp_path, secret_a=b"a" * 32, secret_b=b"a" * 32):

@@ -8,7 +8,7 @@ Python quantisers see every weight as [rows, cols] (a vector is one row) and the
 import numpy as np
 
 from radiance.abi import KIND_FOLDERS, RAD_E_UNSUPPORTED, RAD_P_F64, RAD_P_INT, RAD_P_STR, RAD_PLUGIN_QUANT, RadEncoding
-from radiance.engine.registry import Registry
+from radiance.engine.loading.registry import Registry
 
 from .job import WeightJob
 

@@ -14,8 +14,9 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from radiance.config import Config
+
 from .kv_blocks import BlockManager
-from .options import EngineOptions
 from .output_text import OutputText
 from .scheduler import Scheduler, StepPlan
 from .sequence import SamplingParams, Sequence
@@ -31,12 +32,12 @@ class Submitted:
 
 
 class Engine:
-    def __init__(self, options: EngineOptions, execute: Callable, text: TextCodec, ahead=None):
+    def __init__(self, config: Config, execute: Callable, text: TextCodec, ahead=None):
         """`ahead`: what runs steps ahead (submit(arrays, feed), collect() -> tokens); None: `execute`
         runs each step as it is planned."""
-        self.options, self.execute, self.text = options, execute, text
-        self.blocks = BlockManager(options.num_blocks, options.block_size)
-        self.scheduler = Scheduler(self.blocks, options.max_step_tokens, options.max_seqs, options.max_context)
+        self.config, self.execute, self.text = config, execute, text
+        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.blocks, config.max_step_tokens, config.max_seqs, config.max_context)
         self._ids = itertools.count()
         self.run_ahead = ahead is not None
         # Every plan goes through `submit` and every result through `collect` (a caller may wrap
@@ -80,7 +81,7 @@ class Engine:
     def _submit(self, plan: StepPlan, previous: Submitted | None) -> Submitted | None:
         if not plan.chunks:
             return None
-        arrays, feed = plan_arrays(plan, self.blocks, self.options.max_blocks, previous.samples if previous else None)
+        arrays, feed = plan_arrays(plan, self.blocks, self.config.max_blocks, previous.samples if previous else None)
         sampling = [chunk.samples for chunk in plan.chunks]
         self.submit(arrays, feed)
         submitted = Submitted(plan)
@@ -117,7 +118,7 @@ class Engine:
         params = sequence.params
         if token in self.text.stop_ids and not params.ignore_eos:
             self.scheduler.finish(sequence, "stop")
-        elif len(sequence.output_ids) >= params.max_tokens or len(sequence.token_ids) >= self.options.max_context:
+        elif len(sequence.output_ids) >= params.max_tokens or len(sequence.token_ids) >= self.config.max_context:
             self.scheduler.finish(sequence, "length")
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[str]:

@@ -27,9 +27,6 @@ class BlockManager:
         self.free_blocks.extend(reversed(sequence.blocks))
         sequence.blocks = []
 
-    def slot(self, sequence: Sequence, position: int) -> int:
-        return sequence.blocks[position // self.block_size] * self.block_size + position % self.block_size
-
     @property
     def usage(self) -> float:
         return 1 - len(self.free_blocks) / self.num_blocks

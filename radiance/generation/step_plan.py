@@ -5,8 +5,8 @@ when it is planned while the step before it runs, the feed of the ids that step 
 import numpy as np
 
 from radiance.abi import (
-    RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_CU_SEQLENS, RAD_STEP_IDS, RAD_STEP_LAST_INDEX,
-    RAD_STEP_POSITIONS, RAD_STEP_RNG, RAD_STEP_SLOTS, RAD_STEP_TEMPERATURE, RAD_STEP_TOP_K, RAD_STEP_TOP_P,
+    PLANNED, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_CU_SEQLENS, RAD_STEP_IDS, RAD_STEP_LAST_INDEX,
+    RAD_STEP_POSITIONS, RAD_STEP_RNG, RAD_STEP_SLOTS, RAD_STEP_TEMPERATURE, RAD_STEP_TOP_K, RAD_STEP_TOP_P, STEP_INPUTS,
 )
 
 from .feed import PLACEHOLDER, Feed
@@ -18,14 +18,8 @@ def plan_arrays(plan: StepPlan, blocks: BlockManager, max_blocks: int, previous:
     """(the arrays, the feed). `previous`: sequence -> the index of its token among the tokens of
     the step in flight, for the sequences whose last token that step samples (pending here)."""
     seqs, tokens = len(plan.chunks), plan.tokens
-    arrays = {
-        RAD_STEP_IDS: np.empty(tokens, np.int32), RAD_STEP_POSITIONS: np.empty(tokens, np.int32),
-        RAD_STEP_SLOTS: np.empty(tokens, np.int32), RAD_STEP_CU_SEQLENS: np.empty(seqs + 1, np.int32),
-        RAD_STEP_CONTEXT_LENS: np.empty(seqs, np.int32), RAD_STEP_LAST_INDEX: np.empty(seqs, np.int32),
-        RAD_STEP_BLOCK_TABLES: np.zeros((seqs, max_blocks), np.int32),
-        RAD_STEP_TEMPERATURE: np.empty(seqs, np.float32), RAD_STEP_TOP_K: np.empty(seqs, np.int32),
-        RAD_STEP_TOP_P: np.empty(seqs, np.float32), RAD_STEP_RNG: np.empty((seqs, 2), np.uint64),
-    }
+    arrays = {name: np.zeros(STEP_INPUTS[name].shape(tokens, seqs, max_blocks), STEP_INPUTS[name].dtype)
+              for name in PLANNED}
     offset, fed = 0, []
     for s, chunk in enumerate(plan.chunks):
         sequence, stop = chunk.sequence, offset + chunk.count

@@ -1,10 +1,9 @@
 """The HTTP side: FastAPI routes for the OpenAI API, /health, /metrics and /graph, and the checks
-every request passes before it reaches the engine thread (API key, JSON and field types, model
-name, prompt and max_tokens against the context). Each refusal is a 4xx with an OpenAI-style body;
-a refused request never touches the engine, so the others go on."""
+every request passes before it reaches the engine thread (model name, prompt and max_tokens against
+the context; the API key is guard.py's, the JSON and field types errors.py's). Each refusal is a 4xx
+with an OpenAI-style body; a refused request never touches the engine, so the others go on."""
 
 import asyncio
-import hmac
 import json
 import threading
 import time
@@ -13,21 +12,20 @@ from pathlib import Path
 
 import jinja2
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radiance.generation.sequence import SamplingParams
 from radiance.generation.text import TextError
 
+from .errors import install_error_handlers
 from .graph import graph_report, graph_text, open_declared
+from .guard import Guard
 from .loop import EngineLoop, Event, Job
 from .metrics import CONTENT_TYPE, Metrics
 from .options import DEFAULT_MAX_STOP_CHARS
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Sampling, error_body, not_ready
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Sampling, not_ready
 
 MAX_STOPS = 16
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/graph")
 GONE = object()  # put on a job's queue when its client disconnects
 
 
@@ -53,10 +51,7 @@ class ServerState:
         """The declared graph for /graph, read once from the model (no weight is read)."""
         with self._declared_lock:
             if self._declared is None:
-                options = self.loop.engine.options
-                self._declared = open_declared(options.model, options.radiance_home, options.kernels,
-                                               {"activation_dtype": options.activation_dtype,
-                                                "block_size": options.block_size})
+                self._declared = open_declared(self.loop.engine.config)
             return self._declared
 
     @property
@@ -106,7 +101,7 @@ class ServerState:
 
     def sampling(self, body: Sampling, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> SamplingParams:
         engine = self.engine_loop().engine
-        context, length = engine.options.max_context, len(prompt_ids)
+        context, length = engine.config.max_context, len(prompt_ids)
         if length == 0:
             raise APIError(400, "the prompt is empty", param=prompt_param)
         if length >= context:
@@ -163,41 +158,18 @@ async def _until_disconnect(request: Request, job: Job) -> None:
             return
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState) -> Guard:
+    """The routes over `state`, every failure an OpenAI-style body, behind the API key."""
     app = FastAPI(title="Radiance", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    _info_routes(app, state)
+    _completion_routes(app, state)
+    return Guard(app, state)
+
+
+def _info_routes(app: FastAPI, state: ServerState) -> None:
+    """/health, /metrics, /graph and the models."""
     metrics = state.metrics
-
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, error: APIError):
-        return JSONResponse(error.body(), status_code=error.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, error: RequestValidationError):
-        problems = error.errors()
-        first = problems[0] if problems else {"loc": (), "msg": "invalid request", "type": ""}
-        if first.get("type") == "json_invalid":
-            return JSONResponse(error_body(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"),
-                                status_code=400)
-        location = [str(part) for part in first.get("loc", ()) if part != "body"]
-        # a union's member name (e.g. 'str', 'list[int]') is the type tried, not a field
-        fields = [part for part in location if not any(c in part for c in "[]") and part not in ("str", "int", "float", "bool")]
-        param = ".".join(fields) or None
-        message = f"{param}: {first['msg']}" if param else f"the request body: {first['msg']}"
-        if len(problems) > 1:
-            message += f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
-        return JSONResponse(error_body(message, param=param), status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException):
-        message = {404: f"no route {request.method} {request.url.path}",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, str(error.detail))
-        return JSONResponse(error_body(message, code=None), status_code=error.status_code, headers=error.headers)
-
-    @app.exception_handler(Exception)
-    async def failure(request: Request, error: Exception):
-        return JSONResponse(error_body(f"{type(error).__name__}: {error}", type="server_error"), status_code=500)
-
-    # ---- routes ---------------------------------------------------------------------------------
 
     @app.get("/health")
     async def health():
@@ -224,7 +196,7 @@ def create_app(state: ServerState) -> FastAPI:
     def model_card() -> dict:
         card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "radiance"}
         if state.loop is not None:
-            card["max_model_len"] = state.loop.engine.options.max_context
+            card["max_model_len"] = state.loop.engine.config.max_context
         return card
 
     @app.get("/v1/models")
@@ -235,6 +207,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def model(name: str):
         state.check_model(name)
         return model_card()
+
+
+def _completion_routes(app: FastAPI, state: ServerState) -> None:
+    """/v1/completions and /v1/chat/completions, streamed or whole."""
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -283,8 +259,6 @@ def create_app(state: ServerState) -> FastAPI:
         return {**head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                              "finish_reason": last.finish}], "usage": last.usage}
-
-    return Guard(app, state)
 
 
 def _fingerprint(state: ServerState) -> str | None:
@@ -350,42 +324,3 @@ def _stream(state: ServerState, job: Job, head: dict, first_choice: dict | None,
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-class Guard:
-    """Pure ASGI around the app: the API key on every route but /health (401 before anything else
-    is read), and each response's status counted for /metrics."""
-
-    def __init__(self, app, state: ServerState):
-        self.app, self.state = app, state
-        self.key = state.api_key.encode() if state.api_key else None
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = scope.get("path", "")
-        route = path if path in ROUTES else ("/v1/models" if path.startswith("/v1/models/") else "other")
-        status = {"code": 500}
-
-        async def counted_send(message):
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            await send(message)
-
-        try:
-            if self.key is not None and path != "/health" and not self._authorised(scope):
-                response = JSONResponse(error_body("Incorrect or missing API key: send 'Authorization: Bearer KEY'",
-                                                   code="invalid_api_key"), status_code=401,
-                                        headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, counted_send)
-                return
-            await self.app(scope, receive, counted_send)
-        finally:
-            self.state.metrics.requests.labels(route=route, status=str(status["code"])).inc()
-
-    def _authorised(self, scope) -> bool:
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
-        return False

@@ -15,13 +15,13 @@ def declared_nodes(graph) -> list[dict]:
             for index, node in enumerate(graph.nodes)]
 
 
-def open_declared(model_path: str, radiance_home: str | None, kernels: str | None, hyper: dict) -> list[dict]:
-    """The declared graph of a model, for /graph whatever ranks run it: the architecture plugin
-    declares it again here (no weight is read)."""
-    from radiance.engine.model import open_model
-    from radiance.engine.registry import Registry
+def open_declared(config) -> list[dict]:
+    """The declared graph of config's model, for /graph whatever ranks run it: the architecture
+    plugin declares it again here (no weight is read)."""
+    from radiance.engine.loading.model import open_model
+    from radiance.engine.loading.registry import Registry
 
-    model = open_model(model_path, Registry(radiance_home, kernels), hyper)
+    model = open_model(config, Registry(config.radiance_home, config.kernels))
     try:
         return declared_nodes(model.graph)
     finally:

@@ -1,12 +1,23 @@
 """The serving options both CLIs take (`radiance` and `radiance-launch`). Light on purpose: the
 CLIs import this on every run, the server's own dependencies only with --serve."""
 
+from dataclasses import dataclass, field
+
 import click
 
 DEFAULT_SERVE_SEQS = 32
 # The characters of a request's stop strings, all together: what the stop scan's automaton holds per
 # request (one node a character), so what a request may make the engine thread keep and walk.
 DEFAULT_MAX_STOP_CHARS = 4096
+
+
+@dataclass
+class ServeSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    defaults: dict = field(default_factory=dict)  # sampling defaults a request may override
+    max_stop_chars: int = DEFAULT_MAX_STOP_CHARS  # a request's stop strings, all together
 
 
 def serve_options(function):

@@ -1,34 +1,25 @@
 """Running a server: the HTTP side on uvicorn in a thread of its own (listening before the model
 loads, so /health can say 503 until every rank is ready), and the engine loop on the thread that
 brought the engine up: the CLI's main thread. `radiance --serve` and `radiance-launch --serve` both
-come here through `serve`, with the ranks launch/ranks.py's open_ranks chose."""
+come here through `serve`, with the ranks launch/__init__.py's open_ranks chose."""
 
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import uvicorn
 
+from radiance.config import Config
 from radiance.log import get_logger
 
 from .app import ServerState, create_app
 from .loop import EngineLoop
 from .metrics import Metrics
-from .options import DEFAULT_MAX_STOP_CHARS
+from .options import ServeSettings
 
 log = get_logger("radiance.serving")
-
-
-@dataclass
-class ServeSettings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    defaults: dict = field(default_factory=dict)  # sampling defaults a request may override
-    max_stop_chars: int = DEFAULT_MAX_STOP_CHARS  # a request's stop strings, all together
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -111,22 +102,23 @@ class Server:
         self.http.stop()
 
 
-def serve(options, settings: ServeSettings, open_ranks: Callable) -> None:
-    """Listen, then `open_ranks()` (launch/ranks.py: one rank in process or launched ones) and run
-    the engine loop over them on this thread until SIGINT or SIGTERM (a clean stop) or an engine
-    failure (raised, so the CLI reports it and the launch ends as it would for any failed step)."""
-    from radiance.launch.ranks import engine_over
+def serve(config: Config, settings: ServeSettings) -> None:
+    """Listen, then open the ranks `config` asks for (launch/__init__.py: one rank in process or
+    launched ones) and run the engine loop over them on this thread until SIGINT or SIGTERM (a clean
+    stop) or an engine failure (raised, so the CLI reports it and the launch ends as it would for
+    any failed step)."""
+    from radiance.launch import engine_over, open_ranks
 
-    server = Server(options.model, settings).start()
+    server = Server(config.model, settings).start()
     log.info("listening on %s (OpenAI API under /v1; /health says 200 once every rank is ready)", server.url)
     interrupt = _Signals()
     try:
-        with open_ranks() as ranks:
+        with open_ranks(config) as ranks:
             engine = engine_over(ranks)
             loop = server.attach(engine, ranks)
             log.info("ready: %s, %d rank%s, up to %d sequences a step, context %d tokens, %d KV blocks",
                      server.state.model_name, ranks.world, "" if ranks.world == 1 else "s",
-                     engine.options.max_seqs, engine.options.max_context, engine.blocks.num_blocks)
+                     engine.config.max_seqs, engine.config.max_context, engine.blocks.num_blocks)
             interrupt.redirect(loop.stop)
             loop.run()
             log.info("stopped")

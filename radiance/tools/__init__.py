@@ -1,1 +1,1 @@
-"""Command-line tools: rad-info, rad-schemas."""
+"""Command-line tools: radiance, radiance-launch, rad-info, rad-schemas."""

@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from radiance.engine.model import ModelError
-from radiance.engine.registry import KernelsError
-from radiance.engine.selection import SelectionError
-from radiance.engine.shard import ShardError
+from radiance.engine.loading.model import ModelError
+from radiance.engine.loading.registry import KernelsError
+from radiance.engine.selection.bands import SelectionError
+from radiance.engine.selection.shard import ShardError
 from radiance.generation.text import TextError
 from radiance.weights.container_format import ContainerError
 

@@ -1,18 +1,19 @@
 """radiance: one rank in process (`--tp N` launches N rank processes, as radiance-launch does).
 `--prompt` streams a raw completion to stdout (logs and progress go to stderr); `--chat` is an
 interactive chat through the model's template; `--serve` serves the OpenAI API. Which ranks run
-the steps is launch/ranks.py's open_ranks' choice, for this command and radiance-launch alike."""
+the steps is launch/__init__.py's open_ranks' choice, for this command and radiance-launch alike."""
 
 import os
 import sys
 
 import click
 
+from radiance.config import Config
 from radiance.generation.engine import Engine
-from radiance.generation.options import EngineOptions
 from radiance.generation.sequence import SamplingParams
-from radiance.launch.ranks import RANK_ERRORS, RankSettings, engine_over, open_ranks
-from radiance.serving.options import check_mode, max_seqs_for, serve_options
+from radiance.launch import engine_over, open_ranks
+from radiance.launch.ranks import RANK_ERRORS
+from radiance.serving.options import ServeSettings, check_mode, max_seqs_for, serve_options
 
 from . import options
 from .errors import user_errors
@@ -45,42 +46,35 @@ def stream_prompt(engine: Engine, prompt: str, params: dict) -> None:
     click.echo()
 
 
-def run(program: str, verbose: bool, settings: RankSettings, mode: dict, sampling: dict, engine: dict,
-        serving: dict) -> None:
-    """What both commands do once their options are read: check the sampling values before anything
-    loads, then generate (`mode`: prompt, chat) or serve, on the ranks `settings` ask for."""
-    check_mode(serving["serve"], mode["prompt"], mode["chat"])
+def run(program: str, given: dict) -> None:
+    """What both commands do with the options they were given, by name: check the mode and the
+    sampling values before anything loads, make the one Config of the rest, then generate (--prompt,
+    --chat) or serve (--serve) on the ranks it asks for."""
+    verbose, prompt, chat, serve = (given.pop(name) for name in ("verbose", "prompt", "chat", "serve"))
+    check_mode(serve, prompt, chat)
+    sampling, serving = options.take(given, SamplingParams), options.take(given, ServeSettings)
     with user_errors(program, verbose, extra=RANK_ERRORS):
         SamplingParams(**sampling)
-        engine_options = EngineOptions(**engine, max_seqs=max_seqs_for(serving["serve"], serving["max_seqs"]))
-        if serving["serve"]:
-            from radiance.serving.server import ServeSettings, serve
+        tp, launched = given["tp"], given.get("launched", False)
+        config = Config(**{**given, "max_seqs": max_seqs_for(serve, given["max_seqs"]),
+                           "profile": serve and (tp > 1 or launched)})  # serving: rank 0's figures for /metrics
+        if config.node_rank > 0:  # another node of a launch over several: its agent, node 0 runs the engine
+            from radiance.launch.agent import serve_node
 
-            settings.profile = settings.profile or settings.tp > 1 or settings.launched  # rank 0's figures for /metrics
-            return serve(engine_options, ServeSettings(serving["host"], serving["port"], serving["api_key"], sampling,
-                                                       serving["max_stop_chars"]),
-                         lambda: open_ranks(engine_options, settings))
-        with open_ranks(engine_options, settings) as ranks:
-            if mode["chat"]:
+            return serve_node(config)
+        if serve:
+            from radiance.serving.server import serve as serve_over
+
+            return serve_over(config, ServeSettings(**serving, defaults=sampling))
+        with open_ranks(config) as ranks:
+            if chat:
                 chat_loop(engine_over(ranks), sampling)
             else:
-                stream_prompt(engine_over(ranks), mode["prompt"], sampling)
-
-
-def split(params: dict) -> tuple[dict, dict, dict, dict]:
-    """The options both commands share, by what they are for: (mode, sampling, engine, serving)."""
-    mode = {name: params.pop(name) for name in ("prompt", "chat")}
-    sampling = {name: params.pop(name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")}
-    serving = {name: params.pop(name) for name in ("serve", "host", "port", "api_key", "max_seqs", "max_stop_chars")}
-    engine = {"model": params.pop("model"), "radiance_home": params.pop("radiance_home"),
-              "kernels": params.pop("kernels"), "accept_reference": params.pop("accept_reference"),
-              **{name: params.pop(name) for name in ("max_context", "max_step_tokens", "device", "graphs", "chain",
-                                                      "fusion")}}
-    return mode, sampling, engine, serving
+                stream_prompt(engine_over(ranks), prompt, sampling)
 
 
 @click.command()
-@click.option("--tp", default=1, show_default=True, help="Ranks: above 1, rank processes as radiance-launch starts.")
+@options.tp("Ranks: above 1, rank processes as radiance-launch starts.")
 @options.model_and_mode
 @serve_options
 @options.radiance_home
@@ -90,15 +84,12 @@ def split(params: dict) -> tuple[dict, dict, dict, dict]:
 @options.run_ahead
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="Compute threads of the rank (of each rank with --tp; default: the cores, shared out among the ranks).")
-@click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
-def main(tp, debug_selection, run_ahead, threads, verbose, **params):
+@options.verbose
+def main(**given):
     """Generate with a .rad model on this machine's CPU (or the card it sees), or serve it (--serve)."""
-    if tp < 1:
-        raise click.UsageError(f"--tp must be at least 1, not {tp}")
-    if threads is not None:
-        os.environ["RADIANCE_THREADS"] = str(threads)  # read by the host kernels of the rank in this process
-    run("radiance", verbose, RankSettings(tp=tp, debug_selection=debug_selection, run_ahead=run_ahead, threads=threads),
-        *split(params))
+    if given["threads"] is not None:
+        os.environ["RADIANCE_THREADS"] = str(given["threads"])  # read by the host kernels of a rank in this process
+    run("radiance", given)
 
 
 if __name__ == "__main__":

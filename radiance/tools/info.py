@@ -5,8 +5,8 @@ import sys
 import click
 
 from radiance.abi import KIND_FOLDERS, RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_PLUGIN_ARCH, RAD_PLUGIN_QUANT
-from radiance.engine.registry import KernelsError, Registry
-from radiance.engine.selection import SelectionError, describe_resolution, resolve
+from radiance.engine.loading.registry import KernelsError, Registry
+from radiance.engine.selection.bands import SelectionError, describe_resolution, resolve
 
 from . import options
 

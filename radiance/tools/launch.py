@@ -6,17 +6,30 @@ import sys
 
 import click
 
-from radiance.launch.ranks import RankSettings
+from radiance.launch.placement import settle
 from radiance.serving.options import serve_options
 
 from . import options
-from .generate import run, split
+from .errors import user_errors
+from .generate import run
 
 
 @click.command()
-@click.option("--tp", default=1, show_default=True, help="Ranks: one per card, or host ranks without a card.")
+@options.tp("Ranks of each pipeline stage: one per card, or host ranks without a card.")
+@click.option("--pp", default=1, show_default=True, help="Pipeline stages: the model's layers cut into this many, "
+              "--tp ranks each (host ranks).")
+@click.option("--nnodes", type=int, default=None, help="Machines the ranks are spread over (torchrun's name; "
+              "under Slurm SLURM_NNODES).")
+@click.option("--node-rank", type=int, default=0, help="This machine's place (0 runs the coordinator; "
+              "under Slurm SLURM_NODEID).")
+@click.option("--master-addr", default=None, help="Node 0's address, where its coordinator binds and the "
+              "others reach it (under Slurm the first host of SLURM_STEP_NODELIST).")
+@click.option("--master-port", type=int, default=None, help="Node 0's coordinator port (default: $MASTER_PORT, "
+              "else 29500, as torchrun's).")
+@click.option("--keys", type=click.Path(dir_okay=False), default=None, help="The launch's CURVE keys: node 0 "
+              "writes this file, every other node reads it (copy it, or give a shared folder's path).")
 @options.model_and_mode
-@click.option("--threads-per-rank", type=click.IntRange(1), default=None, help="Compute threads of each host rank "
+@click.option("--threads-per-rank", "threads", type=int, default=None, help="Compute threads of each host rank "
               "(default: the cores divided among the ranks).")
 @click.option("--disable-p2p", is_flag=True, help="Use the _host twins of the collectives even where P2P works.")
 @click.option("--stage-timeout", default=60.0, show_default=True, help="Seconds every handshake stage may take.")
@@ -26,14 +39,12 @@ from .generate import run, split
 @options.kernels
 @options.accept_reference
 @options.run_ahead
-@click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
-def main(tp, threads_per_rank, disable_p2p, stage_timeout, step_timeout, run_ahead, verbose, **params):
+@options.verbose
+def main(**given):
     """Generate with a .rad model over TP ranks, or serve it (--serve)."""
-    if tp < 1:
-        raise click.UsageError(f"--tp must be at least 1, not {tp}")
-    settings = RankSettings(tp=tp, launched=True, threads=threads_per_rank, disable_p2p=disable_p2p,
-                            stage_timeout=stage_timeout, step_timeout=step_timeout, run_ahead=run_ahead)
-    run("radiance-launch", verbose, settings, *split(params))
+    with user_errors("radiance-launch", given["verbose"]):
+        given = settle(given)
+    run("radiance-launch", {**given, "launched": True})
 
 
 if __name__ == "__main__":

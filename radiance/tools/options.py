@@ -1,4 +1,9 @@
-"""Options every command shares: where plugins come from and which kernel libraries lead."""
+"""Options every command shares: where plugins come from and which kernel libraries lead, the
+model and what to do with it, how to sample. Each option's name is the field it fills (of
+radiance.config.Config, generation.sequence.SamplingParams or serving.options.ServeSettings), so a
+command hands on what it was given by name (`take`), never by position."""
+
+import dataclasses
 
 import click
 
@@ -16,9 +21,19 @@ run_ahead = click.option(
     help="Plan step n+1 while the ranks run step n, the sampled token feeding it where it was sampled "
          "(default: on for launched host ranks fewer than the cores, where it was measured to help; "
          "off in process and on cards).")
+verbose = click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
 debug_selection = click.option(
     "--debug-selection", is_flag=True,
     help="Print the winner of every band and, for each loser, the constraint that refused it.")
+
+
+def tp(help_text: str):
+    return click.option("--tp", default=1, show_default=True, help=help_text)
+
+
+def take(given: dict, kind) -> dict:
+    """The options of `given` that are fields of the dataclass `kind`, taken out of it."""
+    return {field.name: given.pop(field.name) for field in dataclasses.fields(kind) if field.name in given}
 
 
 def parse_assignments(pairs, what: str) -> dict:

@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 
 from radiance.abi import RAD_PLUGIN_KERNEL
-from radiance.engine.hierarchy import entry_matches
-from radiance.engine.homes import Candidate, discover, search_path
-from radiance.engine.loader import import_module
-from radiance.engine.records import PluginRefused
-from radiance.engine.registry import schema_difference
+from radiance.engine.loading.hierarchy import entry_matches
+from radiance.engine.loading.homes import Candidate, discover, search_path
+from radiance.engine.loading.loader import import_module
+from radiance.engine.loading.records import PluginRefused
+from radiance.engine.loading.registry import schema_difference
 
 from . import options
 

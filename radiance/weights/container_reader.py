@@ -212,3 +212,14 @@ class Container:
 
     def _fail(self, message):
         raise ContainerError(f"{self.path}: {message}")
+
+
+def open_container(path) -> Container:
+    """The model file at `path`, opened; where it is no container or cannot be read, ContainerError
+    in one line that names the file (the one wording every command shows)."""
+    try:
+        return Container(path)
+    except ContainerError as error:
+        raise ContainerError(f"not a .rad model: {error}") from None
+    except OSError as error:
+        raise ContainerError(f"{path}: {error.strerror or error}") from None

@@ -9,8 +9,10 @@ flags with r4d.c's futex wait when it is built. Where no compiler can build it, 
 runs a numpy body instead and the plugin says so once. docs/LIBR4D.md has the rows, their bands,
 tolerances against libref and measured speed.
 
-The collectives (all_reduce, all_gather, the chained and fused forms) are collectives.py's, listed
-here from its HOST_ROWS; should that module fail to import, the compute rows load without them.
+The collectives (all_reduce, all_gather, the chained and fused forms) are collectives.py's, and the
+pipeline stage boundary's send and recv pipeline.py's, listed here from their HOST_ROWS with their
+colours; should that module fail to import, the compute rows load
+without them. A row is chained (rad_kernel_chain) where its name carries "r4dchain".
 
 It declares no schema: libref declares every op of the vocabulary, and a row may implement an op
 another library declares."""
@@ -23,32 +25,36 @@ from . import native, rows
 
 log = logging.getLogger("radiance.libr4d")
 
-_STATE = {"rows": None, "native": None, "why": None, "colour": {}, "chain": {}}
+_STATE = {"rows": None, "native": None, "why": None, "colour": {}}
+CHAIN_MARK = "r4dchain"
 
 
-def _collective_rows(native):
-    """collectives.py's suggested declarations and their colours, or nothing if it will not import.
-    A module that takes it (`use_native_add_rmsnorm`) is handed r4d.c's add + rmsnorm for the tail
-    of its fused row (rows.add_rmsnorm: bit for bit libref's add then rmsnorm)."""
+def _collective_rows(native) -> list:
+    """(declaration, colour) of collectives.py's rows and collectives_device.py's, or of none of a
+    module that will not import. A module that takes it (`use_native_add_rmsnorm`) is handed r4d.c's
+    add + rmsnorm for the tail of its fused row (rows.add_rmsnorm: bit for bit libref's add then
+    rmsnorm)."""
+    declared = []
     try:
         from . import collectives
         if hasattr(collectives, "use_native_add_rmsnorm"):
             collectives.use_native_add_rmsnorm(rows.add_rmsnorm(native))
         if native is not None and hasattr(collectives, "use_native_wait"):
             collectives.use_native_wait(native.lib.r4d_wait_word, native.lib.r4d_wake_word)
-        rows_ = list(collectives.HOST_ROWS)
-        colours, chains = dict(collectives.ROW_COLOURS), dict(collectives.ROW_CHAIN)
+        declared += collectives.HOST_ROWS
     except Exception as error:  # another module's failure must not take the compute rows down
         log.warning("libr4d: collective rows unavailable (%s: %s)", type(error).__name__, error)
-        rows_, colours, chains = [], {}, {}
+    try:  # the pipeline stage boundary's send and recv (pipeline.py)
+        from . import pipeline
+        declared += pipeline.HOST_ROWS
+    except Exception as error:
+        log.warning("libr4d: pipeline rows unavailable (%s: %s)", type(error).__name__, error)
     try:  # the device-domain rows (collectives_device.py): the P2P rows and their _host twins
         from . import collectives_device
-        rows_ += list(collectives_device.DEVICE_ROWS)
-        colours.update(collectives_device.ROW_COLOURS)
-        chains.update(collectives_device.ROW_CHAIN)
+        declared += collectives_device.DEVICE_ROWS
     except Exception as error:
         log.warning("libr4d: device collective rows unavailable (%s: %s)", type(error).__name__, error)
-    return rows_, colours, chains
+    return declared
 
 
 def _device_rows():
@@ -75,11 +81,9 @@ def _open() -> None:
     _STATE["native"] = loaded
     if loaded is not None:
         log.debug("libr4d: %s", loaded.describe())
-    collective, colours, chains = _collective_rows(loaded)
-    device = _device_rows()
-    _STATE["rows"] = rows.build_rows(loaded) + collective + device
-    chains.update({row.name: True for row in device if "r4dchain" in row.name})  # device_rows.chained
-    _STATE["colour"], _STATE["chain"] = colours, chains
+    collective = _collective_rows(loaded)
+    _STATE["rows"] = rows.build_rows(loaded) + [info for info, _ in collective] + _device_rows()
+    _STATE["colour"] = {info.name: colour for info, colour in collective}
 
 
 def rad_plugin_abi_version():
@@ -122,7 +126,7 @@ def rad_kernel_collective(i):
 
 def rad_kernel_chain(i):
     _open()
-    return bool(_STATE["chain"].get(_STATE["rows"][i].name, False))
+    return CHAIN_MARK in _STATE["rows"][i].name
 
 
 def backend() -> str:

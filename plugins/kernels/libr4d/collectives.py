@@ -397,41 +397,25 @@ def relayout_f32(weight, geometry):
     return rad_weight_f32(weight)
 
 
-ROW_HOOKS = {
-    "all_reduce_host": all_reduce_host,
-    "all_reduce_host_r4dchain": all_reduce_host_r4dchain,
-    "all_gather_host": all_gather_host,
-    "all_reduce_add_rmsnorm_host": all_reduce_add_rmsnorm_host,
-}
-ROW_OPS = {
-    "all_reduce_host": "all_reduce",
-    "all_reduce_host_r4dchain": "all_reduce",
-    "all_gather_host": "all_gather",
-    "all_reduce_add_rmsnorm_host": FUSED_OP,
-}
-ROW_COLOURS = {  # rad_kernel_collective
-    "all_reduce_host": 2,
-    "all_reduce_host_r4dchain": 2,
-    "all_gather_host": 1,
-    "all_reduce_add_rmsnorm_host": 2,
-}
-ROW_CHAIN = {name: "r4dchain" in name for name in ROW_HOOKS}  # rad_kernel_chain
-
-
-def _host_row(name, computes, priority=0, **hooks):
+def _host_row(name, op, launch, computes, priority=0, **hooks):
     return RadKernelInfo(
-        name=name, op=ROW_OPS[name], family="collective", computes=computes, shape="any",
-        dtypes="f32 activations", domain=RAD_DOMAIN_HOST, priority=priority,
-        constraints=[RAD_CEQ("device.p2p", 0), RAD_CEQ("dtype", "f32")], launch=ROW_HOOKS[name], **hooks)
+        name=name, op=op, family="collective", computes=computes, shape="any", dtypes="f32 activations",
+        domain=RAD_DOMAIN_HOST, priority=priority, constraints=[RAD_CEQ("device.p2p", 0), RAD_CEQ("dtype", "f32")],
+        launch=launch, **hooks)
 
 
-# Suggested declarations (the library's export table decides what it lists and in which order).
+# Suggested declarations (the library's export table decides what it lists and in which order),
+# each with its rad_kernel_collective colour: 2, the row ends the link-gate hold itself; 1, the
+# engine ends it when the launch returns. A row whose name carries "r4dchain" is chained
+# (rad_kernel_chain), as the engine requires the name and the flag to agree.
 HOST_ROWS = [
-    _host_row("all_reduce_host", "shared memory, rank-order sum, one-shot or reduce-scatter + all-gather"),
+    (_host_row("all_reduce_host", "all_reduce", all_reduce_host,
+               "shared memory, rank-order sum, one-shot or reduce-scatter + all-gather"), 2),
     # below all_reduce_host: the engine picks the chained form only where it writes chain records
-    _host_row("all_reduce_host_r4dchain", "as all_reduce_host, waiting on its chain record in the prologue",
-              priority=-1),
-    _host_row("all_gather_host", "shared memory"),
-    _host_row("all_reduce_add_rmsnorm_host", "rank-order all_reduce, residual add, ordered rmsnorm",
-              layout=layout_f32, relayout=relayout_f32, replaces=FUSED_REPLACES),
+    (_host_row("all_reduce_host_r4dchain", "all_reduce", all_reduce_host_r4dchain,
+               "as all_reduce_host, waiting on its chain record in the prologue", priority=-1), 2),
+    (_host_row("all_gather_host", "all_gather", all_gather_host, "shared memory"), 1),
+    (_host_row("all_reduce_add_rmsnorm_host", FUSED_OP, all_reduce_add_rmsnorm_host,
+               "rank-order all_reduce, residual add, ordered rmsnorm", layout=layout_f32, relayout=relayout_f32,
+               replaces=FUSED_REPLACES), 2),
 ]

@@ -92,30 +92,22 @@ def all_gather_device(a):
     return _ended(gate)
 
 
-ROW_OPS = {
-    "all_reduce_p2p": "all_reduce",
-    "all_reduce_p2p_host": "all_reduce",
-    "all_gather_p2p": "all_gather",
-    "all_gather_p2p_host": "all_gather",
-}
-ROW_HOOKS = {name: all_reduce_device if op == "all_reduce" else all_gather_device for name, op in ROW_OPS.items()}
-ROW_COLOURS = {name: 2 for name in ROW_OPS}  # rad_kernel_collective
-ROW_CHAIN = {name: False for name in ROW_OPS}  # rad_kernel_chain
-ROW_P2P = {name: 0 if name.endswith("_host") else 1 for name in ROW_OPS}
-
-
-def _device_row(name, computes):
+def _device_row(name, op, launch, p2p, computes):
     return RadKernelInfo(
-        name=name, op=ROW_OPS[name], family="collective", computes=computes, shape="any",
-        dtypes="f32 activations", domain=RAD_DOMAIN_DEVICE, priority=0,
-        constraints=[RAD_CEQ(RAD_FACT_P2P, ROW_P2P[name]), RAD_CEQ("dtype", "f32")], launch=ROW_HOOKS[name])
+        name=name, op=op, family="collective", computes=computes, shape="any", dtypes="f32 activations",
+        domain=RAD_DOMAIN_DEVICE, priority=0, constraints=[RAD_CEQ(RAD_FACT_P2P, p2p), RAD_CEQ("dtype", "f32")],
+        launch=launch)
 
 
+# As collectives.py's HOST_ROWS: each declaration with its rad_kernel_collective colour, 2 for
+# every one (the kernel ends the hold once its peers' bytes have landed); none is chained.
 DEVICE_ROWS = [
-    _device_row("all_reduce_p2p", "device kernel over the peers' card memory (IPC), rank-order sum, "
-                                  "one-shot or two-shot"),
-    _device_row("all_reduce_p2p_host", "the same kernel over shared memory mapped on every card (PCIe), "
-                                       "rank-order sum"),
-    _device_row("all_gather_p2p", "device kernel over the peers' card memory (IPC)"),
-    _device_row("all_gather_p2p_host", "the same kernel over shared memory mapped on every card (PCIe)"),
+    (_device_row("all_reduce_p2p", "all_reduce", all_reduce_device, 1,
+                 "device kernel over the peers' card memory (IPC), rank-order sum, one-shot or two-shot"), 2),
+    (_device_row("all_reduce_p2p_host", "all_reduce", all_reduce_device, 0,
+                 "the same kernel over shared memory mapped on every card (PCIe), rank-order sum"), 2),
+    (_device_row("all_gather_p2p", "all_gather", all_gather_device, 1,
+                 "device kernel over the peers' card memory (IPC)"), 2),
+    (_device_row("all_gather_p2p_host", "all_gather", all_gather_device, 0,
+                 "the same kernel over shared memory mapped on every card (PCIe)"), 2),
 ]

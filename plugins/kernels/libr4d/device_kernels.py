@@ -3,11 +3,13 @@
 Each op's source is device/common.cu followed by the op's file (nvrtc/hiprtc take one string, no
 include path); RadStream.kernel compiles it once per source and target and caches it."""
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent / "device"
-FILES = ("elementwise", "gemv", "gemm", "attention", "sample")
+FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample")
+PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",)}  # what goes between common.cu and the op's file
 
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
 
@@ -47,12 +49,13 @@ _SOURCES: dict = {}
 
 
 def source(name: str) -> str:
-    """common.cu + <name>.cu, read once."""
+    """common.cu + the parts it builds on + <name>.cu, read once."""
     if name not in FILES:
         raise KeyError(f"no device source {name!r} (known: {', '.join(FILES)})")
     text = _SOURCES.get(name)
     if text is None:
-        text = _SOURCES[name] = (FOLDER / "common.cu").read_text() + "\n" + (FOLDER / f"{name}.cu").read_text()
+        files = ("common", *PARTS.get(name, ()), name)
+        text = _SOURCES[name] = "\n".join((FOLDER / f"{file}.cu").read_text() for file in files)
     return text
 
 
@@ -67,6 +70,57 @@ def gemv_variant(m: int) -> int:
 def gemv_name(m: int) -> str:
     """gemv.cu's entry for M activation rows (one module per format, mode and norm)."""
     return f"r4d_gemv_m{gemv_variant(m)}"
+
+
+@dataclass(frozen=True)
+class StreamShape:
+    """How gemv_stream.cu cuts the work: warps a block, blocks a multiprocessor (the grid: no more),
+    rows a unit (what a warp streams together), 16-byte steps a lane keeps in flight per row, units
+    a warp prefetches into the L2 ahead of its loads (0: none). The defaults are the cut
+    bench/device_ops.py --sweep found fastest over one 8B layer's GEMVs on an H200."""
+    warps: int = 4
+    blocks: int = 4
+    unit: int = 2
+    depth: int = 4
+    ahead: int = 0
+
+    def defines(self) -> tuple:
+        return (f"-DGS_WARPS={self.warps}", f"-DGS_BLOCKS={self.blocks}", f"-DGS_UNIT={self.unit}",
+                f"-DGS_DEPTH={self.depth}", f"-DGS_AHEAD={self.ahead}")
+
+    @classmethod
+    def parse(cls, text: str) -> "StreamShape":
+        """'warps,blocks,unit,depth,ahead', as --sweep prints it; '1' is the default cut."""
+        return cls() if text.strip() == "1" else cls(*(int(part) for part in text.split(",")))
+
+
+# gemv_stream.cu is opt-in: R4D_GEMV_STREAM=1 (or a cut, "warps,blocks,unit,depth,ahead") turns it
+# on for a process. Faster alone (bench/device_ops.py), it made the fused 8B decode slower on an H200
+# (docs/LIBR4D.md, "The two decode GEMVs"), so gemv.cu stays the default until that is understood.
+STREAM = StreamShape.parse(os.environ["R4D_GEMV_STREAM"]) if os.environ.get("R4D_GEMV_STREAM") else None
+STREAM_MAX_MT = 4               # the stream entries carry MT = 1, 2, 4
+STREAM_MAX_BLOCKS = 1024        # the grid never exceeds this (argmax_groups sizes for it)
+
+
+def streams(vendor: str, target: str, m: int, segments: list, multiprocessors: int, shape: StreamShape) -> bool:
+    """Whether gemv_stream.cu serves this GEMV: an NVIDIA card from sm_80 on, M <= 4, every matrix of
+    whole units, and a unit for every other warp of the grid at least (narrower shapes keep too few
+    bytes in flight; gemv.cu splits their K instead)."""
+    if vendor != "cuda" or not target.startswith("sm_") or int(target[3:].rstrip("a")) < 80:
+        return False
+    if gemv_variant(m) > STREAM_MAX_MT or any(rows % shape.unit for rows in segments):
+        return False
+    return 2 * (sum(segments) // shape.unit) >= max(1, multiprocessors) * shape.blocks * shape.warps
+
+
+def stream_grid(n: int, multiprocessors: int, shape: StreamShape) -> tuple:
+    """shape.blocks blocks a multiprocessor, never more blocks than units."""
+    blocks = max(1, min(multiprocessors * shape.blocks, n // shape.unit, STREAM_MAX_BLOCKS))
+    return (blocks, 1, 1), (shape.warps * 32, 1, 1)
+
+
+def stream_name(m: int) -> str:
+    return f"r4d_gemv_stream_m{gemv_variant(m)}"
 
 
 def warp_size(vendor: str) -> int:
@@ -116,10 +170,16 @@ def gemv_scratch_layout(m: int, n: int, k: int, fmt: str, warp: int = 32, shape:
     return counters, counters + 4 * splits * m * n
 
 
+def argmax_groups(n: int) -> int:
+    """The most (value, index) maxima a fused lm head GEMV of N rows leaves: one a row group of
+    gemv.cu, or one a block of gemv_stream.cu."""
+    return max(-(-n // GEMV_GROUP), min(n // 2, STREAM_MAX_BLOCKS))
+
+
 def argmax_layout(m: int, n: int) -> tuple[int, int, int]:
     """A fused lm head's scratch after its GEMV's: (offset of each row group's best value [groups, M],
     of its index, bytes of both), relative to their own start."""
-    groups = -(-n // GEMV_GROUP)
+    groups = argmax_groups(n)
     values = _aligned(4 * groups * m)
     return 0, values, values + _aligned(4 * groups * m)
 

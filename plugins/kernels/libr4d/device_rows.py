@@ -128,11 +128,18 @@ def gemv_scratch_need(m: int, n: int, k: int, fmt: str, warp: int = 32) -> int:
     return dk.gemv_scratch_layout(m, n, k, fmt, warp)[1]
 
 
+LIBRARY = "library"  # gemv_step's stream_shape: whatever device_kernels.STREAM says
+
+
 def gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None = None, scratch: int = 0,
-              scratch_bytes: int = 0, shape: dk.GemvShape = dk.GEMV) -> Step:
+              scratch_bytes: int = 0, shape: dk.GemvShape = dk.GEMV, stream_shape=LIBRARY) -> Step:
     """The one kernel of a GEMV over `pairs` [(weight operand, output address)]: concatenated (q, k,
-    v) or, in mode 2, paired row by row (gate, up). `scratch` / `scratch_bytes`: the split-K part.
-    `shape`: how the kernel cuts the work (bench/device_ops.py --sweep tries others)."""
+    v) or, in mode 2, paired row by row (gate, up). gemv_stream.cu where `stream_shape` (a
+    StreamShape; LIBRARY: device_kernels.STREAM, None unless asked for) serves the shape, else
+    gemv.cu, whose split-K part uses `scratch` / `scratch_bytes`. The shapes say how each kernel
+    cuts the work (bench/device_ops.py tries others)."""
+    if stream_shape is LIBRARY:
+        stream_shape = dk.STREAM
     extras = extras or GemvExtras()
     weights = [DeviceWeight(weight) for weight, _ in pairs]
     fmt, k = weights[0].label, weights[0].cols
@@ -141,16 +148,25 @@ def gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None =
                          + ", ".join(f"{w.label} {w.rows}x{w.cols}" for w in weights))
     if mode == 2 and weights[0].rows != weights[1].rows:
         raise ValueError(f"gate and up weights of {weights[0].rows} and {weights[1].rows} rows")
-    m, warp = int(a.params["M"]), dk.warp_size(_vendor(a))
+    m, vendor = int(a.params["M"]), _vendor(a)
     n = 2 * weights[0].rows if mode == 2 else sum(w.rows for w in weights)
-    splits, k_chunk = dk.gemv_split(n, k, fmt, warp, shape)
-    partial, need = dk.gemv_scratch_layout(m, n, k, fmt, warp, shape)
-    if need > scratch_bytes:
-        raise ScratchTooSmall(f"{scratch_bytes} bytes of scratch, the split GEMV needs {need}")
-    grid, block = dk.gemv_grid(n, warp, splits, shape)
-    name = dk.gemv_name(m)
-    args = (KernelArgs(name).pointer(x).i32(m).i32(k).i32(k_chunk)
-            .pointer(scratch + partial if splits > 1 else 0).pointer(scratch if splits > 1 else 0))
+    multiprocessors = getattr(a.stream, "multiprocessors", 1)
+    stream = stream_shape is not None and dk.streams(vendor, getattr(a.stream, "target", ""), m,
+                                                     [w.rows for w in weights], multiprocessors, stream_shape)
+    if stream:
+        name, splits = dk.stream_name(m), 1
+        grid, block = dk.stream_grid(n, multiprocessors, stream_shape)
+        args = KernelArgs(name).pointer(x).i32(m).i32(k)
+    else:
+        warp = dk.warp_size(vendor)
+        splits, k_chunk = dk.gemv_split(n, k, fmt, warp, shape)
+        partial, need = dk.gemv_scratch_layout(m, n, k, fmt, warp, shape)
+        if need > scratch_bytes:
+            raise ScratchTooSmall(f"{scratch_bytes} bytes of scratch, the split GEMV needs {need}")
+        grid, block = dk.gemv_grid(n, warp, splits, shape)
+        name = dk.gemv_name(m)
+        args = (KernelArgs(name).pointer(x).i32(m).i32(k).i32(k_chunk)
+                .pointer(scratch + partial if splits > 1 else 0).pointer(scratch if splits > 1 else 0))
     for i in range(3):
         if i < len(pairs):
             w = weights[i]
@@ -161,7 +177,10 @@ def gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None =
     args.pointer(norm.codes if norm else 0).i32(norm.fmt if norm else 0).f32(a.params.get("eps", 0.0))
     args.pointer(extras.normed).pointer(extras.index).pointer(extras.gathered).i32(extras.x_rows)
     args.pointer(extras.residual).pointer(extras.best).pointer(extras.best_index)
-    return Step(name, "gemv", grid, block, args, 0, dk.gemv_options(fmt, mode, extras.norm, shape))
+    options = dk.gemv_options(fmt, mode, extras.norm, shape)
+    if stream:
+        return Step(name, "gemv_stream", grid, block, args, 0, options[:3] + stream_shape.defines())
+    return Step(name, "gemv", grid, block, args, 0, options)
 
 
 def _gemv(a):
@@ -232,7 +251,7 @@ def _take_rows_rmsnorm_gemm_sample(a):
     extras = GemvExtras(norm=2, norm_weight=norm, normed=_address(normed), index=_address(index),
                         gathered=_address(rows), x_rows=_rows(h), best=scratch + best, best_index=scratch + best_index)
     head = gemv_step(a, _address(h), [(weight, _address(logits))], 3, extras, scratch, best)
-    groups = -(-DeviceWeight(weight).rows // dk.GEMV_GROUP)
+    groups = head.grid[0]  # one maximum a row group (gemv.cu) or a block (gemv_stream.cu)
     args = (KernelArgs("r4d_sample_groups_dev").pointer(_address(logits)).pointer(_address(temperature))
             .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
             .i32(vocab).pointer(scratch + sampler).i32(dk.padded(vocab)).pointer(scratch + best)

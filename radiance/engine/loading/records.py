@@ -4,7 +4,7 @@ these, so the rest of the engine never knows which it was."""
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radiance.abi import KIND_FOLDERS, RadArchInfo, RadKernelInfo, RadOpSchema, RadPluginInfo, RadQuantizerInfo
+from radiance.abi import RadArchInfo, RadKernelInfo, RadOpSchema, RadPluginInfo, RadQuantizerInfo
 
 from .homes import Candidate
 
@@ -49,10 +49,6 @@ class Plugin:
     @property
     def path(self) -> Path:
         return self.candidate.path
-
-    @property
-    def kind_folder(self) -> str:
-        return KIND_FOLDERS[self.candidate.kind]
 
     def export(self, symbol: str):
         """An optional export, resolved by exact name; None when absent."""

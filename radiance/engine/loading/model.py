@@ -4,8 +4,8 @@ serves it, its checked hyper-parameters and the declared graph of one step."""
 from dataclasses import dataclass
 
 from radiance.abi import RadArchInfo, RadGraphDecl, RadWeightInfo
-from radiance.weights.container_format import ContainerError
-from radiance.weights.container_reader import Container
+from radiance.config import Config
+from radiance.weights.container_reader import Container, open_container
 from radiance.weights.labels import format_label
 
 from .registry import Registry
@@ -37,15 +37,11 @@ def weight_infos(container: Container) -> dict:
     return infos
 
 
-def open_model(path, registry: Registry, engine_hyper: dict | None = None) -> Model:
-    """Open, check and declare. `engine_hyper` adds what the engine decides (activation_dtype,
-    block_size) to what the container says."""
-    try:
-        container = Container(path)
-    except ContainerError as error:
-        raise ModelError(f"not a .rad model: {error}") from None
-    except OSError as error:
-        raise ModelError(f"{path}: {error.strerror or error}") from None
+def open_model(config: Config, registry: Registry) -> Model:
+    """Open, check and declare config.model, with what the engine decides (the activation dtype, the
+    KV block size) added to what the container says."""
+    path = config.model
+    container = open_container(path)
     try:
         entry = registry.architectures.get(container.architecture)
         if entry is None:
@@ -53,7 +49,7 @@ def open_model(path, registry: Registry, engine_hyper: dict | None = None) -> Mo
             raise ModelError(f"{path}: architecture '{container.architecture}' is served by no plugin on the "
                              f"search path (served: {served})")
         architecture = entry[0]
-        hyper = {**container.hyper, **(engine_hyper or {})}
+        hyper = {**container.hyper, "activation_dtype": config.activation_dtype, "block_size": config.block_size}
         reason = architecture.check(hyper)
         if reason:
             raise ModelError(f"{path}: {architecture.name}: {reason}")
@@ -61,7 +57,7 @@ def open_model(path, registry: Registry, engine_hyper: dict | None = None) -> Mo
         graph = architecture.declare(hyper, weights)
         if isinstance(graph, str):
             raise ModelError(f"{path}: {architecture.name}: {graph}")
-        return Model(str(path), container, architecture, hyper, weights, graph)
+        return Model(path, container, architecture, hyper, weights, graph)
     except BaseException:
         container.close()
         raise

@@ -1,5 +1,5 @@
-"""Runs one card rank's resolved graph: every row a device row, launched in order on the engine's
-stream. A step is one copy of its inputs to the card, the launches, one copy of the sampled tokens
+"""A card's executor: one card rank's resolved graph, every row a device row, launched in order on
+the engine's stream. A step is one copy of its inputs to the card, the launches, one copy of the sampled tokens
 back. A decode shape (as many tokens as sequences) is captured into a graph the second time it
 runs (the first run compiles and warms every kernel), so from then on a decode step is one graph
 launch per rank. Run ahead, a step's feed (generation/feed.py) copies the token buffer the last step's
@@ -18,25 +18,26 @@ read 0."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
-from radiance.abi import RAD_EXTENT_TOKENS, RAD_STEP_IDS, RAD_STEP_TOKENS, RadArgs, rad_tensor
-
+from radiance.abi import RAD_EXTENT_TOKENS, RAD_STEP_IDS, RAD_STEP_TOKENS, RadArgs, RadTensor, rad_tensor
 from radiance.collectives.gate import LinkGateError
+from radiance.engine.selection.resolve import Launch, ResolvedGraph
 
 from .device_memory import DeviceMemory
 from .device_stream import EngineStream
-from .executor import MAX_CACHED_SHAPES, check_status
-from .resolve import Launch, ResolvedGraph
+from .executor import MAX_CACHED_SHAPES, Executor, check_status
+from .rank_weights import RankWeights
 
 
-class DeviceExecutor:
-    def __init__(self, graph: ResolvedGraph, buffers: dict, tables: dict, weights, max_tokens: int,
+class DeviceExecutor(Executor):
+    def __init__(self, graph: ResolvedGraph, buffers: dict, tables: dict, weights: RankWeights, max_tokens: int,
                  max_seqs: int, num_slots: int, max_blocks: int, link, peers, device, graphs: bool = True,
                  chain: bool = True):
-        self.graph, self.host_weights, self.link, self.peers, self.device = graph, weights, link, peers, device
+        """`weights` as the container maps them (RankWeights with load=False): each goes from the
+        mapped file to the card on first use."""
+        super().__init__()
+        self.graph, self.weights, self.link, self.peers, self.device = graph, weights, link, peers, device
         self.graphs = graphs
         self.chain = chain and device.programmatic_launch
         self.stream = EngineStream(device)
@@ -55,14 +56,11 @@ class DeviceExecutor:
         self._plans: dict = {}
         self._graphs: dict = {}  # (tokens, seqs) -> instantiated graph
         self._seen: set = set()
-        self.profile = False  # when set: no graphs, and each op's time (card events) adds to op_seconds
-        self._events = []
-        self.op_seconds = defaultdict(float)
+        self._events = []  # card events of a profiled step, one after each launch
 
     # ---- building a step's launches --------------------------------------------------------------
-    def weight(self, name: str, band):
-        """A weight as `band`'s row reads it, uploaded on first use."""
-        return self.memory.weight(self.host_weights.operand(name, band.row, band.geometry), f"weight {name}")
+    def weight(self, name: str, band) -> RadTensor:
+        return self.memory.weight(self.weights.operand(name, band.row, band.geometry), f"weight {name}")
 
     def _operand(self, name: str, band, tokens: int, seqs: int):
         if name == "":
@@ -118,8 +116,10 @@ class DeviceExecutor:
                 self.device.record(events[index + 1], stream.handle)
 
     def run(self, tokens: int, seqs: int, feed=None) -> None:
-        """One step; the step inputs are written already; the sampled tokens are in inputs after.
-        `feed`: ids taken from the card's token buffer, where the last step's sampler left them."""
+        """The feed's ids are taken from the card's token buffer, where the last step's sampler left
+        them. Profiled with graphs off, each op is timed by card events; with graphs on a step stays
+        one graph launch (a server profiles its ranks for /metrics: that must not cost it its graphs),
+        and no op is timed."""
         device, handle, key = self.device, self.stream.handle, (tokens, seqs)
         inputs = self.inputs
         device.copy_to_device(inputs.device, inputs.block[:inputs.sent], handle)
@@ -127,7 +127,7 @@ class DeviceExecutor:
             ids, sampled = inputs.device + inputs.offsets[RAD_STEP_IDS], inputs.device + inputs.offsets[RAD_STEP_TOKENS]
             for target, source, count in feed.runs():  # 4-byte ids and tokens (int32)
                 self.stream.copy(ids + 4 * target, sampled + 4 * source, 4 * count)
-        if self.profile:
+        if self.profile and not self.graphs:
             self._run_profiled(self._plan(tokens, seqs))
         elif key in self._graphs:
             device.launch_graph(self._graphs[key], handle)

@@ -12,8 +12,8 @@ import importlib
 import os
 from typing import Mapping
 
-BACKENDS = {"cuda": "radiance.ranks.device.cuda", "hip": "radiance.ranks.device.hip",
-            "fake": "radiance.ranks.device.fake"}
+BACKENDS = {"cuda": "radiance.device.cuda", "hip": "radiance.device.hip",
+            "fake": "radiance.device.fake"}
 HIDDEN = ("", "-1", "none", "NoDevFiles")  # values that hide every card
 # For tests only: the launcher gives a rank fake card N (fake.py) for RADIANCE_TEST_FAKE_CARDS.
 FAKE_CARD = "RADIANCE_TEST_FAKE_CARD"

@@ -10,7 +10,7 @@ from radiance.abi import (
 )
 
 from .constraints import band_starts, describe, holds, holds_for_band
-from .records import Row
+from radiance.engine.loading.records import Row
 
 DOMAINS = {1: "host", RAD_DOMAIN_DEVICE: "device"}
 REFERENCE_FLAG = "--debug-accept-reference-kernels"

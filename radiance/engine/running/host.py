@@ -1,42 +1,33 @@
-"""Runs one rank's resolved graph, step after step. Buffers are allocated once at their largest;
-a step's launch plan (every launch's row and RadArgs, fused rows where they serve, and which runs of
-concurrent rows overlap) is built once per (tokens, seqs) shape and reused, so a decode step costs
-one dict lookup and then only launches."""
+"""The host's executor: one rank's resolved graph run in this process's memory. Buffers are
+allocated once at their largest; a step's launch plan (every launch's row and RadArgs, fused rows
+where they serve, and which runs of concurrent rows overlap) is built once per (tokens, seqs) shape
+and reused, so a decode step costs one dict lookup and then only launches."""
 
 import time
-from collections import defaultdict
 
 import numpy as np
 
 from radiance.abi import (
-    NUMPY, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_LINK_ENDED, RAD_OK, RAD_STEP_IDS, RAD_STEP_TOKENS,
-    RadArgs, rad_tensor,
+    NUMPY, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_STEP_IDS, RAD_STEP_TOKENS, RadArgs, RadTensor,
+    rad_tensor,
 )
-
 from radiance.collectives.chain import ChainWords
 from radiance.collectives.gate import LinkScheduler
+from radiance.engine.selection.resolve import Launch, ResolvedGraph
 
+from .executor import MAX_CACHED_SHAPES, Executor, check_status
 from .overlap import Overlap, runs
 from .rank_weights import RankWeights
-from .resolve import Launch, ResolvedGraph
 from .step_inputs import StepInputs
 
-MAX_CACHED_SHAPES = 64  # (tokens, seqs) shapes whose launch plans are kept; decode reuses a handful
 
-
-class StepError(RuntimeError):
-    """A row returned an error: names the node, the row and the code."""
-
-
-def check_status(launch: Launch, row, status: int) -> None:
-    """RAD_OK, or RAD_LINK_ENDED from a colour-2 row; anything else fails the step, naming the node."""
-    if status not in (RAD_OK, RAD_LINK_ENDED) or (status == RAD_LINK_ENDED and row.collective != 2):
-        raise StepError(f"node '{launch.node.name}': row {row.plugin.name}:{row.name} returned {status}")
-
-
-class Executor:
+class HostExecutor(Executor):
+    pipes: dict = {}  # op ("send", "recv") -> the RadPeers of this stage's boundary (the Worker sets it)
     def __init__(self, graph: ResolvedGraph, buffers: dict, tables: dict, weights: RankWeights,
                  max_tokens: int, max_seqs: int, num_slots: int, max_blocks: int, link: LinkScheduler, peers=None):
+        """`weights` copied into this process (RankWeights with load=True), or None for a graph
+        that reads none."""
+        super().__init__()
         self.graph, self.weights, self.tables, self.peers, self.link = graph, weights, tables, peers, link
         # Word 0 counts the launches done this step: a chained row waits in its prologue for the
         # launch before it and bumps the count itself (RadChainRec).
@@ -54,8 +45,9 @@ class Executor:
                     self._scratch[id(band)] = np.zeros(int(band.row.info.scratch(dict(band.geometry))), np.uint8)
         self._plans: dict = {}  # (tokens, seqs) -> [(first index, [(launch, args), ...]), ...]
         self.overlap = Overlap()
-        self.profile = False  # when set, seconds spent per op accumulate in `op_seconds`
-        self.op_seconds = defaultdict(float)
+
+    def weight(self, name: str, band) -> RadTensor:
+        return self.weights.operand(name, band.row, band.geometry)
 
     def _operand(self, name: str, band, tokens: int, seqs: int):
         if name == "":
@@ -68,7 +60,7 @@ class Executor:
             return rad_tensor(self.buffers[name] if rows is None else self.buffers[name][:rows])
         if name in self.tables:
             return self.tables[name]
-        return self.weights.operand(name, band.row, band.geometry)
+        return self.weight(name, band)
 
     def _build(self, launch: Launch, tokens: int, seqs: int) -> tuple:
         extent = tokens if launch.node.extent == RAD_EXTENT_TOKENS else seqs
@@ -76,14 +68,14 @@ class Executor:
         tensors = tuple(self._operand(name, band, tokens, seqs) for name in launch.node.operands)
         params = {**band.geometry, launch.schema.params[0].name: extent}
         scratch = self._scratch.get(id(band))
+        peers = self.pipes.get(launch.node.op, self.peers)  # a stage boundary's send or recv: its pipe
         args = RadArgs(t=tensors, params=params, scratch=scratch,
-                       scratch_bytes=0 if scratch is None else scratch.size, instance=band.instance, peers=self.peers)
+                       scratch_bytes=0 if scratch is None else scratch.size, instance=band.instance, peers=peers)
         return launch, args
 
     def run(self, tokens: int, seqs: int, feed=None) -> None:
-        """One step over `tokens` tokens of `seqs` sequences; the step inputs are written already.
-        `feed` (generation/feed.py): ids taken from the tokens the last step sampled, which the
-        step inputs still hold (a plan never writes the sampled tokens)."""
+        """The feed's ids are taken from the tokens the last step sampled, which the step inputs
+        still hold (a plan never writes the sampled tokens)."""
         if feed is not None:
             feed.apply(self.inputs[RAD_STEP_IDS], self.inputs[RAD_STEP_TOKENS])
         plan = self._plans.get((tokens, seqs))

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from radiance.abi import RAD_OPD_INOUT, RAD_OPD_OUT
 
-from .resolve import Launch
+from radiance.engine.selection.resolve import Launch
 
 
 def _accesses(launch: Launch) -> tuple[set, set]:

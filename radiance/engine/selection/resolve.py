@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from radiance.abi import RAD_EXTENT_SEQS, RAD_EXTENT_TOKENS, RadOpSchema
 
 from .fusion import Candidate, find_candidates
-from .registry import Registry
-from .selection import Band, Resolution, SelectionError, describe_resolution, resolve
+from radiance.engine.loading.registry import Registry
+from .bands import Band, Resolution, SelectionError, describe_resolution, resolve
 from .shard import RankNode
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from radiance.abi import RAD_FACT_PREFIX, RAD_PLUGIN_ARCH, RAD_PLUGIN_KERNEL, RAD_PLUGIN_QUANT, RadOpSchema
 from radiance.log import get_logger
 
-from .fusion import declaration_problem
 from .hierarchy import entry_matches, order_libraries, parse_kernels
 from .homes import discover, search_path
 from .loader import load_plugin
 from .records import Plugin, PluginDeclined, PluginRefused, Row
+from .replaces import declaration_problem
 
 log = get_logger("radiance.registry")
 

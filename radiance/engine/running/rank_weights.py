@@ -9,8 +9,8 @@ from radiance.abi import (
 from radiance.weights.planes import plane_nbytes, plane_shape
 from radiance.weights.slicing import row_byte_ranges, slice_cols
 
-from .selection import SelectionError
-from .shard import Shard, weight_cut
+from radiance.engine.selection.bands import SelectionError
+from radiance.engine.selection.shard import Shard, weight_cut
 
 
 class RankWeights:

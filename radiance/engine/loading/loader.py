@@ -8,8 +8,9 @@ import traceback
 
 from radiance.abi import (
     RAD_ABI_VERSION, RAD_E_UNSUPPORTED, RAD_OK, RAD_PLUGIN_ARCH, RAD_PLUGIN_KERNEL, RAD_PLUGIN_QUANT,
-    KIND_FOLDERS, RadPluginInfo,
+    KIND_FOLDERS, RadPluginInfo, engine_defines_weight_decoder,
 )
+from radiance.weights.decode import decode
 
 from .homes import Candidate
 from .records import Plugin, PluginDeclined, PluginRefused, Row
@@ -23,7 +24,9 @@ REQUIRED = {
 
 
 def import_module(candidate: Candidate):
-    """Import a plugin file or package folder under a private module name."""
+    """Import a plugin file or package folder under a private module name, the engine's side of
+    the ABI (rad_weight_f32's decoder) defined first, as the engine links a plugin it loads."""
+    engine_defines_weight_decoder(decode)
     path = candidate.path
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
     module_name = f"_radiance_plugin_{KIND_FOLDERS[candidate.kind]}_{candidate.name}_{digest}"

@@ -1,4 +1,4 @@
-"""radiance.ranks.device: the device layer of a card rank. One interface (base.Device) and its
+"""radiance.device: the device layer of a card rank. One interface (base.Device) and its
 backends: `cuda` (cuda-bindings: driver API + nvrtc), `hip` (hip-python: hip + hiprtc) and `fake`
 (host memory, for tests). Importing this package imports no GPU library: selection.open_device
 imports the one backend that the rank's card needs."""

@@ -1,0 +1,139 @@
+"""One rank's share of the work: its slice of the model, its resolved graph and the executor
+that runs it. The same class serves TP 1 in process and every rank process of a launch, on the host
+rows or, where the process was given a card, on the device rows (the device domain)."""
+
+import numpy as np
+from tqdm import tqdm
+
+from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
+from radiance.collectives.gate import LinkGate, LinkScheduler
+from radiance.config import Config
+from radiance.engine.loading.model import open_model
+from radiance.engine.loading.registry import Registry
+from radiance.engine.running import open_executor
+from radiance.engine.selection.device_targets import leave_out_foreign_device_code
+from radiance.engine.selection.resolve import resolve_graph
+from radiance.engine.selection.shard import Shard, elide_collectives, shard_buffers, shard_nodes
+from radiance.engine.selection.stages import Stage, cut_stages, stage_nodes, used_buffers
+from radiance.generation.feed import Feed
+from radiance.log import get_logger
+
+log = get_logger("radiance.worker")
+
+
+COLLECTIVE_OPS = ("all_reduce", "all_gather")
+
+
+class Worker:
+    """Opened in two steps, so a rank can size its collective buffers from the graph before it
+    resolves: Worker(config, shard) loads the plugins, opens and declares; build() resolves and loads."""
+
+    def __init__(self, config: Config, shard: Shard = Shard(0, 1), device=None, registry: Registry | None = None,
+                 stage: Stage = Stage(0, 1)):
+        """`device`: the card to run on (a radiance.device Device); None opens the card this
+        process sees when config.device is 'auto', and runs on the host where it sees none.
+        `registry`: the plugins, loaded already (a test's own); None loads them from config's homes.
+        `stage`: this rank's pipeline stage (radiance/engine/selection/stages.py)."""
+        self.config, self.shard, self.stage = config, shard, stage
+        self.device, self._own_device = device, False
+        self.last_seqs = 0  # tokens the last step sampled, which the next step's feed may read
+        if device is None and config.device == "auto":
+            from radiance.device.selection import open_device
+
+            self.device = open_device()
+            self._own_device = self.device is not None
+        self.registry = registry if registry is not None else Registry(config.radiance_home, config.kernels)
+        self.model = open_model(config, self.registry)
+        schemas = {op: entry.schema for op, entry in self.registry.ops.items()}
+        self.cut = cut_stages(self.model.graph, schemas, self.model.weights, stage.count)[stage.index]
+
+    def boundary_bytes(self) -> int:
+        """The largest message of this stage's recv (the pipe it receives through)."""
+        if self.cut.receives is None:
+            return 0
+        buffer = next(b for b in self.model.graph.buffers if b.name == self.cut.receives)
+        rows = self.config.max_step_tokens if buffer.extent == RAD_EXTENT_TOKENS else self.config.max_seqs
+        return rows * buffer.cols * 4
+
+    def collective_bytes(self) -> int:
+        """The largest message any collective of the graph moves, whole (before any split)."""
+        largest = 0
+        for node in self.model.graph.nodes:
+            if node.op in COLLECTIVE_OPS:
+                rows = self.config.max_step_tokens if node.extent == RAD_EXTENT_TOKENS else self.config.max_seqs
+                largest = max(largest, rows * node.params["n"] * 4)
+        return largest
+
+    def build(self, facts: dict | None = None, peers=None, link: LinkScheduler | None = None,
+              pipes: dict | None = None) -> "Worker":
+        """`pipes`: the RadPeers of this stage's boundaries, {"recv": ..., "send": ...}."""
+        self.link = link or LinkScheduler(LinkGate())
+        try:
+            self._build(self.registry, facts if facts is not None else {"device.p2p": 0}, peers, pipes or {})
+        except BaseException:
+            self.model.close()
+            self._close_device()
+            raise
+        return self
+
+    def _build(self, registry: Registry, facts: dict, peers, pipes: dict) -> None:
+        config, device = self.config, self.device
+        nodes = shard_nodes(self.model.graph, self.shard)
+        if self.device is not None and self.shard.world == 1:
+            nodes = elide_collectives(nodes)
+        buffers = shard_buffers(self.model.graph, self.shard)
+        if self.stage.count > 1:
+            if device is not None:
+                raise RuntimeError(f"--pp {self.stage.count}: pipeline stages run on host ranks only so far "
+                                   "(--device host)")
+            nodes = stage_nodes(nodes, buffers, self.cut, self.stage)
+            buffers = used_buffers(nodes, buffers)
+        if device is not None:
+            leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
+        domain = RAD_DOMAIN_HOST if device is None else RAD_DOMAIN_DEVICE
+        self.graph = resolve_graph(nodes, registry, facts, domain, config.max_step_tokens, config.max_seqs,
+                                   config.accept_reference, config.fusion)
+        self.digest = self.graph.digest()
+        self.lines = self.graph.lines()
+        tables = {table.name: table.table for table in self.model.graph.tables}
+        self.executor = open_executor(self.graph, self.model, self.shard, buffers, tables, config, self.link, peers,
+                                      device)
+        self.executor.pipes = pipes
+        self._load_weights()
+
+    def _load_weights(self) -> None:
+        """Every weight in the form its rows read, where they read it, now, so the first step does
+        no loading."""
+        planes = self.executor.weights.planes
+        uses = list({(name, id(launch.band)): (name, launch.band) for launch, _, _ in self.graph.issued()
+                     for name in launch.node.operands if name in planes}.values())
+        quiet = not self.config.progress or self.shard.rank != 0
+        for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=True if quiet else None, leave=False):
+            self.executor.weight(name, band)
+
+    def execute(self, arrays: dict, feed: Feed | None = None) -> np.ndarray:
+        """Run one step from its plan arrays; the sampled token of every sequence. `feed`: ids this
+        step takes from the tokens of the step this worker ran last (generation/feed.py), which
+        the executor copies where they are (the card's token buffer, or the host's)."""
+        inputs = self.executor.inputs
+        tokens, seqs = len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS])
+        if feed is not None:
+            feed.check(tokens, self.last_seqs)
+        for name, array in arrays.items():
+            target = inputs[name]
+            target[tuple(slice(0, extent) for extent in array.shape)] = array
+        self.last_seqs = 0  # a step that fails leaves nothing to feed from
+        self.executor.run(tokens, seqs, feed)
+        self.last_seqs = seqs
+        return inputs[RAD_STEP_TOKENS][:seqs].copy()
+
+    def close(self) -> None:
+        self.executor.release()
+        self.link.close()
+        self.model.close()
+        self._close_device()
+
+    def _close_device(self) -> None:
+        if self._own_device and self.device is not None:
+            self.device.close()
+            self.device = None
