@@ -17,7 +17,7 @@ from .plugin import (  # noqa: F401
 )
 from .kernel_args import KernelArgs, PackedArgs  # noqa: F401
 from .step import PLANNED, STEP_INPUTS, StepInput  # noqa: F401
-from .stream import RadStream, rad_device_tensor  # noqa: F401
+from .stream import RadCodeObject, RadStream, RadStreamTable, rad_device_tensor  # noqa: F401
 from .quant import RadQuantizerInfo, RadQuantOption  # noqa: F401
 from .types import (  # noqa: F401
     RAD_CDIV, RAD_CEQ, RAD_CEQS, RAD_CGE, RAD_CIN, RAD_CLE, RadArgs, RadChainRec, RadConstraint,
@@ -26,10 +26,10 @@ from .types import (  # noqa: F401
 )
 
 HEADERS_DIR = Path(__file__).resolve().parent
-HEADERS = ("rad_abi.h", "rad_types.h", "rad_encoding.h", "rad_plugin.h", "rad_quant.h", "rad_arch.h")
+HEADERS = ("rad_abi.h", "rad_types.h", "rad_encoding.h", "rad_plugin.h", "rad_quant.h", "rad_arch.h", "rad_stream.h")
 STRUCTS = (
     RadPluginInfo, RadConstraint, RadParamSpec, RadOperandSpec, RadOpSchema, RadTensor, RadParam,
     RadWeightPlanes, RadChainRec, RadLink, RadPeers, RadArgs, RadTunable, RadKernelInfo, RadPlane, RadEncoding,
     RadQuantOption, RadQuantizerInfo, RadWeightDecl, RadBufferDecl, RadTableDecl, RadNodeDecl, RadGraphDecl,
-    RadWeightInfo, RadArchInfo,
+    RadWeightInfo, RadArchInfo, RadCodeObject, RadStreamTable,
 )

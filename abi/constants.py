@@ -107,3 +107,5 @@ RAD_STEP_TOKENS = "step.tokens"
 
 RAD_MAX_KERNEL_ARG_BYTES = 768  # a device kernel's parameter block (the spec's launch rules)
 RAD_MAX_SHARED_BYTES = 65536    # static + dynamic shared memory (LDS) of one launch
+
+RAD_CODE_SOURCE = "source"  # rad_stream.h: a code object of source text, compiled at run time

@@ -226,6 +226,10 @@ typedef void    (*RadFiniFn)(void* instance);
 typedef int64_t (*RadScratchFn)(const RadParam* geometry, int32_t n);
 typedef int     (*RadLayoutFn)(const char* weight, const struct RadEncoding* enc,
                                const RadParam* geometry, int32_t n);
+/* relayout: called twice. First with out->data NULL and out->shape the weight's [rows, cols]: set
+ * out's dtype, ndim and shape (the stored form); the engine allocates it and calls again to fill it.
+ * unrelayout, the inverse: planes is the stored form (n_planes 1), out the encoding's planes, each
+ * [plane rows, row bytes] allocated by the engine. */
 typedef int     (*RadRelayoutFn)(const struct RadEncoding* enc, const RadTensor* planes,
                                  int32_t n_planes, RadTensor* out);
 typedef int     (*RadOpdShapeFn)(const RadParam* geometry, int32_t n, RadTensor* operands,

@@ -1,7 +1,8 @@
 """radiance-launch's machinery, and the one place that chooses the ranks behind an engine:
 `open_ranks(config)` gives one rank in this process (in_process.py) or launched rank processes
-(launched.py), both behind launch/ranks.py's interface; `engine_over(ranks)` is the generation
-engine that runs its steps on them."""
+(launched.py), both behind launch/ranks.py's interface, and with a draft model those with the draft
+beside them (speculative.py); `engine_over(ranks)` is the generation engine that runs its steps on
+them."""
 
 from radiance.config import Config
 from radiance.generation.engine import Engine
@@ -9,7 +10,12 @@ from radiance.generation.engine import Engine
 
 def open_ranks(config: Config):
     """The ranks `config` asks for: launched rank processes when TP x PP > 1 or config.launched, else
-    one rank in this process (pinned to the first card it may use, when config.device is auto)."""
+    one rank in this process (pinned to the first card it may use, when config.device is auto); with
+    config.draft_model, those ranks and the draft model (speculative decoding)."""
+    if config.draft_model is not None:
+        from .speculative import SpeculativeRanks
+
+        return SpeculativeRanks(config)
     if config.world > 1 or config.launched:
         from .launched import LaunchedRanks
 
@@ -20,5 +26,12 @@ def open_ranks(config: Config):
 
 
 def engine_over(ranks) -> Engine:
-    """The generation engine that runs its steps on `ranks`, ahead of them where ranks.run_ahead."""
+    """The generation engine that runs its steps on `ranks`, ahead of them where ranks.run_ahead;
+    over speculative ranks, the speculative decoder."""
+    if getattr(ranks, "draft", None) is not None:
+        from radiance.generation.speculative import SpeculativeEngine
+
+        return SpeculativeEngine(ranks.target_config, ranks.execute, ranks.text, max_seqs=ranks.config.max_seqs,
+                                 draft=ranks.run_draft, logits=ranks.target_logits, propose=ranks.propose_tokens,
+                                 verify=ranks.verify_tokens)
     return Engine(ranks.config, ranks.execute, ranks.text, ahead=ranks if ranks.run_ahead else None)

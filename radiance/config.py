@@ -61,11 +61,17 @@ class Config:
     # Plan step n + 1 while the ranks run step n, the token step n samples feeding step n + 1 on the
     # ranks (generation/feed.py). None: where it was measured to help (launch/ranks.py, run_ahead_default).
     run_ahead: bool | None = None
+    # speculative decoding (generation/speculative.py): a draft model of the same vocabulary proposes
+    # draft_tokens a round, which the model verifies in one step
+    draft_model: str | None = None
+    draft_tokens: int = 4
 
     def __post_init__(self):
         object.__setattr__(self, "model", os.fspath(self.model))
-        for name in ("tp", "pp", "nnodes", "max_step_tokens", "max_seqs", "block_size"):
+        for name in ("tp", "pp", "nnodes", "max_step_tokens", "max_seqs", "block_size", "draft_tokens"):
             self._at_least(name, 1)
+        if self.draft_model is not None:
+            object.__setattr__(self, "draft_model", os.fspath(self.draft_model))
         self._at_least("num_blocks", 0)
         if self.max_context is not None:
             self._at_least("max_context", 2)
@@ -86,6 +92,9 @@ class Config:
         if self.pp > 1 and self.run_ahead:
             raise ConfigError(f"{flag('run_ahead')}: not with {flag('pp')} {self.pp} (a step's tokens are sampled "
                               "on the last stage, and the first stage would need them)")
+        if self.pp > 1 and self.draft_model is not None:
+            raise ConfigError(f"{flag('draft_model')}: not with {flag('pp')} {self.pp} (a verify step's logits are "
+                              "handed back by rank 0, and with stages only the last one has them)")
         if (self.tp * self.pp) % self.nnodes:
             raise ConfigError(f"{flag('nnodes')} {self.nnodes}: --tp {self.tp} x --pp {self.pp} = "
                               f"{self.tp * self.pp} ranks cannot be shared out equally")

@@ -126,3 +126,41 @@ def smollm2(tmp_path_factory, smollm2_gguf) -> Path:
     path = tmp_path_factory.mktemp("smollm2") / "smollm2.rad"
     convert(smollm2_gguf, path)
     return path
+
+
+SPECHUB = Path(__file__).resolve().parent.parent / "plugins" / "spechub"
+
+
+def build_spechub(folder: Path, *options: str) -> Path:
+    """plugins/spechub built out of tree with cmake against this radiance and installed into
+    folder/home; the home."""
+    import subprocess
+    import sys
+
+    cmake_dir = subprocess.run([sys.executable, "-m", "radiance.tools.config", "--cmakedir"], check=True,
+                               capture_output=True, text=True).stdout.strip()
+    home = folder / "home"
+    for step in (["cmake", "-S", str(SPECHUB), "-B", str(folder / "build"), f"-Dradiance_DIR={cmake_dir}",
+                  f"-DRAD_PLUGIN_INSTALL_HOME={home}", *options],
+                 ["cmake", "--build", str(folder / "build")], ["cmake", "--install", str(folder / "build")]):
+        result = subprocess.run(step, capture_output=True, text=True)
+        assert result.returncode == 0, f"{' '.join(step)}:\n{result.stdout}{result.stderr}"
+    return home
+
+
+@pytest.fixture(scope="session")
+def spechub_home(tmp_path_factory) -> Path:
+    """spechub built once per session: the source carried for a run-time compile, and "fake" among
+    its build targets so the engine's stand-in card keeps its device rows."""
+    return build_spechub(tmp_path_factory.mktemp("spechub"), "-DRAD_BUILD_TARGET_EXTRA=fake")
+
+
+def script(name: str) -> str:
+    """A console script of this install: beside the interpreter (a virtual environment), else on PATH."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    assert found, f"the console script {name} is not installed (pip install -e .)"
+    return found

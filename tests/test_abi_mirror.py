@@ -11,7 +11,7 @@ import pytest
 import radiance.abi as abi
 from radiance.abi import constants
 
-GUARDS = {"RAD_ABI_H", "RAD_TYPES_H", "RAD_ENCODING_H", "RAD_PLUGIN_H", "RAD_QUANT_H", "RAD_ARCH_H"}
+GUARDS = {"RAD_ABI_H", "RAD_TYPES_H", "RAD_ENCODING_H", "RAD_PLUGIN_H", "RAD_QUANT_H", "RAD_ARCH_H", "RAD_STREAM_H"}
 
 
 def header_constants():

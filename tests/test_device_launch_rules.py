@@ -89,3 +89,14 @@ def test_a_programmatic_launch_on_a_card_without_it_is_refused_naming_the_kernel
     with pytest.raises(DeviceError, match="kernel 'chained_r4dchain': programmatic dependent launch needs NVIDIA"):
         device.launch(kernel_of(device, "chained_r4dchain"), 1, 1, KernelArgs("chained_r4dchain").pack(),
                       programmatic=True)
+
+
+def test_a_device_assert_is_refused_like_a_printf():
+    """nvcc leaves `__assertfail` undefined in a cubin that asserts; its PTX calls it."""
+    from radiance.device.launch_rules import check_no_printf, uses_device_assert
+
+    assert uses_device_assert(b"\x7fELF" + b"\0" * 8 + b".strtab\0__assertfail\0", "k")
+    assert not uses_device_assert(b"\x7fELF" + b"\0my__assertfail_free\0", "k")
+    assert uses_device_assert(b".visible .entry k(\n\tcall.uni __assertfail, (param0, param1);\n", "k")
+    with pytest.raises(LaunchRuleError, match=r"kernel 'k': device assert \(its code object calls __assertfail"):
+        check_no_printf("k", b"\x7fELF" + b"\0" * 8 + b"\0__assert_fail\0")

@@ -26,6 +26,7 @@ import mmap
 import os
 import re
 import secrets
+import struct
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -206,6 +207,10 @@ class FakeDevice(Device):
         return "\n".join(lines).encode() + b"\n"
 
     def _load(self, code: bytes):
+        if code.startswith(b"\x7fELF"):  # a real code object (a C plugin's cubin or AMD object): its functions
+            return {name.encode() for name in elf_functions(code)}
+        if code.startswith(BUNDLE_MAGIC):  # hipcc --genco's offload bundle: the device entries' functions
+            return {name.encode() for image in bundle_images(code) for name in elf_functions(image)}
         return set(re.findall(rb"\.entry\s+(\w+)", code))
 
     def _function(self, module_handle, name: str):
@@ -247,6 +252,42 @@ class FakeDevice(Device):
                 self._free(start)
             else:
                 self._drop_region(start)
+
+
+BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+
+
+def bundle_images(code: bytes) -> list[bytes]:
+    """The device ELFs of a clang offload bundle (magic, entry count, then offset, size, triple
+    length and triple of each entry)."""
+    (count,) = struct.unpack_from("<Q", code, len(BUNDLE_MAGIC))
+    at, images = len(BUNDLE_MAGIC) + 8, []
+    for _ in range(count):
+        offset, size, length = struct.unpack_from("<QQQ", code, at)
+        triple = code[at + 24:at + 24 + length]
+        at += 24 + length
+        if not triple.startswith(b"host") and code[offset:offset + 4] == b"\x7fELF":
+            images.append(code[offset:offset + size])
+    return images
+
+
+def elf_functions(code: bytes) -> list[str]:
+    """The defined function symbols of a 64-bit little-endian ELF (a cubin's kernels, an AMD code
+    object's): what the fake card can launch of a code object a C plugin carries."""
+    (shoff,) = struct.unpack_from("<Q", code, 0x28)
+    entsize, count = struct.unpack_from("<HH", code, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", code, shoff + i * entsize) for i in range(count)]
+    names = []
+    for _name, kind, _flags, _addr, offset, size, link, _info, _align, symsize in sections:
+        if kind != 2 or not symsize:  # SHT_SYMTAB
+            continue
+        strtab = sections[link][4]
+        for at in range(offset, offset + size, symsize):
+            name_at, info, _other, shndx = struct.unpack_from("<IBBH", code, at)
+            if info & 0xF == 2 and shndx != 0:  # STT_FUNC, defined
+                end = code.index(b"\0", strtab + name_at)
+                names.append(code[strtab + name_at:end].decode())
+    return names
 
 
 def expand_entry_macros(source: str) -> str:

@@ -87,4 +87,8 @@ model_and_mode = _stack(
                  help="On a Hopper card, launch r4dchain rows as programmatic dependent launches."),
     click.option("--fusion/--no-fusion", default=True, show_default=True,
                  help="Run fused rows (replaces) where their library serves the chain; off: every chain as declared."),
+    click.option("--draft-model", type=click.Path(dir_okay=False), default=None,
+                 help="Speculative decoding: a .rad model of the same vocabulary drafts tokens the model verifies "
+                      "(the ops mtp_couple_propose/verify come from a kernel library such as plugins/spechub)."),
+    click.option("--draft-tokens", default=4, show_default=True, help="With --draft-model: tokens drafted a round."),
 )

@@ -1,5 +1,6 @@
 """rad-schemas A B ...: every schema disagreement between plugins, at once. Works on a plugin the
-engine would refuse (an ABI mismatch, say): it only imports the file and reads its schemas."""
+engine would refuse (an ABI mismatch, say): it only imports the file (or opens the .so) and reads
+its schemas."""
 
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ import click
 from radiance.abi import RAD_PLUGIN_KERNEL
 from radiance.engine.loading.hierarchy import entry_matches
 from radiance.engine.loading.homes import Candidate, discover, search_path
-from radiance.engine.loading.loader import import_module
+from radiance.engine.loading.loader import open_module
 from radiance.engine.loading.records import PluginRefused
 from radiance.engine.loading.registry import schema_difference
 
@@ -28,7 +29,7 @@ def find(entry: str, homes) -> Candidate:
 
 
 def read_schemas(candidate: Candidate) -> list:
-    module = import_module(candidate)
+    module = open_module(candidate)
     count = module.rad_kernel_schema_count()
     return [module.rad_kernel_schema_at(i) for i in range(count)]
 
@@ -45,7 +46,7 @@ def main(plugins, radiance_home):
         candidate = find(entry, homes)
         try:
             schemas = read_schemas(candidate)
-        except (PluginRefused, AttributeError, TypeError) as error:
+        except (PluginRefused, AttributeError, TypeError, ValueError) as error:
             raise click.ClickException(f"{candidate.path}: cannot read its schemas: {error}")
         for schema in schemas:
             if schema.op not in first_declared:

@@ -1,5 +1,7 @@
-"""Load one plugin from its file: import, check the ABI and kind, open, read its tables, and
-validate them. Anything wrong refuses the plugin with one line naming the file and the reason."""
+"""Load one plugin from its file: import a .py (or package folder), open a .so (shared_object.py),
+check the ABI and kind, open, read its tables, and validate them. Both kinds give the same records;
+from here on nothing knows which it was. Anything wrong refuses the plugin with one line naming the
+file and the reason, and a .so that declines or is refused is unloaded."""
 
 import hashlib
 import importlib.util
@@ -14,6 +16,7 @@ from radiance.weights.decode import decode
 
 from .homes import Candidate
 from .records import Plugin, PluginDeclined, PluginRefused, Row
+from .shared_object import SharedObject
 from .validate import validate_architectures, validate_quantizers, validate_rows, validate_schemas
 
 REQUIRED = {
@@ -47,6 +50,13 @@ def import_module(candidate: Candidate):
     return module
 
 
+def open_module(candidate: Candidate):
+    """The plugin's exports: the imported module of a .py or folder, the opened library of a .so."""
+    if candidate.path.suffix == ".so":
+        return SharedObject(candidate.path)
+    return import_module(candidate)
+
+
 def _call(path, function, *args):
     try:
         return function(*args)
@@ -68,11 +78,18 @@ def _flag(plugin: Plugin, symbol: str, index: int, default):
 
 
 def read_identity(candidate: Candidate):
-    """Import and check what every plugin must export: the ABI version and its info."""
+    """Import (or open) and check what every plugin must export: the ABI version and its info."""
+    module = open_module(candidate)
+    try:
+        return module, _identity(candidate, module)
+    except PluginRefused:
+        if isinstance(module, SharedObject):
+            module.unload()
+        raise
+
+
+def _identity(candidate: Candidate, module) -> RadPluginInfo:
     path = candidate.path
-    if path.suffix == ".so":
-        raise PluginRefused(path, "a compiled plugin needs the C loader, which this build does not have")
-    module = import_module(candidate)
     for symbol in ("rad_plugin_abi_version", "rad_plugin_info") + REQUIRED[candidate.kind]:
         if not callable(getattr(module, symbol, None)):
             raise PluginRefused(path, f"exports no {symbol}()")
@@ -88,7 +105,7 @@ def read_identity(candidate: Candidate):
         found = KIND_FOLDERS.get(info.kind, f"unknown kind {info.kind}")
         raise PluginRefused(path, f"declares kind {info.kind} ({found}) but was found in "
                                   f"{KIND_FOLDERS[candidate.kind]}/")
-    return module, info
+    return info
 
 
 def load_plugin(candidate: Candidate) -> Plugin:
@@ -97,15 +114,22 @@ def load_plugin(candidate: Candidate) -> Plugin:
     path = candidate.path
     open_ = plugin.export("rad_plugin_open")
     if open_ is not None:
-        status = _call(path, open_)
+        try:
+            status = _call(path, open_)
+        except PluginRefused:
+            plugin.unload()
+            raise
         if status == RAD_E_UNSUPPORTED:
+            plugin.unload()
             raise PluginDeclined(path)
         if status != RAD_OK:
+            plugin.unload()
             raise PluginRefused(path, f"rad_plugin_open() returned {status}")
     try:
         _read_tables(plugin)
     except PluginRefused:
         plugin.close()
+        plugin.unload()
         raise
     return plugin
 

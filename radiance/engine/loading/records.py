@@ -1,6 +1,7 @@
-"""The in-engine records of a loaded plugin. One loader turns a .py (and, later, a .so) into
-these, so the rest of the engine never knows which it was."""
+"""The in-engine records of a loaded plugin. One loader turns a .py and a .so into these, so the
+rest of the engine never knows which it was."""
 
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,12 @@ class Plugin:
         close = self.export("rad_plugin_close")
         if close:
             close()
+
+    def unload(self) -> None:
+        """Let go of the plugin's code: a .so is closed (dlclose); a module stays imported. Only for
+        a plugin the engine will not use (declined, refused): nothing of it may run afterwards."""
+        if not isinstance(self.module, types.ModuleType):
+            self.module.unload()
 
     def __repr__(self):
         return f"Plugin({self.name} at {self.path})"

@@ -153,6 +153,7 @@ class Registry:
 
     def _drop(self, library: Plugin, refused: PluginRefused) -> None:
         library.close()
+        library.unload()
         self.hierarchy.remove(library)
         self._refuse(refused.path, refused.reason)
 
@@ -179,6 +180,7 @@ class Registry:
             if item.name in taken:
                 other = taken[item.name][1]
                 plugin.close()
+                plugin.unload()
                 self._refuse(plugin.path, f"declares {what} '{item.name}', already declared by "
                                           f"{other.name} ({other.path})")
                 return False
