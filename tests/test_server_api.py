@@ -15,12 +15,13 @@ from test_server_support import ServerProcess, metrics, wait_for
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CONTEXT = 512
+MAX_STOP_CHARS = 1000
 
 
 @pytest.fixture(scope="module")
 def server(smollm2):
     process = ServerProcess("radiance.tools.generate", "--model", smollm2, "--api-key", KEY, "--max-seqs", 8,
-                            "--max-context", CONTEXT)
+                            "--max-context", CONTEXT, "--max-stop-chars", MAX_STOP_CHARS)
     try:
         process.wait_ready()
         yield process
@@ -82,6 +83,21 @@ def test_stop_strings(client):
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "The capital of"
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_stop_strings_up_to_the_limit_are_scanned_as_the_text_grows(client):
+    """Sixteen stop strings holding the limit's characters between them (issue 17: 16 of 100 kB
+    cost 378 ms a token): the answer is the one the plain stop string gives."""
+    long_ones = [chr(0x4e00 + i) * ((MAX_STOP_CHARS - 1) // 15) for i in range(15)]
+    assert sum(map(len, long_ones)) + 1 <= MAX_STOP_CHARS
+    result = complete(client, "The capital of France is", max_tokens=12, temperature=0, stop=[*long_ones, "."])
+    assert result.choices[0].text == " Paris" and result.choices[0].finish_reason == "stop"
+
+
+def test_stop_strings_over_the_limit_are_refused_naming_it(server):
+    body = {**GOOD, "stop": ["x" * 600, "y" * (MAX_STOP_CHARS - 600 + 1)]}
+    error = assert_openai_error(post(server.url, "completions", body), 400, "stop")
+    assert f"limit of {MAX_STOP_CHARS}" in error["message"] and "--max-stop-chars" in error["message"], error
 
 
 def test_seeds_are_reproducible(client):

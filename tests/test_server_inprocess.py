@@ -10,9 +10,8 @@ import httpx
 import pytest
 
 from radiance.config import Config
-from radiance.generation.text import TextCodec
+from radiance.generation.text import Detokenizer, TextCodec
 from radiance.launch import engine_over, open_ranks
-from radiance.serving.loop import TextStream
 from radiance.serving.options import ServeSettings
 from radiance.serving.server import Server
 
@@ -159,13 +158,13 @@ def test_a_stop_answers_the_waiting_requests(server, tiny_model):
     running.stop()
 
 
-def test_text_stream_equals_the_whole_decode(smollm2):
+def test_the_detokenizer_s_stream_equals_the_whole_decode(smollm2):
     from radiance.weights.container_reader import Container
 
     with Container(str(smollm2)) as container:
         codec = TextCodec(container.tokenizer, container.chat_template, container.hyper)
     text = "Ünïcødé naïve café — 東京 🚀🚀 done.\n  indented\ttabs"
     ids = codec.encode(text)
-    stream = TextStream(codec)
+    stream = Detokenizer(codec)
     pieces = [stream.push(token) for token in ids]
     assert "".join(pieces) == codec.decode(ids) == text

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from radiance.config import Config
 
 from .kv_blocks import BlockManager
+from .output_text import OutputText
 from .scheduler import Scheduler, StepPlan
 from .sequence import SamplingParams, Sequence
 from .step_plan import plan_arrays
-from .text import Detokenizer, TextCodec
+from .text import TextCodec
 
 
 @dataclass
@@ -124,40 +125,21 @@ class Engine:
         """The completion's text as it arrives, for one request. Text that could begin a stop
         string is held back until it is known not to; the stop string itself is never emitted."""
         sequence = self.add(prompt_ids, params)
-        detokenizer, text, emitted = Detokenizer(self.text), "", 0
+        output = OutputText(self.text, params)
         try:
             while not sequence.finished:
-                for produced, token in self.step():
-                    if produced is sequence and token not in self.text.stop_ids:
-                        text += detokenizer.push(token)
-                cut = _stop_position(text, params.stop)
-                if cut is not None:
-                    self.scheduler.finish(sequence, "stop")
-                    yield text[emitted:cut]
+                piece = "".join(output.push(token) for produced, token in self.step() if produced is sequence)
+                if output.stopped:
+                    if not sequence.finished:
+                        self.scheduler.finish(sequence, "stop")
+                    yield piece
                     return
-                safe = len(text) - _pending_prefix(text, params.stop)
-                if safe > emitted:
-                    yield text[emitted:safe]
-                    emitted = safe
-            if len(text) > emitted:
-                yield text[emitted:]
+                if piece:
+                    yield piece
+            rest = output.rest()
+            if rest:
+                yield rest
         finally:
             if not sequence.finished:
                 self.cancel(sequence)
             self.settle()
-
-
-def _stop_position(text: str, stops: tuple[str, ...]) -> int | None:
-    positions = [text.find(stop) for stop in stops if stop and stop in text]
-    return min(positions) if positions else None
-
-
-def _pending_prefix(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest end of `text` that is the start of a stop string."""
-    longest = 0
-    for stop in stops:
-        for length in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:length]):
-                longest = length
-                break
-    return longest

@@ -69,15 +69,19 @@ class TextCodec:
 
 
 class Detokenizer:
-    """Streams the text of a growing list of ids, holding back an incomplete UTF-8 character."""
+    """Streams the text of a growing list of ids at a cost per token that does not grow with the
+    output: it decodes a short window (the tokens since the last whole character, after the few
+    before them for context, as a byte-level or SentencePiece decoder needs), and holds back an
+    incomplete UTF-8 character until its last byte arrives."""
 
     def __init__(self, codec: TextCodec):
-        self.codec, self.ids, self.emitted = codec, [], ""
+        self.codec, self.ids, self.prefix, self.read = codec, [], 0, 0
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        text = self.codec.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        new, self.emitted = text[len(self.emitted):], text
-        return new
+        before = self.codec.decode(self.ids[self.prefix:self.read])
+        after = self.codec.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""

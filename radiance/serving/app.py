@@ -24,6 +24,7 @@ from .limits import BodyLimit
 from .loop import EngineLoop, Event, Job
 from .metrics import CONTENT_TYPE, Metrics
 from .prompts import check_length, check_text, longest_token, tokenize
+from .options import DEFAULT_MAX_STOP_CHARS
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Sampling, not_ready
 
 MAX_STOPS = 16
@@ -40,6 +41,7 @@ class ServerState:
         self.defaults = {k: v for k, v in defaults.items() if v is not None}
         self.created = int(time.time())
         self.loop: EngineLoop | None = None
+        self.max_stop_chars = DEFAULT_MAX_STOP_CHARS  # the server sets its own (--max-stop-chars)
         self.ranks = None  # launch/ranks.py's Ranks, once attached
         self._declared = None
         self._declared_lock = threading.Lock()
@@ -140,6 +142,9 @@ class ServerState:
         stop = tuple(s for s in ([stop] if isinstance(stop, str) else stop) if s)
         if len(stop) > MAX_STOPS:
             raise APIError(400, f"at most {MAX_STOPS} stop strings, not {len(stop)}", param="stop")
+        if sum(map(len, stop)) > self.max_stop_chars:
+            raise APIError(400, f"the stop strings hold {sum(map(len, stop))} characters, more than this server's "
+                           f"limit of {self.max_stop_chars} (--max-stop-chars)", param="stop")
         top_k = body.top_k if body.top_k is not None else self.defaults.get("top_k", 0)
         seed = body.seed if body.seed is not None else self.defaults.get("seed")
         try:

@@ -16,9 +16,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
-from radiance.generation.engine import Engine, _pending_prefix, _stop_position
+from radiance.generation.engine import Engine
+from radiance.generation.output_text import OutputText
 from radiance.generation.sequence import SamplingParams, Sequence
-from radiance.generation.text import TextCodec
 from radiance.log import get_logger
 
 from .metrics import Metrics
@@ -37,24 +37,6 @@ class Event:
     error: APIError | None = None
 
 
-class TextStream:
-    """A sequence's text as its tokens arrive: decodes a short window (the tokens since the last
-    whole character, and the few before for context), so each token costs the same however long the
-    output is; an incomplete UTF-8 character is held back."""
-
-    def __init__(self, codec: TextCodec):
-        self.codec, self.ids, self.prefix, self.read = codec, [], 0, 0
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        before = self.codec.decode(self.ids[self.prefix:self.read])
-        after = self.codec.decode(self.ids[self.prefix:])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self.prefix, self.read = self.read, len(self.ids)
-            return after[len(before):]
-        return ""
-
-
 class Job:
     """One request. Made on the HTTP side; from submit on, only the engine thread touches its
     engine state, and only the asyncio side reads its queue."""
@@ -68,8 +50,8 @@ class Job:
         self.cancelled = False  # engine thread: cancelled before or after it was added
         self.ended = False  # asyncio side: the last event was received
         # engine-thread state
-        self.stream: TextStream | None = None
-        self.text, self.emitted, self.last_token = "", 0, None
+        self.output: OutputText | None = None
+        self.last_token = None
 
     def deliver(self, event: Event) -> None:
         """From the engine thread: hand an event to the request's event loop."""
@@ -186,7 +168,7 @@ class EngineLoop:
         except ValueError as error:  # checked at the door already; the scheduler has the last word
             job.deliver(Event(error=APIError(400, str(error), param="prompt", code="context_length_exceeded")))
             return
-        job.stream = TextStream(self.engine.text)
+        job.output = OutputText(self.engine.text, job.params)
         self.running_jobs[job.sequence.id] = job
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
 
@@ -218,28 +200,24 @@ class EngineLoop:
                 self._advance(job, new, now)
 
     def _advance(self, job: Job, tokens: list[int], now: float) -> None:
-        sequence, params, stop_ids = job.sequence, job.params, self.engine.text.stop_ids
+        sequence, output = job.sequence, job.output
+        text = []
         for token in tokens:
             if job.last_token is None:
                 self.metrics.ttft.observe(now - job.arrival)
             else:
                 self.metrics.itl.observe(now - job.last_token)
             job.last_token = now
-            if token not in stop_ids or params.ignore_eos:
-                job.text += job.stream.push(token)
+            text.append(output.push(token))
         self.metrics.generated_tokens.inc(len(tokens))
-        cut = _stop_position(job.text, params.stop)
-        if cut is not None:
+        if output.stopped:
             if not sequence.finished:
                 self.engine.scheduler.finish(sequence, "stop")  # frees its blocks in this step
-            self._finish(job, job.text[job.emitted:cut], "stop", len(tokens))
+            self._finish(job, "".join(text), "stop", len(tokens))
         elif sequence.finished:
-            self._finish(job, job.text[job.emitted:], sequence.finish_reason, len(tokens))
-        else:
-            safe = len(job.text) - _pending_prefix(job.text, params.stop)
-            if safe > job.emitted:  # nothing to hand over while a character or a stop string is pending
-                job.deliver(Event(text=job.text[job.emitted:safe], tokens=len(tokens)))
-                job.emitted = safe
+            self._finish(job, "".join(text) + output.rest(), sequence.finish_reason, len(tokens))
+        elif any(text):  # nothing to hand over while a character or a stop string is pending
+            job.deliver(Event(text="".join(text), tokens=len(tokens)))
 
     def _finish(self, job: Job, text: str, reason: str, tokens: int) -> None:
         self.running_jobs.pop(job.sequence.id, None)

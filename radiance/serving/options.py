@@ -9,6 +9,9 @@ DEFAULT_SERVE_SEQS = 32
 # A request's body: refused with a 413 before it is read when larger (limits.py). Room for a prompt
 # of a 128k-token context in plain text; a longer one than the context holds is refused anyway.
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20
+# The characters of a request's stop strings, all together: what the stop scan's automaton holds per
+# request (one node a character), so what a request may make the engine thread keep and walk.
+DEFAULT_MAX_STOP_CHARS = 4096
 
 
 @dataclass
@@ -18,6 +21,7 @@ class ServeSettings:
     api_key: str | None = None
     defaults: dict = field(default_factory=dict)  # sampling defaults a request may override
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_stop_chars: int = DEFAULT_MAX_STOP_CHARS  # a request's stop strings, all together
 
 
 def serve_options(function):
@@ -32,6 +36,8 @@ def serve_options(function):
                      help=f"Sequences batched in one step (default: {DEFAULT_SERVE_SEQS} with --serve, else 1)."),
         click.option("--max-request-bytes", type=click.IntRange(1), default=DEFAULT_MAX_REQUEST_BYTES,
                      show_default=True, help="A request body larger than this is refused (413) before it is read."),
+        click.option("--max-stop-chars", type=click.IntRange(1), default=DEFAULT_MAX_STOP_CHARS, show_default=True,
+                     help="Characters a request's stop strings may hold, all together (more: a 400)."),
     ]):
         function = option(function)
     return function

@@ -76,6 +76,7 @@ class Server:
         self.settings = settings
         self.metrics = Metrics()
         self.state = ServerState(model_path, settings.api_key, settings.defaults, self.metrics)
+        self.state.max_stop_chars = settings.max_stop_chars
         self.http = HttpServer(create_app(self.state, settings.max_request_bytes), listen(settings.host, settings.port))
         self.loop: EngineLoop | None = None
 

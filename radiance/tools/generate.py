@@ -5,6 +5,7 @@ file or a GGUF file, converted once into a cache keyed by its content (radiance/
 Which ranks run the steps is launch/__init__.py's open_ranks' choice, for this command and
 radiance-launch alike."""
 
+import os
 import signal
 import sys
 import threading
@@ -117,10 +118,14 @@ def run(program: str, given: dict) -> None:
 @options.accept_reference
 @options.debug_selection
 @options.run_ahead
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="Compute threads of the rank (of each rank with --tp; default: the cores, shared out among the ranks).")
 @options.verbose
 def main(**given):
     """Generate with a model (.rad, or .gguf converted once into a cache) on this machine's CPU (or the
     card it sees), or serve it (--serve)."""
+    if given["threads"] is not None:
+        os.environ["RADIANCE_THREADS"] = str(given["threads"])  # read by the host kernels of a rank in this process
     run("radiance", given)
 
 

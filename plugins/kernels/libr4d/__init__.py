@@ -2,9 +2,11 @@
 on f32 activations, reading q4_1, q8_0 and plain f32/f16/bf16 weights (rows.py) and the other GGUF
 block types, q4_0, q5_0, q5_1, q2_k..q6_k (rows_kquants.py), as the container stores them.
 
-The kernels are C (r4d.c), compiled at first load with gcc -O3 -march=native -fopenmp, cached on disk
-by a hash of the source, and called through ctypes (native.py); threads follow RADIANCE_THREADS
-(else OMP_NUM_THREADS, else the CPUs this process may use). Where no compiler can build it, every row
+The kernels are C (r4d.c and the r4d_*.h it includes), compiled at first load with gcc -O3
+-march=native -pthread, cached on disk by a hash of the sources, and called through ctypes
+(native.py); they run on r4d_pool.h's thread pool, whose threads follow RADIANCE_THREADS (else
+OMP_NUM_THREADS, else the CPUs this process may use). The host collectives wait on their peers'
+flags with r4d.c's futex wait when it is built. Where no compiler can build it, every row
 runs a numpy body instead and the plugin says so once. docs/LIBR4D.md has the rows, their bands,
 tolerances against libref and measured speed.
 
@@ -38,6 +40,8 @@ def _collective_rows(native) -> list:
         from . import collectives
         if hasattr(collectives, "use_native_add_rmsnorm"):
             collectives.use_native_add_rmsnorm(rows.add_rmsnorm(native))
+        if native is not None and hasattr(collectives, "use_native_wait"):
+            collectives.use_native_wait(native.lib.r4d_wait_word, native.lib.r4d_wake_word)
         declared += collectives.HOST_ROWS
     except Exception as error:  # another module's failure must not take the compute rows down
         log.warning("libr4d: collective rows unavailable (%s: %s)", type(error).__name__, error)
@@ -76,6 +80,8 @@ def _open() -> None:
         log.warning("libr4d: the C kernels are unavailable (%s); every row runs its numpy fallback, "
                     "several times slower", why)
     _STATE["native"] = loaded
+    if loaded is not None:
+        log.debug("libr4d: %s", loaded.describe())
     collective = _collective_rows(loaded)
     _STATE["rows"] = (rows.build_rows(loaded) + rows_kquants.build_rows(loaded) + [info for info, _ in collective]
                       + _device_rows())
@@ -87,7 +93,7 @@ def rad_plugin_abi_version():
 
 
 def rad_plugin_info():
-    return RadPluginInfo(RAD_PLUGIN_KERNEL, "libr4d", "0.1", "host rows: C kernels (AVX2/FMA, OpenMP) built at "
+    return RadPluginInfo(RAD_PLUGIN_KERNEL, "libr4d", "0.1", "host rows: C kernels (AVX-512/AVX2, a thread pool) built at "
                          "first load, numpy where no compiler is found; device rows: device/*.cu through "
                          "nvrtc/hiprtc", "host cuda hip")
 

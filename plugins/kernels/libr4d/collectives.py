@@ -8,9 +8,12 @@ the same sequence of collectives):
 1. copy this rank's x into its own slot `e & 1` (`peers.buffers[rank]`), then store e into its READY
    flag word. x86 is TSO: stores become visible in program order, so a peer that reads READY >= e
    and then loads the slot sees the bytes (on a weakly ordered CPU this needs a release fence).
-2. wait (radiance.abi.rad_wait_word: spin briefly, yield, then sleep with back-off; never a pure
-   spin: with more ranks than cores the spinner would take the core the awaited rank needs) for each
-   peer's READY >= e, then
+2. wait for each peer's READY >= e: with libr4d's native kernels, r4d.c's r4d_wait_word (spin
+   briefly, only while the ranks have a core each, then sleep on the word's futex, which the writer
+   wakes after each store: a rank waiting for one that shares its core hands that rank the core at
+   once, and is woken the moment the bytes are there); else radiance.abi.rad_wait_word (spin
+   briefly, yield, then sleep with back-off). Never a pure spin: with more ranks than cores the
+   spinner would take the core the awaited rank needs. Then
    - one-shot (x up to one_shot_max_bytes(N), 256 KiB): every rank adds every slot in rank order;
    - reduce-scatter + all-gather (larger): rank r adds chunk r of every slot in rank order, writes
      the result into chunk r of its own slot (only r itself ever reads chunk r of a slot before
@@ -26,6 +29,7 @@ still reads.
 """
 
 import os
+import time
 
 import numpy as np
 
@@ -58,8 +62,17 @@ READY = 0  # the flag word: "my contribution to epoch e is in my slot"
 DONE = 1  # "my reduced chunk of epoch e is in my slot"
 
 # The wait every row uses. A module attribute so a benchmark can swap in a pure spin to measure
-# what the back-off is worth; the rows themselves never spin without yielding.
+# what the back-off is worth; the rows themselves never spin without yielding. use_native_wait
+# replaces it (and `_wake`, called after every flag store) with r4d.c's futex wait and wake.
 wait_word = rad_wait_word
+_wake = None
+# How long a native wait spins: while every rank has a core of its own the peer is running and about
+# to store; with more ranks than cores it may be waiting for this very core, so none. Then it yields
+# the core for up to YIELD_NS (to a rank sharing it; the core stays awake: waking a halted core of
+# this KVM guest costs more than the yields) before it sleeps on the futex.
+SPIN_NS_OWN_CORES = 20_000
+YIELD_NS = 1_000_000
+SLICE_NS = 50_000_000  # the longest a native wait stays in C before Python runs its signal handlers
 
 F32 = np.float32
 
@@ -107,6 +120,39 @@ def _flag(peers, rank, which):
 def _wait(peers, rank, which, epoch):
     if wait_word(_flag(peers, rank, which), epoch, WAIT_TIMEOUT_NS) != RAD_OK:
         raise _Failed(RAD_E_DEVICE)
+
+
+def _store_flag(peers, which, epoch):
+    """My flag word `which` = epoch, then the peers asleep on it woken (with the native wait)."""
+    flags = peers.flags[peers.rank]
+    flags[which] = epoch
+    if _wake is not None:
+        _wake(flags.__array_interface__["data"][0] + which * flags.strides[0])
+
+
+def use_native_wait(wait, wake) -> None:
+    """Take libr4d's native waits: `wait(address, value, spin_ns, yield_ns, timeout_ns) -> 0 or -1` and
+    `wake(address)` (r4d.c's r4d_wait_word and r4d_wake_word)."""
+    global wait_word, _wake
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+    def native_wait(word, value, timeout_ns=0):
+        address, value = word.__array_interface__["data"][0], int(value)
+        spin = SPIN_NS_OWN_CORES if _WORLD[0] <= cores else 0
+        if wait(address, value, spin, YIELD_NS, min(timeout_ns or SLICE_NS, SLICE_NS)) == 0:
+            return RAD_OK
+        # A long wait: in slices that come back to Python, where a SIGTERM's handler can run (a
+        # signal does not end the C call), sleeping on the futex from the start.
+        deadline = time.monotonic_ns() + timeout_ns if timeout_ns else None
+        while deadline is None or time.monotonic_ns() < deadline:
+            if wait(address, value, 0, 0, SLICE_NS) == 0:
+                return RAD_OK
+        return RAD_E_DEVICE
+
+    wait_word, _wake = native_wait, wake
+
+
+_WORLD = [1]  # the world size of the last collective launched (every collective of a run has the same)
 
 
 def _wait_chain(chain):
@@ -157,7 +203,8 @@ def _publish(peers, epoch, xs):
     m, n = xs.shape
     own = _slot(peers, peers.rank, epoch, m * n, xs.dtype).reshape(m, n)
     np.copyto(own, xs)
-    peers.flags[peers.rank][READY] = epoch
+    _WORLD[0] = int(peers.world_size)
+    _store_flag(peers, READY, epoch)
 
 
 def _chunk(count, world, r, itemsize):
@@ -199,7 +246,7 @@ def _reduce(a, xs, epoch, chain):
     lo, hi = _chunk(count, world, rank, xs.dtype.itemsize)
     _ordered_sum_into(flat[lo:hi], [piece(p, lo, hi) for p in range(world)])
     _slot(peers, rank, epoch, count, xs.dtype)[lo:hi] = flat[lo:hi]
-    peers.flags[rank][DONE] = epoch
+    _store_flag(peers, DONE, epoch)
     # all-gather: every peer's reduced chunk
     for step in range(1, world):
         p = (rank + step) % world
@@ -211,7 +258,8 @@ def _reduce(a, xs, epoch, chain):
 
 
 def _all_reduce(a, xs, chain=None):
-    """all_reduce of xs [m, n] in place; returns RAD_LINK_ENDED/RAD_OK (gate ended) or an error."""
+    """all_reduce of xs [m, n] in place (None at one rank: nothing to move); returns RAD_LINK_ENDED/RAD_OK
+    (gate ended) or an error."""
     peers = a.peers
     if _world(peers) == 1:
         if peers is not None:
@@ -308,8 +356,7 @@ def all_reduce_add_rmsnorm_host(a):
         m, n = rad_args_geti(a, "M"), rad_args_geti(a, "n")
         eps = rad_args_getf(a, "eps")
         x, residual, w, y = (t.data for t in a.t[:4])
-        xs, rs, ys = _rows(x, m, n), _rows(residual, m, n), _rows(y, m, n)
-        status = _all_reduce(a, xs)
+        status = _all_reduce(a, _rows(x, m, n) if _world(a.peers) > 1 else None)  # one rank: x stays
         if status not in (RAD_OK, RAD_LINK_ENDED):
             return status
         if _native_add_rmsnorm is not None and x.dtype == residual.dtype == y.dtype == F32:
@@ -317,6 +364,7 @@ def all_reduce_add_rmsnorm_host(a):
             # on the arrays a node passes every step.
             tail = _native_add_rmsnorm(residual, x, w, y, m, n, eps)
             return status if tail == RAD_OK else tail
+        xs, rs, ys = _rows(x, m, n), _rows(residual, m, n), _rows(y, m, n)
         np.add(rs, xs, out=rs)
         rmsnorm_rows(rs, w, eps, n, ys)
         return status

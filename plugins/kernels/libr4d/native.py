@@ -1,19 +1,21 @@
 """The compiled half of libr4d: r4d.c built at first load, cached on disk, loaded with ctypes.
 
-Build: `$CC` (default gcc) with `-O3 -march=native -fopenmp -ffp-contract=off`; when that fails
-(an old compiler, a machine where -march=native means nothing, no OpenMP) the next variant is tried:
-without OpenMP, then a portable `-O2` build (plain C loops, no intrinsics). The library is cached under
-`$XDG_CACHE_HOME/radiance/libr4d` (else `~/.cache/radiance/libr4d`) by a hash of the source, the
-flags, the compiler's version and, for a native build, this CPU's model and flags, so a cache folder
-shared between machines never hands one CPU another's code. A build writes a temporary file and
+Build: `$CC` (default gcc) with `-O3 -march=native -pthread -ffp-contract=off`; when that fails (an
+old compiler, a machine where -march=native means nothing) a portable `-O2` build (plain C loops, no
+intrinsics) is tried. `-march=native` is how the CPU in hand chooses its paths: the AVX-512 (VNNI)
+GEMVs where it reports AVX-512 F/BW/VL, the AVX2/FMA ones otherwise. The library is cached under
+`$XDG_CACHE_HOME/radiance/libr4d` (else `~/.cache/radiance/libr4d`) by a hash of the sources (r4d.c
+and the r4d_*.h it includes), the flags, the compiler's version and, for a native build, this CPU's
+model and flags, so a cache folder shared between machines never hands one CPU another's code. A build writes a temporary file and
 renames it, so ranks starting together at most compile twice and never see half a file.
 
 Knobs (read when the plugin opens):
-  RADIANCE_THREADS      threads per launch (else OMP_NUM_THREADS, else the CPUs this process may use)
+  RADIANCE_THREADS      threads per launch, the calling thread included (else OMP_NUM_THREADS, else
+                        the CPUs this process may use); `radiance --threads N` sets it
   RADIANCE_R4D_NATIVE   0: do not build; every row runs its numpy fallback
   RADIANCE_R4D_ISA      portable: skip the native build (what a CPU without AVX2 gets)
   RADIANCE_R4D_MARCH    the -march of the native build (default native; haswell builds the AVX2
-                        paths without VNNI, what an older CPU gets)
+                        paths without VNNI or AVX-512, what an older CPU gets)
   RADIANCE_R4D_AQ       the decode GEMV's activations: 16 (default), 8 or 0 (rows.py)
   CC                    the compiler
 
@@ -35,22 +37,28 @@ from pathlib import Path
 import numpy as np
 
 SOURCE = Path(__file__).with_name("r4d.c")
-# r4d.c and the GGUF block types' rows (r4d_kquants.c) build into one library
+# r4d.c (which includes its r4d_*.h headers) and the GGUF block types' rows (r4d_kquants.c) build
+# into one library
 SOURCES = (SOURCE, SOURCE.with_name("r4d_kquants.c"))
+HEADERS = sorted(Path(__file__).parent.glob("r4d_*.h"))  # part of the build's key
 log = logging.getLogger("radiance.libr4d")
 
-COMMON = ["-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing"]
+COMMON = ["-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
+
+
 def variants(march: str):
-    """(name, flags) to try in order: the target's build with and without OpenMP, then portable C."""
-    return (
-        ("native-omp", ["-O3", f"-march={march}", "-fopenmp"]),
-        ("native", ["-O3", f"-march={march}"]),
-        ("portable-omp", ["-O2", "-fopenmp"]),
-        ("portable", ["-O2"]),
-    )
+    """(name, flags) to try in order: the target's build, then portable C."""
+    return (("native", ["-O3", f"-march={march}", *prefetch_flags()]), ("portable", ["-O2"]))
+
+
+def prefetch_flags() -> list[str]:
+    """The GEMVs' prefetch hint for this CPU's vendor (r4d.c, R4D_PF_HINT): non-temporal on AMD,
+    where it was measured best, T0 elsewhere (on Intel NTA halved the streaming rate)."""
+    return ["-DR4D_PF_HINT=_MM_HINT_NTA"] if "AuthenticAMD" in _cpu_signature() else []
+
 
 # r4d_isa() bits
-ISA_AVX2, ISA_VNNI, ISA_OPENMP = 1, 2, 4
+ISA_AVX2, ISA_VNNI, ISA_AVX512 = 1, 2, 4
 
 _P, _I64, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 SIGNATURES = {
@@ -58,8 +66,7 @@ SIGNATURES = {
     "r4d_threads": ([], _I),
     "r4d_isa": ([], _I),
     "r4d_embedding": ([_P, _I, _P, _P, _P, _I64, _I64, _P, _I64], _I),
-    "r4d_gemv_scratch": ([_I64, _I64, _I], _I64),
-    "r4d_gemv": ([_P, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P], _I),
+    "r4d_gemv": ([_P, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I], _I),
     "r4d_gemm": ([_P, _I, _P, _P, _P, _P, _I64, _I64, _I64], _I),
     "r4d_rmsnorm": ([_P, _P, _P, _I64, _I64, _D], _I),
     "r4d_add": ([_P, _P, _P, _I64, _I64], _I),
@@ -69,13 +76,16 @@ SIGNATURES = {
     "r4d_attention": ([_P] * 11 + [_I64] * 5 + [_D], _I),
     "r4d_argsort_desc": ([_P, _I64, _P], _I),
     "r4d_add_rmsnorm": ([_P, _P, _P, _P, _I64, _I64, _D], _I),
+    "r4d_wait_word": ([_P, ctypes.c_uint64, _I64, _I64, _I64], _I),
+    "r4d_wake_word": ([_P], None),
 }
 
 
 # one packed int64 argument (rows.py prepares it once per RadArgs); no argtypes: the call takes a
 # prebuilt c_void_p, the cheapest argument ctypes passes
 PACKED = ("r4d_embedding_p", "r4d_gemv_p", "r4d_gemm_p", "r4d_rmsnorm_p", "r4d_add_p", "r4d_silu_mul_p",
-          "r4d_take_rows_p", "r4d_rope_p", "r4d_attention_p", "r4d_kq_gemm_p", "r4d_kq_embedding_p")
+          "r4d_take_rows_p", "r4d_rope_p", "r4d_attention_p", "r4d_add_rmsnorm_p", "r4d_kq_gemm_p",
+          "r4d_kq_embedding_p")
 
 
 class NativeUnavailable(RuntimeError):
@@ -105,7 +115,7 @@ def _cpu_signature() -> str:
             seen = set()
             for line in f:
                 key = line.split(":", 1)[0].strip()
-                if key in ("model name", "flags", "Features", "CPU part") and key not in seen:
+                if key in ("vendor_id", "model name", "flags", "Features", "CPU part") and key not in seen:
                     seen.add(key)
                     text += line
     except OSError:
@@ -126,9 +136,9 @@ def _compiler() -> tuple[str, str]:
 
 
 def _build(variant: str, flags: list[str], cc: str, version: str, folder: Path) -> Path:
-    source = b"\0".join(path.read_bytes() for path in SOURCES)
+    sources = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     key = hashlib.sha256()
-    for part in (source, " ".join(COMMON + flags).encode(), version.encode(), platform.machine().encode()):
+    for part in (sources, " ".join(COMMON + flags).encode(), version.encode(), platform.machine().encode()):
         key.update(part + b"\0")
     if "-march=native" in flags:
         key.update(_cpu_signature().encode())
@@ -155,19 +165,23 @@ class Header(ctypes.Structure):
     """A PyArrayObject head with its dims and strides inline: what a launch plan hands r4d.c for an
     operand, copied once (a numpy array never moves its data while referenced). The headers of one
     launch sit side by side, so r4d.c reads a line or two instead of chasing every array's head."""
+    # dims and strides are int64_t * on the C side; held as addresses here (no ctypes.cast per fill:
+    # a new shape's first step fills a header for every operand of every launch)
     _fields_ = [("refcnt", ctypes.c_ssize_t), ("type", ctypes.c_void_p), ("data", ctypes.c_void_p),
-                ("nd", ctypes.c_int), ("dims", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("dim", ctypes.c_int64 * 4),
-                ("stride", ctypes.c_int64 * 4)]
+                ("nd", ctypes.c_int), ("dims", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("dim", ctypes.c_int64 * 4), ("stride", ctypes.c_int64 * 4)]
 
     def fill(self, array):
         if array.ndim > 4:
             raise ValueError(f"an operand of {array.ndim} dimensions")
-        self.refcnt, self.data, self.nd = 1, array.ctypes.data, array.ndim
-        for i in range(array.ndim):
-            self.dim[i], self.stride[i] = array.shape[i], array.strides[i]
-        self.dims = ctypes.cast(ctypes.addressof(self) + Header.dim.offset, ctypes.POINTER(ctypes.c_int64))
-        self.strides = ctypes.cast(ctypes.addressof(self) + Header.stride.offset, ctypes.POINTER(ctypes.c_int64))
+        interface = array.__array_interface__
+        self.refcnt, self.data, self.nd = 1, interface["data"][0], array.ndim
+        self.dim[:array.ndim], self.stride[:array.ndim] = array.shape, array.strides
+        address = ctypes.addressof(self)
+        self.dims, self.strides = address + _DIM_OFFSET, address + _STRIDE_OFFSET
+
+
+_DIM_OFFSET, _STRIDE_OFFSET = Header.dim.offset, Header.stride.offset
 
 
 class Native:
@@ -190,7 +204,7 @@ class Native:
         return self.threads
 
     def describe(self) -> str:
-        isa = [name for bit, name in ((ISA_AVX2, "avx2+fma"), (ISA_VNNI, "vnni"), (ISA_OPENMP, "openmp"))
+        isa = [name for bit, name in ((ISA_AVX2, "avx2+fma"), (ISA_AVX512, "avx512"), (ISA_VNNI, "vnni"))
                if self.isa & bit]
         if not self.isa & ISA_AVX2:
             isa.insert(0, "portable C")

@@ -1,8 +1,8 @@
 /* libr4d host kernels.
  *
- * Compiled at first load by native.py (gcc -O3 -march=native -fopenmp -ffp-contract=off, or a
- * portable -O2 build when that fails), cached on disk by a hash of this source and the flags, and
- * called through ctypes. Imports nothing: the Python side hands over array heads shaped like numpy's
+ * Compiled at first load by native.py (gcc -O3 -march=native -pthread -ffp-contract=off, or a
+ * portable -O2 build when that fails), cached on disk by a hash of the sources and the flags, and
+ * called through ctypes. Parallel rows run on r4d_pool.h's thread pool. Imports nothing: the Python side hands over array heads shaped like numpy's
  * PyArrayObject head (native.Header: data, nd, dims, strides, filled from the numpy array once per
  * launch plan) and the raw plane pointers of each weight.
  *
@@ -23,9 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "r4d_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -34,6 +32,10 @@
 #define R4D_VNNI 1
 #elif defined(__AVXVNNI__)
 #define R4D_VNNI 1
+#endif
+/* the decode GEMVs' 512-bit paths: AVX-512 F, BW and VL, with VNNI's vpdpwssd where present */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define R4D_AVX512 1
 #endif
 #endif
 
@@ -71,7 +73,13 @@ int r4d_set_threads(int n) {
 
 int r4d_threads(void) { return g_threads; }
 
-/* bit 0: AVX2+FMA+F16C paths, bit 1: VNNI int8 dot products, bit 2: OpenMP */
+/* the pool for the kernels built beside this file (r4d_kquants.c) */
+void r4d_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t items, int64_t unit,
+                  int threads) {
+    pool_run(fn, ctx, items, unit, threads);
+}
+
+/* bit 0: AVX2+FMA+F16C paths, bit 1: VNNI integer dot products, bit 2: AVX-512 paths */
 int r4d_isa(void) {
     int isa = 0;
 #ifdef R4D_AVX2
@@ -80,7 +88,7 @@ int r4d_isa(void) {
 #ifdef R4D_VNNI
     isa |= 2;
 #endif
-#ifdef _OPENMP
+#ifdef R4D_AVX512
     isa |= 4;
 #endif
     return isa;
@@ -253,6 +261,10 @@ static inline __m256d exp_pd(__m256d x) {
     return _mm256_blendv_pd(y, x, nan);
 }
 
+#ifdef R4D_AVX512
+#include "r4d_exp512.h"
+#endif
+
 /* 8 floats -> (float)exp((double)x) */
 static inline __m256 exp_f64_ps(__m256 x) {
     __m256d a = exp_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)));
@@ -270,38 +282,20 @@ static inline int nthreads_for(int64_t work, int64_t grain) {
     return (int)(t < g_threads ? t : g_threads);
 }
 
-/* [lo, hi) of `n` items for thread `id` of `nt`, split in multiples of `unit` */
-static inline void split(int64_t n, int64_t unit, int id, int nt, int64_t *lo, int64_t *hi) {
-    int64_t units = (n + unit - 1) / unit;
-    int64_t a = units * id / nt, b = units * (id + 1) / nt;
-    *lo = a * unit < n ? a * unit : n;
-    *hi = b * unit < n ? b * unit : n;
-}
+/* A buffer of this thread's own, at least `bytes` long, 64-byte aligned, kept for the next launch
+ * (the pool's workers live as long as the process); NULL when memory runs out. */
+static __thread char *t_buffer;
+static __thread size_t t_buffer_bytes;
 
-/* PAR(nt, { body }): the body once per thread, with tid_ and tcnt_; with one thread it runs
- * directly, never entering OpenMP (a one-thread region still costs about 0.3 us). */
-#ifdef _OPENMP
-#define PAR(nt, ...)                                                                       \
-    do {                                                                                   \
-        const int par_nt_ = (nt);                                                          \
-        if (par_nt_ > 1) {                                                                 \
-            _Pragma("omp parallel num_threads(par_nt_)") {                                 \
-                const int tid_ = omp_get_thread_num(), tcnt_ = omp_get_num_threads();     \
-                __VA_ARGS__                                                                \
-            }                                                                              \
-        } else {                                                                           \
-            const int tid_ = 0, tcnt_ = 1;                                                 \
-            __VA_ARGS__                                                                    \
-        }                                                                                  \
-    } while (0)
-#else
-#define PAR(nt, ...)                                                                       \
-    do {                                                                                   \
-        const int tid_ = 0, tcnt_ = 1;                                                     \
-        (void)(nt);                                                                        \
-        __VA_ARGS__                                                                        \
-    } while (0)
-#endif
+static void *thread_buffer(size_t bytes) {
+    if (bytes > t_buffer_bytes) {
+        free(t_buffer);
+        const size_t rounded = (bytes + 63) & ~(size_t)63;
+        t_buffer = (char *)aligned_alloc(64, rounded);
+        t_buffer_bytes = t_buffer ? rounded : 0;
+    }
+    return t_buffer;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* dequantisation: one weight row to f32, exactly as the core decoder computes it */
@@ -381,6 +375,17 @@ static int weight_check(const Weight *w) {
 /* ------------------------------------------------------------------------------------------ */
 /* embedding: y[m] = table[ids[m]] */
 
+typedef struct {
+    const Weight *w;
+    const IVec *ids;
+    const Mat *Y;
+} EmbeddingTask;
+
+static void embedding_task(const void *context, int64_t lo, int64_t hi) {
+    const EmbeddingTask *t = (const EmbeddingTask *)context;
+    for (int64_t m = lo; m < hi; m++) dequant_row(t->w, iget(t->ids, m), ROW(*t->Y, m, float));
+}
+
 int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale, const void *min, int64_t vocab,
                   int64_t n, Arr *y, int64_t M) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, vocab, n};
@@ -392,19 +397,16 @@ int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale,
         int64_t id = iget(&iv, m);
         if (id < 0 || id >= vocab) return R4D_E_INVALID;
     }
-    const int nt = nthreads_for(M * n, 1 << 14);
-    PAR(nt, {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) dequant_row(&w, iget(&iv, m), ROW(Y, m, float));
-    });
+    const EmbeddingTask task = {&w, &iv, &Y};
+    pool_run(embedding_task, &task, M, 1, nthreads_for(M * n, 1 << 14));
     return R4D_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* GEMV, M <= 4: the weight streams once, every activation row reuses each loaded block.
  *
- * Activations are prepared once per launch in the scratch, by `aq` (bits of the activations):
+ * Activations are prepared once (`prepared`: shared by the GEMVs that read the same rows), by `aq`
+ * (bits of the activations):
  *   aq = 0:  x in f32; for q4_1 permuted per block to the nibble order (the 16 even elements,
  *            then the 16 odd ones), with the f32 sum of each block for the min term;
  *   aq = 16: x quantised per block of 32 to int16 with an f32 step d = max|x|/32767 (round to
@@ -418,7 +420,10 @@ int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale,
 #define R4D_PF_ROWS 4 /* weight rows prefetched ahead */
 #endif
 #ifndef R4D_PF_HINT
-#define R4D_PF_HINT _MM_HINT_NTA /* weights are read once per token: keep them out of the outer caches */
+/* native.py passes the hint by the CPU's vendor: NTA on AMD (weights are read once per token: kept
+ * out of the outer caches; measured on Zen 4), T0 elsewhere (on this Xeon NTA halved the lm head's
+ * rate: 13 against 28 GB/s, docs/LIBR4D.md) */
+#define R4D_PF_HINT _MM_HINT_T0
 #endif
 
 typedef struct {
@@ -498,9 +503,15 @@ static void act_row(const Act *A, int64_t m, const float *x, int aq, int perm) {
                 _mm256_store_si256((__m256i *)(A->xq + m * K + b * QK),
                                    _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
             } else {
-                int16_t *dst = A->xw + m * K + b * QK;
-                _mm256_store_si256((__m256i *)dst, _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8));
-                _mm256_store_si256((__m256i *)(dst + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(q2, q3), 0xD8));
+                int16_t *first = A->xw + m * K + b * QK, *second = first + 16;
+#ifdef R4D_AVX512
+                if (perm && (b | 1) < nb) { /* r4d_gemv512.h's pair layout: [evens b, evens b^1, odds b, odds b^1] */
+                    first = A->xw + m * K + (b & ~(int64_t)1) * QK + 16 * (b & 1);
+                    second = first + 32;
+                }
+#endif
+                _mm256_store_si256((__m256i *)first, _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8));
+                _mm256_store_si256((__m256i *)second, _mm256_permute4x64_epi64(_mm256_packs_epi32(q2, q3), 0xD8));
             }
             A->xd[m * nb + b] = d;
         } else {
@@ -769,7 +780,17 @@ static inline __attribute__((always_inline)) void gemv_rows(const Weight *w, con
     }
 }
 
+#ifdef R4D_AVX512
+#include "r4d_gemv512.h"
+#endif
+
 static void gemv_block(const Weight *w, const Act *A, int aq, int64_t m0, int mt, int64_t n0, int64_t n1, const Mat *Y) {
+#ifdef R4D_AVX512
+    if (aq == 16 && (w->fmt == F_Q4_1 || w->fmt == F_Q8_0)) {
+        gemv512_block(w, A, m0, mt, n0, n1, Y);
+        return;
+    }
+#endif
     switch (mt) {
     case 1: gemv_rows(w, A, aq, m0, 1, n0, n1, Y); break;
     case 2: gemv_rows(w, A, aq, m0, 2, n0, n1, Y); break;
@@ -778,12 +799,76 @@ static void gemv_block(const Weight *w, const Act *A, int aq, int64_t m0, int mt
     }
 }
 
-int64_t r4d_gemv_scratch(int64_t M, int64_t K, int aq) { return act_bytes(M, K, aq); }
+typedef struct {
+    const Weight *w;
+    const Act *A;
+    int aq;
+    int64_t M;
+    const Mat *Y;
+} GemvTask;
+
+/* weight rows [lo, hi) against every activation row, MT_MAX at a time */
+static void gemv_task(const void *context, int64_t lo, int64_t hi) {
+    const GemvTask *t = (const GemvTask *)context;
+    for (int64_t m0 = 0; m0 < t->M; m0 += MT_MAX) {
+        const int mt = (int)(t->M - m0 < MT_MAX ? t->M - m0 : MT_MAX);
+        gemv_block(t->w, t->A, t->aq, m0, mt, lo, hi, t->Y);
+    }
+}
+
+/* The activations the last GEMV of this thread prepared, kept for the next GEMV that reads the same
+ * rows in the same form: q, k and v read one normed x, gate and up another, so a decode step
+ * quantises each once (as llama.cpp shares its Q8 activations). `source` holds the f32 rows they
+ * were made from, compared whole before they are taken again: a buffer written since (the next
+ * layer's x in the same buffer) is never taken for the old one, whichever row wrote it. */
+typedef struct {
+    Act act;
+    char *buffer;
+    float *source;
+    size_t buffer_bytes, source_bytes;
+    const char *from;
+    int64_t pitch, M, K;
+    int aq, perm, valid;
+} ActCache;
+
+static __thread ActCache t_act;
+
+static int grow(void *slot, size_t *have, size_t need) {
+    if (need <= *have) return 1;
+    void **p = (void **)slot;
+    free(*p);
+    const size_t rounded = (need + 63) & ~(size_t)63;
+    *p = aligned_alloc(64, rounded);
+    *have = *p ? rounded : 0;
+    return *p != NULL;
+}
+
+/* rows [0, M) of X prepared as `aq` and `perm` ask, from the cache when X still holds what they were
+ * made from; NULL when memory runs out */
+static const Act *prepared(const Mat *X, int64_t M, int64_t K, int aq, int perm) {
+    ActCache *c = &t_act;
+    const size_t row = (size_t)K * sizeof(float);
+    if (c->valid && c->from == X->p && c->pitch == X->pitch && c->M == M && c->K == K && c->aq == aq && c->perm == perm) {
+        int64_t m = 0;
+        while (m < M && !memcmp(c->source + m * K, ROW(*X, m, const float), row)) m++;
+        if (m == M) return &c->act;
+    }
+    c->valid = 0;
+    if (!grow(&c->buffer, &c->buffer_bytes, (size_t)act_bytes(M, K, aq)) || !grow(&c->source, &c->source_bytes, M * row))
+        return NULL;
+    act_layout(&c->act, c->buffer, M, K, aq);
+    for (int64_t m = 0; m < M; m++) {
+        act_row(&c->act, m, ROW(*X, m, const float), aq, perm);
+        memcpy(c->source + m * K, ROW(*X, m, const float), row);
+    }
+    c->from = X->p, c->pitch = X->pitch, c->M = M, c->K = K, c->aq = aq, c->perm = perm, c->valid = 1;
+    return &c->act;
+}
 
 int r4d_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
-             int64_t N, int64_t K, int aq, Arr *scratch) {
+             int64_t N, int64_t K, int aq) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};
-    Mat X, Y, S;
+    Mat X, Y;
     int rc;
     if ((rc = weight_check(&w)) || (rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
 #ifndef R4D_AVX2
@@ -791,41 +876,30 @@ int r4d_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const 
 #endif
     if (fmt != F_Q4_1 && fmt != F_Q8_0) aq = 0;
     if (aq != 0 && aq != 8 && aq != 16) return R4D_E_INVALID;
-    if (!scratch || !scratch->data) return R4D_E_INVALID;
-    int64_t sbytes = 1;
-    for (int i = 0; i < scratch->nd; i++) sbytes *= scratch->dims[i];
-    if (sbytes < act_bytes(M, K, aq)) return R4D_E_NOMEM;
-    S.p = scratch->data;
-    Act A;
-    act_layout(&A, S.p, M, K, aq);
 #ifdef R4D_AVX2
     const int perm = fmt == F_Q4_1;
 #else
     const int perm = 0;
 #endif
-    for (int64_t m = 0; m < M; m++) act_row(&A, m, ROW(X, m, const float), aq, perm);
-    /* rows of W per thread: a multiple of 16 so no two threads share a cache line of y */
+    const Act *A = prepared(&X, M, K, aq, perm);
+    if (!A) return R4D_E_NOMEM;
+    /* chunks of rows of W, a multiple of 16 so no two threads share a cache line of y */
     const int64_t bytes = fmt == F_Q4_1 ? N * K * 5 / 8 : fmt == F_Q8_0 ? N * K * 17 / 16 : N * K * (fmt == F_F32 ? 4 : 2);
-    const int nt = nthreads_for(bytes, 1 << 15);
-    PAR(nt, {
-        int64_t lo, hi;
-        split(N, 16, tid_, tcnt_, &lo, &hi);
-        for (int64_t m0 = 0; m0 < M; m0 += MT_MAX) {
-            const int mt = (int)(M - m0 < MT_MAX ? M - m0 : MT_MAX);
-            gemv_block(&w, &A, aq, m0, mt, lo, hi, &Y);
-        }
-    });
+    const GemvTask task = {&w, A, aq, M, &Y};
+    pool_run(gemv_task, &task, N, 16, nthreads_for(bytes, 1 << 15));
     return R4D_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* GEMM, larger M: each thread dequantises a panel of NP weight rows to exact f32 values, then a
- * 4 x 3 register tile of dot products over K runs against it. */
+ * register tile of dot products over K runs against it: 4 x 3 of 8 floats (AVX2), or 4 x 4 of 16
+ * (r4d_gemm512.h). */
 
 #define NP 24
 #define MR 4
 #define NR 3
 
+#ifndef R4D_AVX512 /* r4d_gemm512.h's tile serves where the compiler targets AVX-512 */
 static inline __attribute__((always_inline)) void tile(const float *X, int64_t ldx, const int mr, const float *W,
                                                       int64_t K, const int nr, float *Y, int64_t ldy) {
 #ifdef R4D_AVX2
@@ -866,6 +940,61 @@ static void tile_any(const float *X, int64_t ldx, int mr, const float *W, int64_
 #undef T
 }
 
+#endif
+
+#ifdef R4D_AVX512
+#include "r4d_gemm512.h"
+#endif
+
+typedef struct {
+    const Weight *w;
+    const Mat *X, *Y;
+    int64_t M, N, K, ldx, ldy;
+    _Atomic int failed;
+} GemmTask;
+
+/* weight panels [lo, hi): each dequantised to f32 once, then every activation row against it */
+static void gemm_task(const void *context, int64_t lo, int64_t hi) {
+    GemmTask *t = (GemmTask *)context;
+    const int64_t M = t->M, N = t->N, K = t->K;
+    /* K padded to a multiple of 8 floats keeps every panel row 32-byte aligned */
+    const int64_t kp = (K + 7) & ~(int64_t)7;
+    float *panel = (float *)thread_buffer((size_t)(NP * kp * 4));
+    if (!panel) {
+        atomic_store(&t->failed, 1);
+        return;
+    }
+    for (int64_t p = lo; p < hi; p++) {
+        const int64_t n0 = p * NP, np = N - n0 < NP ? N - n0 : NP;
+        for (int64_t j = 0; j < np; j++) dequant_row(t->w, n0 + j, panel + j * kp);
+#ifdef R4D_AVX512
+        for (int64_t m0 = 0; m0 < M; m0 += MR512) {
+            const int mr = (int)(M - m0 < MR512 ? M - m0 : MR512);
+            const float *xr = ROW(*t->X, m0, const float);
+            for (int64_t j0 = 0; j0 < np; j0 += NR512)
+                tile512_any(xr, t->ldx, mr, panel + j0 * kp, kp, K, (int)(np - j0 < NR512 ? np - j0 : NR512),
+                            ROW(*t->Y, m0, float) + n0 + j0, t->ldy);
+        }
+#else
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int mr = (int)(M - m0 < MR ? M - m0 : MR);
+            const float *xr = ROW(*t->X, m0, const float);
+            for (int64_t j0 = 0; j0 < np; j0 += NR) {
+                const int nr = (int)(np - j0 < NR ? np - j0 : NR);
+                /* the tile reads rows of K elements at a pitch of kp */
+                float *yr = ROW(*t->Y, m0, float) + n0 + j0;
+                if (kp == K) {
+                    tile_any(xr, t->ldx, mr, panel + j0 * kp, K, nr, yr, t->ldy);
+                } else {
+                    for (int jj = 0; jj < nr; jj++)
+                        tile_any(xr, t->ldx, mr, panel + (j0 + jj) * kp, K, 1, yr + jj, t->ldy);
+                }
+            }
+        }
+#endif
+    }
+}
+
 int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
              int64_t N, int64_t K) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};
@@ -873,54 +1002,60 @@ int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const 
     int rc;
     if ((rc = weight_check(&w)) || (rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
     if (X.pitch % 4 || Y.pitch % 4) return R4D_E_SHAPE;
-    const int64_t ldx = X.pitch / 4, ldy = Y.pitch / 4;
-    const int64_t panels = (N + NP - 1) / NP;
-    const int nt = nthreads_for(M * N * K, 1 << 18);
-    int failed = 0;
-    PAR(nt, {
-        /* K padded to a multiple of 8 floats keeps every panel row 32-byte aligned */
-        const int64_t kp = (K + 7) & ~(int64_t)7;
-        float *panel = (float *)aligned_alloc(64, (size_t)(NP * kp * 4 + 64));
-        if (!panel) {
-            failed = 1;
-        } else {
-            int64_t lo, hi;
-            split(panels, 1, tid_, tcnt_, &lo, &hi);
-            for (int64_t p = lo; p < hi; p++) {
-                const int64_t n0 = p * NP, np = N - n0 < NP ? N - n0 : NP;
-                for (int64_t j = 0; j < np; j++) dequant_row(&w, n0 + j, panel + j * kp);
-                for (int64_t m0 = 0; m0 < M; m0 += MR) {
-                    const int mr = (int)(M - m0 < MR ? M - m0 : MR);
-                    const float *xr = ROW(X, m0, const float);
-                    for (int64_t j0 = 0; j0 < np; j0 += NR) {
-                        const int nr = (int)(np - j0 < NR ? np - j0 : NR);
-                        /* the tile reads rows of K elements at a pitch of kp */
-                        float *yr = ROW(Y, m0, float) + n0 + j0;
-                        if (kp == K) {
-                            tile_any(xr, ldx, mr, panel + j0 * kp, K, nr, yr, ldy);
-                        } else {
-                            for (int jj = 0; jj < nr; jj++)
-                                tile_any(xr, ldx, mr, panel + (j0 + jj) * kp, K, 1, yr + jj, ldy);
-                        }
-                    }
-                }
-            }
-            free(panel);
-        }
-    });
-    return failed ? R4D_E_NOMEM : R4D_OK;
+    GemmTask task = {&w, &X, &Y, M, N, K, X.pitch / 4, Y.pitch / 4, 0};
+    pool_run(gemm_task, &task, (N + NP - 1) / NP, 1, nthreads_for(M * N * K, 1 << 18));
+    return atomic_load(&task.failed) ? R4D_E_NOMEM : R4D_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* rmsnorm: y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, the sum in column order (libref's
  * arithmetic, operation for operation) */
 
-static void rmsnorm_row(const float *xr, const float *w, float *yr, int64_t n, float fn, float e) {
-    float s = xr[0] * xr[0];
-    for (int64_t i = 1; i < n; i++) {
-        const float p = xr[i] * xr[i];
-        s = s + p;
+/* sums[r] = the ordered sum of squares of rows[r], r < count <= SQUARE_ROWS: every row's own sum in
+ * column order, each square rounded before its add (libref's arithmetic). Eight rows go together,
+ * one per lane: 8 x 8 blocks transposed so lane r holds row r's columns in turn, so the rows' add
+ * chains run side by side (a row alone is bound by the adds' latency). The sums start at +0, and
+ * 0 + x*x is x*x exactly. */
+#define SQUARE_ROWS 8
+static void sums_of_squares(const float *const *rows, int count, int64_t n, float *sums) {
+    int64_t i = 0;
+    float s[SQUARE_ROWS] = {0};
+#ifdef R4D_AVX2
+    if (count == SQUARE_ROWS) {
+        __m256 acc = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) {
+            __m256 r[8], t[8], u[8];
+            for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(rows[k] + i);
+            for (int k = 0; k < 8; k += 2) {
+                t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+                t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+            }
+            for (int k = 0; k < 8; k += 4) {
+                u[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+                u[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+                u[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+                u[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+            }
+            for (int k = 0; k < 4; k++) { /* column k, then column k + 4, of the 8 rows */
+                const __m256 low = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
+                t[k] = low;
+                t[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+            }
+            for (int k = 0; k < 8; k++) acc = _mm256_add_ps(acc, _mm256_mul_ps(t[k], t[k]));
+        }
+        _mm256_storeu_ps(s, acc);
     }
+#endif
+    for (int r = 0; r < count; r++)
+        for (int64_t k = i; k < n; k++) {
+            const float p = rows[r][k] * rows[r][k];
+            s[r] = s[r] + p;
+        }
+    for (int r = 0; r < count; r++) sums[r] = s[r];
+}
+
+/* yr = (xr * (1 / sqrt(s / n + eps))) * w, given xr's sum of squares s */
+static void rmsnorm_scale(const float *xr, float s, const float *w, float *yr, int64_t n, float fn, float e) {
     const float scale = 1.0f / sqrtf(s / fn + e);
     int64_t i = 0;
 #ifdef R4D_AVX2
@@ -931,22 +1066,54 @@ static void rmsnorm_row(const float *xr, const float *w, float *yr, int64_t n, f
     for (; i < n; i++) yr[i] = (xr[i] * scale) * w[i];
 }
 
+/* rows [lo, hi) of Y = rmsnorm(rows of X) * w, SQUARE_ROWS at a time */
+static void rmsnorm_rows(const Mat *X, const float *w, const Mat *Y, int64_t lo, int64_t hi, int64_t n, float fn, float e) {
+    for (int64_t m = lo; m < hi; m += SQUARE_ROWS) {
+        const int count = (int)(hi - m < SQUARE_ROWS ? hi - m : SQUARE_ROWS);
+        const float *rows[SQUARE_ROWS];
+        float sums[SQUARE_ROWS];
+        for (int r = 0; r < count; r++) rows[r] = ROW(*X, m + r, const float);
+        sums_of_squares(rows, count, n, sums);
+        for (int r = 0; r < count; r++) rmsnorm_scale(rows[r], sums[r], w, ROW(*Y, m + r, float), n, fn, e);
+    }
+}
+
+/* the row-wise ops' operands: rows of a (and b) into rows of y, n wide */
+typedef struct {
+    const Mat *a, *b, *y;
+    const float *w;
+    int64_t n;
+    float fn, eps;
+} RowsTask;
+
+static void rmsnorm_task(const void *context, int64_t lo, int64_t hi) {
+    const RowsTask *t = (const RowsTask *)context;
+    rmsnorm_rows(t->a, t->w, t->y, lo, hi, t->n, t->fn, t->eps);
+}
+
 int r4d_rmsnorm(const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, double eps) {
     Mat X, Y, W;
     int rc;
     if ((rc = mat(x, n, 4, M, &X)) || (rc = mat(weight, n, 4, 1, &W)) || (rc = mat(y, n, 4, M, &Y))) return rc;
     const float *w = (const float *)W.p;
     const float e = (float)eps, fn = (float)n;
-    PAR(nthreads_for(M * n, 1 << 14), {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) rmsnorm_row(ROW(X, m, const float), w, ROW(Y, m, float), n, fn, e);
-    });
+    const RowsTask task = {&X, NULL, &Y, w, n, fn, e};
+    pool_run(rmsnorm_task, &task, M, SQUARE_ROWS, nthreads_for(M * n, 1 << 14));
     return R4D_OK;
 }
 
 /* residual = residual + x; y = rmsnorm(residual) * w: the tail of the fused all_reduce + add +
  * rmsnorm once the reduction is done, with add's and rmsnorm's arithmetic (bit for bit libref's) */
+static void add_rmsnorm_task(const void *context, int64_t lo, int64_t hi) {
+    const RowsTask *t = (const RowsTask *)context;
+    for (int64_t m = lo; m < hi; m++) {
+        float *rr = ROW(*t->a, m, float);
+        const float *xr = ROW(*t->b, m, const float);
+        for (int64_t i = 0; i < t->n; i++) rr[i] = rr[i] + xr[i];
+    }
+    rmsnorm_rows(t->a, t->w, t->y, lo, hi, t->n, t->fn, t->eps);
+}
+
 int r4d_add_rmsnorm(Arr *residual, const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, double eps) {
     Mat R, X, W, Y;
     int rc;
@@ -955,42 +1122,44 @@ int r4d_add_rmsnorm(Arr *residual, const Arr *x, const Arr *weight, Arr *y, int6
         return rc;
     const float *w = (const float *)W.p;
     const float e = (float)eps, fn = (float)n;
-    PAR(nthreads_for(M * n, 1 << 14), {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) {
-            float *rr = ROW(R, m, float);
-            const float *xr = ROW(X, m, const float);
-            for (int64_t i = 0; i < n; i++) rr[i] = rr[i] + xr[i];
-            rmsnorm_row(rr, w, ROW(Y, m, float), n, fn, e);
-        }
-    });
+    const RowsTask task = {&R, &X, &Y, w, n, fn, e};
+    pool_run(add_rmsnorm_task, &task, M, SQUARE_ROWS, nthreads_for(M * n, 1 << 14));
     return R4D_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* elementwise */
 
+static void add_task(const void *context, int64_t lo, int64_t hi) {
+    const RowsTask *t = (const RowsTask *)context;
+    for (int64_t m = lo; m < hi; m++) {
+        const float *ar = ROW(*t->a, m, const float), *br = ROW(*t->b, m, const float);
+        float *yr = ROW(*t->y, m, float);
+        for (int64_t i = 0; i < t->n; i++) yr[i] = ar[i] + br[i];
+    }
+}
+
 int r4d_add(const Arr *a, const Arr *b, Arr *y, int64_t M, int64_t n) {
     Mat A, B, Y;
     int rc;
     if ((rc = mat(a, n, 4, M, &A)) || (rc = mat(b, n, 4, M, &B)) || (rc = mat(y, n, 4, M, &Y))) return rc;
-    const int nt = nthreads_for(M * n, 1 << 16);
-    PAR(nt, {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) {
-            const float *ar = ROW(A, m, const float), *br = ROW(B, m, const float);
-            float *yr = ROW(Y, m, float);
-            for (int64_t i = 0; i < n; i++) yr[i] = ar[i] + br[i];
-        }
-    });
+    const RowsTask task = {&A, &B, &Y, NULL, n, 0, 0};
+    pool_run(add_task, &task, M, 1, nthreads_for(M * n, 1 << 16));
     return R4D_OK;
 }
 
 /* y = (g * sigmoid(g)) * u, the sigmoid 1 / (1 + exp(-g)) in double, rounded once to f32 */
 static void silu_row(const float *gr, const float *ur, float *yr, int64_t n) {
     int64_t i = 0;
+#ifdef R4D_AVX512
+    const __m512d one8 = _mm512_set1_pd(1.0);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(gr + i);
+        const __m512d e = exp_pd512(_mm512_sub_pd(_mm512_setzero_pd(), _mm512_cvtps_pd(gv)));
+        const __m256 sg = _mm512_cvtpd_ps(_mm512_div_pd(one8, _mm512_add_pd(one8, e)));
+        _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_mul_ps(gv, sg), _mm256_loadu_ps(ur + i)));
+    }
+#endif
 #ifdef R4D_AVX2
     const __m256d one = _mm256_set1_pd(1.0);
     for (; i + 4 <= n; i += 4) {
@@ -1006,15 +1175,17 @@ static void silu_row(const float *gr, const float *ur, float *yr, int64_t n) {
     }
 }
 
+static void silu_mul_task(const void *context, int64_t lo, int64_t hi) {
+    const RowsTask *t = (const RowsTask *)context;
+    for (int64_t m = lo; m < hi; m++) silu_row(ROW(*t->a, m, const float), ROW(*t->b, m, const float), ROW(*t->y, m, float), t->n);
+}
+
 int r4d_silu_mul(const Arr *g, const Arr *u, Arr *y, int64_t M, int64_t n) {
     Mat G, U, Y;
     int rc;
     if ((rc = mat(g, n, 4, M, &G)) || (rc = mat(u, n, 4, M, &U)) || (rc = mat(y, n, 4, M, &Y))) return rc;
-    PAR(nthreads_for(M * n, 1 << 13), {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        for (int64_t m = lo; m < hi; m++) silu_row(ROW(G, m, const float), ROW(U, m, const float), ROW(Y, m, float), n);
-    });
+    const RowsTask task = {&G, &U, &Y, NULL, n, 0, 0};
+    pool_run(silu_mul_task, &task, M, 1, nthreads_for(M * n, 1 << 13));
     return R4D_OK;
 }
 
@@ -1124,6 +1295,29 @@ static void rotate(float *x, int64_t heads, int64_t D, int interleaved, const fl
     }
 }
 
+typedef struct {
+    const Mat *Q, *K;
+    const IVec *positions;
+    const float *inv;
+    int64_t half, qh, kvh, D;
+    int interleaved, cached;
+} RopeTask;
+
+static void rope_task(const void *context, int64_t lo, int64_t hi) {
+    const RopeTask *t = (const RopeTask *)context;
+    float local[1024];
+    for (int64_t m = lo; m < hi; m++) {
+        const int64_t p = iget(t->positions, m);
+        const float *cs = local;
+        if (t->cached)
+            cs = g_rope_tab + p * 1024;
+        else
+            rope_angles(t->inv, t->half, p, local);
+        rotate(ROW(*t->Q, m, float), t->qh, t->D, t->interleaved, cs);
+        rotate(ROW(*t->K, m, float), t->kvh, t->D, t->interleaved, cs);
+    }
+}
+
 int r4d_rope(Arr *q, Arr *k, const Arr *positions, const Arr *inv_freq, int64_t M, int64_t qh, int64_t kvh,
              int64_t D, int interleaved) {
     Mat Q, Kk, F;
@@ -1150,22 +1344,8 @@ int r4d_rope(Arr *q, Arr *k, const Arr *positions, const Arr *inv_freq, int64_t 
                 g_rope_have[p] = 1;
             }
         }
-    const int nt = nthreads_for(M * (qh + kvh) * D, 1 << 13);
-    PAR(nt, {
-        int64_t lo, hi;
-        split(M, 1, tid_, tcnt_, &lo, &hi);
-        float local[1024];
-        for (int64_t m = lo; m < hi; m++) {
-            const int64_t p = iget(&pos, m);
-            const float *cs = local;
-            if (cached)
-                cs = g_rope_tab + p * 1024;
-            else
-                rope_angles(inv, half, p, local);
-            rotate(ROW(Q, m, float), qh, D, interleaved, cs);
-            rotate(ROW(Kk, m, float), kvh, D, interleaved, cs);
-        }
-    });
+    const RopeTask task = {&Q, &Kk, &pos, inv, half, qh, kvh, D, interleaved, cached};
+    pool_run(rope_task, &task, M, 1, nthreads_for(M * (qh + kvh) * D, 1 << 13));
     return R4D_OK;
 }
 
@@ -1189,6 +1369,30 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
                 __builtin_prefetch(rows_k[u] + d);
                 __builtin_prefetch(rows_v[u] + d);
             }
+#ifdef R4D_AVX512
+    if (D % 16 == 0) {
+        for (; j + 8 <= L; j += 8) { /* 8 keys at once, 16 dimensions a step, then as below */
+            if (prefetch)
+                for (int64_t u = j + ATT_PF; u < j + ATT_PF + 8 && u < L; u++)
+                    for (int64_t d = 0; d < D; d += 16) {
+                        __builtin_prefetch(rows_k[u] + d);
+                        __builtin_prefetch(rows_v[u] + d);
+                    }
+            __m512 w[8];
+            for (int u = 0; u < 8; u++) w[u] = _mm512_setzero_ps();
+            for (int64_t d = 0; d < D; d += 16) {
+                const __m512 q16 = _mm512_loadu_ps(qv + d);
+                for (int u = 0; u < 8; u++) w[u] = _mm512_fmadd_ps(q16, _mm512_loadu_ps(rows_k[j + u] + d), w[u]);
+            }
+            __m256 a[8];
+            for (int u = 0; u < 8; u++) a[u] = _mm256_add_ps(_mm512_castps512_ps256(w[u]), _mm512_extractf32x8_ps(w[u], 1));
+            const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            const __m256 t2 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(t0, t2, 0x20), _mm256_permute2f128_ps(t0, t2, 0x31));
+            _mm256_storeu_ps(sc + j, _mm256_mul_ps(r, _mm256_set1_ps(fscale)));
+        }
+    }
+#endif
 #ifdef R4D_AVX2
     if (D % 8 == 0) {
         for (; j + 8 <= L; j += 8) { /* 8 keys at once, reduced by a transpose of sums */
@@ -1219,6 +1423,10 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
     float mx = -INFINITY;
     for (j = 0; j < L; j++) mx = sc[j] > mx ? sc[j] : mx;
     j = 0;
+#ifdef R4D_AVX512
+    const __m512 vmx16 = _mm512_set1_ps(mx);
+    for (; j + 16 <= L; j += 16) _mm512_storeu_ps(sc + j, exp_f64_ps16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vmx16)));
+#endif
 #ifdef R4D_AVX2
     const __m256 vmx = _mm256_set1_ps(mx);
     for (; j + 8 <= L; j += 8) _mm256_storeu_ps(sc + j, exp_f64_ps(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx)));
@@ -1226,6 +1434,20 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
     for (; j < L; j++) sc[j] = (float)exp((double)(sc[j] - mx));
     float total = sc[0];
     for (j = 1; j < L; j++) total = total + sc[j];
+#ifdef R4D_AVX512
+    if (D % 16 == 0 && D <= 256) { /* each output element adds its products in key order, as below */
+        __m512 acc[16];
+        for (int64_t d = 0; d < D / 16; d++) acc[d] = _mm512_setzero_ps();
+        for (j = 0; j < L; j++) {
+            const __m512 e = _mm512_set1_ps(sc[j]);
+            const float *vr = rows_v[j];
+            for (int64_t d = 0; d < D / 16; d++) acc[d] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * d), acc[d]);
+        }
+        const __m512 inv = _mm512_set1_ps(total);
+        for (int64_t d = 0; d < D / 16; d++) _mm512_storeu_ps(o + 16 * d, _mm512_div_ps(acc[d], inv));
+        return;
+    }
+#endif
 #ifdef R4D_AVX2
     if (D % 8 == 0 && D <= 256) {
         __m256 acc[32];
@@ -1252,6 +1474,54 @@ static void head_attend_any(const float *qv, const float *const *rk, const float
     case 64: head_attend(qv, rk, rv, L, 64, fscale, sc, o, prefetch); break;
     case 128: head_attend(qv, rk, rv, L, 128, fscale, sc, o, prefetch); break;
     default: head_attend(qv, rk, rv, L, D, fscale, sc, o, prefetch); break;
+    }
+}
+
+typedef struct {
+    const Mat *Q, *KC, *VC, *O;
+    const IVec *positions, *context_lens;
+    const ITab *tables;
+    const int64_t *seq_of;
+    int64_t KVH, group, D, bs, maxlen;
+    int per_head; /* items are (token, query head), not (token, kv head) */
+    float scale;
+    _Atomic int failed;
+} AttentionTask;
+
+static void attention_task(const void *context, int64_t lo, int64_t hi) {
+    AttentionTask *a = (AttentionTask *)context;
+    const int64_t KVH = a->KVH, D = a->D, bs = a->bs, group = a->group, maxlen = a->maxlen;
+    /* this thread's: the scores of one head, the row pointers of one sequence's keys and values */
+    const int64_t scores = (maxlen + 8 + 15) & ~(int64_t)15; /* floats, so the pointers after them stay aligned */
+    float *sc = (float *)thread_buffer((size_t)scores * sizeof(float) + (size_t)(2 * maxlen) * sizeof(float *));
+    if (!sc) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    const float **rk = (const float **)(sc + scores), **rv = rk + maxlen;
+    const int64_t per_item = a->per_head ? 1 : group; /* query heads an item attends with */
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t heads = KVH * group / per_item; /* items per token */
+        const int64_t t = it / heads, h0 = (it % heads) * per_item, g = h0 / group, s = a->seq_of[t];
+        if (s < 0) continue; /* a token of no sequence: left as it is */
+        const int64_t len = iget(a->context_lens, s), p = iget(a->positions, t);
+        const int64_t L = p + 1 < len ? p + 1 : len;
+        const int64_t off = g * D;
+        if (L <= 0) {
+            for (int64_t hh = 0; hh < per_item; hh++)
+                for (int64_t d = 0; d < D; d++) ROW(*a->O, t, float)[(h0 + hh) * D + d] = NAN;
+            continue;
+        }
+        for (int64_t j0 = 0; j0 < L; j0 += bs) {
+            const int64_t base = tget(a->tables, s, j0 / bs) * bs, jn = L - j0 < bs ? L - j0 : bs;
+            for (int64_t jj = 0; jj < jn; jj++) {
+                rk[j0 + jj] = ROW(*a->KC, base + jj, const float) + off;
+                rv[j0 + jj] = ROW(*a->VC, base + jj, const float) + off;
+            }
+        }
+        for (int64_t hh = 0; hh < per_item; hh++)
+            head_attend_any(ROW(*a->Q, t, const float) + (h0 + hh) * D, rk, rv, L, D, a->scale, sc,
+                            ROW(*a->O, t, float) + (h0 + hh) * D, hh == 0);
     }
 }
 
@@ -1303,55 +1573,15 @@ int r4d_attention(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, co
             }
         }
     }
-    const float fscale = (float)scale;
-    const int64_t group = H / KVH;
-    const int64_t items = M * KVH; /* (token, kv head): each cached row is read once for its group */
-    const int nt = nthreads_for(M * H * maxlen * D, 1 << 16);
-    int failed = 0;
-    PAR(nt, {
-        /* per thread: the scores of one head and the row pointers of one sequence's keys/values,
-         * on the stack up to 8192 positions */
-        const int small = maxlen <= 8192;
-        float sc_stack[small ? maxlen + 8 : 1];
-        const float *ptr_stack[small ? 2 * maxlen : 1];
-        float *sc = small ? sc_stack : (float *)malloc((size_t)(maxlen + 8) * sizeof(float));
-        const float **rk = small ? ptr_stack : (const float **)malloc((size_t)(2 * maxlen) * sizeof(float *));
-        if (!sc || !rk) {
-            failed = 1;
-        } else {
-            const float **rv = rk + maxlen;
-            int64_t lo, hi;
-            split(items, 1, tid_, tcnt_, &lo, &hi);
-            for (int64_t it = lo; it < hi; it++) {
-                const int64_t t = it / KVH, g = it % KVH, s = seq_of[t];
-                if (s < 0) continue; /* a token of no sequence: left as it is */
-                const int64_t len = iget(&ctx, s), p = iget(&pos, t);
-                const int64_t L = p + 1 < len ? p + 1 : len;
-                const int64_t off = g * D, h0 = g * group;
-                if (L <= 0) {
-                    for (int64_t hh = 0; hh < group; hh++)
-                        for (int64_t d = 0; d < D; d++) ROW(O, t, float)[(h0 + hh) * D + d] = NAN;
-                    continue;
-                }
-                for (int64_t j0 = 0; j0 < L; j0 += bs) {
-                    const int64_t base = tget(&bt, s, j0 / bs) * bs, jn = L - j0 < bs ? L - j0 : bs;
-                    for (int64_t jj = 0; jj < jn; jj++) {
-                        rk[j0 + jj] = ROW(KC, base + jj, const float) + off;
-                        rv[j0 + jj] = ROW(VC, base + jj, const float) + off;
-                    }
-                }
-                for (int64_t hh = 0; hh < group; hh++)
-                    head_attend_any(ROW(Q, t, const float) + (h0 + hh) * D, rk, rv, L, D, fscale, sc,
-                                    ROW(O, t, float) + (h0 + hh) * D, hh == 0);
-            }
-        }
-        if (!small) {
-            free(sc);
-            free(rk);
-        }
-    });
+    /* (token, kv head) items, each cached row read once for its group of query heads; where that
+     * leaves too few items to share out (decode: one token, a few kv heads), (token, query head)
+     * items, a kv head's rows read once per query head (from cache after the first) */
+    const int nt = nthreads_for(M * H * maxlen * D, 1 << 14);
+    const int per_head = nt > 1 && M * KVH < 4 * nt;
+    AttentionTask task = {&Q, &KC, &VC, &O, &pos, &ctx, &bt, seq_of, KVH, H / KVH, D, bs, maxlen, per_head, (float)scale, 0};
+    pool_run(attention_task, &task, per_head ? M * H : M * KVH, 1, nt);
     free(seq_of);
-    return failed ? R4D_E_NOMEM : R4D_OK;
+    return atomic_load(&task.failed) ? R4D_E_NOMEM : R4D_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1418,11 +1648,12 @@ static inline double bits_f64(int64_t v) {
 
 int r4d_embedding_p(const int64_t *a) { return r4d_embedding(PA(0), (int)a[1], PV(2), PV(3), PV(4), a[5], a[6], PA(7), a[8]); }
 int r4d_gemv_p(const int64_t *a) {
-    return r4d_gemv(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8], (int)a[9], PA(10));
+    return r4d_gemv(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8], (int)a[9]);
 }
 int r4d_gemm_p(const int64_t *a) { return r4d_gemm(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8]); }
 int r4d_rmsnorm_p(const int64_t *a) { return r4d_rmsnorm(PA(0), PA(1), PA(2), a[3], a[4], bits_f64(a[5])); }
 int r4d_add_p(const int64_t *a) { return r4d_add(PA(0), PA(1), PA(2), a[3], a[4]); }
+int r4d_add_rmsnorm_p(const int64_t *a) { return r4d_add_rmsnorm(PA(0), PA(1), PA(2), PA(3), a[4], a[5], bits_f64(a[6])); }
 int r4d_silu_mul_p(const int64_t *a) { return r4d_silu_mul(PA(0), PA(1), PA(2), a[3], a[4]); }
 int r4d_take_rows_p(const int64_t *a) { return r4d_take_rows(PA(0), PA(1), PA(2), a[3], a[4]); }
 int r4d_rope_p(const int64_t *a) { return r4d_rope(PA(0), PA(1), PA(2), PA(3), a[4], a[5], a[6], a[7], (int)a[8]); }

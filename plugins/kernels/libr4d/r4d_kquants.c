@@ -15,14 +15,11 @@
  * activation row (libref's values, another summation order: within docs/LIBR4D.md's f32 tolerance).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -40,6 +37,9 @@ enum { KQ_Q4_0 = 1, KQ_Q5_0, KQ_Q5_1, KQ_Q2_K, KQ_Q3_K, KQ_Q4_K, KQ_Q5_K, KQ_Q6_
 #define PANEL 4 /* weight rows decoded together; each activation load feeds PANEL FMAs */
 
 int r4d_threads(void); /* r4d.c */
+/* r4d.c: fn(ctx, begin, end) over [0, items) in chunks of whole units on libr4d's thread pool */
+void r4d_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t items, int64_t unit,
+                  int threads);
 
 /* an operand, laid out as r4d.c's Arr (native.Header) */
 typedef struct {
@@ -298,13 +298,6 @@ static int kq_threads_for(int64_t work, int64_t grain) {
     return (int)(t < most ? t : most);
 }
 
-/* [lo, hi) of n items for thread id of nt, in multiples of unit */
-static void kq_split(int64_t n, int64_t unit, int id, int nt, int64_t *lo, int64_t *hi) {
-    const int64_t units = (n + unit - 1) / unit, a = units * id / nt, z = units * (id + 1) / nt;
-    *lo = a * unit < n ? a * unit : n;
-    *hi = z * unit < n ? z * unit : n;
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* y[m, n] = sum_k x[m, k] w[n, k] for m < M: panels of PANEL rows decoded, then dot products */
 
@@ -370,6 +363,31 @@ static void panel_dots(const float *panel, int rows, int64_t K, const KMat *X, i
     }
 }
 
+typedef struct {
+    const KW *w;
+    const KMat *X;
+    KMat *Y;
+    int64_t M, K;
+    _Atomic int failed;
+} GemmTask;
+
+/* rows [begin, end) of y (whole panels but the last): a chunk of the pool's */
+static void gemm_task(const void *context, int64_t begin, int64_t end) {
+    GemmTask *task = (GemmTask *)context;
+    const int64_t K = task->K;
+    float *panel = aligned_alloc(64, (size_t)((PANEL * K * 4 + 63) / 64 * 64));
+    if (!panel) {
+        atomic_store(&task->failed, 1);
+        return;
+    }
+    for (int64_t n = begin; n < end; n += PANEL) {
+        const int rows = (int)(end - n < PANEL ? end - n : PANEL);
+        for (int r = 0; r < rows; r++) kq_row(task->w, n + r, panel + r * K);
+        panel_dots(panel, rows, K, task->X, task->M, task->Y, n);
+    }
+    free(panel);
+}
+
 int r4d_kq_gemm(const KArr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
                 const void *min1, KArr *y, int64_t M, int64_t N, int64_t K) {
     const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
@@ -377,34 +395,10 @@ int r4d_kq_gemm(const KArr *x, int fmt, const void *codes, const void *scale, co
     int rc;
     if ((rc = kw_check(&w)) || (rc = kmat(x, K, M, &X)) || (rc = kmat(y, N, M, &Y))) return rc;
     if (M <= 0) return KQ_OK;
-    /* each thread decodes its panels once and reuses them for every activation row */
-    const int nt = kq_threads_for(N * K * (M < 4 ? 4 : M), 1 << 16);
-    int failed = 0;
-    (void)nt; /* without OpenMP: one thread */
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt) if (nt > 1) reduction(| : failed)
-#endif
-    {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num(), tcnt = omp_get_num_threads();
-#else
-        const int tid = 0, tcnt = 1;
-#endif
-        float *panel = aligned_alloc(64, (size_t)((PANEL * K * 4 + 63) / 64 * 64));
-        if (!panel) {
-            failed = 1;
-        } else {
-            int64_t lo, hi;
-            kq_split(N, PANEL, tid, tcnt, &lo, &hi);
-            for (int64_t n = lo; n < hi; n += PANEL) {
-                const int rows = (int)(hi - n < PANEL ? hi - n : PANEL);
-                for (int r = 0; r < rows; r++) kq_row(&w, n + r, panel + r * K);
-                panel_dots(panel, rows, K, &X, M, &Y, n);
-            }
-            free(panel);
-        }
-    }
-    return failed ? KQ_E_NOMEM : KQ_OK;
+    /* each chunk decodes its panels once and reuses them for every activation row */
+    GemmTask task = {&w, &X, &Y, M, K, 0};
+    r4d_parallel(gemm_task, &task, N, PANEL, kq_threads_for(N * K * (M < 4 ? 4 : M), 1 << 16));
+    return atomic_load(&task.failed) ? KQ_E_NOMEM : KQ_OK;
 }
 
 /* y[m] = table[ids[m]]: ids int32 or int64 (the element size is the stride) */
