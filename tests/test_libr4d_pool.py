@@ -166,7 +166,9 @@ def test_radiance_launch_threads_per_rank_sets_each_rank_s_threads(tiny_model):
                              "--prompt", "hello", "--max-tokens", "2", "--temperature", "0", "--threads-per-rank", "3"],
                             capture_output=True, text=True, timeout=180, env={**os.environ, "RADIANCE_LOG": "debug"})
     assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stderr.splitlines() if "libr4d:" in line and "thread(s)" in line]
+    # the ranks' lines (the launcher opens the plugins too, to check the split before it starts a rank)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("[rank ") and "libr4d:" in line
+             and "thread(s)" in line]
     assert sorted(line.split()[1] for line in lines) == ["0]", "1]"], result.stderr
     assert all("3 thread(s)" in line for line in lines), lines
 

@@ -107,7 +107,7 @@ def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_it_is_token
 
 
 def test_long_prompts_are_tokenized_off_the_event_loop(server):
-    """Three prompts the bound lets through (300k characters: 0.3-1 s each to tokenize here, then
+    """Three prompts the bound lets through (300k characters: 0.1-1 s each to tokenize here, then
     refused, being more tokens than the context) are cut while /health is asked again and again.
     On the event loop each would hold /health for all of its time; off it, /health waits for none of
     it. The peer is the same run's tokenizing time."""
@@ -130,7 +130,9 @@ def test_long_prompts_are_tokenized_off_the_event_loop(server):
             time.sleep(0.01)
     busy = time.monotonic() - started
     assert [status for status, _ in results] == [400, 400, 400], results
-    assert len(latencies) >= 5 and busy > 0.5, (busy, latencies)
+    # the run means something: /health was asked often while the prompts were cut (on the loop, each
+    # would hold it for a third of `busy` or more: three prompts, at most two cut at once)
+    assert len(latencies) >= 5 and busy > 0.2, (busy, latencies)
     assert max(latencies) < busy / 4, f"/health waited {max(latencies):.2f} s of the prompts' {busy:.2f} s"
 
 
