@@ -73,9 +73,3 @@ def test_a_flipped_byte_in_the_tokenizer_names_the_file(tiny_model, tmp_path):
     path.write_bytes(bytes(blob))
     result = run("radiance.tools.generate", "--model", path, "--prompt", "hi", "--max-tokens", 2)
     one_line_error(result, "radiance", str(path), "the tokenizer in the container does not load")
-
-
-def test_a_gguf_file_is_named_as_one(smollm2_gguf):
-    result = run("radiance.tools.generate", "--model", smollm2_gguf, "--prompt", "hi")
-    one_line_error(result, "radiance", str(smollm2_gguf), "a GGUF file, not a .rad container",
-                   f"rad-convert {smollm2_gguf} -o MODEL.rad")
