@@ -1,6 +1,6 @@
 """libref: the oracle. One reference row for every op of docs/OPS.md, under the reference
 contract (f32 accumulation, round-to-nearest-even, no FMA, sums in index order). It ranks last and
-serves only with --debug-accept-reference-kernels; rad-kbench (planned: issue 19) is to check other
+serves only with --debug-accept-reference-kernels; a kernel checker is to hold other
 libraries against it."""
 
 from radiance.abi import (
