@@ -202,7 +202,6 @@ def main() -> int:
     shape = SMALL if args.small else EIGHT_B
     VOCAB = shape["vocab"]
     from radiance.convert.api import convert_synthetic
-    from radiance.convert.synthetic import LlamaShape
 
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="card_batches_"))
     results = {"command": "python3 bench/card_batches.py " + " ".join(sys.argv[1:]), "formats": {}}
@@ -210,7 +209,7 @@ def main() -> int:
         for fmt in args.formats:
             model = Path(folder) / f"llama8b_{fmt}.rad"
             start = time.perf_counter()
-            convert_synthetic(model, LlamaShape(**shape), seed=3, recipe=RECIPE if fmt == "fp8" else None)
+            convert_synthetic(model, "llama", shape, seed=3, recipe=RECIPE if fmt == "fp8" else None)
             weight_bytes = model.stat().st_size - shape["vocab"] * shape["hidden"] * 2  # the bf16 table is not read
             print(f"{fmt}: the {'small' if args.small else '8B-shaped'} model written in "
                   f"{time.perf_counter() - start:.0f} s", flush=True)

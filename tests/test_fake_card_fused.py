@@ -64,10 +64,9 @@ def fake_cards(tmp_path_factory):
 @pytest.fixture(scope="module")
 def thirds_model(tmp_path_factory):
     from radiance.convert.api import convert_synthetic
-    from radiance.convert.synthetic import LlamaShape
 
     path = tmp_path_factory.mktemp("thirds") / "thirds.rad"
-    convert_synthetic(path, LlamaShape(**THIRDS), seed=11)
+    convert_synthetic(path, "llama", THIRDS, seed=11)
     return path
 
 
