@@ -1,7 +1,7 @@
 /* r4d_kquants.c: libr4d's rows for the GGUF block types imported as bit-stream encodings
  * (radiance.weights.formats): q4_0, q5_0, q5_1 (blocks of 32) and q2_k, q3_k, q4_k, q5_k, q6_k
  * (super-blocks of 256). Built into the same library as r4d.c (native.py compiles both); it
- * shares nothing with r4d.c but r4d_threads().
+ * shares nothing with r4d.c but r4d_threads() and its thread pool (r4d_parallel).
  *
  * Every plane is read as stored: codes and sub-byte scales are little-endian bit streams along the
  * row (element i at bit i * bits), so 8 elements of b bits fill exactly b bytes. A row is decoded to
