@@ -19,6 +19,7 @@ from .plugin import (  # noqa: F401
     rad_weight_f32,
 )
 from .kernel_args import KernelArgs, PackedArgs  # noqa: F401
+from .graph_builder import GraphBuilder  # noqa: F401
 from .step import PLANNED, STEP_INPUTS, StepInput  # noqa: F401
 from .stream import RadCodeObject, RadStream, RadStreamTable, rad_device_tensor  # noqa: F401
 from .quant import RadQuantizerInfo, RadQuantOption  # noqa: F401

@@ -4,11 +4,10 @@ vocab-parallel lm head followed by all_gather. The KV heads are split as whole h
 where the ranks outnumber them each is replicated (rad_arch.h). The same graph serves TP 1 and TP N."""
 
 from radiance.abi import (
-    RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_SPLIT_COLS, RAD_SPLIT_NONE,
+    GraphBuilder, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_SPLIT_COLS, RAD_SPLIT_NONE,
     RAD_SPLIT_ROWS, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_CU_SEQLENS, RAD_STEP_IDS,
     RAD_STEP_LAST_INDEX, RAD_STEP_POSITIONS, RAD_STEP_RNG, RAD_STEP_SLOTS, RAD_STEP_TEMPERATURE,
-    RAD_STEP_TOKENS, RAD_STEP_TOP_K, RAD_STEP_TOP_P, RadBufferDecl, RadGraphDecl, RadNodeDecl,
-    RadTableDecl, RadWeightDecl, rad_tensor,
+    RAD_STEP_TOKENS, RAD_STEP_TOP_K, RAD_STEP_TOP_P, RadGraphDecl, RadTableDecl, rad_tensor,
 )
 
 from . import names
@@ -17,37 +16,7 @@ from .rope import inv_freq
 TOKENS, SEQS = RAD_EXTENT_TOKENS, RAD_EXTENT_SEQS
 
 
-class Builder:
-    def __init__(self, hyper: dict, weights: dict):
-        self.hyper, self.weights = hyper, weights
-        self.dtype = hyper.get("activation_dtype", "f32")
-        self.nodes, self.buffers, self.declared = [], [], []
-
-    def weight(self, name: str, split: int, source: str = "", parts: int = 0) -> str:
-        self.declared.append(RadWeightDecl(name=name, source=source, split=split, parts=parts))
-        return name
-
-    def buffer(self, name: str, cols: int, extent: int = TOKENS, split: int = 0, parts: int = 0) -> str:
-        self.buffers.append(RadBufferDecl(name=name, dtype=RAD_DT_F32, extent=extent, cols=cols, split=split,
-                                          parts=parts))
-        return name
-
-    def node(self, op, name, operands, extent=TOKENS, split="", **params):
-        self.nodes.append(RadNodeDecl(op=op, name=name, extent=extent, params=params, split=split,
-                                      operands=tuple(operands)))
-
-    def gemm(self, name, x, weight, y, split, extent=TOKENS, source="", parts=0):
-        """y = x . weight^T; split RAD_SPLIT_ROWS shards N, RAD_SPLIT_COLS shards K (as `parts` heads)."""
-        info = self.weights[source or weight]
-        self.weight(weight, split, source, parts)
-        key = {RAD_SPLIT_ROWS: "N", RAD_SPLIT_COLS: "K"}[split]
-        self.node("gemm", name, (x, weight, y), extent, split=f"{key}/{parts}" if parts else key,
-                  N=info.rows, K=info.cols, wdtype=info.format, dtype=self.dtype)
-
-    def rmsnorm(self, name, x, weight, y, extent=TOKENS):
-        self.weight(weight, RAD_SPLIT_NONE)
-        self.node("rmsnorm", name, (x, weight, y), extent, n=self.hyper["hidden"],
-                  eps=float(self.hyper["rms_eps"]), dtype=self.dtype)
+Builder = GraphBuilder  # llama declares only the common ops through it
 
 
 def _layer(b: Builder, i: int) -> None:
