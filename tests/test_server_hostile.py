@@ -72,6 +72,14 @@ def test_the_memory_of_a_long_prompt_is_given_back(server):
     assert grown < 32 << 20, f"four long prompts left {grown >> 20} MiB more resident"
 
 
+def test_token_ids_longer_than_the_context_are_refused_before_they_are_read(server):
+    """The length first: 200k ids (an id outside the vocabulary last) are refused for the context,
+    not scanned id by id for the vocabulary."""
+    ids = [1] * 200_000 + [10 ** 7]
+    refused(post(server, "completions", json={"model": "smollm2", "prompt": ids, "max_tokens": 1}),
+            400, "prompt", "This model's maximum context length is 8192 tokens; the prompt is 200001 tokens")
+
+
 def test_a_10_mb_prompt_is_a_413_before_it_is_read_and_costs_no_memory(server):
     before = rss(server)
     for _ in range(4):

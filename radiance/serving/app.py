@@ -23,7 +23,7 @@ from .guard import Guard
 from .limits import BodyLimit
 from .loop import EngineLoop, Event, Job
 from .metrics import CONTENT_TYPE, Metrics
-from .prompts import check_length, check_text, longest_token, tokenize
+from .prompts import check_length, check_text, check_tokens, longest_token, tokenize
 from .options import DEFAULT_MAX_STOP_CHARS
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Sampling, not_ready
 
@@ -89,6 +89,7 @@ class ServerState:
             check_text(prompt, "prompt")
             check_length(len(prompt), engine.config.max_context, self.longest, "prompt")
             return await tokenize(engine.text.encode, prompt, chars=len(prompt))
+        check_tokens(len(prompt), engine.config.max_context, "prompt")  # before the ids are read one by one
         vocab = self.vocab()
         if any(not 0 <= token < vocab for token in prompt):
             raise APIError(400, f"a prompt token id is outside the vocabulary [0, {vocab})", param="prompt")
@@ -122,9 +123,7 @@ class ServerState:
         context, length = engine.config.max_context, len(prompt_ids)
         if length == 0:
             raise APIError(400, "the prompt is empty", param=prompt_param)
-        if length >= context:
-            raise APIError(400, f"This model's maximum context length is {context} tokens; the prompt is {length} "
-                           "tokens", param=prompt_param, code="context_length_exceeded")
+        check_tokens(length, context, prompt_param)
         if engine.blocks.blocks_for(length + 1) > engine.blocks.num_blocks:
             raise APIError(400, f"the prompt is {length} tokens, more than the KV cache holds",
                            param=prompt_param, code="context_length_exceeded")

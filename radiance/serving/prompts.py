@@ -45,6 +45,12 @@ def check_length(chars: int, context: int, longest: int, param: str) -> None:
                        param=param, code="context_length_exceeded")
 
 
+def check_tokens(length: int, context: int, param: str) -> None:
+    if length >= context:
+        raise APIError(400, f"This model's maximum context length is {context} tokens; the prompt is {length} "
+                       "tokens", param=param, code="context_length_exceeded")
+
+
 def release_memory() -> None:
     """Hand the allocator's free memory back to the system (glibc; nothing elsewhere)."""
     global _libc
