@@ -11,6 +11,7 @@ from test_libr4d_support import (
     HEAD_DIM, HEADS, KV_HEADS, TOL_A16, TOL_F32, TOLERANCE, activations, launch, make_weight, rel_err, row_of,
 )
 from test_libr4d_attention import TOL_ATTENTION, paged_step, run_attention
+from test_libr4d_gemma import gemma_rows_agree
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def libr4d(registry):
 
 
 def agrees_with_libref(registry, gemv_tolerance):
-    """A decode GEMV, a prefill GEMM, attention, rope, rmsnorm and silu_mul against libref."""
+    """A decode GEMV, a prefill GEMM, attention, rope, rmsnorm, silu_mul and Gemma's four ops against libref."""
     reference = Registry(radiance_home="")
     try:
         weight = make_weight("q4_1", 192, 576, seed=1)
@@ -72,6 +73,7 @@ def agrees_with_libref(registry, gemv_tolerance):
             assert launch(row_of(reg, "silu_mul", library), [gate, up, y], {"M": 2, "n": 1536, "dtype": "f32"}) == 0
             silu.append(y)
         np.testing.assert_array_equal(*silu)
+        gemma_rows_agree(registry, reference)
     finally:
         reference.close()
 

@@ -1,6 +1,7 @@
 """libr4d: the in-tree host kernel library. A row for every op of docs/OPS.md but the collectives,
 on f32 activations, reading q4_1, q8_0 and plain f32/f16/bf16 weights (rows.py) and the other GGUF
-block types, q4_0, q5_0, q5_1, q2_k..q6_k (rows_kquants.py), as the container stores them.
+block types, q4_0, q5_0, q5_1, q2_k..q6_k (rows_kquants.py), as the container stores them, and
+Gemma 3's scale, rmsnorm_heads, gelu_tanh_mul and sliding_attention (rows_gemma.py).
 
 The kernels are C (r4d.c and the r4d_*.h it includes), compiled at first load with gcc -O3
 -march=native -pthread, cached on disk by a hash of the sources, and called through ctypes
@@ -22,7 +23,7 @@ import logging
 
 from radiance.abi import RAD_ABI_VERSION, RAD_OK, RAD_PLUGIN_KERNEL, RadPluginInfo
 
-from . import native, rows, rows_kquants
+from . import native, rows, rows_gemma, rows_kquants
 
 log = logging.getLogger("radiance.libr4d")
 
@@ -83,8 +84,8 @@ def _open() -> None:
     if loaded is not None:
         log.debug("libr4d: %s", loaded.describe())
     collective = _collective_rows(loaded)
-    _STATE["rows"] = (rows.build_rows(loaded) + rows_kquants.build_rows(loaded) + [info for info, _ in collective]
-                      + _device_rows())
+    _STATE["rows"] = (rows.build_rows(loaded) + rows_kquants.build_rows(loaded) + rows_gemma.build_rows(loaded)
+                      + [info for info, _ in collective] + _device_rows())
     _STATE["colour"] = {info.name: colour for info, colour in collective}
 
 

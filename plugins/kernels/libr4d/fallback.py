@@ -103,10 +103,12 @@ def rope(a):
 
 
 def attention(a):
+    """attention, and sliding_attention where the parameters hold a window."""
     q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = (t.data for t in a.t)
     p = a.params
     m, heads, kv_heads = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"])
     head_dim, block_size, scale = int(p["head_dim"]), int(p["block_size"]), F32(p["scale"])
+    window = int(p.get("window", 0))
     k_cache[slots[:m]] = k[:m]
     v_cache[slots[:m]] = v[:m]
     group = heads // kv_heads
@@ -122,8 +124,42 @@ def attention(a):
         query = q[t0:t1].reshape(t1 - t0, heads, head_dim)
         scores = np.einsum("thd,jhd->thj", query, keys) * scale
         visible = j[None, None, :] <= positions[t0:t1, None, None]
+        if window > 0:  # sliding_attention: positions p - window < j <= p
+            visible &= j[None, None, :] > positions[t0:t1, None, None] - window
         scores = np.where(visible, scores, F32(-np.inf))
         weights = np.exp((scores - scores.max(axis=2, keepdims=True)).astype(np.float64)).astype(F32)
         mixed = np.einsum("thj,jhd->thd", weights, values)
         out[t0:t1] = (mixed / weights.sum(axis=2)[:, :, None]).reshape(t1 - t0, heads * head_dim)
+    return RAD_OK
+
+
+sliding_attention = attention
+
+
+def scale(a):
+    m = int(a.params["M"])
+    np.multiply(a.t[0].data[:m], F32(a.params["scale"]), out=a.t[1].data[:m])
+    return RAD_OK
+
+
+def rmsnorm_heads(a):
+    """rmsnorm over each head_dim slice of a row, the sum in column order."""
+    x, w, y = a.t[0].data, a.t[1].data, a.t[2].data
+    p = a.params
+    m, heads, head_dim = int(p["M"]), int(p["heads"]), int(p["head_dim"])
+    x = x[:m, :heads * head_dim].reshape(m, heads, head_dim)
+    total = np.zeros((m, heads), F32)
+    for k in range(head_dim):
+        total += x[:, :, k] * x[:, :, k]
+    scale = F32(1.0) / np.sqrt(total / F32(head_dim) + F32(p["eps"]))
+    w = np.asarray(w, F32).reshape(-1)[None, None, :head_dim]
+    y[:m, :heads * head_dim] = ((x * scale[:, :, None]) * w).reshape(m, -1)
+    return RAD_OK
+
+
+def gelu_tanh_mul(a):
+    gate, up, y = (t.data for t in a.t)
+    m = int(a.params["M"])
+    g = gate[:m].astype(np.float64)
+    y[:m] = (0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g * g * g)))).astype(F32) * up[:m]
     return RAD_OK

@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 
 SOURCE = Path(__file__).with_name("r4d.c")
-# r4d.c (which includes its r4d_*.h headers) and the GGUF block types' rows (r4d_kquants.c) build
-# into one library
-SOURCES = (SOURCE, SOURCE.with_name("r4d_kquants.c"))
+# r4d.c (which includes its r4d_*.h headers), the GGUF block types' rows (r4d_kquants.c) and Gemma 3's
+# ops (r4d_gemma.c) build into one library
+SOURCES = (SOURCE, SOURCE.with_name("r4d_kquants.c"), SOURCE.with_name("r4d_gemma.c"))
 HEADERS = sorted(Path(__file__).parent.glob("r4d_*.h"))  # part of the build's key
 log = logging.getLogger("radiance.libr4d")
 
@@ -85,7 +85,7 @@ SIGNATURES = {
 # prebuilt c_void_p, the cheapest argument ctypes passes
 PACKED = ("r4d_embedding_p", "r4d_gemv_p", "r4d_gemm_p", "r4d_rmsnorm_p", "r4d_add_p", "r4d_silu_mul_p",
           "r4d_take_rows_p", "r4d_rope_p", "r4d_attention_p", "r4d_add_rmsnorm_p", "r4d_kq_gemm_p",
-          "r4d_kq_embedding_p")
+          "r4d_kq_embedding_p", "r4d_sliding_attention_p", "r4d_scale_p", "r4d_gelu_tanh_mul_p")
 
 
 class NativeUnavailable(RuntimeError):

@@ -1484,6 +1484,7 @@ typedef struct {
     const int64_t *seq_of;
     int64_t KVH, group, D, bs, maxlen;
     int per_head; /* items are (token, query head), not (token, kv head) */
+    int64_t window; /* > 0: a token at position p sees positions p - window < j <= p (sliding_attention) */
     float scale;
     _Atomic int failed;
 } AttentionTask;
@@ -1506,13 +1507,16 @@ static void attention_task(const void *context, int64_t lo, int64_t hi) {
         if (s < 0) continue; /* a token of no sequence: left as it is */
         const int64_t len = iget(a->context_lens, s), p = iget(a->positions, t);
         const int64_t L = p + 1 < len ? p + 1 : len;
+        /* the first visible key: past the window's start, or 0 (the masked keys' exp would be 0,
+         * and x + 0 = x, so skipping them gives libref's masked softmax) */
+        const int64_t first = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
         const int64_t off = g * D;
-        if (L <= 0) {
+        if (L - first <= 0) {
             for (int64_t hh = 0; hh < per_item; hh++)
                 for (int64_t d = 0; d < D; d++) ROW(*a->O, t, float)[(h0 + hh) * D + d] = NAN;
             continue;
         }
-        for (int64_t j0 = 0; j0 < L; j0 += bs) {
+        for (int64_t j0 = first / bs * bs; j0 < L; j0 += bs) {
             const int64_t base = tget(a->tables, s, j0 / bs) * bs, jn = L - j0 < bs ? L - j0 : bs;
             for (int64_t jj = 0; jj < jn; jj++) {
                 rk[j0 + jj] = ROW(*a->KC, base + jj, const float) + off;
@@ -1520,20 +1524,21 @@ static void attention_task(const void *context, int64_t lo, int64_t hi) {
             }
         }
         for (int64_t hh = 0; hh < per_item; hh++)
-            head_attend_any(ROW(*a->Q, t, const float) + (h0 + hh) * D, rk, rv, L, D, a->scale, sc,
-                            ROW(*a->O, t, float) + (h0 + hh) * D, hh == 0);
+            head_attend_any(ROW(*a->Q, t, const float) + (h0 + hh) * D, rk + first, rv + first, L - first, D,
+                            a->scale, sc, ROW(*a->O, t, float) + (h0 + hh) * D, hh == 0);
     }
 }
 
-int r4d_attention(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, const Arr *slots, const Arr *positions,
+/* attention (window 0) and sliding_attention (window > 0: each token sees its last `window` positions) */
+static int attend(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, const Arr *slots, const Arr *positions,
                   const Arr *cu_seqlens, const Arr *context_lens, const Arr *block_tables, Arr *out, int64_t M,
-                  int64_t H, int64_t KVH, int64_t D, int64_t bs, double scale) {
+                  int64_t H, int64_t KVH, int64_t D, int64_t bs, double scale, int64_t window) {
     Mat Q, Kn, Vn, KC, VC, O;
     IVec sl, pos, cu, ctx;
     ITab bt;
     int rc;
     const int64_t kvw = KVH * D;
-    if (KVH < 1 || H % KVH || bs < 1) return R4D_E_SHAPE;
+    if (KVH < 1 || H % KVH || bs < 1 || window < 0) return R4D_E_SHAPE;
     if ((rc = mat(q, H * D, 4, M, &Q)) || (rc = mat(k, kvw, 4, M, &Kn)) || (rc = mat(v, kvw, 4, M, &Vn)) ||
         (rc = mat(kc, kvw, 4, 0, &KC)) || (rc = mat(vc, kvw, 4, 0, &VC)) || (rc = mat(out, H * D, 4, M, &O)) ||
         (rc = ivec(slots, M, &sl)) || (rc = ivec(positions, M, &pos)) || (rc = ivec(cu_seqlens, 1, &cu)) ||
@@ -1578,10 +1583,30 @@ int r4d_attention(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, co
      * items, a kv head's rows read once per query head (from cache after the first) */
     const int nt = nthreads_for(M * H * maxlen * D, 1 << 14);
     const int per_head = nt > 1 && M * KVH < 4 * nt;
-    AttentionTask task = {&Q, &KC, &VC, &O, &pos, &ctx, &bt, seq_of, KVH, H / KVH, D, bs, maxlen, per_head, (float)scale, 0};
+    AttentionTask task = {&Q, &KC, &VC, &O, &pos, &ctx, &bt, seq_of, KVH, H / KVH, D, bs, maxlen, per_head,
+                          window, (float)scale, 0};
     pool_run(attention_task, &task, per_head ? M * H : M * KVH, 1, nt);
     free(seq_of);
     return atomic_load(&task.failed) ? R4D_E_NOMEM : R4D_OK;
+}
+
+int r4d_attention(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, const Arr *slots, const Arr *positions,
+                  const Arr *cu_seqlens, const Arr *context_lens, const Arr *block_tables, Arr *out, int64_t M,
+                  int64_t H, int64_t KVH, int64_t D, int64_t bs, double scale) {
+    return attend(q, k, v, kc, vc, slots, positions, cu_seqlens, context_lens, block_tables, out, M, H, KVH, D, bs,
+                  scale, 0);
+}
+
+/* y[i] = exp(y[i]) for n doubles, exp_pd's bits (r4d_gemma.c's gelu_tanh_mul) */
+void r4d_exp_f64(double *y, int64_t n) {
+    int64_t i = 0;
+#ifdef R4D_AVX512
+    for (; i + 8 <= n; i += 8) _mm512_storeu_pd(y + i, exp_pd512(_mm512_loadu_pd(y + i)));
+#endif
+#ifdef R4D_AVX2
+    for (; i + 4 <= n; i += 4) _mm256_storeu_pd(y + i, exp_pd(_mm256_loadu_pd(y + i)));
+#endif
+    for (; i < n; i++) y[i] = exp(y[i]);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1660,4 +1685,8 @@ int r4d_rope_p(const int64_t *a) { return r4d_rope(PA(0), PA(1), PA(2), PA(3), a
 int r4d_attention_p(const int64_t *a) {
     return r4d_attention(PA(0), PA(1), PA(2), PA(3), PA(4), PA(5), PA(6), PA(7), PA(8), PA(9), PA(10), a[11], a[12],
                          a[13], a[14], a[15], bits_f64(a[16]));
+}
+int r4d_sliding_attention_p(const int64_t *a) {
+    return attend(PA(0), PA(1), PA(2), PA(3), PA(4), PA(5), PA(6), PA(7), PA(8), PA(9), PA(10), a[11], a[12], a[13],
+                  a[14], a[15], bits_f64(a[16]), a[17]);
 }
