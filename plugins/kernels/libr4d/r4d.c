@@ -890,6 +890,25 @@ int r4d_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const 
     return R4D_OK;
 }
 
+/* The decode GEMV's int16 activations of rows [0, M) of x in natural order (per block of 32: int16
+ * codes, the f32 step, the f32 sum of the block), from the launching thread's cache as the q8_0 GEMV
+ * takes them, for r4d_kquants.c's integer GEMVs. Valid until this thread prepares another set. */
+int r4d_act16(const Arr *x, int64_t M, int64_t K, const int16_t **xw, const float **xd, const float **xs) {
+#ifdef R4D_AVX2
+    Mat X;
+    int rc;
+    if (K % QK) return R4D_E_SHAPE;
+    if ((rc = mat(x, K, 4, M, &X))) return rc;
+    const Act *A = prepared(&X, M, K, 16, 0);
+    if (!A) return R4D_E_NOMEM;
+    *xw = A->xw, *xd = A->xd, *xs = A->xs;
+    return R4D_OK;
+#else
+    (void)x, (void)M, (void)K, (void)xw, (void)xd, (void)xs;
+    return R4D_E_INVALID;
+#endif
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* GEMM, larger M: each thread dequantises a panel of NP weight rows to exact f32 values, then a
  * register tile of dot products over K runs against it: 4 x 3 of 8 floats (AVX2), or 4 x 4 of 16

@@ -401,6 +401,240 @@ int r4d_kq_gemm(const KArr *x, int fmt, const void *codes, const void *scale, co
     return atomic_load(&task.failed) ? KQ_E_NOMEM : KQ_OK;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The decode GEMV (M <= 16) on AVX-512 with VBMI: integer dot products against r4d.c's int16
+ * activations (per block of 32: int16 codes, f32 step xd, f32 sum xs; shared with the q4_1 / q8_0
+ * GEMVs that read the same rows, as llama.cpp shares its Q8 activations). The weight is never
+ * decoded to f32: 32 codes of b bits (4b bytes) are spread to 32 int16 lanes by one byte
+ * permutation (vpermb), a per-lane shift and a mask, the zero subtracted in int16, then vpdpwssd
+ * with the activations leaves the block's dot product in 16 int32 lanes, scaled in f32 by weight
+ * scale x activation step. Formats: q4_0, q5_0 ((q - zero) d), q5_1 (q d - m), q4_k, q5_k
+ * (q sc d - mn dmin), q3_k, q6_k ((q - zero) sc d, sc per 16); q2_k (its mins per 16) keeps the
+ * decoding path. The arithmetic is the q8_0 GEMV's at aq=16: docs/LIBR4D.md's int16 tolerance. */
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI__)
+#define KQ_VBMI 1
+
+/* r4d.c: rows [0, M) of x as int16 per block of 32, natural order */
+int r4d_act16(const KArr *x, int64_t M, int64_t K, const int16_t **xw, const float **xd, const float **xs);
+
+#define KQ_MT 4 /* activation rows a weight row's codes are unpacked for at once */
+
+static uint8_t kq_pick[9][64];   /* [b]: the two source bytes of each int16 lane (element i: bits b*i) */
+static uint16_t kq_shift[9][32]; /* [b]: each lane's bit offset in its two bytes */
+
+__attribute__((constructor)) static void kq_tables(void) {
+    for (int b = 1; b <= 8; b++)
+        for (int i = 0; i < 32; i++) {
+            kq_pick[b][2 * i] = (uint8_t)((b * i) >> 3);
+            kq_pick[b][2 * i + 1] = (uint8_t)(((b * i) >> 3) + 1);
+            kq_shift[b][i] = (uint16_t)((b * i) & 7);
+        }
+}
+
+/* the 32 b-bit elements of the 4b bytes at p as int16 lanes (reads only those bytes: a plane may
+ * end a mapping) */
+static inline __attribute__((always_inline)) __m512i kq_unpack(const uint8_t *p, int b) {
+    const __m512i raw = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8((__mmask32)((1ULL << (4 * b)) - 1), p));
+    const __m512i pairs = _mm512_permutexvar_epi8(_mm512_loadu_si512(kq_pick[b]), raw);
+    const __m512i lanes = _mm512_srlv_epi16(pairs, _mm512_loadu_si512(kq_shift[b]));
+    return _mm512_and_si512(lanes, _mm512_set1_epi16((short)((1 << b) - 1)));
+}
+
+/* out[j] = element j of a b-bit stream as f32 for j < count rounded up to 32 (out holds that
+ * many); the bytes past the stream's last element are not read */
+static void kq_unpack_f32(const uint8_t *p, int b, int64_t count, float *out) {
+    for (int64_t j = 0; j < count; j += 32) {
+        const int64_t n = count - j < 32 ? count - j : 32, bytes = (n * b + 7) / 8;
+        const __m512i raw = _mm512_maskz_loadu_epi8(bytes >= 64 ? ~0ULL : (1ULL << bytes) - 1, p + j * b / 8);
+        const __m512i pairs = _mm512_permutexvar_epi8(_mm512_loadu_si512(kq_pick[b]), raw);
+        const __m512i v = _mm512_and_si512(_mm512_srlv_epi16(pairs, _mm512_loadu_si512(kq_shift[b])),
+                                           _mm512_set1_epi16((short)((1 << b) - 1)));
+        _mm512_storeu_ps(out + j, _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v))));
+        _mm512_storeu_ps(out + j + 16, _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1))));
+    }
+}
+
+static int kq_zero(int fmt) {
+    switch (fmt) {
+    case KQ_Q4_0: return 8;
+    case KQ_Q5_0: return 16;
+    case KQ_Q3_K: return 4;
+    case KQ_Q6_K: return 32;
+    }
+    return 0;
+}
+
+static int kq_fast(int fmt) { return fmt != KQ_Q2_K; }
+
+/* [ds[0] x 8 | ds[1] x 8] */
+static inline __m512 kq_pair(const float *ds) {
+    double both;
+    memcpy(&both, ds, sizeof both);
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castpd_ps(_mm512_set1_pd(both)));
+}
+
+/* out[j] = the f16 at p + 2j as f32, j < count */
+static inline void kq_f16_f32(const uint8_t *p, int64_t count, float *out) {
+    int64_t j = 0;
+    for (; j + 16 <= count; j += 16) _mm512_storeu_ps(out + j, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * j))));
+    if (j < count) { /* the last few: a masked load reads only their bytes */
+        const __mmask16 last = (__mmask16)((1u << (count - j)) - 1);
+        _mm512_mask_storeu_ps(out + j, last, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(last, p + 2 * j)));
+    }
+}
+
+/* One weight row's scales: ws[j] (per 32, or per 16 where `halves`) and wm[b] (per 32, the min
+ * subtracted; `mins` 0 where the format has none), the core decoder's factors multiplied in f32 */
+static void kq_row_scales(const KW *w, int64_t n, float *ws, float *wm, int *halves, int *mins) {
+    const int64_t K = w->cols, nb = K / 32;
+    *halves = w->fmt == KQ_Q3_K || w->fmt == KQ_Q6_K;
+    *mins = w->fmt == KQ_Q5_1 || w->fmt == KQ_Q4_K || w->fmt == KQ_Q5_K;
+    switch (w->fmt) {
+    case KQ_Q4_0:
+    case KQ_Q5_0:
+    case KQ_Q5_1:
+        kq_f16_f32(w->scale + n * nb * 2, nb, ws);
+        if (w->fmt == KQ_Q5_1) kq_f16_f32(w->min + n * nb * 2, nb, wm);
+        return;
+    case KQ_Q4_K:
+    case KQ_Q5_K: {
+        const int64_t ns = K / 256;
+        float d[ns + 16], dmin[ns + 16];
+        kq_f16_f32(w->scale1 + n * ns * 2, ns, d);
+        kq_f16_f32(w->min1 + n * ns * 2, ns, dmin);
+        kq_unpack_f32(w->scale + n * nb * 6 / 8, 6, nb, ws);
+        kq_unpack_f32(w->min + n * nb * 6 / 8, 6, nb, wm);
+        for (int64_t sb = 0; sb < ns; sb++) { /* 8 scales of 32 a super-block */
+            _mm256_storeu_ps(ws + 8 * sb, _mm256_mul_ps(_mm256_loadu_ps(ws + 8 * sb), _mm256_set1_ps(d[sb])));
+            _mm256_storeu_ps(wm + 8 * sb, _mm256_mul_ps(_mm256_loadu_ps(wm + 8 * sb), _mm256_set1_ps(dmin[sb])));
+        }
+        return;
+    }
+    case KQ_Q3_K:
+    case KQ_Q6_K: { /* 16 scales of 16 a super-block */
+        const int64_t ns = K / 256;
+        const int8_t *sc = (const int8_t *)w->scale + n * (K / 16);
+        const uint8_t *d1 = w->scale1 + n * ns * 2;
+        for (int64_t sb = 0; sb < ns; sb++) {
+            const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * sb))));
+            _mm512_storeu_ps(ws + 16 * sb, _mm512_mul_ps(v, _mm512_set1_ps(kq_h2f(f16_at(d1, sb)))));
+        }
+        return;
+    }
+    }
+}
+
+typedef struct {
+    const KW *w;
+    const int16_t *xw;
+    const float *xd, *xs;
+    const KMat *Y;
+    int64_t M;
+} KGemvTask;
+
+/* one block's int32 dot products (16 lanes) scaled into acc */
+#define KQ_BLOCK(blk, ACC)                                                                                  \
+    do {                                                                                                    \
+        const __m512i q = _mm512_sub_epi16(kq_unpack(c + (blk) * 4 * b, b), zero);                      \
+        for (int i = 0; i < mt; i++) {                                                                      \
+            const __m512i x = _mm512_loadu_si512(t->xw + (m0 + i) * K + 32 * (blk));                        \
+            const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, x);                          \
+            const __m512 scale = halves ? kq_pair(ds + i * 2 * nb + 2 * (blk)) : _mm512_set1_ps(ds[i * nb + (blk)]); \
+            ACC[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, ACC[i]);                               \
+        }                                                                                                   \
+    } while (0)
+
+/* rows [n0, n1) of y[m, n] for m in [m0, m0 + mt) */
+static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *t, int64_t m0, const int mt, int64_t n0,
+                                                              int64_t n1) {
+    const KW *w = t->w;
+    const int64_t K = w->cols, nb = K / 32;
+    const int b = code_bits(w->fmt);
+    const int64_t row_bytes = K * b / 8;
+    const __m512i zero = _mm512_set1_epi16((short)kq_zero(w->fmt));
+    float ws[2 * nb + 32], wm[nb + 32], ds[KQ_MT * 2 * nb + 16];
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *c = w->codes + n * row_bytes;
+        if (n + 4 < n1)
+            for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)(c + 4 * row_bytes + o), _MM_HINT_T0);
+        int halves, mins;
+        kq_row_scales(w, n, ws, wm, &halves, &mins);
+        for (int i = 0; i < mt; i++) { /* ds: each scale times its block's activation step */
+            const float *xd = t->xd + (m0 + i) * nb;
+            float *di = ds + i * (halves ? 2 : 1) * nb;
+            int64_t j = 0;
+            if (halves) {
+                const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+                for (; j + 8 <= nb; j += 8)
+                    _mm512_storeu_ps(di + 2 * j, _mm512_mul_ps(_mm512_loadu_ps(ws + 2 * j),
+                                                               _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_loadu_ps(xd + j)))));
+                for (; j < nb; j++) di[2 * j] = ws[2 * j] * xd[j], di[2 * j + 1] = ws[2 * j + 1] * xd[j];
+            } else {
+                for (; j + 16 <= nb; j += 16) _mm512_storeu_ps(di + j, _mm512_mul_ps(_mm512_loadu_ps(ws + j), _mm512_loadu_ps(xd + j)));
+                for (; j < nb; j++) di[j] = ws[j] * xd[j];
+            }
+        }
+        __m512 a0[KQ_MT], a1[KQ_MT];
+        for (int i = 0; i < mt; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+        int64_t blk = 0;
+        for (; blk + 2 <= nb; blk += 2) { /* two accumulator sets: the FMAs' latency overlaps */
+            KQ_BLOCK(blk, a0);
+            KQ_BLOCK(blk + 1, a1);
+        }
+        if (blk < nb) KQ_BLOCK(blk, a0);
+        for (int i = 0; i < mt; i++) {
+            float minimum = 0.0f;
+            if (mins) {
+                const float *xs = t->xs + (m0 + i) * nb;
+                __m512 mv = _mm512_setzero_ps();
+                int64_t j = 0;
+                for (; j + 16 <= nb; j += 16) mv = _mm512_fmadd_ps(_mm512_loadu_ps(wm + j), _mm512_loadu_ps(xs + j), mv);
+                minimum = _mm512_reduce_add_ps(mv);
+                for (; j < nb; j++) minimum += wm[j] * xs[j];
+            }
+            KROW(*t->Y, m0 + i)[n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i])) - minimum;
+        }
+    }
+}
+
+static void kq_gemv_task(const void *context, int64_t lo, int64_t hi) {
+    const KGemvTask *t = (const KGemvTask *)context;
+    for (int64_t m0 = 0; m0 < t->M; m0 += KQ_MT) {
+        switch (t->M - m0 < KQ_MT ? t->M - m0 : KQ_MT) {
+        case 1: kq_gemv_rows(t, m0, 1, lo, hi); break;
+        case 2: kq_gemv_rows(t, m0, 2, lo, hi); break;
+        case 3: kq_gemv_rows(t, m0, 3, lo, hi); break;
+        default: kq_gemv_rows(t, m0, 4, lo, hi); break;
+        }
+    }
+}
+#endif
+
+/* The decode band: the integer GEMV above where it serves (aq 16, an AVX-512 VBMI build, not
+ * q2_k), else r4d_kq_gemm's decoded f32 panels (aq 0) */
+int r4d_kq_gemv(const KArr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
+                const void *min1, KArr *y, int64_t M, int64_t N, int64_t K, int aq) {
+#ifdef KQ_VBMI
+    const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
+    KMat Y;
+    int rc;
+    if (aq == 16 && !kw_check(&w) && kq_fast(fmt) && K % 32 == 0) {
+        if ((rc = kmat(y, N, M, &Y))) return rc;
+        if (M <= 0) return KQ_OK;
+        const int16_t *xw;
+        const float *xd, *xs;
+        if ((rc = r4d_act16(x, M, K, &xw, &xd, &xs))) return rc;
+        const KGemvTask task = {&w, xw, xd, xs, &Y, M};
+        r4d_parallel(kq_gemv_task, &task, N, 16, kq_threads_for(N * K * code_bits(fmt) / 8, 1 << 15));
+        return KQ_OK;
+    }
+#endif
+    if (aq != 0 && aq != 16) return KQ_E_INVALID;
+    return r4d_kq_gemm(x, fmt, codes, scale, scale1, min, min1, y, M, N, K);
+}
+
 /* y[m] = table[ids[m]]: ids int32 or int64 (the element size is the stride) */
 int r4d_kq_embedding(const KArr *ids, int fmt, const void *codes, const void *scale, const void *scale1,
                      const void *min, const void *min1, int64_t vocab, int64_t n, KArr *y, int64_t M) {
@@ -436,6 +670,10 @@ int r4d_kq_embedding(const KArr *ids, int fmt, const void *codes, const void *sc
 
 int r4d_kq_gemm_p(const int64_t *a) {
     return r4d_kq_gemm(KA(0), (int)a[1], KV(2), KV(3), KV(4), KV(5), KV(6), KA(7), a[8], a[9], a[10]);
+}
+
+int r4d_kq_gemv_p(const int64_t *a) {
+    return r4d_kq_gemv(KA(0), (int)a[1], KV(2), KV(3), KV(4), KV(5), KV(6), KA(7), a[8], a[9], a[10], (int)a[11]);
 }
 
 int r4d_kq_embedding_p(const int64_t *a) {

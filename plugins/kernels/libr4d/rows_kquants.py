@@ -16,11 +16,11 @@ import numpy as np
 from radiance.abi import (
     RAD_DOMAIN_HOST, RAD_DT_F16, RAD_DT_I8, RAD_DT_U2, RAD_DT_U3, RAD_DT_U4, RAD_DT_U5, RAD_DT_U6, RAD_DT_U8,
     RAD_E_DTYPE, RAD_E_SHAPE, RAD_E_UNSUPPORTED, RAD_PLANE_TILED, RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE,
-    RadKernelInfo, RadTensor,
+    RadKernelInfo, RadTensor, RadTunable,
 )
 
 from . import fallback
-from .rows import F32_ACTIVATIONS, GEMV_MAX_M, _guarded, _planned
+from .rows import AQ_CHOICES, F32_ACTIVATIONS, GEMV_MAX_M, _guarded, _planned, aq_default
 
 BITS = {RAD_DT_U2: 2, RAD_DT_U3: 3, RAD_DT_U4: 4, RAD_DT_U5: 5, RAD_DT_U6: 6, RAD_DT_U8: 8, RAD_DT_I8: 8,
         RAD_DT_F16: 16}
@@ -135,6 +135,13 @@ def _pack_gemm(op, a):
     return [op(a.t[0].data), w.fmt, *w.pointers, op(a.t[2].data), a.params["M"], w.rows, w.cols]
 
 
+def _pack_gemv(op, a, aq_fallback):
+    aq = int(a.params.get("aq", aq_fallback))
+    if aq not in AQ_CHOICES:
+        raise ValueError(f"aq={aq}: not one of {AQ_CHOICES}")
+    return [*_pack_gemm(op, a), aq]
+
+
 def _pack_embedding(op, a):
     w = weight_of(a.t[1].data)
     op.keep.append(w)
@@ -144,25 +151,31 @@ def _pack_embedding(op, a):
 def build_rows(native) -> list[RadKernelInfo]:
     """The GEMV, GEMM and embedding rows of FORMATS, bound to r4d_kquants.c, or to numpy when
     `native` is None."""
+    aq = 0 if aq_default() == 0 else 16
     if native is not None:
+        gemv = _planned(native, "r4d_kq_gemv_p", lambda op, a: _pack_gemv(op, a, aq))
         gemm = _planned(native, "r4d_kq_gemm_p", _pack_gemm)
         embedding = _planned(native, "r4d_kq_embedding_p", _pack_embedding)
         body = "r4d_kquants.c"
     else:
         gemm, embedding = _guarded("gemm (numpy)", fallback.gemm), _guarded("embedding (numpy)", fallback.embedding)
+        gemv = gemm
         body = "numpy fallback"
 
-    def row(name, op, launch, constraints, computes, shape, dtypes, layout):
+    def row(name, op, launch, constraints, computes, shape, dtypes, layout, tunables=()):
         return RadKernelInfo(name=name, op=op, family="r4d", computes=f"{computes} ({body})", shape=shape,
                              dtypes=dtypes, domain=RAD_DOMAIN_HOST, priority=10, constraints=constraints,
-                             launch=launch, layout=layout)
+                             launch=launch, layout=layout, tunables=list(tunables))
+
+    tunable = [RadTunable(name="aq", values="0,16", deflt=aq)]
 
     found = []
     for fmt, (_, block, _, _) in FORMATS.items():
         common = [RAD_CIN("wdtype", fmt), F32_ACTIVATIONS, RAD_CEQ("split_k", 1), RAD_CDIV("K", block)]
-        found.append(row(f"r4d_gemv_{fmt}", "gemm", gemm, [RAD_CLE("M", GEMV_MAX_M), *common],
-                         "decode GEMV: 4 weight rows decoded exactly per panel, f32 FMA dot products",
-                         f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout(fmt)))
+        found.append(row(f"r4d_gemv_{fmt}", "gemm", gemv, [RAD_CLE("M", GEMV_MAX_M), *common],
+                         "decode GEMV: codes unpacked to int16, integer dot products with the int16 activations "
+                         "(aq=16; AVX-512 VBMI, not q2_k), else panels decoded to f32 (aq=0)",
+                         f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable))
         found.append(row(f"r4d_gemm_{fmt}", "gemm", gemm, [RAD_CGE("M", GEMV_MAX_M + 1), *common],
                          "prefill GEMM: 4 weight rows decoded exactly per panel, reused by every row of x",
                          f"M>={GEMV_MAX_M + 1}, K%{block}==0", f"f32 x {fmt}", _layout(fmt)))
