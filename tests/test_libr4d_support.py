@@ -133,7 +133,8 @@ def launch(row, operands: list, params: dict, weights: dict | None = None) -> in
 # ---------------------------------------------------------------------------------------------
 # plugin-level tests
 
-OPS = ("embedding", "rmsnorm", "gemm", "rope", "attention", "add", "silu_mul", "take_rows", "sample")
+OPS = ("embedding", "rmsnorm", "gemm", "rope", "attention", "add", "silu_mul", "take_rows", "sample",
+       "scale", "rmsnorm_heads", "gelu_tanh_mul", "sliding_attention")  # the last four: Gemma 3's
 
 
 def test_libr4d_loads_as_a_plugin_and_serves_every_op(registry):
