@@ -1014,6 +1014,34 @@ static void gemm_task(const void *context, int64_t lo, int64_t hi) {
     }
 }
 
+/* y[m, j] = x[m, :K] . panel[j, :K] for m < M, j < np: the register tiles above against a panel of
+ * f32 weight rows another file decoded (r4d_kquants.c's GEMM); rows of x and y `ldx`, `ldy` floats
+ * apart, panel rows `kp` floats apart (kp == K, K % 8 == 0) */
+void r4d_panel_tiles(const float *panel, int64_t kp, int64_t np, int64_t K, const float *x, int64_t ldx, int64_t M,
+                     float *y, int64_t ldy) {
+#ifdef R4D_AVX512
+    for (int64_t m0 = 0; m0 < M; m0 += MR512) {
+        const int mr = (int)(M - m0 < MR512 ? M - m0 : MR512);
+        for (int64_t j0 = 0; j0 < np; j0 += NR512)
+            tile512_any(x + m0 * ldx, ldx, mr, panel + j0 * kp, kp, K, (int)(np - j0 < NR512 ? np - j0 : NR512),
+                        y + m0 * ldy + j0, ldy);
+    }
+#else
+    for (int64_t m0 = 0; m0 < M; m0 += MR) {
+        const int mr = (int)(M - m0 < MR ? M - m0 : MR);
+        for (int64_t j0 = 0; j0 < np; j0 += NR) {
+            const int nr = (int)(np - j0 < NR ? np - j0 : NR);
+            if (kp == K) {
+                tile_any(x + m0 * ldx, ldx, mr, panel + j0 * kp, K, nr, y + m0 * ldy + j0, ldy);
+            } else {
+                for (int jj = 0; jj < nr; jj++)
+                    tile_any(x + m0 * ldx, ldx, mr, panel + (j0 + jj) * kp, K, 1, y + m0 * ldy + j0 + jj, ldy);
+            }
+        }
+    }
+#endif
+}
+
 int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
              int64_t N, int64_t K) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};

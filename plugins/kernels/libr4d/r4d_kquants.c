@@ -34,12 +34,15 @@
 /* formats: rows_kquants.FORMAT_CODES */
 enum { KQ_Q4_0 = 1, KQ_Q5_0, KQ_Q5_1, KQ_Q2_K, KQ_Q3_K, KQ_Q4_K, KQ_Q5_K, KQ_Q6_K, KQ_LAST = KQ_Q6_K };
 
-#define PANEL 4 /* weight rows decoded together; each activation load feeds PANEL FMAs */
+#define PANEL 24 /* weight rows decoded together, then r4d.c's register tiles over every activation row */
 
 int r4d_threads(void); /* r4d.c */
 /* r4d.c: fn(ctx, begin, end) over [0, items) in chunks of whole units on libr4d's thread pool */
 void r4d_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t items, int64_t unit,
                   int threads);
+/* r4d.c: y[m, j] = x[m] . panel[j] for m < M, j < np, with the q4_1 GEMM's register tiles */
+void r4d_panel_tiles(const float *panel, int64_t kp, int64_t np, int64_t K, const float *x, int64_t ldx, int64_t M,
+                     float *y, int64_t ldy);
 
 /* an operand, laid out as r4d.c's Arr (native.Header) */
 typedef struct {
@@ -301,68 +304,6 @@ static int kq_threads_for(int64_t work, int64_t grain) {
 /* ------------------------------------------------------------------------------------------ */
 /* y[m, n] = sum_k x[m, k] w[n, k] for m < M: panels of PANEL rows decoded, then dot products */
 
-#ifdef KQ_AVX2
-static inline float kq_hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#endif
-
-static void panel_dots(const float *panel, int rows, int64_t K, const KMat *X, int64_t M, const KMat *Y, int64_t n0) {
-    int64_t m = 0;
-#ifdef KQ_AVX2
-    if (rows == PANEL) /* a 4 x 3 register tile: 7 loads feed 12 FMAs */
-        for (; m + 3 <= M; m += 3) {
-            const float *x0 = KROW(*X, m), *x1 = KROW(*X, m + 1), *x2 = KROW(*X, m + 2);
-            __m256 a[12];
-            for (int i = 0; i < 12; i++) a[i] = _mm256_setzero_ps();
-            for (int64_t k = 0; k < K; k += 8) {
-                const __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k), v2 = _mm256_loadu_ps(x2 + k);
-                for (int r = 0; r < PANEL; r++) {
-                    const __m256 wv = _mm256_load_ps(panel + r * K + k);
-                    a[3 * r] = _mm256_fmadd_ps(wv, v0, a[3 * r]);
-                    a[3 * r + 1] = _mm256_fmadd_ps(wv, v1, a[3 * r + 1]);
-                    a[3 * r + 2] = _mm256_fmadd_ps(wv, v2, a[3 * r + 2]);
-                }
-            }
-            for (int r = 0; r < PANEL; r++)
-                for (int i = 0; i < 3; i++) KROW(*Y, m + i)[n0 + r] = kq_hsum8(a[3 * r + i]);
-        }
-#endif
-    for (; m < M; m++) {
-        const float *x = KROW(*X, m);
-        float *y = KROW(*Y, m) + n0;
-#ifdef KQ_AVX2
-        if (rows == PANEL) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t k = 0; k < K; k += 8) {
-                const __m256 xv = _mm256_loadu_ps(x + k);
-                a0 = _mm256_fmadd_ps(_mm256_load_ps(panel + k), xv, a0);
-                a1 = _mm256_fmadd_ps(_mm256_load_ps(panel + K + k), xv, a1);
-                a2 = _mm256_fmadd_ps(_mm256_load_ps(panel + 2 * K + k), xv, a2);
-                a3 = _mm256_fmadd_ps(_mm256_load_ps(panel + 3 * K + k), xv, a3);
-            }
-            y[0] = kq_hsum8(a0), y[1] = kq_hsum8(a1), y[2] = kq_hsum8(a2), y[3] = kq_hsum8(a3);
-            continue;
-        }
-        for (int r = 0; r < rows; r++) {
-            __m256 a = _mm256_setzero_ps();
-            for (int64_t k = 0; k < K; k += 8) a = _mm256_fmadd_ps(_mm256_load_ps(panel + r * K + k), _mm256_loadu_ps(x + k), a);
-            y[r] = kq_hsum8(a);
-        }
-#else
-        for (int r = 0; r < rows; r++) {
-            float lane[8] = {0};
-            for (int64_t k = 0; k < K; k += 8)
-                for (int l = 0; l < 8; l++) lane[l] += panel[r * K + k + l] * x[k + l];
-            y[r] = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
-        }
-#endif
-    }
-}
-
 typedef struct {
     const KW *w;
     const KMat *X;
@@ -383,7 +324,8 @@ static void gemm_task(const void *context, int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; n += PANEL) {
         const int rows = (int)(end - n < PANEL ? end - n : PANEL);
         for (int r = 0; r < rows; r++) kq_row(task->w, n + r, panel + r * K);
-        panel_dots(panel, rows, K, task->X, task->M, task->Y, n);
+        r4d_panel_tiles(panel, K, rows, K, (const float *)task->X->p, task->X->pitch / 4, task->M,
+                        KROW(*task->Y, 0) + n, task->Y->pitch / 4);
     }
     free(panel);
 }
