@@ -72,12 +72,13 @@ def launches_per_step(worker) -> int | None:
     def counting(*args, **kwargs):
         counted[0] += 1
         return launch(*args, **kwargs)
-    device.launch, executor.profile = counting, True
+    graphs = executor.graphs
+    device.launch, executor.profile, executor.graphs = counting, True, False  # a profiled step is uncaptured
     executor.op_seconds.clear()
     try:
         executor.run(1, 1)
     finally:
-        device.launch, executor.profile = launch, False
+        device.launch, executor.profile, executor.graphs = launch, False, graphs
     ops = sorted(executor.op_seconds.items(), key=lambda item: -item[1])
     print("    ... one profiled step (launched one by one, so slower than a graph): "
           + ", ".join(f"{op} {1e3 * seconds:.3f} ms" for op, seconds in ops)

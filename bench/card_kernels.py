@@ -28,7 +28,9 @@ def graph_ms(executor, key=(1, 1), replays: int = 50) -> float | None:
     return device.elapsed_ms(start, end) / replays
 
 
-def kernel_table(executor, key=(1, 1), replays: int = 5, top: int = 25) -> dict | None:
+def kernel_table(executor, key=(1, 1), replays: int = 5, top: int = 25, first: int = 0) -> dict | None:
+    """Kernels by name; with `first`, also the step's first `first` kernels and its last three in
+    launch order (one layer's kernels, where every layer is alike), each averaged over the replays."""
     graph = executor._graphs.get(key)
     if graph is None:
         return None
@@ -61,6 +63,15 @@ def kernel_table(executor, key=(1, 1), replays: int = 5, top: int = 25) -> dict 
           f"(kernels overlap under chained launches, so busy can exceed the span)")
     for name, (us, calls) in rows[:top]:
         print(f"      {us / replays:9.1f} us/step  {calls / replays:5.0f}x  {us / calls:8.2f} us each  {name[:90]}")
+    count = len(kernels) // replays
+    if first and count * replays == len(kernels):
+        order = list(range(min(first, count))) + list(range(max(first, count - 3), count))
+        for position in order:
+            picks = [kernels[r * count + position] for r in range(replays)]
+            gap = [picks[r].time_range.start - kernels[r * count + position - 1].time_range.end
+                   for r in range(replays)] if position else [0.0]
+            print(f"      #{position:<4} {sum(e.time_range.elapsed_us() for e in picks) / replays:8.2f} us"
+                  f"  (gap before {sum(gap) / len(gap):6.2f} us)  {picks[0].name[:80]}")
     return {"per_step": len(kernels) / replays, "busy_ms": busy / replays / 1e3, "span_ms": span / replays / 1e3,
             "kernels": {name: {"us_per_step": us / replays, "calls_per_step": calls / replays}
                         for name, (us, calls) in rows}}
@@ -76,6 +87,18 @@ def profile_step(worker) -> dict:
         if result["graph_ms"] is not None:
             print(f"    ... the captured step alone: {result['graph_ms']:.3f} ms (50 replays back to back)")
         result["kernels"] = kernel_table(executor)
+        if executor.chain:  # chained kernels overlap: each kernel's own time from a plainly launched capture
+            executor.chain = False
+            executor._graphs.pop((1, 1), None)
+            try:
+                executor.run(1, 1)  # captured again (the shape was seen), without programmatic launches
+                print("    ... the same step captured without chained launches:")
+                result["kernels_unchained"] = kernel_table(executor, first=12)
+                result["graph_unchained_ms"] = graph_ms(executor)
+                print(f"    ... unchained, the captured step alone: {result['graph_unchained_ms']:.3f} ms")
+            finally:
+                executor.chain = True
+                executor._graphs.pop((1, 1), None)
     except Exception as error:
         print(f"    ... the step's profile failed: {type(error).__name__}: {error}")
     return result
