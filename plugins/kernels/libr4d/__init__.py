@@ -20,7 +20,7 @@ another library declares."""
 
 import logging
 
-from radiance.abi import RAD_ABI_VERSION, RAD_OK, RAD_PLUGIN_KERNEL, RadPluginInfo
+from radiance.abi import RAD_ABI_VERSION, RAD_OK, RAD_PLUGIN_KERNEL, SIZED_OPS, RadPluginInfo, vocabulary_opd_shape
 
 from . import native, rows, rows_kquants
 
@@ -86,6 +86,9 @@ def _open() -> None:
     _STATE["rows"] = (rows.build_rows(loaded) + rows_kquants.build_rows(loaded) + [info for info, _ in collective]
                       + _device_rows())
     _STATE["colour"] = {info.name: colour for info, colour in collective}
+    for info in _STATE["rows"]:  # every row of a sized op can be called cold (rad-kbench)
+        if info.opd_shape is None and info.op in SIZED_OPS:
+            info.opd_shape = vocabulary_opd_shape(info.op)
 
 
 def rad_plugin_abi_version():

@@ -86,6 +86,14 @@ def _refusal(row: Row, derived, geometry, facts, ranged, lo, hi) -> str | None:
     return None
 
 
+def row_refusal(row: Row, schema: RadOpSchema, geometry: dict, facts: dict) -> str | None:
+    """Why `row` does not serve this one geometry (its ranged extent a single value), or None."""
+    ranged = schema.params[0].name
+    derived = {p.name for p in schema.params if p.req == RAD_DERIVED}
+    value = int(geometry[ranged])
+    return _refusal(row, derived, geometry, facts, ranged, value, value)
+
+
 def _pick(rows, schema, geometry, facts, domain, lo, hi, accept_reference):
     ranged = schema.params[0].name
     derived = {p.name for p in schema.params if p.req == RAD_DERIVED}
