@@ -87,12 +87,12 @@ def compare(summary: dict, values, seed: int, tol: float) -> list[tuple[str, str
         same = got == want or (math.isnan(got) and math.isnan(want))
         if not same and not abs(got - want) <= bound:
             index = np.unravel_index(i, summary["shape"]) if summary["shape"] else (i,)
-            failed.append(("samples", f"element {tuple(int(v) for v in index)}: {got!r}, libref {want!r} "
+            failed.append(("samples", f"element {tuple(int(v) for v in index)}: {float(got)!r}, libref {want!r} "
                                       f"(|d| {abs(got - want):.3g} > {bound:.3g})"))
             break
     norm = _norm(flat)
     if not norm == summary["norm"] and not abs(norm - summary["norm"]) <= tol * NORM_SHARE * summary["norm"]:
-        failed.append(("norm", f"{norm!r}, libref {summary['norm']!r} (relative {_relative(norm, summary['norm'])})"))
+        failed.append(("norm", f"{float(norm)!r}, libref {summary['norm']!r} (relative {_relative(norm, summary['norm'])})"))
     for j, (r, want) in enumerate(zip(_directions(flat.size, seed), summary["projections"])):
         got = math.fsum(flat * r)
         if not got == want and not abs(got - want) <= PROJECTION_SIGMAS * bound:
