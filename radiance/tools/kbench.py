@@ -18,23 +18,26 @@ from pathlib import Path
 import click
 import numpy as np
 
-from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_PLUGIN_KERNEL, RAD_PLUGIN_QUANT, RadWeightPlanes, rad_tensor
+from radiance.abi import (
+    RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_PLUGIN_KERNEL, RAD_PLUGIN_QUANT, RadWeightPlanes, operand_shapes, rad_tensor,
+)
 from radiance.engine.loading.hierarchy import entry_matches, parse_kernels
 from radiance.engine.loading.homes import HomeError, search_path
 from radiance.engine.loading.registry import KernelsError, Registry
 from radiance.engine.loading.replaces import parse_chain
 from radiance.engine.selection.bands import row_refusal
+from radiance.log import get_logger
 from radiance.weights.planes import stored
 
 from . import options
 from .kernel_cases import READ_ROLES, default_cases, digest, fill
 from .kernel_fixture import TOLERANCE, Fixture, FixtureError, compare, output_seed, source_hash
-from .kernel_runner import DeviceCall, Failure, HostCall, Skip, check_opd_shape, row_geometry, time_launches
+from .kernel_runner import Card, DeviceCall, Failure, HostCall, Skip, check_opd_shape, row_geometry, time_launches
 
-from radiance.abi import operand_shapes
 
 QUANTIZERS = {"q4_1": ("q4_1", {"group": 32}), "q8_0": ("q8_0", {"group": 32})}
 REFERENCE = "libref"
+log = get_logger("radiance.kbench")
 
 
 @dataclass
@@ -328,6 +331,23 @@ def fixture_path(radiance_home: str | None) -> Path:
     return cache_dir().parent / "kernels.rkb"
 
 
+def open_card(registry: Registry) -> Card:
+    """The card this process sees, as `radiance` finds it; the device rows of a library whose
+    build_target it does not run left out (the log says so)."""
+    import os
+    from radiance.device.selection import backend_name, open_device
+    from radiance.engine.running.device_stream import EngineStream
+    from radiance.engine.selection.device_targets import leave_out_foreign_device_code
+    from radiance.launch.devices import pin_this_process
+    environ = dict(os.environ)
+    pin_this_process(environ)
+    if backend_name(environ) is None:
+        raise click.ClickException("--device card: no card on this machine (none visible to this process)")
+    device = open_device(environ)
+    leave_out_foreign_device_code(registry, device.vendor, device.target, log=log)
+    return Card(device, EngineStream(device))
+
+
 def select_libraries(registry: Registry, entries: list[str]) -> list:
     libraries = []
     for entry in entries:
@@ -347,8 +367,10 @@ def select_libraries(registry: Registry, entries: list[str]) -> list:
 @click.option("--fixture", "fixture_file", type=click.Path(dir_okay=False), default=None,
               help="The fixture file (default: $RADIANCE_HOME/kernels.rkb, else ~/.cache/radiance/kernels.rkb).")
 @click.option("--cases", "only", default=None, metavar="TEXT", help="Only the cases whose name contains TEXT.")
+@click.option("--device", type=click.Choice(["host", "card"]), default="host", show_default=True,
+              help="host: the host rows; card: the device rows, on the card this process sees.")
 @options.radiance_home
-def main(kernels, report_path, bench, strict, fixture_file, only, radiance_home):
+def main(kernels, report_path, bench, strict, fixture_file, only, device, radiance_home):
     """Check kernel libraries against libref's recorded answers; exit 1 on any failure."""
     try:
         path = Path(fixture_file) if fixture_file else fixture_path(radiance_home)
@@ -361,7 +383,12 @@ def main(kernels, report_path, bench, strict, fixture_file, only, radiance_home)
         cases = [case for case in default_cases() if not only or only in case.name]
         if not cases:
             raise click.ClickException(f"--cases: no case name contains {only!r}")
-        results = KernelBench(registry, libraries, fixture, strict=strict, bench=bench).run(cases)
+        card = open_card(registry) if device == "card" else None
+        try:
+            results = KernelBench(registry, libraries, fixture, strict=strict, bench=bench, card=card).run(cases)
+        finally:
+            if card is not None:
+                card.close()
     finally:
         registry.close()
     if results.recorded:
