@@ -102,11 +102,11 @@ def serving_row(library, schema, geometry: dict, domain: int, facts: dict):
 
 class KernelBench:
     def __init__(self, registry: Registry, libraries: list, fixture: Fixture, *, strict=False, bench=False,
-                 card=None, facts=None):
+                 card=None, facts=None, reference=None):
         self.registry, self.libraries, self.fixture = registry, libraries, fixture
         self.strict, self.bench, self.card, self.facts = strict, bench, card, facts or {}
         self.domain = RAD_DOMAIN_DEVICE if card is not None else RAD_DOMAIN_HOST
-        self.reference = next((lib for lib in registry.hierarchy if lib.name == REFERENCE), None)
+        self.reference = reference or next((lib for lib in registry.hierarchy if lib.name == REFERENCE), None)
         self.libref_hash = source_hash(self.reference.path) if self.reference else ""
         self.quantize = quantizer(registry)
 
