@@ -77,3 +77,26 @@ def test_a_default_point_that_does_not_launch_is_an_error_naming_the_row(home, t
     assert problems == [f"tunelib:tuned_add: its default point unroll=1 does not pass at {CASE}: status: "
                         f"launch returned {RAD_E_INVALID}"], problems
     assert not (tmp_path / "tuned.json").exists()
+
+
+def test_a_row_whose_default_point_is_not_legal_at_a_band_loses_it_naming_why(home):
+    home.kernel("sklib", """
+def tune_valid(geometry):
+    return geometry["N"] % geometry["sk"] == 0
+
+SCHEMAS = []
+ROWS = [row("split", "gemm", RAD_CEQ("split_k", 1), tune_valid=tune_valid, tunables=[RadTunable("sk", "1 2 4", 4)]),
+        row("plain", "gemm", RAD_CEQ("split_k", 1), priority=-1)]
+""")
+    registry = Registry(radiance_home=str(home.root), kernels="sklib")
+    try:
+        rows = [row for row in registry.rows_for("gemm") if row.plugin.name == "sklib"]
+        geometry = {"K": 64, "wdtype": "f32", "dtype": "f32"}
+        legal = resolve("gemm", registry.ops["gemm"].schema, rows, {**geometry, "N": 16}, {}, 1, 8)
+        assert legal.bands[0].row.name == "split" and legal.bands[0].geometry["sk"] == 4
+        illegal = resolve("gemm", registry.ops["gemm"].schema, rows, {**geometry, "N": 18}, {}, 1, 8)
+        assert illegal.bands[0].row.name == "plain"
+        assert ("its tunables' default point sk=4 is not legal here (tune_valid)"
+                in [why for row, why in illegal.bands[0].losers if row.name == "split"])
+    finally:
+        registry.close()

@@ -10,7 +10,7 @@ from radiance.abi import (
 )
 
 from .constraints import band_starts, describe, holds, holds_for_band
-from .tuning import tuned_point
+from .tuning import default_point, spell, tuned_point
 from radiance.engine.loading.records import Row
 
 DOMAINS = {1: "host", RAD_DOMAIN_DEVICE: "device"}
@@ -85,6 +85,11 @@ def _refusal(row: Row, derived, geometry, facts, ranged, lo, hi) -> str | None:
             return f"{describe(constraint)}: the geometry omits {key}"
         elif not holds(constraint, geometry[key]):
             return f"{describe(constraint)} does not hold ({key} is {geometry[key]})"
+    if row.info.tunables and row.info.tune_valid is not None:
+        # the default point is what runs wherever nothing was tuned: it must be legal at the band
+        point = default_point(row)
+        if not row.info.tune_valid({**geometry, ranged: hi, **point}):
+            return f"its tunables' default point {spell(point)} is not legal here (tune_valid)"
     return None
 
 
