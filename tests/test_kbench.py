@@ -244,3 +244,32 @@ def test_the_cli_records_reports_and_with_strict_fails_a_stale_fixture(tmp_path)
     assert "| add | 1 | 1/1 | 1/1 |" in text, text
     again = subprocess.run(command + ["--strict"], capture_output=True, text=True)
     assert again.returncode == 0 and "0 recorded" in again.stdout, again.stdout
+
+
+def test_a_fixture_that_is_not_one_is_one_line_naming_it_and_left_as_it_was(tmp_path):
+    fixture = tmp_path / "kernels.rkb"
+    fixture.write_text("not json")
+    result = subprocess.run([sys.executable, "-m", "radiance.tools.kbench", "--kernels", "libref", "--fixture",
+                             str(fixture), "--cases", ADD, "--radiance-home", ""], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(f"Error: {fixture}: not a rad-kbench fixture"), result.stderr
+    assert fixture.read_text() == "not json" and sorted(p.name for p in tmp_path.iterdir()) == ["kernels.rkb"]
+
+
+def test_the_docs_state_the_tolerance_every_op_is_held_to():
+    """docs/CHECKING.md's table names each op of kernel_fixture.TOLERANCE with its figure."""
+    import re
+    from pathlib import Path
+
+    from radiance.tools.kernel_fixture import TOLERANCE
+    text = (Path(__file__).parents[1] / "docs" / "CHECKING.md").read_text()
+    stated = {}
+    for ops, figure in re.findall(r"^ *\| ([a-z_, ]+) \| (0|[0-9.e-]+) \|", text, re.M):
+        for op in ops.split(", "):
+            stated[op] = float(figure)
+    fused = {op for op in TOLERANCE if op not in stated}
+    assert fused == {"gemm_add", "rmsnorm_gemm3", "rmsnorm_gemm2_silu_mul", "rope_attention",
+                     "take_rows_rmsnorm_gemm_sample"}, fused  # "fused ops: their links' loosest"
+    assert {op: TOLERANCE[op] for op in stated} == stated
+    assert TOLERANCE["gemm_add"] == max(TOLERANCE["gemm"], TOLERANCE["add"])
+    assert TOLERANCE["rope_attention"] == max(TOLERANCE["rope"], TOLERANCE["attention"])
