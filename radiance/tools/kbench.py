@@ -187,7 +187,7 @@ class KernelBench:
                                              TOLERANCE.get(case.op, 0.0)):
                     outcome.failures.append((measure, f"'{spec.name}' {what}"))
             if self.bench:
-                outcome.seconds = time_launches(call)
+                outcome.seconds = time_launches(call, sync=self.card.sync if self.card is not None else None)
         except Skip as skip:
             outcome.skip = str(skip)
         except Failure as failure:

@@ -175,13 +175,16 @@ class HostCall:
         self.instance = None
 
 
-def time_launches(call, budget_s: float = 0.2, least: int = 3, most: int = 200) -> float:
-    """Median seconds of one launch of the built call, repeated on the same bytes."""
+def time_launches(call, budget_s: float = 0.2, least: int = 3, most: int = 200, sync=None) -> float:
+    """Median seconds of one launch of the built call, repeated on the same bytes; `sync` waits for
+    a card's work (a launch there only enqueues)."""
     times = []
     started = time.perf_counter()
     while len(times) < most and (len(times) < least or time.perf_counter() - started < budget_s):
         t0 = time.perf_counter()
         call.row.info.launch(call.args)
+        if sync is not None:
+            sync()
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
@@ -215,6 +218,9 @@ class Card:
         self.device.copy_to_host(out, address, self.stream.handle)
         self.device.synchronize(self.stream.handle)
         return out
+
+    def sync(self) -> None:
+        self.device.synchronize(self.stream.handle)
 
     def breach(self) -> str | None:
         """The first red zone written since allocation, named."""
