@@ -110,8 +110,9 @@ def default_cases(models=None) -> list[Case]:
         if models and label not in models:
             continue
         for tp in model.slices:
-            for m in M_VALUES:
-                for what, op, params, cold in _model_cases(label, model, tp, m):
+            by_m = [_model_cases(label, model, tp, m) for m in M_VALUES]
+            for same in zip(*by_m):  # a case's bands side by side: they share the weight's bytes
+                for m, (what, op, params, cold) in zip(M_VALUES, same):
                     name = f"{label}/tp{tp}/{what}/M={m}"
                     cases.append(Case(name, op, params, cold, _seed(name)))
     return cases
@@ -149,13 +150,26 @@ def _attention_tables(rng, case: Case, shapes) -> dict:
             "context_lens": np.array(lens, np.int32), "block_tables": tables}
 
 
-def _weight(rng, name: str, shape, wdtype: str, quantize) -> Weight:
-    rows, cols = shape
-    if rows == 1:  # a norm's vector: near 1, stored as f32
-        values = (1 + 0.1 * rng.standard_normal((1, cols))).astype(np.float32)
-        return Weight(values, quantize("f32", values))
-    values = (0.02 * rng.standard_normal((rows, cols))).astype(np.float32)
-    return Weight(values, quantize(wdtype, values))
+_WEIGHTS: dict = {}  # the last few weights made: a case's M=1 and M=17 share theirs
+KEEP_WEIGHTS = 8
+
+
+def _weight(case: "Case", name: str, shape, wdtype: str, quantize) -> Weight:
+    """A weight drawn from the case's name without its M (so both bands of a case read the same
+    bytes), quantised to `wdtype`; a norm's vector near 1 in f32."""
+    key = (case.name.rsplit("/M=", 1)[0], name, tuple(shape), wdtype)
+    if key not in _WEIGHTS:
+        rows, cols = shape
+        rng = np.random.default_rng(_seed("/".join(map(str, key))))
+        if rows == 1:
+            values = np.float32(1) + np.float32(0.1) * rng.standard_normal((1, cols), dtype=np.float32)
+            wdtype = "f32"
+        else:
+            values = np.float32(0.02) * rng.standard_normal((rows, cols), dtype=np.float32)
+        while len(_WEIGHTS) >= KEEP_WEIGHTS:
+            _WEIGHTS.pop(next(iter(_WEIGHTS)))
+        _WEIGHTS[key] = Weight(values, quantize(wdtype, values))
+    return _WEIGHTS[key]
 
 
 def fill(case: Case, schema, quantize) -> list:
@@ -171,7 +185,7 @@ def fill(case: Case, schema, quantize) -> list:
         dims = tuple(int(d) for d in tensor.shape[:tensor.ndim])
         name = spec.name
         if tensor.dtype == RAD_DT_ENCODED:
-            operands.append(_weight(rng, name, dims, str(g.get("wdtype", "f32")), quantize))
+            operands.append(_weight(case, name, dims, str(g.get("wdtype", "f32")), quantize))
             continue
         dtype = NUMPY[tensor.dtype]
         if name in tables:
