@@ -12,10 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from radiance.abi import (
-    NUMPY, RAD_DT_ENCODED, RAD_OPD_IN, RAD_OPD_INOUT, RAD_OPD_OUT, RAD_OPD_WEIGHT, RAD_OPD_WTAB, RadTensor,
-    RadWeightPlanes, operand_shapes, rad_tensor,
-)
+from radiance.abi import NUMPY, RAD_DT_ENCODED, RAD_OPD_INOUT, RAD_OPD_OUT, RadTensor, RadWeightPlanes, operand_shapes
 
 
 @dataclass(frozen=True)
@@ -230,6 +227,4 @@ def digest(operands: list) -> str:
     return h.hexdigest()[:16]
 
 
-READ_ROLES = (RAD_OPD_OUT, RAD_OPD_INOUT)
-INPUT_ROLES = (RAD_OPD_IN, RAD_OPD_WEIGHT, RAD_OPD_WTAB)
-__all__ = ["Case", "Weight", "default_cases", "fill", "digest", "rad_tensor"]
+READ_ROLES = (RAD_OPD_OUT, RAD_OPD_INOUT)  # the operands a launch leaves answers in
