@@ -273,3 +273,33 @@ def test_the_docs_state_the_tolerance_every_op_is_held_to():
     assert {op: TOLERANCE[op] for op in stated} == stated
     assert TOLERANCE["gemm_add"] == max(TOLERANCE["gemm"], TOLERANCE["add"])
     assert TOLERANCE["rope_attention"] == max(TOLERANCE["rope"], TOLERANCE["attention"])
+
+
+def test_the_device_path_runs_every_kind_of_operand_on_the_fake_card(tmp_path, monkeypatch):
+    """fakedev's device rows (every op, and gemm_add fused; each kernel runs libref's row over the
+    fake card's memory) checked on the card: weights uploaded as the rows' layouts ask, paged caches,
+    red zones around every allocation, the fused row against its chain on the card."""
+    from radiance.abi import vocabulary_opd_shape
+    from test_device_executor import fake_card, fake_home
+
+    monkeypatch.setenv("RADIANCE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    names = ("smollm2/tp3/rmsnorm/M=17", "smollm2/tp3/gemm.k/M=1", "smollm2/tp3/attention/M=17",
+             "smollm2/tp3/rope/M=17", "smollm2/tp3/gemm_add.o/M=17", "smollm2/tp3/take_rows/M=17")
+    cases = [case for case in default_cases() if case.name in names]
+    registry = Registry(radiance_home=fake_home(tmp_path, fused=True), kernels="fakedev,libref")
+    try:
+        [library] = select_libraries(registry, ["fakedev"])
+        for row in library.rows:
+            row.info.opd_shape = vocabulary_opd_shape(row.op)
+        device = fake_card(registry)
+        card = Card(device, EngineStream(device))
+        try:
+            results = KernelBench(registry, [library], Fixture(tmp_path / "kernels.rkb"), card=card).run(cases)
+        finally:
+            card.close()
+    finally:
+        registry.close()
+    assert len(results.outcomes) == len(cases)
+    assert all(o.passed for o in results.outcomes), [(o.case, o.skip, o.failures) for o in results.outcomes]
+    [fusion] = results.fusions
+    assert fusion.difference is None and fusion.skip is None, fusion
