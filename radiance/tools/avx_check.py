@@ -72,8 +72,8 @@ def main(ref, avx, threads, only, fixture_file, radiance_home):
     except (HomeError, KernelsError, FixtureError) as error:
         raise click.ClickException(str(error)) from None
     try:
-        [library] = select_libraries(registry, [avx])
-        [reference] = select_libraries(registry, [ref])
+        [library] = select_libraries(registry, [avx], "--avx")
+        [reference] = select_libraries(registry, [ref], "--ref")
         cases = [case for case in default_cases() if not only or only in case.name]
         if not cases:
             raise click.ClickException(f"--cases: no case name contains {only!r}")

@@ -348,12 +348,12 @@ def open_card(registry: Registry) -> Card:
     return Card(device, EngineStream(device))
 
 
-def select_libraries(registry: Registry, entries: list[str]) -> list:
+def select_libraries(registry: Registry, entries: list[str], option: str = "--kernels") -> list:
     libraries = []
     for entry in entries:
         found = [lib for lib in registry.hierarchy if entry_matches(entry, lib.path, lib.name)]
         if not found:
-            raise click.ClickException(f"--kernels: '{entry}' matches no kernel library on the search path")
+            raise click.ClickException(f"{option}: '{entry}' matches no kernel library on the search path")
         libraries += [lib for lib in found if lib not in libraries]
     return libraries
 
