@@ -14,7 +14,9 @@ import numpy as np
 from radiance.abi import RAD_DOMAIN_HOST, RadKernelInfo
 
 from . import fallback
-from .rows import F32_ACTIVATIONS, _bits, _guarded, _pack_attention, _planned, layout_vector, relayout_vector
+from .rows import (
+    F32_ACTIVATIONS, _bits, _guarded, _pack_attention, _planned, layout_vector, relayout_vector, unrelayout_vector,
+)
 
 
 def _pack_scale(op, a):
@@ -72,7 +74,7 @@ def build_rows(native) -> list[RadKernelInfo]:
     return [
         row("r4d_scale", "scale", "elementwise, the scale rounded to f32"),
         row("r4d_rmsnorm_heads", "rmsnorm_heads", "r4d.c's rmsnorm over rows of head_dim: libref's ordered sums",
-            layout=layout_vector, relayout=relayout_vector),
+            layout=layout_vector, relayout=relayout_vector, unrelayout=unrelayout_vector),
         row("r4d_gelu_tanh_mul", "gelu_tanh_mul", "x / (1 + exp(-2z)) in f64 rounded to f32, times up"),
         row("r4d_sliding_attention", "sliding_attention", "r4d.c's attention from each token's window start"),
     ]
