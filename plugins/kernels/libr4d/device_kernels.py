@@ -9,7 +9,7 @@ from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent / "device"
 FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma", "gemm_wgmma",
-         "quantize_e4m3", "attention_tiles")
+         "quantize_e4m3", "attention_tiles", "gemv_gguf")
 PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",),  # what goes between common.cu and the op's file
          **{name: ("tensor_core",) for name in ("gemm_mma", "gemm_wgmma", "quantize_e4m3", "attention_tiles")}}
 # NVIDIA's alone (mma.sync, wgmma, cp.async, e4m3 conversion in inline PTX): never built for AMD,
