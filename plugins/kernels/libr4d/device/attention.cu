@@ -42,6 +42,7 @@ struct Attend {
     u32* counters;   // [M * kv_heads] then one for the whole grid
     int seqs, max_blocks, q_heads, kv_heads, head_dim, block_size, interleaved;
     float scale;
+    int window;  // sliding_attention (attention_window.cu): keys p - window < j <= p; 0 (left out): all
 };
 
 // Element d of row `row` (head_dim values) rotated by `position` as rope rotates it.
@@ -93,9 +94,10 @@ __device__ void attend(const Attend& p) {
     while (s + 1 < p.seqs && p.cu_seqlens[s + 1] <= m) ++s;  // the sequence token m belongs to
     int length = p.context_lens[s], position = p.positions[m];
     int visible = min(position, length - 1) + 1;
+    int oldest = p.window > 0 ? max(0, position - p.window + 1) : 0;  // the first key a window lets in
     int step_first = p.cu_seqlens[s], fresh = length - (p.cu_seqlens[s + 1] - step_first);  // this step's positions
-    int chunk = (visible + splits - 1) / splits;
-    int j0 = split * chunk, j1 = min(visible, j0 + chunk);
+    int chunk = (max(visible - oldest, 0) + splits - 1) / splits;
+    int j0 = oldest + split * chunk, j1 = min(visible, j0 + chunk);
     float qv[G][DPL], acc[G][DPL], run_max[G], run_sum[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
