@@ -75,6 +75,12 @@ def test_gguf_rows_at_gemma3_270m_shapes(registry, on_card, fmt, n, k, m):
     gemm_agrees(registry, on_card, fmt, n, k, m)
 
 
+@pytest.mark.parametrize("fmt", NAMES)
+def test_gguf_embedding_row(registry, on_card, fmt):
+    from test_device_gguf_rows import embedding_agrees
+    embedding_agrees(registry, on_card, fmt, 32000, 4096 if fmt.endswith("_k") else 640, m=64)
+
+
 def gemma_agrees(registry, on_card, op, operands, params, read, weights=None):
     tolerance = module(registry, "device_gemma_rows").TOLERANCE[op]
     name = f"r4dchain_{op}_dev"

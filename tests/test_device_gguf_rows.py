@@ -127,6 +127,26 @@ def test_gemma3_270m_shapes_agree_with_libref_on_the_fake_card(registry, on_fake
         agree(registry, on_fake, weight, m, seed=m)
 
 
+def embedding_agrees(registry, card, fmt, vocab, n, m=40):
+    """libref's rows bit for bit (every value the core decoder's)."""
+    weight = weight_of(fmt, vocab, n, vocab)
+    ids = np.random.default_rng(vocab).integers(0, vocab, m).astype(np.int32)
+    ids[:2] = [0, vocab - 1]
+    params = {"M": m, "n": n, "vocab": vocab, "wdtype": fmt, "dtype": "f32"}
+    row = device_row(registry, "r4dchain_embedding_gguf_dev")
+    got = card.run(row, [ids, None, np.zeros((m, n), np.float32)], params, {1: weight}, read=(2,))[2]
+    want = np.zeros((m, n), np.float32)
+    assert host_launch(row_of(registry, "embedding", "libref"), [ids, None, want], params, {1: weight}) == RAD_OK
+    np.testing.assert_array_equal(got, want, err_msg=fmt)
+    if hasattr(card.device, "launches"):  # the fake card records what ran
+        assert card.device.launches[-1].name == f"r4d_kq_embedding_{fmt}"
+
+
+@pytest.mark.parametrize("fmt", NAMES)
+def test_the_embedding_row_is_libref_s_bit_for_bit_on_the_fake_card(registry, on_fake, fmt):
+    embedding_agrees(registry, on_fake, fmt, 50, 512)
+
+
 def test_the_source_compiles_for_sm_90_with_nvcc(tmp_path, registry):
     """Every format's entries, as the engine puts the source together (common.cu first); nvrtc
     compiles the same text on a card."""
@@ -140,3 +160,4 @@ def test_the_source_compiles_for_sm_90_with_nvcc(tmp_path, registry):
     assert result.returncode == 0, result.stderr[-2000:]
     cubin = (tmp_path / "gguf.cubin").read_bytes()
     assert all(f"r4d_kq_gemv_{fmt}_m{mt}".encode() in cubin for fmt in NAMES for mt in (1, 2, 4, 8))
+    assert all(f"r4d_kq_embedding_{fmt}".encode() in cubin for fmt in NAMES)

@@ -88,6 +88,12 @@ def test_gemv_gguf_cu_at_gemma3_270m_widths(registry, on_host, fmt, n, k):
     gemm_agrees(registry, on_host, gguf_weight(qtype, n, k, seed=n)[0], fmt, 1)
 
 
+@pytest.mark.parametrize("fmt", NAMES)
+def test_the_embedding_entries_are_libref_s_bit_for_bit(registry, on_host, fmt):
+    from test_device_gguf_rows import embedding_agrees
+    embedding_agrees(registry, on_host, fmt, 12, 512, m=5)
+
+
 def gemma_agrees(registry, on_host, op, operands, params, read, weights=None):
     tolerance = module(registry, "device_gemma_rows").TOLERANCE[op]
     got = on_host.run(device_row(registry, f"r4dchain_{op}_dev"), operands, params, weights, read)

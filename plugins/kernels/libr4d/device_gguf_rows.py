@@ -2,7 +2,8 @@
 q4_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k), the planes read as stored: a decode GEMV row
 (M <= 8) and a prefill row (M >= 9) per format, both device/gemv_gguf.cu's kernel (a launch compiles
 its format's entries): the prefill row launches its 8-row entry over ceil(M / 8) chunks of M in one grid, each
-chunk streaming the weight again. q8_0 and q4_1 keep device_rows.py's gemv.cu rows.
+chunk streaming the weight again; and an embedding row for all of them (each value the core decoder's,
+bit for bit). q8_0 and q4_1 keep device_rows.py's rows.
 
 Within the GEMV tolerance of libref (device_kernels.TOLERANCE['gemv']): each weight value is the
 core decoder's, the dot products are per sub-block sums in f32 (docs/LIBR4D.md 'Device rows')."""
@@ -11,7 +12,7 @@ from radiance.abi import RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE, RAD_DOMAI
 
 from . import device_kernels as dk
 from .device_rows import F32_ACTIVATIONS, Step, _address, _planned, chained
-from .rows_kquants import FORMATS, encoding_format, _layout
+from .rows_kquants import FORMATS, _layout, _layout_any, encoding_format
 
 SOURCE = "gemv_gguf"
 WARPS, ROWS = 4, 2          # gemv_gguf.cu's KQ_WARPS, KQ_ROWS: a block owns 8 output rows
@@ -65,6 +66,18 @@ def _gemm(a):
     return [gemv_step(a, _address(x), weight, _address(y))]
 
 
+def _embedding(a):
+    ids, table, y = a.t
+    w, m = GgufWeight(table), int(a.params["M"])
+    name = f"r4d_kq_embedding_{w.fmt}"
+    grid, block = dk.rows_grid(m, w.cols)
+    args = KernelArgs(name).pointer(_address(ids))
+    for plane in w.planes:
+        args.pointer(plane)
+    args.i32(w.rows).i32(w.cols).pointer(_address(y))
+    return [Step(name, SOURCE, grid, block, args, 0, options(w.fmt))]
+
+
 def build_rows() -> list[RadKernelInfo]:
     found = []
     for fmt, (_, block, _, _) in FORMATS.items():
@@ -78,4 +91,11 @@ def build_rows() -> list[RadKernelInfo]:
                 name=chained(name), op="gemm", family="r4d", computes=f"{computes} (device/gemv_gguf.cu)",
                 shape=f"{shape}, K%{block}==0", dtypes=f"f32 x {fmt}", domain=RAD_DOMAIN_DEVICE, priority=10,
                 constraints=[band, *common], launch=_planned(name, _gemm), layout=_layout(fmt)))
+    formats = " ".join(FORMATS)
+    found.append(RadKernelInfo(
+        name=chained("r4d_embedding_gguf_dev"), op="embedding", family="r4d",
+        computes="table rows decoded to f32 exactly, a thread an element (device/gemv_gguf.cu)",
+        shape="n a whole number of blocks", dtypes=f"{formats} table", domain=RAD_DOMAIN_DEVICE, priority=10,
+        constraints=[F32_ACTIVATIONS, RAD_CIN("wdtype", formats)], launch=_planned("r4d_embedding_gguf_dev", _embedding),
+        layout=_layout_any))
     return found

@@ -192,6 +192,38 @@ __device__ void kq_gemv(const float* x, int M, int K, const KqWeight& w, float* 
         }
 }
 
+// y[m, :] = decode(table[ids[m], :]) for the embedding: each value the core decoder's bit for bit,
+// (code - zero) * (s * d) - mn * dm with both products exact but the last, as (code - zero) * s * d
+// rounds once; a NaN row for an id outside the table (r4d_embedding_dev's rule). Grid
+// (ceil(n / blockDim.x), M).
+template <int F>
+__device__ void kq_embedding(const int* ids, const KqWeight& w, int vocab, int n, float* y) {
+    typedef KQ<F> T;
+    int m = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    R4D_CHAIN_PROLOGUE();
+    if (c >= n) return;
+    int id = ids[m];
+    float value = __uint_as_float(0x7fc00000u);
+    if (id >= 0 && id < vocab) {
+        long long bit = ((long long)id * n + c) * T::BITS;  // rows start on a byte: n * BITS is whole bytes
+        u32 code = __ldg(w.codes + (bit >> 3)), shift = (u32)(bit & 7);
+        if (shift + T::BITS > 8) code |= (u32)__ldg(w.codes + (bit >> 3) + 1) << 8;
+        code = (code >> shift) & ((1u << T::BITS) - 1u);
+        float d, mn;
+        kq_scales<F>(w, id, n, c / 32, (c % 32) / T::SUB, d, mn);
+        value = ((float)code - (float)T::ZERO) * d;
+        if (T::MINS) value = value - mn;
+    }
+    y[(long long)m * n + c] = value;
+}
+
+#define KQ_EMBEDDING(F, NAME)                                                                                     \
+    extern "C" __global__ void NAME(const int* ids, const u8* codes, const u8* scale, const u8* scale1,          \
+                                    const u8* mn, const u8* mn1, int vocab, int n, float* y) {                    \
+        KqWeight w = {codes, scale, scale1, mn, mn1};                                                             \
+        kq_embedding<F>(ids, w, vocab, n, y);                                                                     \
+    }
+
 #define KQ_ENTRY(F, MT, NAME)                                                                                     \
     extern "C" __global__ void __launch_bounds__(KQ_WARPS * R4D_WARP) NAME(                                         \
         const float* x, int M, int K, const u8* codes, const u8* scale, const u8* scale1, const u8* mn,           \
@@ -200,7 +232,8 @@ __device__ void kq_gemv(const float* x, int M, int K, const KqWeight& w, float* 
         kq_gemv<F, MT>(x, M, K, w, y, N);                                                                         \
     }
 
-// A launch compiles only its format's entries (-DR4D_KQ_ONLY=code, device_gguf_rows.options); 0 (a
+// A launch compiles only its format's entries, the GEMVs and the embedding (-DR4D_KQ_ONLY=code,
+// device_gguf_rows.options); 0 (a
 // reader, the AMD build test, the fake card's compiler) sees every entry
 #ifndef R4D_KQ_ONLY
 #define R4D_KQ_ONLY 0
@@ -210,46 +243,54 @@ KQ_ENTRY(KQ_Q4_0, 1, r4d_kq_gemv_q4_0_m1)
 KQ_ENTRY(KQ_Q4_0, 2, r4d_kq_gemv_q4_0_m2)
 KQ_ENTRY(KQ_Q4_0, 4, r4d_kq_gemv_q4_0_m4)
 KQ_ENTRY(KQ_Q4_0, 8, r4d_kq_gemv_q4_0_m8)
+KQ_EMBEDDING(KQ_Q4_0, r4d_kq_embedding_q4_0)
 #endif
 #if R4D_KQ_ONLY == 0 || R4D_KQ_ONLY == KQ_Q5_0
 KQ_ENTRY(KQ_Q5_0, 1, r4d_kq_gemv_q5_0_m1)
 KQ_ENTRY(KQ_Q5_0, 2, r4d_kq_gemv_q5_0_m2)
 KQ_ENTRY(KQ_Q5_0, 4, r4d_kq_gemv_q5_0_m4)
 KQ_ENTRY(KQ_Q5_0, 8, r4d_kq_gemv_q5_0_m8)
+KQ_EMBEDDING(KQ_Q5_0, r4d_kq_embedding_q5_0)
 #endif
 #if R4D_KQ_ONLY == 0 || R4D_KQ_ONLY == KQ_Q5_1
 KQ_ENTRY(KQ_Q5_1, 1, r4d_kq_gemv_q5_1_m1)
 KQ_ENTRY(KQ_Q5_1, 2, r4d_kq_gemv_q5_1_m2)
 KQ_ENTRY(KQ_Q5_1, 4, r4d_kq_gemv_q5_1_m4)
 KQ_ENTRY(KQ_Q5_1, 8, r4d_kq_gemv_q5_1_m8)
+KQ_EMBEDDING(KQ_Q5_1, r4d_kq_embedding_q5_1)
 #endif
 #if R4D_KQ_ONLY == 0 || R4D_KQ_ONLY == KQ_Q2_K
 KQ_ENTRY(KQ_Q2_K, 1, r4d_kq_gemv_q2_k_m1)
 KQ_ENTRY(KQ_Q2_K, 2, r4d_kq_gemv_q2_k_m2)
 KQ_ENTRY(KQ_Q2_K, 4, r4d_kq_gemv_q2_k_m4)
 KQ_ENTRY(KQ_Q2_K, 8, r4d_kq_gemv_q2_k_m8)
+KQ_EMBEDDING(KQ_Q2_K, r4d_kq_embedding_q2_k)
 #endif
 #if R4D_KQ_ONLY == 0 || R4D_KQ_ONLY == KQ_Q3_K
 KQ_ENTRY(KQ_Q3_K, 1, r4d_kq_gemv_q3_k_m1)
 KQ_ENTRY(KQ_Q3_K, 2, r4d_kq_gemv_q3_k_m2)
 KQ_ENTRY(KQ_Q3_K, 4, r4d_kq_gemv_q3_k_m4)
 KQ_ENTRY(KQ_Q3_K, 8, r4d_kq_gemv_q3_k_m8)
+KQ_EMBEDDING(KQ_Q3_K, r4d_kq_embedding_q3_k)
 #endif
 #if R4D_KQ_ONLY == 0 || R4D_KQ_ONLY == KQ_Q4_K
 KQ_ENTRY(KQ_Q4_K, 1, r4d_kq_gemv_q4_k_m1)
 KQ_ENTRY(KQ_Q4_K, 2, r4d_kq_gemv_q4_k_m2)
 KQ_ENTRY(KQ_Q4_K, 4, r4d_kq_gemv_q4_k_m4)
 KQ_ENTRY(KQ_Q4_K, 8, r4d_kq_gemv_q4_k_m8)
+KQ_EMBEDDING(KQ_Q4_K, r4d_kq_embedding_q4_k)
 #endif
 #if R4D_KQ_ONLY == 0 || R4D_KQ_ONLY == KQ_Q5_K
 KQ_ENTRY(KQ_Q5_K, 1, r4d_kq_gemv_q5_k_m1)
 KQ_ENTRY(KQ_Q5_K, 2, r4d_kq_gemv_q5_k_m2)
 KQ_ENTRY(KQ_Q5_K, 4, r4d_kq_gemv_q5_k_m4)
 KQ_ENTRY(KQ_Q5_K, 8, r4d_kq_gemv_q5_k_m8)
+KQ_EMBEDDING(KQ_Q5_K, r4d_kq_embedding_q5_k)
 #endif
 #if R4D_KQ_ONLY == 0 || R4D_KQ_ONLY == KQ_Q6_K
 KQ_ENTRY(KQ_Q6_K, 1, r4d_kq_gemv_q6_k_m1)
 KQ_ENTRY(KQ_Q6_K, 2, r4d_kq_gemv_q6_k_m2)
 KQ_ENTRY(KQ_Q6_K, 4, r4d_kq_gemv_q6_k_m4)
 KQ_ENTRY(KQ_Q6_K, 8, r4d_kq_gemv_q6_k_m8)
+KQ_EMBEDDING(KQ_Q6_K, r4d_kq_embedding_q6_k)
 #endif
