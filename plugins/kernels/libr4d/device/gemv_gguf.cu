@@ -56,7 +56,17 @@ struct KqWeight {
     const u8* mn1;     // f16 [N, K / 256] (q2_k, q4_k, q5_k)
 };
 
-__device__ __forceinline__ float kq_f16(const u8* plane, long long i) { return r4d_f16(__ldg((const u16*)plane + i)); }
+// an f16 of a plane as f32: the card's conversion instruction on NVIDIA (exact, as r4d_f16 is)
+__device__ __forceinline__ float kq_f16(const u8* plane, long long i) {
+    u16 h = __ldg((const u16*)plane + i);
+#if defined(__CUDA_ARCH__) && !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return r4d_f16(h);
+#endif
+}
 
 // element i of a little-endian stream of 6-bit values
 __device__ __forceinline__ u32 kq_u6(const u8* plane, long long i) {
