@@ -2,18 +2,20 @@
 card, timed as bench/device_ops.py times the others: each row's launches captured in one graph as
 chained launches, the weight rotated over enough copies to be read from HBM, the median of 10 replays.
 
-    PYTHONUNBUFFERED=1 python3 bench/card_kquants.py [--m 1,4] [--formats q4_k,q6_k]
+    PYTHONUNBUFFERED=1 python3 bench/card_kquants.py [--m 1,4] [--formats q4_k,q6_k] [--cuts 4x2,8x1,4x4]
 
 For each format at M = 1 (or --m) on Llama-3-8B's linear shapes and Gemma 3 270M's: microseconds a
 launch, weight bytes read per second (every plane: codes, scales, minimums), that as a share of
 4.8 TB/s, and the peer measured in the same run on the same shape: gemv.cu's q8_0 row (the tuned
 GEMV, split K where the shape is narrow): its GB/s and the ratio of the two times per weight byte.
 Each timed output is checked against libref (max |y - ref| / max |ref|). The device-to-device
-copy is measured first, as the ceiling.
+copy is measured first, as the ceiling. --cuts times other cuts of the kernel's work (warps a block x
+output rows a warp; device_gguf_rows.WARPS, ROWS: 4x2 is the default) beside it, to choose one.
 
 Runs where radiance is not installed (checkout_shim maps the checkout). Writes $OUT/card_kquants.json."""
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -58,6 +60,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--m", default="1", help="activation rows, comma-separated (default 1)")
     parser.add_argument("--formats", default=",".join(FORMATS), help="GGUF types, comma-separated")
+    parser.add_argument("--cuts", default="", help="warps x rows cuts to time besides the default, e.g. 8x1,4x4")
     args = parser.parse_args()
     device, stream, why = card()
     if device is None:
@@ -66,6 +69,9 @@ def main():
     registry = Registry(radiance_home="")
     lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
     rows = {row.name: row for row in lib.rows}
+    gguf_rows = importlib.import_module(f"{lib.module.__name__}.device_gguf_rows")
+    default_cut = (gguf_rows.WARPS, gguf_rows.ROWS)
+    cuts = [default_cut] + [tuple(int(v) for v in cut.split("x")) for cut in args.cuts.split(",") if cut]
     on_card, started = Card(device, stream), time.perf_counter()
     timer = Timer(on_card)
     results = {"card": getattr(device, "name", "?"), "target": device.target, "gemv": []}
@@ -87,18 +93,23 @@ def main():
                 qtype = next(q for q in TYPES if q.name.lower() == fmt)
                 weight = gguf_weight(qtype, n, k, seed=n + k)[0]
                 name = f"r4dchain_{'gemv' if m <= 8 else 'gemm'}_{fmt}_dev"
-                us, gbps, err = timed(on_card, registry, timer, rows[name], weight, fmt, m, n, k)
-                entry = {"shape": label, "fmt": fmt, "M": m, "N": n, "K": k, "us": us, "weight_GBps": gbps,
-                         "of_4.8TBps": gbps * 1e9 / HBM, "of_copy": gbps * 1e9 / results["copy_Bps"], "rel_err": err,
-                         "peer_q8_0_us": peer_us, "peer_q8_0_GBps": peer_gbps, "GBps_vs_peer": gbps / peer_gbps}
-                results["gemv"].append(entry)
-                print(f"{'':24} M={m}  {fmt:5} {us:8.2f} us {gbps:6.0f} GB/s {entry['of_4.8TBps']:6.1%} of 4.8 TB/s  "
-                      f"{entry['GBps_vs_peer']:5.2f}x the peer's GB/s  err {err:.1e}", flush=True)
+                for warps, per_warp in cuts:
+                    gguf_rows.WARPS, gguf_rows.ROWS = warps, per_warp  # the plans read them (a new plan a launch)
+                    us, gbps, err = timed(on_card, registry, timer, rows[name], weight, fmt, m, n, k)
+                    cut = f"{warps}x{per_warp}"
+                    entry = {"shape": label, "fmt": fmt, "M": m, "N": n, "K": k, "cut": cut, "us": us,
+                             "weight_GBps": gbps, "of_4.8TBps": gbps * 1e9 / HBM, "of_copy": gbps * 1e9 / results["copy_Bps"],
+                             "rel_err": err, "peer_q8_0_us": peer_us, "peer_q8_0_GBps": peer_gbps,
+                             "GBps_vs_peer": gbps / peer_gbps}
+                    results["gemv"].append(entry)
+                    print(f"{'':24} M={m}  {fmt:5} {cut:4} {us:8.2f} us {gbps:6.0f} GB/s {entry['of_4.8TBps']:6.1%} of "
+                          f"4.8 TB/s  {entry['GBps_vs_peer']:5.2f}x the peer's GB/s  err {err:.1e}", flush=True)
+                gguf_rows.WARPS, gguf_rows.ROWS = default_cut
     registry.close()
     out = os.environ.get("OUT")
     if out:
         Path(out, "card_kquants.json").write_text(json.dumps(results, indent=1))
-    at_one = [e["of_4.8TBps"] for e in results["gemv"] if e["M"] == 1]
+    at_one = [e["of_4.8TBps"] for e in results["gemv"] if e["M"] == 1 and e["cut"] == "x".join(map(str, default_cut))]
     print(json.dumps({"m1_min_of_hbm": min(at_one, default=None),
                       "m1_median_of_hbm": statistics.median(at_one) if at_one else None,
                       "seconds": time.perf_counter() - started}))
