@@ -15,7 +15,7 @@ from test_libr4d_support import activations, launch, plain_weight, registry, rel
 DEVICE, STREAM, WHY = card()
 pytestmark = pytest.mark.skipif(DEVICE is None, reason=f"device rows need a card: {WHY}")
 NAMES = [qtype.name.lower() for qtype in TYPES]
-LLAMA_8B = [("q", 4096, 4096), ("gate", 14336, 4096), ("down", 4096, 14336), ("k_tp2", 512, 4096)]
+LLAMA_8B = [("q", 4096, 4096), ("gate", 14336, 4096), ("down", 4096, 14336)]
 GEMMA = [("q5_0", 1024, 640), ("q5_0", 2048, 640), ("q4_k", 640, 1024), ("q6_k", 640, 2048), ("q5_0", 256, 640)]
 
 
@@ -42,7 +42,6 @@ _WEIGHTS: dict = {}
 
 def weight_of(fmt, n, k):
     if (fmt, n, k) not in _WEIGHTS:
-        _WEIGHTS.clear()  # one at a time: the 8B shapes are large
         qtype = next(q for q in TYPES if q.name.lower() == fmt)
         _WEIGHTS[(fmt, n, k)] = gguf_weight(qtype, n, k, seed=n + k)[0]
     return _WEIGHTS[(fmt, n, k)]
@@ -63,7 +62,7 @@ def gemm_agrees(registry, on_card, fmt, n, k, m):
 
 @pytest.mark.parametrize("fmt", NAMES)
 @pytest.mark.parametrize("shape", LLAMA_8B, ids=[s[0] for s in LLAMA_8B])
-@pytest.mark.parametrize("m", [1, 4, 9])
+@pytest.mark.parametrize("m", [1, 9])
 def test_gguf_rows_at_llama_8b_shapes(registry, on_card, fmt, shape, m):
     _, n, k = shape
     gemm_agrees(registry, on_card, fmt, n, k, m)
