@@ -139,11 +139,22 @@ __device__ void kq_gemv(const float* x, int M, int K, const KqWeight& w, float* 
     int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
     long long first = ((long long)blockIdx.x * KQ_WARPS + warp) * KQ_ROWS;
     int m0 = blockIdx.z * MT;  // this chunk's first activation row
-    R4D_CHAIN_PROLOGUE();
-    if (first >= N) return;
+    const int groups = K / 32;
     long long row[KQ_ROWS];
 #pragma unroll
     for (int r = 0; r < KQ_ROWS; ++r) row[r] = min(first + r, (long long)N - 1);  // past N: row N-1, stored nowhere
+#if defined(__CUDA_ARCH__) && !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__)
+    // the first two rounds of each row's codes asked into the L2 before waiting on the kernel this one
+    // is chained to: weights depend on no kernel, so a chained GEMV streams while that one drains
+    if (first < N)
+#pragma unroll
+        for (int r = 0; r < KQ_ROWS; ++r)
+            for (int g = lane; g < min(groups, 2 * R4D_WARP); g += R4D_WARP)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(w.codes + row[r] * ((long long)K * T::BITS / 8) +
+                                                              (long long)g * 4 * T::BITS));
+#endif
+    R4D_CHAIN_PROLOGUE();
+    if (first >= N) return;
     const float* xr[MT];
 #pragma unroll
     for (int m = 0; m < MT; ++m) xr[m] = x + (long long)min(m0 + m, M - 1) * K;
@@ -152,7 +163,6 @@ __device__ void kq_gemv(const float* x, int M, int K, const KqWeight& w, float* 
     for (int r = 0; r < KQ_ROWS; ++r)
 #pragma unroll
         for (int m = 0; m < MT; ++m) acc[r][m] = 0.0f;
-    const int groups = K / 32;
 #pragma unroll 2
     for (int g = lane; g < groups; g += R4D_WARP) {
         u32 word[KQ_ROWS][T::BITS];
