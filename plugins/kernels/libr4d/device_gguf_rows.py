@@ -8,7 +8,9 @@ bit for bit). q8_0 and q4_1 keep device_rows.py's rows.
 Within the GEMV tolerance of libref (device_kernels.TOLERANCE['gemv']): each weight value is the
 core decoder's, the dot products are per sub-block sums in f32 (docs/LIBR4D.md 'Device rows')."""
 
-from radiance.abi import RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE, RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo, RadTensor
+from radiance.abi import (
+    RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE, RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo, RadTensor,
+)
 
 from . import device_kernels as dk
 from .device_rows import F32_ACTIVATIONS, Step, _address, _planned, chained

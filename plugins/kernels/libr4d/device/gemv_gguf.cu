@@ -1,9 +1,10 @@
 // libr4d device rows: y[M, N] = x[M, K] . w[N, K]^T for the GGUF block types imported as bit-stream
 // encodings (docs/ENCODINGS.md; rows_kquants.FORMATS): q4_0, q5_0, q5_1 (blocks of 32) and q2_k,
-// q3_k, q4_k, q5_k, q6_k (super-blocks of 256), the planes read as stored. Entries r4d_kq_gemv_<format>_m{1,2,4,8}
-// carry MT activation rows; a launch compiles its format's four (R4D_KQ_ONLY). Decode (M <= 8) is one launch of the entry for M; prefill (M > 8) is the m8 entry
-// over grid.z = ceil(M / 8) chunks of 8 rows, each chunk streaming the weight again (from the L2
-// where it fits), so both bands are the same arithmetic.
+// q3_k, q4_k, q5_k, q6_k (super-blocks of 256), the planes read as stored; and their embedding.
+// Entries r4d_kq_gemv_<format>_m{1,2,4,8} carry MT activation rows; a launch compiles its format's
+// entries (R4D_KQ_ONLY). Decode (M <= 8) is one launch of the entry for M; prefill (M > 8) is the
+// m8 entry over grid.z = ceil(M / 8) chunks of 8 rows, each chunk streaming the weight again (from
+// the L2 where it fits), so both bands are the same arithmetic.
 //
 // A weight element is v = (code - zero) * s * d - mn * dm (s, mn: a sub-block's scale and minimum of
 // SUB elements; d, dm: the super-block's f16 scale.1 and min.1, or 1 and the f16 scale / min of
