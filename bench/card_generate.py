@@ -11,7 +11,8 @@
   unfused, against the memory bound (weight bytes a rank reads per token / 4.8 TB/s); --peer adds
   PyTorch on the same shape and context (bench/torch_peer.py: eager ops in one CUDA graph, and
   gpt-fast's recipe, inductor then one CUDA graph), measured after radiance has let the card go.
-  --host-8b: the host path's first tokens (slow). --stream-shape: the persistent GEMV
+  --host-8b: the host path's first tokens (slow). --kernels: the captured step's card time alone
+  and its kernels by name (bench/card_kernels.py). --stream-shape: the persistent GEMV
   (gemv_stream.cu, opt-in) instead of gemv.cu.
 
 Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 
 from checkout_shim import ROOT  # noqa: F401  (first: maps the checkout under `radiance.`)
+from card_kernels import profile_step  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -70,12 +72,13 @@ def launches_per_step(worker) -> int | None:
     def counting(*args, **kwargs):
         counted[0] += 1
         return launch(*args, **kwargs)
-    device.launch, executor.profile = counting, True
+    graphs = executor.graphs
+    device.launch, executor.profile, executor.graphs = counting, True, False  # a profiled step is uncaptured
     executor.op_seconds.clear()
     try:
         executor.run(1, 1)
     finally:
-        device.launch, executor.profile = launch, False
+        device.launch, executor.profile, executor.graphs = launch, False, graphs
     ops = sorted(executor.op_seconds.items(), key=lambda item: -item[1])
     print("    ... one profiled step (launched one by one, so slower than a graph): "
           + ", ".join(f"{op} {1e3 * seconds:.3f} ms" for op, seconds in ops)
@@ -83,7 +86,7 @@ def launches_per_step(worker) -> int | None:
     return counted[0]
 
 
-def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=True):
+def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=True, kernels=False):
     from radiance.config import Config
     from radiance.launch import engine_over, open_ranks
 
@@ -94,6 +97,7 @@ def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=Tru
     with open_ranks(options) as ranks:
         loaded = time.perf_counter() - start
         ids, samples = generate(engine_over(ranks), prompt_ids, tokens)
+        profiled = profile_step(ranks.worker) if kernels and graphs and device == "auto" else {}
         try:
             counted = launches_per_step(ranks.worker) if device == "auto" else None
         except Exception as error:  # the profile is a diagnosis: its failure must not lose the figures
@@ -101,6 +105,7 @@ def in_process(model, device, graphs, prompt_ids, tokens, chain=True, fusion=Tru
             counted = None
     result = summary(ids, samples, loaded)
     result["launches_per_step"] = counted
+    result.update(profiled)
     if counted is not None:
         print(f"    ... {counted} kernel launches per decode step", flush=True)
     return result
@@ -191,6 +196,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--context", type=int, default=512, help="8B: tokens of the prompt decoding starts after")
     parser.add_argument("--peer", action="store_true", help="8B: PyTorch on the same shape (bench/torch_peer.py)")
+    parser.add_argument("--kernels", action="store_true", help="TP 1 in process: the captured step's card time "
+                                                             "alone and its kernels by name (bench/card_kernels.py)")
     parser.add_argument("--stream-shape", help="run the decode GEMVs on gemv_stream.cu (opt-in): '1' for its default "
                                                "cut, or 'warps,blocks,unit,depth,ahead' as bench/device_ops.py "
                                                "--sweep prints it")
@@ -236,7 +243,7 @@ def main() -> int:
                 for graphs, chain, fusion in combos:
                     label = (f"card TP {tp}, {'fused' if fusion else 'unfused'}, {'graphs' if graphs else 'no graphs'}, "
                              f"{'chain' if chain else 'no chain'}")
-                    runs[label] = in_process(model, "auto", graphs, ids, args.tokens, chain, fusion) if tp == 1 else \
+                    runs[label] = in_process(model, "auto", graphs, ids, args.tokens, chain, fusion, args.kernels) if tp == 1 else \
                         launched(model, tp, graphs, ids, args.tokens, chain)
                 if tp > 1:
                     runs[f"card TP {tp}, profiled (no graphs)"] = launched(model, tp, False, ids, args.tokens, True, True)
