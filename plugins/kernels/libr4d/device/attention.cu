@@ -44,39 +44,44 @@ struct Attend {
     float scale;
 };
 
-// Element d of row `row` (head_dim values) rotated by `position` as rope rotates it.
-__device__ __forceinline__ float r4d_rotated(const float* row, int d, int head_dim, int position,
-                                             const float* inv_freq, int interleaved) {
-    int half = head_dim / 2;
-    int i = interleaved ? d / 2 : d % half;  // the pair's index
-    bool second = interleaved ? (d & 1) : d >= half;
-    int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+// rope's cos and sin for element d of a head_dim row at `position` (f64 rounded once, as the rope row)
+__device__ __forceinline__ void r4d_rope_cs(int d, int head_dim, int position, const float* inv_freq, int interleaved,
+                                            float& c, float& s) {
+    int i = interleaved ? d / 2 : d % (head_dim / 2);  // the pair's index
     float angle = (float)position * inv_freq[i];
-    float c = (float)cos((double)angle), s = (float)sin((double)angle);
-    float a = row[ia], b = row[ib];
+    c = (float)cos((double)angle);
+    s = (float)sin((double)angle);
+}
+
+// Element d of row `row` rotated by the angle whose cos and sin are c, s, as rope rotates it.
+__device__ __forceinline__ float r4d_rotate_cs(const float* row, int d, int head_dim, int interleaved, float c, float s) {
+    int half = head_dim / 2;
+    int i = interleaved ? d / 2 : d % half;
+    bool second = interleaved ? (d & 1) : d >= half;
+    float a = row[interleaved ? 2 * i : i], b = row[interleaved ? 2 * i + 1 : i + half];
     return second ? a * s + b * c : a * c - b * s;
 }
 
-// `heads` consecutive heads of head_dim values from `rows`, each rotated in place by its row's
-// position (positions[head / kv_heads], or `position` for them all). Every value of a head is read
-// before any is written: the block works one head at a time, at most two values a thread.
-__device__ void rotate_in_place(float* rows, int heads, int D, const int* positions, int position, const Attend& p) {
-    for (int head = 0; head < heads; ++head) {  // the same count on every thread: the barriers are uniform
+__device__ __forceinline__ float r4d_rotated(const float* row, int d, int head_dim, int position, const float* inv_freq,
+                                             int interleaved) {
+    float c, s;
+    r4d_rope_cs(d, head_dim, position, inv_freq, interleaved, c, s);
+    return r4d_rotate_cs(row, d, head_dim, interleaved, c, s);
+}
+
+// `heads` rows of head_dim values rotated in place, row h by positions[h / per_position]: a thread
+// per (row, pair) reads both values of its pair before writing them, so no barrier is needed.
+__device__ void rotate_pairs(float* rows, int heads, int D, const int* positions, int per_position, const Attend& p) {
+    int half = D / 2;
+    for (int i = threadIdx.x; i < heads * half; i += blockDim.x) {
+        int head = i / half, pair = i % half;
         float* row = rows + (long long)head * D;
-        int where = positions ? positions[head / p.kv_heads] : position;
-        float value[2];
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            int d = threadIdx.x + t * blockDim.x;
-            if (d < D) value[t] = r4d_rotated(row, d, D, where, p.inv_freq, p.interleaved);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            int d = threadIdx.x + t * blockDim.x;
-            if (d < D) row[d] = value[t];
-        }
-        __syncthreads();
+        int ia = p.interleaved ? 2 * pair : pair, ib = p.interleaved ? 2 * pair + 1 : pair + half;
+        float c, s;
+        r4d_rope_cs(ia, D, positions[head / per_position], p.inv_freq, p.interleaved, c, s);
+        float a = row[ia], b = row[ib];
+        row[ia] = a * c - b * s;
+        row[ib] = a * s + b * c;
     }
 }
 
@@ -96,54 +101,81 @@ __device__ void attend(const Attend& p) {
     int step_first = p.cu_seqlens[s], fresh = length - (p.cu_seqlens[s + 1] - step_first);  // this step's positions
     int chunk = (visible + splits - 1) / splits;
     int j0 = split * chunk, j1 = min(visible, j0 + chunk);
-    float qv[G][DPL], acc[G][DPL], run_max[G], run_sum[G];
+    // U keys a warp at a time: their loads issued together, one online-softmax update for the U
+    constexpr int U = DPL * G >= 32 ? 2 : 4;
+    float qv[G][DPL], acc[G][DPL], run_max[G], run_sum[G], qc[DPL], qs[DPL];
+#pragma unroll
+    for (int t = 0; t < DPL; ++t) {  // this lane's cos and sin at the token's position: its G heads share them
+        int d = lane + t * R4D_WARP;
+        qc[t] = qs[t] = 0.0f;
+        if (FRESH && d < D) r4d_rope_cs(d, D, position, p.inv_freq, p.interleaved, qc[t], qs[t]);
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         const float* qrow = p.q + ((long long)m * p.q_heads + kvh * G + g) * D;
 #pragma unroll
         for (int t = 0; t < DPL; ++t) {
             int d = lane + t * R4D_WARP;
-            qv[g][t] = d >= D ? 0.0f : FRESH ? r4d_rotated(qrow, d, D, position, p.inv_freq, p.interleaved) : qrow[d];
+            qv[g][t] = d >= D ? 0.0f : FRESH ? r4d_rotate_cs(qrow, d, D, p.interleaved, qc[t], qs[t]) : qrow[d];
             acc[g][t] = 0.0f;
         }
         run_max[g] = __uint_as_float(0xff800000u);  // -inf
         run_sum[g] = 0.0f;
     }
     const int* table = p.block_tables + (long long)s * p.max_blocks;
-    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
-        float kv[DPL], vv[DPL];
-        if (FRESH && j >= fresh) {  // this step's key: from the k, v rows, rotated here
-            int row = step_first + (j - fresh);
-            const float* krow = p.k + (long long)row * width + (long long)kvh * D;
-            const float* vrow = p.v + (long long)row * width + (long long)kvh * D;
+    for (int first = j0 + warp; first < j1; first += ATT_WARPS * U) {
+        float kv[U][DPL], vv[U][DPL];
 #pragma unroll
-            for (int t = 0; t < DPL; ++t) {
-                int d = lane + t * R4D_WARP;
-                kv[t] = d < D ? r4d_rotated(krow, d, D, p.positions[row], p.inv_freq, p.interleaved) : 0.0f;
-                vv[t] = d < D ? vrow[d] : 0.0f;
-            }
-        } else {
-            long long slot = (long long)table[j / p.block_size] * p.block_size + j % p.block_size;
-            const float* krow = p.k_cache + slot * width + (long long)kvh * D;
-            const float* vrow = p.v_cache + slot * width + (long long)kvh * D;
+        for (int u = 0; u < U; ++u) {
+            int j = first + u * ATT_WARPS;
 #pragma unroll
-            for (int t = 0; t < DPL; ++t) {
-                int d = lane + t * R4D_WARP;
-                kv[t] = d < D ? krow[d] : 0.0f;
-                vv[t] = d < D ? vrow[d] : 0.0f;
+            for (int t = 0; t < DPL; ++t) kv[u][t] = vv[u][t] = 0.0f;
+            if (j >= j1) continue;
+            if (FRESH && j >= fresh) {  // this step's key: from the k, v rows, rotated here
+                int row = step_first + (j - fresh), where = p.positions[row];
+                const float* krow = p.k + (long long)row * width + (long long)kvh * D;
+                const float* vrow = p.v + (long long)row * width + (long long)kvh * D;
+#pragma unroll
+                for (int t = 0; t < DPL; ++t) {
+                    int d = lane + t * R4D_WARP;
+                    if (d >= D) continue;
+                    kv[u][t] = where == position ? r4d_rotate_cs(krow, d, D, p.interleaved, qc[t], qs[t])
+                                                 : r4d_rotated(krow, d, D, where, p.inv_freq, p.interleaved);
+                    vv[u][t] = vrow[d];
+                }
+            } else {
+                long long slot = (long long)table[j / p.block_size] * p.block_size + j % p.block_size;
+                const float* krow = p.k_cache + slot * width + (long long)kvh * D;
+                const float* vrow = p.v_cache + slot * width + (long long)kvh * D;
+#pragma unroll
+                for (int t = 0; t < DPL; ++t) {
+                    int d = lane + t * R4D_WARP;
+                    if (d < D) { kv[u][t] = krow[d]; vv[u][t] = vrow[d]; }
+                }
             }
         }
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            float dot = 0.0f;
+            float score[U], next = run_max[g];
 #pragma unroll
-            for (int t = 0; t < DPL; ++t) dot += qv[g][t] * kv[t];
-            float score = r4d_warp_sum(dot) * p.scale;
-            float next = fmaxf(run_max[g], score);
-            float keep = expf(run_max[g] - next), weight = expf(score - next);
-            run_sum[g] = run_sum[g] * keep + weight;
+            for (int u = 0; u < U; ++u) {
+                float dot = 0.0f;
 #pragma unroll
-            for (int t = 0; t < DPL; ++t) acc[g][t] = acc[g][t] * keep + weight * vv[t];
+                for (int t = 0; t < DPL; ++t) dot += qv[g][t] * kv[u][t];
+                score[u] = first + u * ATT_WARPS < j1 ? r4d_warp_sum(dot) * p.scale : __uint_as_float(0xff800000u);
+                next = fmaxf(next, score[u]);
+            }
+            float keep = expf(run_max[g] - next);
+            run_sum[g] *= keep;
+#pragma unroll
+            for (int t = 0; t < DPL; ++t) acc[g][t] *= keep;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float weight = expf(score[u] - next);  // 0 for a key past the split
+                run_sum[g] += weight;
+#pragma unroll
+                for (int t = 0; t < DPL; ++t) acc[g][t] += weight * vv[u][t];
+            }
             run_max[g] = next;
         }
     }
@@ -210,25 +242,31 @@ __device__ void attend(const Attend& p) {
         s_total[g] = total;
     }
     __syncthreads();
-    for (int g = 0; g < G; ++g) {
-        float* orow = p.out + ((long long)m * p.q_heads + kvh * G + g) * D;
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            float mixed = 0.0f;
-#pragma unroll 4
-            for (int q = 0; q < splits; ++q) {
-                float weight = s_split_max[q * G + g];
-                if (weight > 0.0f) mixed += r4d_load_l2(all + (q * G + g) * (D + 2) + 2 + d) * weight;
-            }
-            orow[d] = mixed / s_total[g];
-        }
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        int g = i / D, d = i % D;
+        float value[ATT_MAX_SPLITS];  // every split's value issued at once, then added in split order
+#pragma unroll
+        for (int q = 0; q < ATT_MAX_SPLITS; ++q)
+            value[q] = q < splits && s_split_max[q * G + g] > 0.0f ? r4d_load_l2(all + (q * G + g) * (D + 2) + 2 + d) : 0.0f;
+        float mixed = 0.0f;
+#pragma unroll
+        for (int q = 0; q < ATT_MAX_SPLITS; ++q)
+            if (q < splits && s_split_max[q * G + g] > 0.0f) mixed += value[q] * s_split_max[q * G + g];
+        p.out[((long long)m * p.q_heads + kvh * G + g) * D + d] = mixed / s_total[g];
     }
     if (!FRESH) {
         if (threadIdx.x == 0) p.counters[group] = 0u;  // ready for the next launch (a graph replays it)
         return;
     }
-    // q rotated in place: only this (token, kv head)'s blocks read these heads, and they are done
-    __syncthreads();
-    rotate_in_place(p.q + ((long long)m * p.q_heads + kvh * G) * D, G, D, nullptr, position, p);
+    // q rotated in place from the registers that hold it: only this (token, kv head)'s blocks read
+    // these heads, and they are done
+    if (warp == 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int t = 0; t < DPL; ++t)
+                if (lane + t * R4D_WARP < D) p.q[((long long)m * p.q_heads + kvh * G + g) * D + lane + t * R4D_WARP] = qv[g][t];
+    }
     // k rotated in place by the grid's last group: later tokens of a sequence read earlier ones' k
     if (threadIdx.x == 0) {
         p.counters[group] = 0u;
@@ -237,7 +275,7 @@ __device__ void attend(const Attend& p) {
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    rotate_in_place(p.k, gridDim.x * p.kv_heads, D, p.positions, 0, p);
+    rotate_pairs(p.k, gridDim.x * p.kv_heads, D, p.positions, p.kv_heads, p);
     if (threadIdx.x == 0) p.counters[gridDim.x * p.kv_heads] = 0u;
 }
 

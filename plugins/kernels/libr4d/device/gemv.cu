@@ -63,8 +63,12 @@ __device__ void gemv(const GemvWeights& w, const float* x, const u8* norm, int n
     in.norm_fmt = norm_fmt;
 #pragma unroll
     for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
-    if (R4D_GEMV_NORM) gemv_norm<MT>(in, x, M, K, k_begin, blockIdx.x == 0 ? k_end : k_begin, eps, index, x_rows,
-                                     normed, gathered);
+    if (R4D_GEMV_NORM) {  // this block's slice of its K chunk of the normed (and gathered) rows, in whole float4s
+        long long quads = (k_end - k_begin) / 4;
+        int lo = k_begin + 4 * (int)(blockIdx.x * quads / gridDim.x);
+        int hi = blockIdx.x + 1 == gridDim.x ? k_end : k_begin + 4 * (int)((blockIdx.x + 1ll) * quads / gridDim.x);
+        gemv_norm<MT>(in, x, M, K, lo, hi, eps, index, x_rows, normed, gathered);
+    }
     float acc[GEMV_ROWS][MT];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r)

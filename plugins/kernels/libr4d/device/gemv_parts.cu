@@ -227,8 +227,7 @@ __device__ __forceinline__ void consume(const uint4* v, const u32* sc, int e, co
 
 // rmsnorm folded in front (R4D_GEMV_NORM): each row's scale, once per block. The block also writes
 // its part [k_begin, k_end) of what the chain leaves behind: the gathered rows (take_rows) and the
-// normed activations (gemv.cu: row group 0 its chunk of K; gemv_stream.cu: every block a slice, so
-// that no block of a persistent grid works longer than the others).
+// normed activations, every block a slice, so that no block works longer than the others.
 template <int MT>
 __device__ void gemv_norm(GemvInput<MT>& in, const float* x, int M, int K, int k_begin, int k_end, float eps,
                           const int* index, int x_rows, float* normed, float* gathered) {
