@@ -1,6 +1,7 @@
 """radiance-launch end to end on host ranks: real processes, real zmq, real shared memory. Tensor
 parallel ranks agree with one rank; what a user meets on the way in and out."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -46,9 +47,22 @@ def generate(model, tp, prompts, max_tokens=8, launched=True, **options):
 PROMPTS = ["hello there", "the quick brown fox", "1 2 3 4"]
 
 
+@pytest.fixture(scope="module")
+def one_rank():
+    """generate(model, 1, PROMPTS), launched once per model for the module (TP 2 and TP 4 compare
+    against the same TP 1 run); each caller gets its own copy."""
+    runs = {}
+
+    def outputs(model):
+        if model not in runs:
+            runs[model] = generate(model, 1, PROMPTS)
+        return copy.deepcopy(runs[model])
+    return outputs
+
+
 @pytest.mark.parametrize("tp", [2, 4])
-def test_synthetic_tensor_parallel_agrees_with_one_rank(wide_model, tp):
-    one, one_logits = generate(wide_model, 1, PROMPTS)
+def test_synthetic_tensor_parallel_agrees_with_one_rank(wide_model, one_rank, tp):
+    one, one_logits = one_rank(wide_model)
     many, many_logits = generate(wide_model, tp, PROMPTS)
     assert many == one
     assert len(many_logits) == len(one_logits)
@@ -67,8 +81,8 @@ def one_kv_head(tmp_path_factory):
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_replicated_kv_heads_agree_with_one_rank(one_kv_head, tp):
-    one, one_logits = generate(one_kv_head, 1, PROMPTS)
+def test_replicated_kv_heads_agree_with_one_rank(one_kv_head, one_rank, tp):
+    one, one_logits = one_rank(one_kv_head)
     many, many_logits = generate(one_kv_head, tp, PROMPTS)
     assert many == one
     for a, b in zip(one_logits, many_logits):
