@@ -16,11 +16,12 @@ from .plugin import (  # noqa: F401
     engine_defines_weight_decoder, rad_arg_in, rad_args_getf, rad_args_getf_or, rad_args_geti, rad_args_geti_or,
     rad_args_gets, rad_args_gets_or, rad_backoff, rad_dtype_bits, rad_load_bits, rad_load_f32, rad_store_bits,
     rad_store_f32, rad_tensor, rad_tensor_lastdim, rad_tensor_row_pitch, rad_tensor_rows, rad_wait_word,
-    rad_weight_f32,
+    rad_weight_f32, rad_weight_from_f32,
 )
 from .kernel_args import KernelArgs, PackedArgs  # noqa: F401
 from .graph_builder import GraphBuilder  # noqa: F401
 from .step import PLANNED, STEP_INPUTS, StepInput  # noqa: F401
+from .shapes import SIZED_OPS, operand_shapes, vocabulary_opd_shape  # noqa: F401
 from .stream import RadCodeObject, RadStream, RadStreamTable, rad_device_tensor  # noqa: F401
 from .quant import RadQuantizerInfo, RadQuantOption  # noqa: F401
 from .types import (  # noqa: F401

@@ -182,3 +182,16 @@ def rad_weight_f32(weight) -> np.ndarray:
                            "hands it in before it imports a plugin)")
     planes = {spec.name: tensor.data for spec, tensor in zip(weight.encoding.planes, weight.planes)}
     return _engine_decoder(weight.encoding, planes, (weight.rows, weight.cols))
+
+
+def rad_weight_from_f32(values) -> "RadWeightPlanes":
+    """f32 [rows, cols] (a vector: one row) as a RadWeightPlanes of the plain f32 encoding: what an
+    `unrelayout` hands back for a weight its `relayout` decoded to dense f32."""
+    from .encoding import RadEncoding, RadPlane
+    from .types import RadWeightPlanes
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    values = values.reshape(1, -1) if values.ndim == 1 else values
+    encoding = RadEncoding(scheme="plain", planes=(RadPlane("codes", c.RAD_DT_F32, c.RAD_PLANE_TILED, 1, 1),))
+    codes = values.view(np.uint8).reshape(values.shape[0], -1)
+    return RadWeightPlanes(encoding=encoding, rows=values.shape[0], cols=values.shape[1],
+                           planes=[rad_tensor(codes)])

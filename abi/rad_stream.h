@@ -48,20 +48,48 @@ typedef struct RadStreamTable {
     int (*last_error)(void* queue, char* message, int64_t bytes);
 } RadStreamTable;
 
-/* The code object for this card: the one built for its target (the chip alone matches too:
- * "gfx942" for "gfx942:sramecc+:xnack-"), else the source; NULL when the plugin carries neither. */
+/* AMD's generic target a chip's code objects also run as (LLVM's AMDGPU generic targets), or NULL:
+ * "gfx10-3-generic" for "gfx1036" or "gfx1036:xnack-". No libc, so it compiles anywhere. */
+static inline const char* rad_target_family(const char* target) {
+    static const char* const families[][2] = {
+        {"gfx9-generic", " gfx900 gfx902 gfx904 gfx906 gfx909 gfx90c "},
+        {"gfx9-4-generic", " gfx940 gfx941 gfx942 gfx950 "},
+        {"gfx10-1-generic", " gfx1010 gfx1011 gfx1012 gfx1013 "},
+        {"gfx10-3-generic", " gfx1030 gfx1031 gfx1032 gfx1033 gfx1034 gfx1035 gfx1036 "},
+        {"gfx11-generic", " gfx1100 gfx1101 gfx1102 gfx1103 gfx1150 gfx1151 gfx1152 gfx1153 "},
+        {"gfx12-generic", " gfx1200 gfx1201 "},
+    };
+    for (int f = 0; f < (int)(sizeof families / sizeof families[0]); ++f) {
+        for (const char* chips = families[f][1]; *chips; ++chips) {
+            if (*chips != ' ') continue;
+            const char *want = chips + 1, *have = target;
+            while (*want != ' ' && *want && *want == *have) ++want, ++have;
+            if (*want == ' ' && want != chips + 1 && (!*have || *have == ':')) return families[f][0];
+        }
+    }
+    return NULL;
+}
+
+/* The code object for this card, in the order the card accepts targets: the one built for its
+ * target (the chip alone matches too: "gfx942" for "gfx942:sramecc+:xnack-"), then the one built for
+ * the chip's family ("gfx10-3-generic" for gfx1036), else the source; NULL when the plugin carries
+ * none of them. */
 static inline const RadCodeObject* rad_code_object_for(const RadStreamTable* s, const RadCodeObject* objects,
                                                        int32_t n) {
-    const RadCodeObject* source = NULL;
+    const RadCodeObject *source = NULL, *generic = NULL;
+    const char* family = rad_target_family(s->target);
     for (int32_t i = 0; i < n; ++i) {
         const char *want = objects[i].target, *have = s->target;
         while (*want && *want == *have) ++want, ++have;
         if (!*want && (!*have || *have == ':')) return &objects[i];
+        want = objects[i].target, have = family ? family : "";
+        while (*want && *want == *have) ++want, ++have;
+        if (family && !*want && !*have && !generic) generic = &objects[i];
         want = objects[i].target, have = RAD_CODE_SOURCE;
         while (*want && *want == *have) ++want, ++have;
         if (!*want && !*have && !source) source = &objects[i];
     }
-    return source;
+    return generic ? generic : source;
 }
 
 #ifdef __cplusplus

@@ -1,10 +1,15 @@
 """Shared fixtures: a temporary home to write small plugins into."""
 
 import hashlib
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
+
+# Selection reads rad-tune's cache (engine/selection/tuning.py): the tests run on the rows' defaults,
+# whatever this machine's user tuned (a path under /dev/null never exists).
+os.environ["RADIANCE_TUNE_CACHE"] = os.path.join(os.devnull, "tuned.json")
 
 PREAMBLE = """\
 from radiance.abi import *

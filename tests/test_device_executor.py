@@ -143,6 +143,9 @@ def test_a_library_whose_device_code_does_not_run_on_the_card_is_left_out(tmp_pa
     ("host cuda hip", "cuda", "sm_90", True), ("host cuda hip", "hip", "gfx942:sramecc+:xnack-", True),
     ("host", "cuda", "sm_90", False), ("sm_80 sm_90", "cuda", "sm_90", True), ("sm_80", "cuda", "sm_90", False),
     ("gfx942", "hip", "gfx942:sramecc+:xnack-", True), ("host cuda", "fake", "fake_90", False),
+    ("host,sm_90", "cuda", "sm_90", True), ("sm_80, gfx942", "hip", "gfx942:sramecc+:xnack-", True),
+    ("gfx10-3-generic", "hip", "gfx1036", True), ("gfx10-3-generic", "hip", "gfx1100", False),
+    ("gfx9-4-generic", "hip", "gfx942:sramecc+:xnack-", True), ("gfx11-generic", "hip", "gfx1151", True),
 ])
 def test_build_targets(build_target, vendor, target, runs):
     assert runs_on(build_target, vendor, target) is runs

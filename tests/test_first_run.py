@@ -218,7 +218,7 @@ def test_readme_sample_outputs_are_what_the_commands_print(smollm2, tmp_path):
 
 
 def _scripts_named(text: str) -> set[str]:
-    return set(re.findall(r"(?<![\w/.-])((?:rad|radiance)-[a-z]+)\b", text))
+    return set(re.findall(r"(?<![\w/.-])((?:rad|radiance)-[a-z]+(?:-[a-z]+)*)\b", text))
 
 
 def test_the_docs_name_no_command_that_does_not_exist():

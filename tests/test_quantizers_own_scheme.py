@@ -151,3 +151,27 @@ def test_recipe_rules_are_checked_against_the_plugins_options(home, tmp_path):
         assert recipe.choose("output_norm", 1)[1] == {"dtype": "f32"}
         with pytest.raises(ValueError, match="option 'threshold' = 'high' is not a number"):
             Recipe.load(recipe_file(tmp_path, "ternary", 'options = {threshold = "high"}'), quantizers)
+
+
+def test_libref_reads_a_quantisers_own_scheme_through_its_decode_hook(home):
+    """rad_weight_f32 (the engine's decoder, which libref's relayout uses) falls back to the loaded
+    quantisers' decode hooks for a scheme the core does not know."""
+    from radiance.abi import RAD_OK, RadWeightPlanes, rad_tensor
+    from radiance.engine.loading.registry import Registry
+    from radiance.weights.planes import stored
+
+    home.quantizer("ternary", TERNARY)
+    registry = Registry(radiance_home=str(home.root), kernels="libref")
+    try:
+        [(info, _)] = [registry.quantizers["ternary"]]
+        rows = np.array([[0.9, -0.1, -1.1, 0.2], [0.3, 0.3, -0.3, 0.0]], np.float32)
+        options = {"threshold": 0.5}
+        encoding = info.encoding("w", rows.shape, options)
+        planes = info.quantize(encoding, rows, 0, options)
+        weight = RadWeightPlanes(encoding=encoding, rows=2, cols=4,
+                                 planes=[rad_tensor(stored(p, planes[p.name], rows.shape)) for p in encoding.planes])
+        [gemm] = [row for row in registry.rows_for("gemm") if row.plugin.name == "libref"]
+        assert gemm.info.layout("w", encoding, {}) == RAD_OK
+        np.testing.assert_array_equal(gemm.info.relayout(weight, {}), info.decode(encoding, planes, rows.shape))
+    finally:
+        registry.close()

@@ -162,3 +162,38 @@ def test_debug_selection_names_winner_and_each_refusing_constraint(home):
         "t_gemm M=[65, 128] host: lib:large",
         "    lib:small lost: M <= 64 does not hold for M in [65, 128]",
     ]
+
+
+def test_init_runs_after_selection_and_before_the_weights_load(home, tiny_model, monkeypatch):
+    """The specification: `init` runs once per (op, band, domain) after selection and before load."""
+    from radiance.engine.running import rank_weights
+    from test_device_executor import generate
+
+    home.kernel("initlib", """
+import numpy as np
+EVENTS = []
+
+def init(geometry):
+    EVENTS.append("init")
+    return object()
+
+def add(a):
+    x, b, y = (t.data for t in a.t)
+    m = a.params["M"]
+    np.add(x[:m], b[:m], out=y[:m])
+    return RAD_OK
+
+SCHEMAS = []
+ROWS = [row("init_add", "add", launch=add, init=init)]
+""")
+    registry = Registry(radiance_home=str(home.root), kernels="initlib,libref")
+    events = next(lib for lib in registry.hierarchy if lib.name == "initlib").module.EVENTS
+    load = rank_weights.RankWeights.__init__
+
+    def loading(self, *args, **kwargs):
+        events.append("load")
+        load(self, *args, **kwargs)
+    monkeypatch.setattr(rank_weights.RankWeights, "__init__", loading)
+    _, worker = generate(tiny_model, registry, max_seqs=2)
+    worker.close()
+    assert "init" in events and events.index("init") < events.index("load"), events

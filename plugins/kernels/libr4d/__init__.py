@@ -20,13 +20,15 @@ another library declares."""
 
 import logging
 
-from radiance.abi import RAD_ABI_VERSION, RAD_OK, RAD_PLUGIN_KERNEL, RadPluginInfo
+from radiance.abi import (
+    RAD_ABI_VERSION, RAD_E_UNSUPPORTED, RAD_OK, RAD_PLUGIN_KERNEL, SIZED_OPS, RadPluginInfo, vocabulary_opd_shape,
+)
 
 from . import native, rows, rows_kquants
 
 log = logging.getLogger("radiance.libr4d")
 
-_STATE = {"rows": None, "native": None, "why": None, "colour": {}}
+_STATE = {"rows": None, "native": None, "why": None, "colour": {}, "builds": []}
 CHAIN_MARK = "r4dchain"
 
 
@@ -86,6 +88,9 @@ def _open() -> None:
     _STATE["rows"] = (rows.build_rows(loaded) + rows_kquants.build_rows(loaded) + [info for info, _ in collective]
                       + _device_rows())
     _STATE["colour"] = {info.name: colour for info, colour in collective}
+    for info in _STATE["rows"]:  # every row of a sized op can be called cold (rad-kbench)
+        if info.opd_shape is None and info.op in SIZED_OPS:
+            info.opd_shape = vocabulary_opd_shape(info.op)
 
 
 def rad_plugin_abi_version():
@@ -143,3 +148,34 @@ def set_threads(n: int) -> int:
     """Threads per launch from now on (the benchmark sweeps it); returns what was set."""
     _open()
     return _STATE["native"].set_threads(n) if _STATE["native"] is not None else 1
+
+
+def avx_isa_force(level: int) -> int:
+    """rad-avx-check: rebind every compute row's launch to the build of ISA level `level` (native.py's
+    ISA_LEVELS: 0 portable C, 1 the AVX2/FMA paths, 2 this CPU's best); RAD_E_UNSUPPORTED for a
+    level this CPU does not run or that will not build. The rows keep their declarations."""
+    _open()
+    try:
+        loaded = native.load_level(int(level))
+    except native.NativeUnavailable as why:
+        log.info("libr4d: ISA level %s unavailable: %s", level, why)
+        return RAD_E_UNSUPPORTED
+    loaded.lib.r4d_par_force(_STATE.get("par_force", 0))
+    _STATE["builds"].append(loaded)  # its functions stay loaded while a plan may hold them
+    fresh = {info.name: info for info in rows.build_rows(loaded) + rows_kquants.build_rows(loaded)}
+    for info in _STATE["rows"]:
+        if info.name in fresh:
+            info.launch = fresh[info.name].launch
+    log.info("libr4d: rows now on the %s build (%s)", loaded.variant, loaded.describe())
+    return RAD_OK
+
+
+def avx_par_force(threads: int) -> int:
+    """rad-avx-check: every parallel region of every build on `threads` threads whatever its size (0:
+    each region sized as usual)."""
+    _open()
+    _STATE["par_force"] = max(0, int(threads))
+    for loaded in [_STATE["native"], *_STATE["builds"]]:
+        if loaded is not None:
+            loaded.lib.r4d_par_force(_STATE["par_force"])
+    return RAD_OK

@@ -211,6 +211,23 @@ class Native:
         return f"{self.variant} build ({', '.join(isa)}), {self.threads} thread(s), {self.path}"
 
 
+# rad-avx-check's ISA levels (libr4d's avx_isa_force): portable C, the AVX2/FMA paths, this CPU's best
+ISA_LEVELS = (("portable", ["-O2"]), ("avx2", ["-O3", "-march=haswell"]), ("native", ["-O3", "-march=native"]))
+
+
+def load_level(level: int) -> Native:
+    """The build of ISA level `level` (an index of ISA_LEVELS); NativeUnavailable for a level this CPU
+    does not run or that will not build."""
+    if not 0 <= level < len(ISA_LEVELS):
+        raise NativeUnavailable(f"no ISA level {level}")
+    variant, flags = ISA_LEVELS[level]
+    if variant == "avx2" and not {"avx2", "fma", "f16c"} <= set(_cpu_signature().split()):
+        raise NativeUnavailable("this CPU has no AVX2, FMA and F16C")
+    cc, version = _compiler()
+    path = _build(variant, flags + (prefetch_flags() if level else []), cc, version, cache_dir())
+    return Native(ctypes.CDLL(str(path)), variant, path)
+
+
 def load() -> Native:
     """Build (or find in the cache) and load the best variant that works here."""
     if os.environ.get("RADIANCE_R4D_NATIVE", "1").strip() == "0":

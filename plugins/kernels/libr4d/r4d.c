@@ -73,6 +73,13 @@ int r4d_set_threads(int n) {
 
 int r4d_threads(void) { return g_threads; }
 
+/* rad-avx-check (libr4d's avx_par_force): every parallel region on n threads whatever its size, so
+ * the chunked paths run where the checker's small cases would run one thread; 0 sizes them again */
+int r4d_par_force(int n) {
+    g_pool_force = n < 0 ? 0 : n;
+    return g_pool_force;
+}
+
 /* the pool for the kernels built beside this file (r4d_kquants.c) */
 void r4d_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t items, int64_t unit,
                   int threads) {

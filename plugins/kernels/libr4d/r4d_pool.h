@@ -191,9 +191,12 @@ static int pool_start(int want) {
 
 /* fn(ctx, begin, end) over [0, items), cut in chunks of whole `unit`s, on up to `threads` threads
  * (this one included); returns when every chunk has run. */
+static int g_pool_force; /* > 0: every region on this many threads, whatever its size (r4d_par_force) */
+
 static void pool_run(pool_fn fn, const void *ctx, int64_t items, int64_t unit, int threads) {
     if (items <= 0) return;
     if (unit < 1) unit = 1;
+    if (g_pool_force > 0) threads = g_pool_force;
     const int64_t units = (items + unit - 1) / unit;
     if (threads > 1) threads = pool_start(threads);
     if (threads <= 1 || units <= 1) {

@@ -16,7 +16,7 @@ import numpy as np
 from radiance.abi import (
     RAD_C_EQ, RAD_DOMAIN_HOST, RAD_DT_BF16, RAD_DT_F16, RAD_DT_F32, RAD_DT_I8, RAD_DT_U4, RAD_E_DTYPE,
     RAD_E_INVALID, RAD_E_NOMEM, RAD_E_SHAPE, RAD_E_UNSUPPORTED, RAD_OK, RAD_PLANE_TILED, RAD_CDIV, RAD_CEQ,
-    RAD_CGE, RAD_CIN, RAD_CLE, RadKernelInfo, RadTensor, RadTunable, rad_weight_f32,
+    RAD_CGE, RAD_CIN, RAD_CLE, RadKernelInfo, RadTensor, RadTunable, rad_weight_f32, rad_weight_from_f32,
 )
 
 from . import fallback
@@ -147,6 +147,11 @@ def weight_of(operand) -> Prepared:
 def relayout_vector(weight, geometry):
     """rmsnorm's weight: decoded to a contiguous f32 vector once at load."""
     return np.ascontiguousarray(rad_weight_f32(weight), dtype=F32).reshape(-1)
+
+
+def unrelayout_vector(stored, geometry):
+    """The inverse, for rad-kbench: the f32 vector as the plain f32 encoding's planes."""
+    return rad_weight_from_f32(stored)
 
 
 def layout_vector(weight, encoding, geometry):
@@ -383,7 +388,7 @@ def build_rows(native) -> list[RadKernelInfo]:
         row("r4d_embedding", "embedding", "embedding", [RAD_CIN("wdtype", formats), F32_ACTIVATIONS],
             "table rows decoded to f32", "any", f"{formats} table", layout=_layout_as_stored(formats.split())),
         row("r4d_rmsnorm", "rmsnorm", "rmsnorm", [F32_ACTIVATIONS], "libref's ordered sum of squares",
-            "any", "f32", layout=layout_vector, relayout=relayout_vector),
+            "any", "f32", layout=layout_vector, relayout=relayout_vector, unrelayout=unrelayout_vector),
         *gemm_rows,
         row("r4d_rope", "rope", "rope", [F32_ACTIVATIONS, RAD_CDIV("head_dim", 2), RAD_CLE("head_dim", 1024)],
             "cos/sin in f64 rounded to f32, tabled per position", "head_dim<=1024, even", "f32"),

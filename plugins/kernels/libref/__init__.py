@@ -5,7 +5,7 @@ libraries against it."""
 
 from radiance.abi import (
     RAD_ABI_VERSION, RAD_C_EQ, RAD_DOMAIN_HOST, RAD_OK, RAD_PLUGIN_KERNEL, RadConstraint, RadKernelInfo,
-    RadPluginInfo,
+    RadPluginInfo, SIZED_OPS, vocabulary_opd_shape,
 )
 
 from . import attention, collective, dense, fused, sample
@@ -19,7 +19,9 @@ def _layout(weight, encoding, geometry):
 
 
 def _row(name, op, launch, computes, weights=False, constraints=(F32_ONLY,), replaces=""):
-    hooks = dict(layout=_layout, relayout=dense.relayout_f32) if weights else {}
+    hooks = dict(layout=_layout, relayout=dense.relayout_f32, unrelayout=dense.unrelayout_f32) if weights else {}
+    if op in SIZED_OPS:
+        hooks["opd_shape"] = vocabulary_opd_shape(op)  # so rad-kbench can call it cold
     return RadKernelInfo(name=f"ref_{name}", op=op, family="reference", computes=computes, shape="any",
                          dtypes="f32 activations", domain=RAD_DOMAIN_HOST, priority=0,
                          constraints=list(constraints), launch=launch, replaces=replaces, **hooks)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from radiance.abi import RAD_OK, rad_args_getf, rad_args_geti, rad_weight_f32
+from radiance.abi import RAD_OK, rad_args_getf, rad_args_geti, rad_weight_f32, rad_weight_from_f32
 
 from .ordered import F32, gelu_tanh32, ordered_dot, ordered_sum, sigmoid32
 
@@ -10,6 +10,11 @@ from .ordered import F32, gelu_tanh32, ordered_dot, ordered_sum, sigmoid32
 def relayout_f32(weight, geometry):
     """The oracle keeps every weight decoded to f32 [rows, cols]."""
     return rad_weight_f32(weight)
+
+
+def unrelayout_f32(stored, geometry):
+    """The inverse: the dense f32 as the plain f32 encoding's planes (rad-kbench compares them)."""
+    return rad_weight_from_f32(stored)
 
 
 def embedding(a):

@@ -13,6 +13,7 @@ from radiance.abi import (
     KIND_FOLDERS, RadPluginInfo, engine_defines_weight_decoder,
 )
 from radiance.weights.decode import decode
+from radiance.weights.levels import CORE_SCHEMES
 
 from .homes import Candidate
 from .records import Plugin, PluginDeclined, PluginRefused, Row
@@ -26,10 +27,30 @@ REQUIRED = {
 }
 
 
+_SCHEME_DECODERS: list = []  # the loaded quantisers' decode hooks (Registry), for schemes of their own
+
+
+def engine_decode(encoding, planes: dict, shape: tuple):
+    """rad_weight_f32's decoder: the core decoder for the `plain` and `affine` schemes, else the first
+    loaded quantiser whose decode hook accepts the encoding (one returns RAD_E_UNSUPPORTED for an
+    encoding it did not write), so an oracle row reads a quantiser's own scheme."""
+    if encoding.scheme in CORE_SCHEMES:
+        return decode(encoding, planes, shape)
+    for hook in _SCHEME_DECODERS:
+        values = hook(encoding, planes, shape)
+        if not isinstance(values, int):
+            return values
+    raise ValueError(f"scheme {encoding.scheme!r} is decoded by no loaded quantiser")
+
+
+def use_quantizer_decoders(hooks: list) -> None:
+    _SCHEME_DECODERS[:] = hooks
+
+
 def import_module(candidate: Candidate):
     """Import a plugin file or package folder under a private module name, the engine's side of
     the ABI (rad_weight_f32's decoder) defined first, as the engine links a plugin it loads."""
-    engine_defines_weight_decoder(decode)
+    engine_defines_weight_decoder(engine_decode)
     path = candidate.path
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
     module_name = f"_radiance_plugin_{KIND_FOLDERS[candidate.kind]}_{candidate.name}_{digest}"

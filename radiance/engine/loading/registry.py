@@ -10,7 +10,7 @@ from radiance.log import get_logger
 
 from .hierarchy import entry_matches, order_libraries, parse_kernels
 from .homes import discover, search_path
-from .loader import load_plugin
+from .loader import load_plugin, use_quantizer_decoders
 from .records import Plugin, PluginDeclined, PluginRefused, Row
 from .replaces import declaration_problem
 
@@ -84,6 +84,8 @@ class Registry:
         self.quantizers = {}
         self.plugins[RAD_PLUGIN_QUANT] = [q for q in self.plugins[RAD_PLUGIN_QUANT]
                                           if self._admit_named(q, q.quantizers, self.quantizers, "quantiser")]
+        use_quantizer_decoders([quantizer.decode for plugin in self.plugins[RAD_PLUGIN_QUANT]
+                                for quantizer in plugin.quantizers if quantizer.decode])
         self.architectures = {}
         self.plugins[RAD_PLUGIN_ARCH] = [a for a in self.plugins[RAD_PLUGIN_ARCH]
                                          if self._admit_named(a, a.architectures, self.architectures, "architecture")]

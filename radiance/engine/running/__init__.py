@@ -13,6 +13,8 @@ def open_executor(graph, model, shard, buffers: dict, tables: dict, config: Conf
     from .rank_weights import RankWeights
 
     sizes = (config.max_step_tokens, config.max_seqs, config.num_blocks * config.block_size, config.max_blocks)
+    for resolution in graph.resolutions():  # init: after selection, before the weights load
+        resolution.instantiate()
     if device is None:
         from .host import HostExecutor
 

@@ -10,6 +10,7 @@ from radiance.abi import (
 )
 
 from .constraints import band_starts, describe, holds, holds_for_band
+from .tuning import default_point, spell, tuned_point
 from radiance.engine.loading.records import Row
 
 DOMAINS = {1: "host", RAD_DOMAIN_DEVICE: "device"}
@@ -28,6 +29,7 @@ class Band:
     geometry: dict  # the op's parameters, the band's upper bound and every derived value
     losers: list = field(default_factory=list)  # (row, why it did not win)
     instance: object = None
+    tuned: str = ""  # the winner's tunables' point, and how it was chosen (tuning.py)
 
 
 @dataclass
@@ -83,7 +85,20 @@ def _refusal(row: Row, derived, geometry, facts, ranged, lo, hi) -> str | None:
             return f"{describe(constraint)}: the geometry omits {key}"
         elif not holds(constraint, geometry[key]):
             return f"{describe(constraint)} does not hold ({key} is {geometry[key]})"
+    if row.info.tunables and row.info.tune_valid is not None:
+        # the default point is what runs wherever nothing was tuned: it must be legal at the band
+        point = default_point(row)
+        if not row.info.tune_valid({**geometry, ranged: hi, **point}):
+            return f"its tunables' default point {spell(point)} is not legal here (tune_valid)"
     return None
+
+
+def row_refusal(row: Row, schema: RadOpSchema, geometry: dict, facts: dict) -> str | None:
+    """Why `row` does not serve this one geometry (its ranged extent a single value), or None."""
+    ranged = schema.params[0].name
+    derived = {p.name for p in schema.params if p.req == RAD_DERIVED}
+    value = int(geometry[ranged])
+    return _refusal(row, derived, geometry, facts, ranged, value, value)
 
 
 def _pick(rows, schema, geometry, facts, domain, lo, hi, accept_reference):
@@ -148,11 +163,13 @@ def resolve(op: str, schema: RadOpSchema, rows: list[Row], geometry: dict, facts
         resolved.update({c.key: (c.sval if c.sval is not None else c.ival)
                          for c in winner.info.constraints
                          if c.op == RAD_C_EQ and any(p.name == c.key and p.req == RAD_DERIVED for p in schema.params)})
+        point, tuned = tuned_point(winner, schema, resolved, lo, hi)
+        resolved.update(point)  # the tuned point reaches the row as ordinary parameters
         previous = bands[-1] if bands else None
         if previous and previous.hi == lo - 1 and previous.row is winner and {**previous.geometry, ranged: hi} == resolved:
             previous.hi, previous.geometry = hi, resolved
             continue
-        bands.append(Band(lo, hi, winner, resolved, losers))
+        bands.append(Band(lo, hi, winner, resolved, losers, tuned=tuned))
     roles = {p.role: p.name for p in schema.params}
     return Resolution(op, domain, ranged, bands, roles.get(RAD_PROLE_SEQ_CHUNK),
                       [p.name for p in schema.params if p.role == RAD_PROLE_CAPACITY], gaps)
@@ -163,6 +180,6 @@ def describe_resolution(resolution: Resolution) -> list[str]:
     lines = []
     for band in resolution.bands:
         lines.append(f"{resolution.op} {resolution.ranged}=[{band.lo}, {band.hi}] {DOMAINS[resolution.domain]}: "
-                     f"{band.row.plugin.name}:{band.row.name}")
+                     f"{band.row.plugin.name}:{band.row.name}" + (f", {band.tuned}" if band.tuned else ""))
         lines += [f"    {row.plugin.name}:{row.name} lost: {why}" for row, why in band.losers]
     return lines
