@@ -17,6 +17,7 @@ from radiance.engine.selection.bands import resolve
 from test_libr4d_support import make_weight, registry  # noqa: F401 (registry is a fixture)
 
 
+GEMMA = {"scale", "rmsnorm_heads", "gelu_tanh_mul", "sliding_attention"}  # device_gemma_rows.py
 FUSED = {"rmsnorm_gemm3", "rmsnorm_gemm2_silu_mul", "gemm_add", "rope_attention", "take_rows_rmsnorm_gemm_sample"}
 
 
@@ -42,7 +43,7 @@ def test_device_rows_are_listed_with_the_device_domain_and_leave_host_selection_
     assert lib.info.build_target.split() == ["host", "cuda", "hip"]
     device = {row.name: row for row in lib.rows if row.info.domain == RAD_DOMAIN_DEVICE and not row.collective}
     assert {row.op for row in device.values()} == {"embedding", "rmsnorm", "gemm", "rope", "attention", "add",
-                                                    "silu_mul", "take_rows", "sample", *FUSED}
+                                                    "silu_mul", "take_rows", "sample", *FUSED, *GEMMA}
     assert all(row.info.replaces for row in device.values() if row.op in FUSED)
     assert all(name.endswith("_dev") for name in device)
     chained = [name for name in device if device[name].op not in ("all_reduce", "all_gather")]

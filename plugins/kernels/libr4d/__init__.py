@@ -61,11 +61,12 @@ def _collective_rows(native) -> list:
 
 
 def _device_rows():
-    """device_rows.py's rows (RAD_DOMAIN_DEVICE, kernels in device/*.cu), or nothing if it will not
-    import: the host rows load either way."""
+    """device_rows.py's rows, device_gguf_rows.py's (the GGUF block types) and device_gemma_rows.py's
+    (Gemma 3's ops): RAD_DOMAIN_DEVICE, kernels in device/*.cu; or nothing if one will not import:
+    the host rows load either way."""
     try:
-        from . import device_rows
-        return device_rows.build_device_rows()
+        from . import device_gemma_rows, device_gguf_rows, device_rows
+        return device_rows.build_device_rows() + device_gguf_rows.build_rows() + device_gemma_rows.build_rows()
     except Exception as error:  # the device rows must not take the host rows down
         log.warning("libr4d: device rows unavailable (%s: %s)", type(error).__name__, error)
         return []

@@ -42,6 +42,7 @@ struct Attend {
     u32* counters;   // [M * kv_heads] then one for the whole grid
     int seqs, max_blocks, q_heads, kv_heads, head_dim, block_size, interleaved;
     float scale;
+    int window;  // sliding_attention (attention_window.cu): keys p - window < j <= p; 0 (left out): all
 };
 
 // rope's cos and sin for element d of a head_dim row at `position` (f64 rounded once, as the rope row)
@@ -98,9 +99,10 @@ __device__ void attend(const Attend& p) {
     while (s + 1 < p.seqs && p.cu_seqlens[s + 1] <= m) ++s;  // the sequence token m belongs to
     int length = p.context_lens[s], position = p.positions[m];
     int visible = min(position, length - 1) + 1;
+    int oldest = p.window > 0 ? max(0, position - p.window + 1) : 0;  // the first key a window lets in
     int step_first = p.cu_seqlens[s], fresh = length - (p.cu_seqlens[s + 1] - step_first);  // this step's positions
-    int chunk = (visible + splits - 1) / splits;
-    int j0 = split * chunk, j1 = min(visible, j0 + chunk);
+    int chunk = (max(visible - oldest, 0) + splits - 1) / splits;
+    int j0 = oldest + split * chunk, j1 = min(visible, j0 + chunk);
     // U keys a warp at a time: their loads issued together, one online-softmax update for the U
     constexpr int U = DPL * G >= 32 ? 2 : 4;
     float qv[G][DPL], acc[G][DPL], run_max[G], run_sum[G], qc[DPL], qs[DPL];

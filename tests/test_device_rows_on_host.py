@@ -1,0 +1,134 @@
+"""The new device sources themselves, run without a card: gemv_gguf.cu, gemma.cu and attention_window.cu
+(after attention.cu), their real text built with g++ behind tests/fixtures/cuda_on_host.h (threads for
+a block's lanes, a warp's shuffles and barriers emulated) as the kernels of a fake NVIDIA card, the
+rows launched through their plans, against libref within each row's tolerance. What the numpy forms
+(test_device_gguf_rows.py, test_device_gemma_rows.py) cannot show: the kernels' own indexing, bit
+extraction, sub-block scales and split merges. Skipped, saying so, where g++ is missing."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from radiance.abi import RAD_OK
+from radiance.engine.running.device_stream import EngineStream
+from device_batch_support import nvidia_fake
+from test_device_rows_support import Card
+from test_device_tensor_cores import attention_operands
+from test_libr4d_kquants import TYPES, gguf_weight
+from test_libr4d_support import activations, plain_weight, registry, rel_err, row_of  # noqa: F401 (registry)
+from test_libr4d_support import launch as host_launch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+_spec = importlib.util.spec_from_file_location("_fixture_cuda_on_host", FIXTURES / "cuda_on_host.py")
+ON_HOST = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ON_HOST)
+pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
+NAMES = [qtype.name.lower() for qtype in TYPES]
+
+
+def module(registry, name):
+    import importlib
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    return importlib.import_module(f"{lib.module.__name__}.{name}")
+
+
+def device_row(registry, name):
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    return next(row for row in lib.rows if row.name == name)
+
+
+@pytest.fixture(scope="module")
+def on_host(registry):
+    dk = module(registry, "device_kernels")
+
+    def attention_options(launch):  # r4d_attend_window's head_dim and heads a kv head are its arguments
+        if launch.name != "r4d_attend_window":
+            return ()
+        q_heads, kv_heads, d = (int.from_bytes(launch.args.data[launch.args.offsets[i]:launch.args.offsets[i] + 4],
+                                               "little") for i in (16, 17, 18))
+        return dk.attention_options(d, q_heads // kv_heads)
+
+    kernels = {**ON_HOST.kernels(dk.source("gemv_gguf")), **ON_HOST.kernels(dk.source("gemma")),
+               **ON_HOST.kernels(dk.source("attention_window"), attention_options)}
+    device = nvidia_fake("sm_90", kernels)
+    card = Card(device, EngineStream(device))
+    yield card
+    card.close()
+    device.close()
+
+
+def gemm_agrees(registry, on_host, weight, fmt, m):
+    n, k = weight.rows, weight.cols
+    params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+    x = activations(m, k, m)
+    name = f"r4dchain_{'gemv' if m <= 8 else 'gemm'}_{fmt}_dev"
+    got = on_host.run(device_row(registry, name), [x, None, np.full((m, n), np.nan, np.float32)], params, {1: weight},
+                      read=(2,))[2]
+    want = np.zeros((m, n), np.float32)
+    assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
+    err = rel_err(got, want)
+    assert np.isfinite(got).all() and err <= module(registry, "device_kernels").TOLERANCE["gemv"], (name, err)
+
+
+@pytest.mark.parametrize("fmt", NAMES)
+def test_gemv_gguf_cu_agrees_with_libref(registry, on_host, fmt):
+    """Random blocks, 19 output rows (the last block's warps past N), K of several lane rounds, the
+    decode entries and the prefill's chunks of 8."""
+    qtype = next(q for q in TYPES if q.name.lower() == fmt)
+    weight = gguf_weight(qtype, 19, 1280 if fmt.endswith("_k") else 1088, seed=7)[0]
+    for m in (1, 2, 5, 8, 11):
+        gemm_agrees(registry, on_host, weight, fmt, m)
+
+
+@pytest.mark.parametrize("fmt,n,k", [("q5_0", 256, 640), ("q4_k", 64, 1024), ("q6_k", 64, 2048)])
+def test_gemv_gguf_cu_at_gemma3_270m_widths(registry, on_host, fmt, n, k):
+    qtype = next(q for q in TYPES if q.name.lower() == fmt)
+    gemm_agrees(registry, on_host, gguf_weight(qtype, n, k, seed=n)[0], fmt, 1)
+
+
+@pytest.mark.parametrize("fmt", NAMES)
+def test_the_embedding_entries_are_libref_s_bit_for_bit(registry, on_host, fmt):
+    from test_device_gguf_rows import embedding_agrees
+    embedding_agrees(registry, on_host, fmt, 12, 512, m=5)
+
+
+def gemma_agrees(registry, on_host, op, operands, params, read, weights=None):
+    tolerance = module(registry, "device_gemma_rows").TOLERANCE[op]
+    got = on_host.run(device_row(registry, f"r4dchain_{op}_dev"), operands, params, weights, read)
+    arrays = [None if weights and i in weights else np.array(o, copy=True) for i, o in enumerate(operands)]
+    assert host_launch(row_of(registry, op, "libref"), arrays, params, weights) == RAD_OK
+    for i in read:
+        if tolerance == 0.0:
+            np.testing.assert_array_equal(got[i], arrays[i], err_msg=op)
+        else:
+            assert rel_err(got[i], arrays[i]) <= tolerance, (op, i, rel_err(got[i], arrays[i]))
+    return got, arrays
+
+
+def test_gemma_cu_agrees_with_libref(registry, on_host):
+    x = activations(3, 640, 1)
+    gemma_agrees(registry, on_host, "scale", [x, np.zeros_like(x)],
+                 {"M": 3, "n": 640, "scale": float(np.sqrt(640.0)), "dtype": "f32"}, read=(1,))
+    gate, up = activations(2, 1000, 2) * 2, activations(2, 1000, 3)
+    gemma_agrees(registry, on_host, "gelu_tanh_mul", [gate, up, np.zeros_like(gate)], {"M": 2, "n": 1000, "dtype": "f32"},
+                 read=(2,))
+    w = plain_weight(1.0 + np.random.default_rng(3).standard_normal((1, 256)).astype(np.float32) * 0.1, "f32")
+    for heads in (4, 1):
+        q = activations(3, heads * 256, heads)
+        gemma_agrees(registry, on_host, "rmsnorm_heads", [q, None, np.zeros_like(q)],
+                     {"M": 3, "heads": heads, "head_dim": 256, "eps": 1e-6, "dtype": "f32"}, read=(2,), weights={1: w})
+
+
+@pytest.mark.parametrize("heads,kv,d,window,sequences", [
+    (4, 1, 256, 16, [(3, 1), (20, 1), (40, 1)]),   # decode: inside the window and past it
+    (4, 2, 64, 8, [(5, 6), (30, 1)]),              # a prefill chunk crossing the window's edge
+])
+def test_attention_window_cu_agrees_with_libref(registry, on_host, heads, kv, d, window, sequences):
+    operands, params = attention_operands(heads, kv, d, sequences, seed=window)
+    params = {**params, "window": window}
+    got, want = gemma_agrees(registry, on_host, "sliding_attention", operands, params, read=(3, 4, 10))
+    np.testing.assert_array_equal(got[3], want[3])
+    np.testing.assert_array_equal(got[4], want[4])
+
