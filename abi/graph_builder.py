@@ -1,12 +1,18 @@
 """GraphBuilder: what every architecture plugin's declare hook writes the same way — weights,
-f32 buffers, nodes, and the two ops whose parameters come from the weights and the hyper-parameters
-(gemm: N, K, wdtype; rmsnorm: n, eps). A family's builder adds its own ops on top. Part of the
-contract package because a plugin imports nothing of radiance's but it."""
+f32 buffers, nodes, the two ops whose parameters come from the weights and the hyper-parameters
+(gemm: N, K, wdtype; rmsnorm: n, eps), and a decoder's ends: its activation buffers, the embedding
+and the head (last tokens, output norm, vocab-parallel lm head, all_gather, sample). A family's
+builder adds its own ops on top. Part of the contract package because a plugin imports nothing of
+radiance's but it."""
 
 from .arch import RadBufferDecl, RadNodeDecl, RadWeightDecl
-from .constants import RAD_DT_F32, RAD_EXTENT_TOKENS, RAD_SPLIT_COLS, RAD_SPLIT_NONE, RAD_SPLIT_ROWS
+from .arch_family import EMBEDDING, OUTPUT, OUTPUT_NORM
+from .constants import (
+    RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_TOKENS, RAD_SPLIT_COLS, RAD_SPLIT_NONE, RAD_SPLIT_ROWS, RAD_STEP_IDS,
+    RAD_STEP_LAST_INDEX, RAD_STEP_RNG, RAD_STEP_TEMPERATURE, RAD_STEP_TOKENS, RAD_STEP_TOP_K, RAD_STEP_TOP_P,
+)
 
-TOKENS = RAD_EXTENT_TOKENS
+TOKENS, SEQS = RAD_EXTENT_TOKENS, RAD_EXTENT_SEQS
 
 
 class GraphBuilder:
@@ -40,3 +46,37 @@ class GraphBuilder:
         self.weight(weight, RAD_SPLIT_NONE)
         self.node("rmsnorm", name, (x, weight, y), extent, n=self.hyper["hidden"],
                   eps=float(self.hyper["rms_eps"]), dtype=self.dtype)
+
+    def decoder_buffers(self) -> None:
+        """A decoder layer's activations, [tokens, cols]: h the residual stream, x a normed copy, t a
+        partial sum before its all_reduce; q, k, v, attn, gate, up split by columns (k and v as
+        whole KV heads, replicated where the ranks outnumber them)."""
+        h = self.hyper
+        q, kv, kv_heads = h["heads"] * h["head_dim"], h["kv_heads"] * h["head_dim"], h["kv_heads"]
+        for name, cols, split, parts in (("h", h["hidden"], 0, 0), ("x", h["hidden"], 0, 0), ("q", q, 1, 0),
+                                         ("k", kv, 1, kv_heads), ("v", kv, 1, kv_heads), ("attn", q, 1, 0),
+                                         ("t", h["hidden"], 0, 0), ("gate", h["ffn"], 1, 0), ("up", h["ffn"], 1, 0)):
+            self.buffer(name, cols, TOKENS, split, parts)
+
+    def embedding(self) -> None:
+        """h = token_embd[ids]."""
+        self.weight(EMBEDDING, RAD_SPLIT_NONE)
+        self.node("embedding", "embedding", (RAD_STEP_IDS, EMBEDDING, "h"), n=self.hyper["hidden"],
+                  vocab=self.hyper["vocab"], wdtype=self.weights[EMBEDDING].format, dtype=self.dtype)
+
+    def head(self) -> None:
+        """Each sequence's last token, normed, through the vocab-parallel lm head (token_embd where
+        there is no output weight: tied), gathered and sampled."""
+        hidden, vocab = self.hyper["hidden"], self.hyper["vocab"]
+        self.buffer("hs", hidden, SEQS)
+        self.buffer("xs", hidden, SEQS)
+        self.buffer("logits_part", vocab, SEQS, split=1)
+        self.buffer("logits", vocab, SEQS)
+        self.node("take_rows", "last_tokens", ("h", RAD_STEP_LAST_INDEX, "hs"), SEQS, n=hidden, dtype=self.dtype)
+        self.rmsnorm("output_norm", "hs", OUTPUT_NORM, "xs", SEQS)
+        self.gemm("lm_head", "xs", "lm_head", "logits_part", RAD_SPLIT_ROWS, SEQS,
+                  source=OUTPUT if OUTPUT in self.weights else EMBEDDING)
+        self.node("all_gather", "lm_head.all_gather", ("logits_part", "logits"), SEQS, split="n", n=vocab,
+                  dtype=self.dtype)
+        self.node("sample", "sample", ("logits", RAD_STEP_TEMPERATURE, RAD_STEP_TOP_K, RAD_STEP_TOP_P, RAD_STEP_RNG,
+                                       RAD_STEP_TOKENS), SEQS, vocab=vocab)

@@ -20,13 +20,12 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from checkout_shim import ROOT, SHIM_PATH  # noqa: E402,F401  (first: maps the checkout under `radiance.`)
+from bench_ranks import graph_us, nccl_graph_us, run_ranks, run_tests, take_reports
 os.environ["NCCL_NVLS_ENABLE"] = "0"                 # never NVLink multicast (KINDS.md)
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
@@ -45,18 +44,9 @@ def plan(size):
     return 6, 3, 2
 
 
-def rank_main(rank, world, store_path, sizes, queue):
+def measure(rank, world, store_path, sizes, report):
+    """One rank, on card `rank`: report["sizes"] filled."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
-    report = {"rank": rank, "sizes": {}}
-    try:
-        _measure(rank, world, store_path, sizes, report)
-    except Exception as error:  # noqa: BLE001
-        import traceback
-        report["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
-    queue.put(report)
-
-
-def _measure(rank, world, store_path, sizes, report):
     from radiance.device import CompileCache
     from radiance.device.cuda import CudaDevice
     from radiance.collectives.device_p2p import DeviceP2P
@@ -107,18 +97,8 @@ def _measure(rank, world, store_path, sizes, report):
         return device.elapsed_ms(start, end) * 1e3 / iters
 
     def ours_graph(count, k, r, form):
-        device.begin_capture(stream)
-        for _ in range(k):
-            coll.all_reduce(xp, yp, count, "bf16", stream=stream, form=form)
-        graph = device.instantiate(device.end_capture(stream))
-        barrier()
-        device.launch_graph(graph, stream)      # absorbs the ranks' skew
-        start, end = device.event(), device.event()
-        device.record(start, stream)
-        for _ in range(r):
-            device.launch_graph(graph, stream)
-        device.record(end, stream)
-        return device.elapsed_ms(start, end) * 1e3 / (k * r)
+        return graph_us(device, stream, lambda: coll.all_reduce(xp, yp, count, "bf16", stream=stream, form=form),
+                        k, r, barrier)
 
     def nccl_plain(t, iters):
         for _ in range(5):
@@ -135,26 +115,7 @@ def _measure(rank, world, store_path, sizes, report):
         return start.elapsed_time(end) * 1e3 / iters
 
     def nccl_graph(t, k, r):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                dist.all_reduce(t)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(k):
-                dist.all_reduce(t)
-        barrier()
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(r):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / (k * r)
+        return nccl_graph_us(torch, dist, t, k, r, barrier)
 
     for size in sizes:
         count = size // 2
@@ -225,22 +186,6 @@ def table(rows):
     return "\n".join(lines)
 
 
-def run_tests(out):
-    command = [sys.executable, "-P", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-               str(ROOT / "tests" / "test_device_allreduce.py")]
-    t0 = time.perf_counter()
-    try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=200)
-        log, code = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as error:
-        log, code = f"pytest ran past 200 s\n{error.stdout or ''}{error.stderr or ''}", -1
-    if out:
-        Path(out, "allreduce_device_tests.log").write_text(log)
-    tail = [line for line in log.splitlines() if line.strip()][-15:]
-    print("\n".join(tail), flush=True)
-    return {"exit_code": code, "seconds": round(time.perf_counter() - t0, 1), "tail": tail}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", action="store_true", help="run tests/test_device_allreduce.py first")
@@ -255,43 +200,19 @@ def main():
                (" --tests" if options.tests else "") + (" --quick" if options.quick else "") +
                f" --ranks {world}"}
     if options.tests:
-        results["tests"] = run_tests(out)
+        results["tests"] = run_tests(out, ["tests/test_device_allreduce.py"], "allreduce_device_tests.log", 200)
     sizes = LATENCY_SIZES + (BANDWIDTH_SIZES[:2] if options.quick else BANDWIDTH_SIZES)
-    context, folder = mp.get_context("spawn"), tempfile.mkdtemp(prefix="radar")
-    queue = context.Queue()
-    t0 = time.perf_counter()
-    ranks = [context.Process(target=rank_main, args=(r, world, str(Path(folder) / "store"), sizes, queue))
-             for r in range(world)]
-    for process in ranks:
-        process.start()
-    reports = []
-    for _ in ranks:
-        try:
-            reports.append(queue.get(timeout=200))
-        except Exception:  # noqa: BLE001  (queue.Empty: a rank hangs; end ours and say so)
-            seen = {r["rank"] for r in reports}
-            reports += [{"rank": r, "error": f"rank {r} never reported"} for r in range(world) if r not in seen]
-            break
-    reports.sort(key=lambda r: r["rank"])
-    for process in ranks:
-        process.join(timeout=30)
-        if process.is_alive():
-            process.kill()
-    results["seconds"] = round(time.perf_counter() - t0, 1)
-    errors = [r["error"] for r in reports if "error" in r]
-    if errors:
-        results["errors"] = errors
-        print("\n".join(errors), flush=True)
-    else:
-        results["card"] = reports[0]["card"]
-        results["timed_out"] = [r["timed_out"] for r in reports]
+    store = str(Path(tempfile.mkdtemp(prefix="radar")) / "store")
+    reports, results["seconds"] = run_ranks(mp.get_context("spawn"), measure, world, (world, store, sizes),
+                                            {"sizes": {}}, 200)
+    if take_reports(reports, results):
         results["rows"] = combine(reports, world)
         results["per_rank"] = reports
         print(table(results["rows"]), flush=True)
         print(json.dumps(results["card"]), flush=True)
     if out:
         Path(out, "allreduce_device.json").write_text(json.dumps(results, indent=1, default=str))
-    return 0 if not errors and results.get("tests", {}).get("exit_code", 0) == 0 else 1
+    return 0 if "errors" not in results and results.get("tests", {}).get("returncode", 0) == 0 else 1
 
 
 if __name__ == "__main__":

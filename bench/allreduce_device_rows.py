@@ -19,13 +19,11 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 
 from checkout_shim import ROOT, SHIM_PATH  # noqa: E402,F401  (first: maps the checkout under `radiance.`)
+from bench_ranks import graph_us, run_ranks, run_tests, take_reports
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [8 * KiB, 32 * KiB, 128 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 8 * MiB]
@@ -38,17 +36,9 @@ def plain_iterations(nbytes):
     return 200 if nbytes <= 1 * MiB else 50
 
 
-def rank_main(rank, world, run_id, barrier, queue):
+def measure(rank, world, run_id, barrier, report):
+    """One rank, on card `rank`: report["times"] filled."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
-    report = {"rank": rank, "times": {}}
-    try:
-        _measure(rank, world, run_id, barrier, report)
-    except Exception as error:  # noqa: BLE001
-        report["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
-    queue.put(report)
-
-
-def _measure(rank, world, run_id, barrier, report):
     import tempfile
 
     import numpy as np
@@ -90,18 +80,7 @@ def _measure(rank, world, run_id, barrier, report):
                     launch()
                 device.record(end, stream)
                 plain = device.elapsed_ms(start, end) * 1e3 / iters
-                device.begin_capture(stream)
-                for _ in range(K):
-                    launch()
-                graph = device.instantiate(device.end_capture(stream))
-                barrier_()
-                device.launch_graph(graph, stream)      # absorbs the ranks' skew
-                start, end = device.event(), device.event()
-                device.record(start, stream)
-                for _ in range(R):
-                    device.launch_graph(graph, stream)
-                device.record(end, stream)
-                replayed = device.elapsed_ms(start, end) * 1e3 / (K * R)
+                replayed = graph_us(device, stream, launch, K, R, barrier_)
                 report["times"][f"{form} {kernel} {nbytes}"] = {"plain_us": round(plain, 2), "graph_us": round(replayed, 2)}
         report.setdefault("default_kernel", {})[form] = {n: coll.form_for(n) for n in SIZES}
         report.setdefault("timed_out", {})[form] = peers.timed_out(stream)
@@ -109,22 +88,6 @@ def _measure(rank, world, run_id, barrier, report):
         peers.close()
     device.free(x), device.free(y)
     host.close()
-
-
-def run_tests(out):
-    """The card tests, their log streamed to $OUT (it comes back even if the run is cut short)."""
-    tests = ["tests/test_device_collectives_rows.py", "tests/test_device_allreduce.py"]
-    command = [sys.executable, "-P", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *tests]
-    log_path = Path(out or "/tmp", "allreduce_device_rows_tests.log")
-    with open(log_path, "w") as log_file:
-        try:
-            code = subprocess.run(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, timeout=170).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    log = log_path.read_text()
-    print(log[-6000:], flush=True)
-    summary = [line for line in log.splitlines() if " passed" in line or " failed" in line or " error" in line]
-    return {"returncode": code, "summary": summary[-1] if summary else log[-500:]}
 
 
 def table(rows):
@@ -144,36 +107,13 @@ def main():
     results = {"python": sys.version.split()[0], "command": "python3 bench/allreduce_device_rows.py" +
                (" --tests" if options.tests else ""), "K": K, "R": R}
     if options.tests:
-        results["tests"] = run_tests(out)
+        results["tests"] = run_tests(out, ["tests/test_device_collectives_rows.py", "tests/test_device_allreduce.py"],
+                                     "allreduce_device_rows_tests.log", 170)
     from radiance.collectives.shm import new_run_id, unlink_run
     context, run_id = mp.get_context("spawn"), new_run_id()
-    queue, barrier = context.Queue(), context.Barrier(2)
-    t0 = time.perf_counter()
-    ranks = [context.Process(target=rank_main, args=(r, 2, run_id, barrier, queue)) for r in range(2)]
-    for process in ranks:
-        process.start()
-    reports = []
-    for _ in ranks:
-        try:
-            reports.append(queue.get(timeout=150))
-        except Exception:  # noqa: BLE001  (queue.Empty: a rank hangs; end ours and say so)
-            seen = {r["rank"] for r in reports}
-            reports += [{"rank": r, "error": f"rank {r} never reported"} for r in range(2) if r not in seen]
-            break
-    reports.sort(key=lambda r: r["rank"])
-    for process in ranks:
-        process.join(timeout=30)
-        if process.is_alive():
-            process.kill()
+    reports, results["seconds"] = run_ranks(context, measure, 2, (2, run_id, context.Barrier(2)), {"times": {}}, 150)
     unlink_run(run_id)
-    results["seconds"] = round(time.perf_counter() - t0, 1)
-    errors = [r["error"] for r in reports if "error" in r]
-    if errors:
-        results["errors"] = errors
-        print("\n".join(errors), flush=True)
-    else:
-        results["card"] = reports[0]["card"]
-        results["timed_out"] = [r["timed_out"] for r in reports]
+    if take_reports(reports, results):
         results["default_kernel"] = reports[0]["default_kernel"]
         keys = reports[0]["times"].keys()
         results["rows"] = {key: {k: max(r["times"][key][k] for r in reports) for k in ("plain_us", "graph_us")}

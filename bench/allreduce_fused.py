@@ -33,14 +33,12 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 from checkout_shim import ROOT, SHIM_PATH  # noqa: E402,F401  (first: maps the checkout under `radiance.`)
+from bench_ranks import graph_us, nccl_graph_us, run_ranks, run_tests, take_reports
 os.environ["NCCL_NVLS_ENABLE"] = "0"                 # never NVLink multicast (KINDS.md)
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
@@ -61,17 +59,9 @@ def shape(nbytes):
     return count // n, n
 
 
-def rank_main(rank, world, run_id, barrier, queue, sizes, timed, store):
+def measure(rank, world, run_id, barrier, sizes, timed, store, report):
+    """One rank, on card rank % cards: report["checks"] and, where timed, report["times"] filled."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(rank % int(os.environ.get("RADIANCE_BENCH_CARDS", "1")))
-    report = {"rank": rank, "times": {}, "checks": {}}
-    try:
-        _measure(rank, world, run_id, barrier, report, sizes, timed, store)
-    except Exception as error:  # noqa: BLE001
-        report["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
-    queue.put(report)
-
-
-def _measure(rank, world, run_id, barrier, report, sizes, timed, store):
     import numpy as np
 
     from radiance.abi import RAD_DT_F32, RadArgs, rad_device_tensor
@@ -145,21 +135,7 @@ def _measure(rank, world, run_id, barrier, report, sizes, timed, store):
     k, r = (2, 1) if device.vendor == "fake" else (K, R)
 
     def graphed(launch):
-        for _ in range(3):
-            launch()
-        device.begin_capture(stream.handle)
-        for _ in range(k):
-            launch()
-        graph = device.instantiate(device.end_capture(stream.handle))
-        barrier_()
-        device.launch_graph(graph, stream.handle)      # absorbs the ranks' skew
-        start, end = device.event(), device.event()
-        device.record(start, stream.handle)
-        for _ in range(r):
-            device.launch_graph(graph, stream.handle)
-        device.record(end, stream.handle)
-        stream.synchronize()
-        return round(device.elapsed_ms(start, end) * 1e3 / (k * r), 2)
+        return round(graph_us(device, stream.handle, launch, k, r, barrier_, warmup=3), 2)
 
     nccl = _nccl(rank, world, store) if timed and device.vendor == "cuda" else None
     for nbytes in sizes:
@@ -233,29 +209,8 @@ class _Nccl:
         return bool((t.cpu().numpy().view("uint32") == ours.view("uint32")).all())
 
     def graphed(self, count, k, r, barrier_):
-        torch = self.torch
-        t = torch.randn(count, dtype=torch.float32, device="cuda")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self.dist.all_reduce(t)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(k):
-                self.dist.all_reduce(t)
-        torch.cuda.synchronize()
-        barrier_()
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(r):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        return round(start.elapsed_time(end) * 1e3 / (k * r), 2)
+        t = self.torch.randn(count, dtype=self.torch.float32, device="cuda")
+        return round(nccl_graph_us(self.torch, self.dist, t, k, r, barrier_), 2)
 
 
 def _nccl(rank, world, store):
@@ -268,21 +223,6 @@ def _nccl(rank, world, store):
     dist.init_process_group("nccl", store=dist.FileStore(store, world), rank=rank, world_size=world,
                             device_id=torch.device("cuda", 0))
     return _Nccl(torch, dist, rank)
-
-
-def run_tests(out):
-    tests = ["tests/test_device_fused_card.py", "tests/test_device_fused_host.py"]
-    command = [sys.executable, "-P", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *tests]
-    log_path = Path(out or tempfile.gettempdir(), "allreduce_fused_tests.log")
-    with open(log_path, "w") as log_file:
-        try:
-            code = subprocess.run(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, timeout=400).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    log = log_path.read_text()
-    print(log[-6000:], flush=True)
-    summary = [line for line in log.splitlines() if " passed" in line or " failed" in line or " error" in line]
-    return {"returncode": code, "summary": summary[-1] if summary else log[-500:]}
 
 
 def visible_cards() -> int:
@@ -344,7 +284,8 @@ def main():
     if not timed:
         print(f"{cards} card(s) for {world} ranks: the ranks share cards, so only the checks run", flush=True)
     if options.tests:
-        results["tests"] = run_tests(out)
+        results["tests"] = run_tests(out, ["tests/test_device_fused_card.py", "tests/test_device_fused_host.py"],
+                                     "allreduce_fused_tests.log", 400)
     if cards == 0:
         results["errors"] = ["no NVIDIA card"]
     else:
@@ -352,35 +293,12 @@ def main():
         os.environ["RADIANCE_BENCH_CARDS"] = str(cards)
         sizes = [s for s in SIZES if s <= (MiB if options.quick else options.largest)]
         context, run_id = mp.get_context("spawn"), new_run_id()
-        queue, barrier = context.Queue(), context.Barrier(world)
         store = str(Path(tempfile.mkdtemp(prefix="radfused")) / "store")
-        t0 = time.perf_counter()
-        ranks = [context.Process(target=rank_main, args=(r, world, run_id, barrier, queue, sizes, timed, store))
-                 for r in range(world)]
-        for process in ranks:
-            process.start()
-        reports = []
-        for _ in ranks:
-            try:
-                reports.append(queue.get(timeout=900))
-            except Exception:  # noqa: BLE001  (queue.Empty: a rank hangs; end ours and say so)
-                seen = {r["rank"] for r in reports}
-                reports += [{"rank": r, "error": f"rank {r} never reported"} for r in range(world) if r not in seen]
-                break
-        reports.sort(key=lambda r: r["rank"])
-        for process in ranks:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
+        reports, results["seconds"] = run_ranks(context, measure, world,
+                                                (world, run_id, context.Barrier(world), sizes, timed, store),
+                                                {"times": {}, "checks": {}}, 900)
         unlink_run(run_id)
-        results["seconds"] = round(time.perf_counter() - t0, 1)
-        errors = [r["error"] for r in reports if "error" in r]
-        if errors:
-            results["errors"] = errors
-            print("\n".join(errors), flush=True)
-        else:
-            results["card"] = reports[0]["card"]
-            results["timed_out"] = [r["timed_out"] for r in reports]
+        if take_reports(reports, results):
             results["rows"] = combine(reports)
             print(table(results["rows"]), flush=True)
     if out:

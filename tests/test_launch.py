@@ -1,6 +1,11 @@
 """radiance-launch end to end on host ranks: real processes, real zmq, real shared memory. Tensor
 parallel ranks agree with one rank; what a user meets on the way in and out."""
 
+import copy
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -42,9 +47,22 @@ def generate(model, tp, prompts, max_tokens=8, launched=True, **options):
 PROMPTS = ["hello there", "the quick brown fox", "1 2 3 4"]
 
 
+@pytest.fixture(scope="module")
+def one_rank():
+    """generate(model, 1, PROMPTS), launched once per model for the module (TP 2 and TP 4 compare
+    against the same TP 1 run); each caller gets its own copy."""
+    runs = {}
+
+    def outputs(model):
+        if model not in runs:
+            runs[model] = generate(model, 1, PROMPTS)
+        return copy.deepcopy(runs[model])
+    return outputs
+
+
 @pytest.mark.parametrize("tp", [2, 4])
-def test_synthetic_tensor_parallel_agrees_with_one_rank(wide_model, tp):
-    one, one_logits = generate(wide_model, 1, PROMPTS)
+def test_synthetic_tensor_parallel_agrees_with_one_rank(wide_model, one_rank, tp):
+    one, one_logits = one_rank(wide_model)
     many, many_logits = generate(wide_model, tp, PROMPTS)
     assert many == one
     assert len(many_logits) == len(one_logits)
@@ -63,8 +81,8 @@ def one_kv_head(tmp_path_factory):
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_replicated_kv_heads_agree_with_one_rank(one_kv_head, tp):
-    one, one_logits = generate(one_kv_head, 1, PROMPTS)
+def test_replicated_kv_heads_agree_with_one_rank(one_kv_head, one_rank, tp):
+    one, one_logits = one_rank(one_kv_head)
     many, many_logits = generate(one_kv_head, tp, PROMPTS)
     assert many == one
     for a, b in zip(one_logits, many_logits):
@@ -127,3 +145,33 @@ def test_ranks_that_resolve_differently_are_refused_before_the_first_step(wide_m
     assert ("rank 1 resolved a different graph from rank 0's: node layers.0.ffn.silu_mul, op 'silu_mul' band "
             "[1, 256]: libr4d:r4d_silu_mul where rank 0 has picky:picky_silu_mul") in stderr
     assert wait_gone(launch) == []
+
+
+PARENT = """
+import atexit, json, sys
+from radiance.tools.launch import main
+
+def loaded():
+    # a kernel plugin imported here (the loader's module names), or a native library mapped here:
+    # libr4d's r4d-*.so, or a shared object of a home's kernels/ folder
+    modules = sorted(name for name in sys.modules if name.startswith("_radiance_plugin_kernels_"))
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if line.rstrip().endswith(".so")}
+    native = sorted(path for path in paths if path.rsplit("/", 1)[-1].startswith("r4d-") or "/kernels/" in path)
+    print("parent loaded:", json.dumps(modules + native), file=sys.stderr)
+
+atexit.register(loaded)
+main()
+"""
+
+
+def test_the_launching_process_loads_no_kernel_library(tiny_model):
+    """radiance-launch checks the model and its split over the ranks before spawning them from the
+    architecture plugins alone: the kernel libraries (libr4d's native build among them) are loaded by
+    the ranks, never by the parent."""
+    result = subprocess.run([sys.executable, "-c", PARENT, "--tp", "2", "--model", str(tiny_model), "--prompt", "hi",
+                             "--max-tokens", "2", "--temperature", "0"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip(), "no completion"
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("parent loaded: ")]
+    assert json.loads(line.removeprefix("parent loaded: ")) == [], line

@@ -35,9 +35,11 @@ def greedy(model, kernels, prompts, max_tokens, accept_reference=False):
         worker.close()
 
 
-def test_libr4d_and_libref_agree_on_the_first_16_greedy_tokens(smollm2):
-    fast, text = greedy(smollm2, "libr4d", PROMPTS, 16)
-    oracle, _ = greedy(smollm2, "libref", PROMPTS, 16, accept_reference=True)
+def test_libr4d_and_libref_agree_on_the_first_8_greedy_tokens(smollm2):
+    """8 tokens of each prompt (16 before: libref's decode, ordered f32 sums in numpy, made this the
+    suite's slowest test); every row of a decode step still runs against the oracle 8 times a prompt."""
+    fast, text = greedy(smollm2, "libr4d", PROMPTS, 8)
+    oracle, _ = greedy(smollm2, "libref", PROMPTS, 8, accept_reference=True)
     assert fast == oracle, [text.decode(ids) for ids in fast + oracle]
 
 

@@ -3,7 +3,7 @@ fusion and sharding) and which declarations the run phase issued: rank 0's resol
 per node and band with its winning row, each with the number of steps that ran in its band; and
 the same summed per op and band."""
 
-from radiance.abi import RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS
+from radiance.abi import RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_PLUGIN_ARCH
 
 EXTENTS = {RAD_EXTENT_TOKENS: "tokens", RAD_EXTENT_SEQS: "seqs", RAD_EXTENT_SLOTS: "slots"}
 
@@ -17,15 +17,20 @@ def declared_nodes(graph) -> list[dict]:
 
 def open_declared(config) -> list[dict]:
     """The declared graph of config's model, for /graph whatever ranks run it: the architecture
-    plugin declares it again here (no weight is read)."""
+    plugin declares it again here (no weight is read; no kernel library is opened, as the launching
+    process's check before spawning opens none)."""
     from radiance.engine.loading.model import open_model
     from radiance.engine.loading.registry import Registry
 
-    model = open_model(config, Registry(config.radiance_home, config.kernels))
+    registry = Registry(config.radiance_home, kinds=(RAD_PLUGIN_ARCH,))
     try:
-        return declared_nodes(model.graph)
+        model = open_model(config, registry)
+        try:
+            return declared_nodes(model.graph)
+        finally:
+            model.close()
     finally:
-        model.close()
+        registry.close()
 
 
 def parse_line(line: str) -> dict:

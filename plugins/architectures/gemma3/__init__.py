@@ -6,29 +6,16 @@ declares the graph of one step and its tensor-parallel plan as data; its import 
 tell rad-convert how the family's GGUF files and Hugging Face folders are read."""
 
 from radiance.abi import RAD_ABI_VERSION, RAD_PLUGIN_ARCH, RadArchInfo, RadPluginInfo
+from radiance.abi import arch_family as family
 
 from . import source
 from .graph import declare as declare_graph
 from .hyper import check
 
 
-def shape_problem(hyper: dict, weights: dict) -> str:
-    """'' when every weight the hyper-parameters call for is there at its shape, else a one-line reason."""
-    for spec in source.weights(hyper):
-        if not spec.name or spec.optional and spec.name not in weights:
-            continue
-        if spec.name not in weights:
-            return f"weight '{spec.name}' is missing"
-        found = (weights[spec.name].rows, weights[spec.name].cols)
-        if found != (spec.rows, spec.cols):
-            return (f"weight '{spec.name}' is {found[0]}x{found[1]}, gemma3 with these hyper-parameters "
-                    f"needs {spec.rows}x{spec.cols}")
-    return ""
-
-
 def declare(hyper: dict, weights: dict):
     """The graph, or a one-line reason naming the weight that does not fit."""
-    return shape_problem(hyper, weights) or declare_graph(hyper, weights)
+    return family.shape_problem(source.weights(hyper), weights, "gemma3") or declare_graph(hyper, weights)
 
 
 ARCHITECTURES = [RadArchInfo(name="gemma3", doc="Gemma 3 decoder: scaled embeddings, (1 + w) RMSNorm before and "

@@ -8,14 +8,8 @@ Layer i attends through a sliding window unless (i + 1) % sliding_window_pattern
 pattern of 6 for gemma3; Hugging Face's layer_types where it has them); the sliding layers rope
 with their own base (rope_local_theta: 10000, llama.cpp's and Hugging Face's rope_local_base_freq)."""
 
-import numpy as np
-
-from radiance.abi import (
-    RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_P_F64, RAD_P_INT, RAD_SOURCE_GGUF, RAD_SOURCE_HF, RAD_SOURCE_SYNTHETIC,
-    RadArchOption, RadWeightSpec,
-)
-
-from . import names
+from radiance.abi import RAD_P_F64, RAD_P_INT, RadArchOption
+from radiance.abi import arch_family as family
 
 SLIDING, FULL = "sliding", "full"
 GGUF_FAMILIES = ("gemma3",)
@@ -51,32 +45,12 @@ LAYER = (("attn_norm", "attn_norm", "input_layernorm"), ("attn.q", "attn_q", "se
          ("ffn.post_norm", "post_ffw_norm", "post_feedforward_layernorm"))
 
 
-def takes(kind: int, family: str) -> bool:
-    return family in {RAD_SOURCE_GGUF: GGUF_FAMILIES, RAD_SOURCE_HF: HF_FAMILIES,
-                      RAD_SOURCE_SYNTHETIC: ("gemma3",)}.get(kind, ())
-
-
-def f32_decimal(value) -> float:
-    """A float stored as f32, as the shortest decimal that reads back as that f32 (1e-06, not 9.99e-07)."""
-    return float(str(np.float32(value)))
+def takes(kind: int, name: str) -> bool:
+    return family.takes(kind, name, GGUF_FAMILIES, HF_FAMILIES, "gemma3")
 
 
 def layer_types(layers: int, pattern: int) -> list[str]:
     return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(layers)]
-
-
-class _Missing(Exception):
-    pass
-
-
-def _getter(meta: dict, prefix: str = ""):
-    def get(key, default=_Missing):
-        if prefix + key in meta:
-            return meta[prefix + key]
-        if default is _Missing:
-            raise _Missing(f"metadata {prefix}{key} is missing" if prefix else f"{key} is missing")
-        return default
-    return get
 
 
 def _gguf_pattern(get, layers: int) -> list[str]:
@@ -89,30 +63,30 @@ def _gguf_pattern(get, layers: int) -> list[str]:
 
 
 def _gguf(source) -> dict:
-    get = _getter(source.meta, f"{source.family}.")
+    get = family.getter(source.meta, f"{source.family}.")
     tensors = source.tensors
     if "token_embd.weight" not in tensors:
-        raise _Missing("tensor token_embd.weight is missing")
+        raise family.Missing("tensor token_embd.weight is missing")
     hidden, heads, layers = get("embedding_length"), get("attention.head_count"), get("block_count")
     head_dim = get("attention.key_length", 256)
     hyper = {"hidden": hidden, "layers": layers, "heads": heads,
              "kv_heads": get("attention.head_count_kv", heads), "head_dim": head_dim,
              "ffn": get("feed_forward_length"), "vocab": tensors["token_embd.weight"].rows,
-             "context": get("context_length"), "rope_theta": f32_decimal(get("rope.freq_base", 1000000.0)),
-             "rope_local_theta": f32_decimal(get("rope.freq_base_swa", LOCAL_THETA)),
-             "rms_eps": f32_decimal(get("attention.layer_norm_rms_epsilon")),
+             "context": get("context_length"), "rope_theta": family.f32_decimal(get("rope.freq_base", 1000000.0)),
+             "rope_local_theta": family.f32_decimal(get("rope.freq_base_swa", LOCAL_THETA)),
+             "rms_eps": family.f32_decimal(get("attention.layer_norm_rms_epsilon")),
              "sliding_window": get("attention.sliding_window"), "layer_types": _gguf_pattern(get, layers),
              # llama.cpp: head_dim, but hidden / heads for the 27B (62 layers), as Gemma's own config says
              "query_pre_attn_scalar": hidden // heads if layers == 62 else head_dim,
              "tie_embeddings": "output.weight" not in tensors, "rope_interleaved": 0}
-    scaling = get("rope.scaling.type", "none")
-    if scaling != "none":
-        hyper["rope_scaling"] = {"rope_type": scaling, "factor": f32_decimal(get("rope.scaling.factor"))}
+    scaling = family.gguf_rope_scaling(get)
+    if scaling:
+        hyper["rope_scaling"] = scaling
     return hyper
 
 
 def _hf(source) -> dict:
-    get = _getter(source.meta)
+    get = family.getter(source.meta)
     hidden, heads, layers = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
     head_dim = get("head_dim", 256)
     types = get("layer_types", None)
@@ -130,28 +104,20 @@ def _hf(source) -> dict:
              "tie_embeddings": bool(get("tie_word_embeddings", True)), "rope_interleaved": 0}
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if get(key, None) is not None:
-            raise _Missing(f"{key} {get(key)} is not supported (Gemma 3 has none)")
-    scaling = get("rope_scaling", None)
+            raise family.Missing(f"{key} {get(key)} is not supported (Gemma 3 has none)")
+    scaling = family.hf_rope_scaling(get)
     if scaling:
-        scaling = dict(scaling)
-        scaling["rope_type"] = scaling.pop("type", None) or scaling.get("rope_type")
         hyper["rope_scaling"] = scaling
     return hyper
-
-
-def flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
 
 
 def _synthetic(source) -> dict:
     shape = source.meta
     counts = ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "context", "sliding_window",
               "sliding_window_pattern")
-    bad = [key for key in counts if shape[key] < 1]
-    if bad:
-        return f"{flag(bad[0])} {shape[bad[0]]} is not a positive count"
-    if shape["heads"] % shape["kv_heads"]:
-        return f"--heads {shape['heads']} is not a multiple of --kv-heads {shape['kv_heads']}"
+    problem = family.counts_problem(shape, counts) or family.heads_problem(shape)
+    if problem:
+        return problem
     return {"hidden": shape["hidden"], "layers": shape["layers"], "heads": shape["heads"],
             "kv_heads": shape["kv_heads"], "head_dim": shape["head_dim"], "ffn": shape["ffn"], "vocab": shape["vocab"],
             "context": shape["context"], "rope_theta": float(shape["rope_theta"]),
@@ -164,35 +130,19 @@ def _synthetic(source) -> dict:
 
 def hyper(source):
     """The hyper-parameters a source gives, or a one-line reason."""
-    read = {RAD_SOURCE_GGUF: _gguf, RAD_SOURCE_HF: _hf, RAD_SOURCE_SYNTHETIC: _synthetic}[source.kind]
-    try:
-        return read(source)
-    except _Missing as missing:
-        return str(missing)
-
-
-def _spec(name, gguf, hf, shape, optional=0):
-    rows, cols = (1, shape[0]) if len(shape) == 1 else shape
-    vector = len(shape) == 1
-    return RadWeightSpec(name=name, gguf=gguf, hf=hf, ndim=len(shape), rows=rows, cols=cols, optional=optional,
-                         fill=RAD_FILL_ONES if vector else RAD_FILL_NORMAL, hf_offset=NORM_OFFSET if vector else 0.0)
+    return family.read_hyper(source, _gguf, _hf, _synthetic)
 
 
 def weights(hyper: dict) -> list:
     """Every weight of a Gemma 3 model, in the container's order (the lm head reads token_embd unless
     the model has an output of its own; a tied Hugging Face lm_head is dropped)."""
-    hidden, ffn, vocab, head_dim = hyper["hidden"], hyper["ffn"], hyper["vocab"], hyper["head_dim"]
+    hidden, ffn, head_dim = hyper["hidden"], hyper["ffn"], hyper["head_dim"]
     q, kv = hyper["heads"] * head_dim, hyper["kv_heads"] * head_dim
     shapes = {"attn_norm": (hidden,), "attn.q": (q, hidden), "attn.k": (kv, hidden), "attn.v": (kv, hidden),
               "attn.q_norm": (head_dim,), "attn.k_norm": (head_dim,), "attn.o": (hidden, q),
               "attn.post_norm": (hidden,), "ffn_norm": (hidden,), "ffn.gate": (ffn, hidden), "ffn.up": (ffn, hidden),
               "ffn.down": (hidden, ffn), "ffn.post_norm": (hidden,)}
-    specs = [_spec(names.EMBEDDING, "token_embd.weight", "model.embed_tokens.weight", (vocab, hidden))]
+    specs = [family.embedding_spec(hyper)]
     for i in range(hyper["layers"]):
-        specs += [_spec(names.layer(i, ours), f"blk.{i}.{gguf}.weight", f"model.layers.{i}.{hf}.weight", shapes[ours])
-                  for ours, gguf, hf in LAYER]
-    specs.append(_spec(names.OUTPUT_NORM, "output_norm.weight", "model.norm.weight", (hidden,)))
-    tied = hyper["tie_embeddings"]
-    specs.append(_spec("" if tied else names.OUTPUT, "output.weight", "lm_head.weight", (vocab, hidden),
-                       optional=int(tied)))
-    return specs
+        specs += family.layer_specs(i, LAYER, shapes, hf_offset=NORM_OFFSET)
+    return specs + family.head_specs(hyper, hf_offset=NORM_OFFSET)

@@ -4,24 +4,11 @@ tensor-parallel plan as data; the engine resolves and runs it, and alone knows t
 hooks (source.py) tell rad-convert how the family's GGUF files and Hugging Face folders are read."""
 
 from radiance.abi import RAD_ABI_VERSION, RAD_PLUGIN_ARCH, RadArchInfo, RadPluginInfo
+from radiance.abi import arch_family as family
 
 from . import source
 from .graph import declare as declare_graph
 from .hyper import check
-
-
-def shape_problem(hyper: dict, weights: dict, family: str) -> str:
-    """'' when every weight the hyper-parameters call for is there at its shape, else a one-line reason."""
-    for spec in source.weights(hyper):
-        if not spec.name or spec.optional and spec.name not in weights:
-            continue
-        if spec.name not in weights:
-            return f"weight '{spec.name}' is missing"
-        found = (weights[spec.name].rows, weights[spec.name].cols)
-        if found != (spec.rows, spec.cols):
-            return (f"weight '{spec.name}' is {found[0]}x{found[1]}, {family} with these hyper-parameters "
-                    f"needs {spec.rows}x{spec.cols}")
-    return ""
 
 
 def declare(hyper: dict, weights: dict):
@@ -29,7 +16,7 @@ def declare(hyper: dict, weights: dict):
     if "rope_freqs" in weights:
         return ("weight 'rope_freqs' is from an older rad-convert, which left Llama 3.1's rope scaling "
                 "unapplied: convert the GGUF file again (its factors are hyper-parameters now)")
-    return shape_problem(hyper, weights, "llama") or declare_graph(hyper, weights)
+    return family.shape_problem(source.weights(hyper), weights, "llama") or declare_graph(hyper, weights)
 
 
 ARCHITECTURES = [RadArchInfo(name="llama", doc="Llama-family decoder: GQA, rope (theta, linear, llama3, "

@@ -4,16 +4,12 @@ vocab-parallel lm head followed by all_gather. The KV heads are split as whole h
 where the ranks outnumber them each is replicated (rad_arch.h). The same graph serves TP 1 and TP N."""
 
 from radiance.abi import (
-    GraphBuilder, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_SPLIT_COLS, RAD_SPLIT_NONE,
-    RAD_SPLIT_ROWS, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_CU_SEQLENS, RAD_STEP_IDS,
-    RAD_STEP_LAST_INDEX, RAD_STEP_POSITIONS, RAD_STEP_RNG, RAD_STEP_SLOTS, RAD_STEP_TEMPERATURE,
-    RAD_STEP_TOKENS, RAD_STEP_TOP_K, RAD_STEP_TOP_P, RadGraphDecl, RadTableDecl, rad_tensor,
+    GraphBuilder, RAD_EXTENT_SLOTS, RAD_SPLIT_COLS, RAD_SPLIT_ROWS, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS,
+    RAD_STEP_CU_SEQLENS, RAD_STEP_POSITIONS, RAD_STEP_SLOTS, RadGraphDecl, RadTableDecl, rad_tensor,
 )
 
 from . import names
 from .rope import inv_freq
-
-TOKENS, SEQS = RAD_EXTENT_TOKENS, RAD_EXTENT_SEQS
 
 
 Builder = GraphBuilder  # llama declares only the common ops through it
@@ -50,30 +46,10 @@ def _layer(b: Builder, i: int) -> None:
 
 def declare(hyper: dict, weights: dict) -> RadGraphDecl:
     b = Builder(hyper, weights)
-    hidden, heads, kv_heads, head_dim = hyper["hidden"], hyper["heads"], hyper["kv_heads"], hyper["head_dim"]
-    vocab, ffn = hyper["vocab"], hyper["ffn"]
-    for name, cols, split, parts in (("h", hidden, 0, 0), ("x", hidden, 0, 0), ("q", heads * head_dim, 1, 0),
-                                     ("k", kv_heads * head_dim, 1, kv_heads), ("v", kv_heads * head_dim, 1, kv_heads),
-                                     ("attn", heads * head_dim, 1, 0), ("t", hidden, 0, 0), ("gate", ffn, 1, 0),
-                                     ("up", ffn, 1, 0)):
-        b.buffer(name, cols, TOKENS, split, parts)
-    table = names.EMBEDDING
-    b.weight(table, RAD_SPLIT_NONE)
-    b.node("embedding", "embedding", (RAD_STEP_IDS, table, "h"), n=hidden, vocab=vocab,
-           wdtype=weights[table].format, dtype=b.dtype)
+    b.decoder_buffers()
+    b.embedding()
     for i in range(hyper["layers"]):
         _layer(b, i)
-    b.buffer("hs", hidden, SEQS)
-    b.buffer("xs", hidden, SEQS)
-    b.buffer("logits_part", vocab, SEQS, split=1)
-    b.buffer("logits", vocab, SEQS)
-    b.node("take_rows", "last_tokens", ("h", RAD_STEP_LAST_INDEX, "hs"), SEQS, n=hidden, dtype=b.dtype)
-    b.rmsnorm("output_norm", "hs", names.OUTPUT_NORM, "xs", SEQS)
-    tied = names.OUTPUT not in weights
-    b.gemm("lm_head", "xs", "lm_head", "logits_part", RAD_SPLIT_ROWS, SEQS,
-           source=table if tied else names.OUTPUT)
-    b.node("all_gather", "lm_head.all_gather", ("logits_part", "logits"), SEQS, split="n", n=vocab, dtype=b.dtype)
-    b.node("sample", "sample", ("logits", RAD_STEP_TEMPERATURE, RAD_STEP_TOP_K, RAD_STEP_TOP_P, RAD_STEP_RNG,
-                                RAD_STEP_TOKENS), SEQS, vocab=vocab)
+    b.head()
     tables = [RadTableDecl(name="rope.inv_freq", table=rad_tensor(inv_freq(hyper)))]
     return RadGraphDecl(weights=b.declared, tables=tables, buffers=b.buffers, nodes=b.nodes)

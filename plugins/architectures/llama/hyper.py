@@ -1,23 +1,16 @@
 """The llama family's hyper-parameters, as the container's `hyper` holds them, checked."""
 
+from radiance.abi import arch_family as family
+
 INTEGERS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "context")
 REALS = ("rope_theta", "rms_eps")
 
 
 def check(hyper: dict) -> str:
     """'' when the llama graph can be declared from `hyper`, else a one-line reason."""
-    for key in INTEGERS:
-        value = hyper.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            return f"hyper-parameter '{key}' must be a positive integer, not {value!r}"
-    for key in REALS:
-        value = hyper.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            return f"hyper-parameter '{key}' must be a positive number, not {value!r}"
-    if hyper["heads"] % hyper["kv_heads"]:
-        return f"heads ({hyper['heads']}) must be a multiple of kv_heads ({hyper['kv_heads']})"
-    if hyper["head_dim"] % 2:
-        return f"head_dim ({hyper['head_dim']}) must be even for rope"
+    problem = family.hyper_problem(hyper, INTEGERS, REALS)
+    if problem:
+        return problem
     scaling = hyper.get("rope_scaling")
     if scaling and scaling_type(scaling) not in ("linear", "llama3"):
         return f"rope_scaling type {scaling_type(scaling)!r} is not one of linear, llama3"

@@ -1,10 +1,8 @@
-"""The container's weight names for the llama family (docs/CONVERT.md)."""
+"""The container's weight names for the llama family (docs/CONVERT.md): every family's embedding,
+output norm and output (absent when the embeddings are tied), and layer(i, part) for the parts
+attn_norm, attn.q, attn.k, attn.v, attn.o, ffn_norm, ffn.gate, ffn.up, ffn.down."""
 
-EMBEDDING = "token_embd"
-OUTPUT_NORM = "output_norm"
-OUTPUT = "output"  # absent when the embeddings are tied
+from radiance.abi import arch_family as family
 
-
-def layer(i: int, part: str) -> str:
-    """part: attn_norm, attn.q, attn.k, attn.v, attn.o, ffn_norm, ffn.gate, ffn.up, ffn.down."""
-    return f"layers.{i}.{part}"
+EMBEDDING, OUTPUT_NORM, OUTPUT = family.EMBEDDING, family.OUTPUT_NORM, family.OUTPUT
+layer = family.layer_name

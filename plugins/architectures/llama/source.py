@@ -2,14 +2,8 @@
 takes, the hyper-parameters each gives, and the weights those call for with their GGUF and Hugging
 Face names (docs/CONVERT.md has the tables)."""
 
-import numpy as np
-
-from radiance.abi import (
-    RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_P_F64, RAD_P_INT, RAD_SOURCE_GGUF, RAD_SOURCE_HF, RAD_SOURCE_SYNTHETIC,
-    RadArchOption, RadWeightSpec,
-)
-
-from . import names
+from radiance.abi import RAD_FILL_NORMAL, RAD_P_F64, RAD_P_INT, RadArchOption, RadWeightSpec
+from radiance.abi import arch_family as family
 
 GGUF_FAMILIES = ("llama",)  # llama.cpp writes Llama 2/3, Mistral and SmolLM2 as `llama`
 HF_FAMILIES = ("LlamaForCausalLM",)
@@ -37,83 +31,52 @@ LAYER = (("attn_norm", "attn_norm", "input_layernorm"), ("attn.q", "attn_q", "se
          ("ffn.down", "ffn_down", "mlp.down_proj"))
 
 
-def takes(kind: int, family: str) -> bool:
-    return family in {RAD_SOURCE_GGUF: GGUF_FAMILIES, RAD_SOURCE_HF: HF_FAMILIES,
-                      RAD_SOURCE_SYNTHETIC: ("llama",)}.get(kind, ())
-
-
-def f32_decimal(value) -> float:
-    """A float stored as f32, as the shortest decimal that reads back as that f32 (1e-05, not 9.99e-06)."""
-    return float(str(np.float32(value)))
-
-
-class _Missing(Exception):
-    pass
-
-
-def _getter(meta: dict, prefix: str = ""):
-    def get(key, default=_Missing):
-        if prefix + key in meta:
-            return meta[prefix + key]
-        if default is _Missing:
-            raise _Missing(f"metadata {prefix}{key} is missing" if prefix else f"{key} is missing")
-        return default
-    return get
+def takes(kind: int, name: str) -> bool:
+    return family.takes(kind, name, GGUF_FAMILIES, HF_FAMILIES, "llama")
 
 
 def _gguf(source) -> dict:
-    get = _getter(source.meta, f"{source.family}.")
+    get = family.getter(source.meta, f"{source.family}.")
     tensors = source.tensors
     if "token_embd.weight" not in tensors:
-        raise _Missing("tensor token_embd.weight is missing")
+        raise family.Missing("tensor token_embd.weight is missing")
     hidden, heads = get("embedding_length"), get("attention.head_count")
     hyper = {"hidden": hidden, "layers": get("block_count"), "heads": heads,
              "kv_heads": get("attention.head_count_kv", heads), "head_dim": get("attention.key_length", hidden // heads),
              "ffn": get("feed_forward_length"), "vocab": tensors["token_embd.weight"].rows,
-             "context": get("context_length"), "rope_theta": f32_decimal(get("rope.freq_base", 10000.0)),
-             "rms_eps": f32_decimal(get("attention.layer_norm_rms_epsilon")),
+             "context": get("context_length"), "rope_theta": family.f32_decimal(get("rope.freq_base", 10000.0)),
+             "rms_eps": family.f32_decimal(get("attention.layer_norm_rms_epsilon")),
              "tie_embeddings": "output.weight" not in tensors, "rope_interleaved": 1}  # llama.cpp permutes q, k
-    scaling = get("rope.scaling.type", "none")
-    if scaling != "none":
-        hyper["rope_scaling"] = {"rope_type": scaling, "factor": f32_decimal(get("rope.scaling.factor"))}
-        original = get("rope.scaling.original_context_length", None)
-        if original is not None:
-            hyper["rope_scaling"]["original_max_position_embeddings"] = original
+    scaling = family.gguf_rope_scaling(get)
+    if scaling:
+        hyper["rope_scaling"] = scaling
     if ROPE_FREQS in tensors:  # Llama 3.1: each frequency divided by its factor (the graph's rope table)
         hyper["rope_freq_factors"] = [float(value) for value in source.read_f32(ROPE_FREQS)]
     return hyper
 
 
 def _hf(source) -> dict:
-    get = _getter(source.meta)
+    get = family.getter(source.meta)
     hidden, heads = get("hidden_size"), get("num_attention_heads")
     hyper = {"hidden": hidden, "layers": get("num_hidden_layers"), "heads": heads,
              "kv_heads": get("num_key_value_heads", heads), "head_dim": get("head_dim", None) or hidden // heads,
              "ffn": get("intermediate_size"), "vocab": get("vocab_size"), "context": get("max_position_embeddings"),
              "rope_theta": float(get("rope_theta", 10000.0)), "rms_eps": float(get("rms_norm_eps")),
              "tie_embeddings": bool(get("tie_word_embeddings", False)), "rope_interleaved": 0}
-    scaling = get("rope_scaling", None)
+    scaling = family.hf_rope_scaling(get)
     if scaling:
-        scaling = dict(scaling)
-        scaling["rope_type"] = scaling.pop("type", None) or scaling.get("rope_type")
         hyper["rope_scaling"] = scaling
     return hyper
 
 
-def flag(key: str) -> str:
-    """A synthetic option as rad-convert's command line spells it."""
-    return "--" + key.replace("_", "-")
-
-
 def _synthetic(source) -> dict:
     shape = source.meta
-    bad = [key for key in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "context") if shape[key] < 1]
-    if bad:
-        return f"{flag(bad[0])} {shape[bad[0]]} is not a positive count"
-    if not shape["head_dim"] and shape["hidden"] % shape["heads"]:
-        return f"--hidden {shape['hidden']} is not a multiple of --heads {shape['heads']}"
-    if shape["heads"] % shape["kv_heads"]:
-        return f"--heads {shape['heads']} is not a multiple of --kv-heads {shape['kv_heads']}"
+    problem = family.counts_problem(shape, ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "context"))
+    if not problem and not shape["head_dim"] and shape["hidden"] % shape["heads"]:
+        problem = f"--hidden {shape['hidden']} is not a multiple of --heads {shape['heads']}"
+    problem = problem or family.heads_problem(shape)
+    if problem:
+        return problem
     return {"hidden": shape["hidden"], "layers": shape["layers"], "heads": shape["heads"],
             "kv_heads": shape["kv_heads"], "head_dim": shape["head_dim"] or shape["hidden"] // shape["heads"],
             "ffn": shape["ffn"], "vocab": shape["vocab"], "context": shape["context"],
@@ -123,38 +86,21 @@ def _synthetic(source) -> dict:
 
 def hyper(source):
     """The hyper-parameters a source gives, or a one-line reason."""
-    read = {RAD_SOURCE_GGUF: _gguf, RAD_SOURCE_HF: _hf, RAD_SOURCE_SYNTHETIC: _synthetic}[source.kind]
-    try:
-        return read(source)
-    except _Missing as missing:
-        return str(missing)
-
-
-def _spec(name, gguf, hf, shape, optional=0, fill=RAD_FILL_NORMAL):
-    rows, cols = (1, shape[0]) if len(shape) == 1 else shape
-    return RadWeightSpec(name=name, gguf=gguf, hf=hf, ndim=len(shape), rows=rows, cols=cols, optional=optional,
-                         fill=fill)
+    return family.read_hyper(source, _gguf, _hf, _synthetic)
 
 
 def weights(hyper: dict) -> list:
     """Every weight of a llama model, in the container's order, with the tensors a source may hold
     that are not kept: Llama 3.1's rope_freqs (kept as hyper-parameters), Hugging Face's derived
     rotary tables, and its lm_head when the embeddings are tied."""
-    hidden, ffn, vocab, head_dim = hyper["hidden"], hyper["ffn"], hyper["vocab"], hyper["head_dim"]
+    hidden, ffn, head_dim = hyper["hidden"], hyper["ffn"], hyper["head_dim"]
     q, kv = hyper["heads"] * head_dim, hyper["kv_heads"] * head_dim
     shapes = {"attn_norm": (hidden,), "attn.q": (q, hidden), "attn.k": (kv, hidden), "attn.v": (kv, hidden),
               "attn.o": (hidden, q), "ffn_norm": (hidden,), "ffn.gate": (ffn, hidden), "ffn.up": (ffn, hidden),
               "ffn.down": (hidden, ffn)}
-    specs = [_spec("", ROPE_FREQS, "", (head_dim // 2,), optional=1),
-             _spec(names.EMBEDDING, "token_embd.weight", "model.embed_tokens.weight", (vocab, hidden))]
+    specs = [family.weight_spec("", ROPE_FREQS, "", (head_dim // 2,), optional=1, fill=RAD_FILL_NORMAL),
+             family.embedding_spec(hyper)]
     for i in range(hyper["layers"]):
-        for ours, gguf, hf in LAYER:
-            fill = RAD_FILL_ONES if len(shapes[ours]) == 1 else RAD_FILL_NORMAL
-            specs.append(_spec(names.layer(i, ours), f"blk.{i}.{gguf}.weight", f"model.layers.{i}.{hf}.weight",
-                               shapes[ours], fill=fill))
+        specs += family.layer_specs(i, LAYER, shapes)
         specs.append(RadWeightSpec(name="", hf=f"model.layers.{i}.self_attn.rotary_emb.inv_freq", optional=1))
-    specs.append(_spec(names.OUTPUT_NORM, "output_norm.weight", "model.norm.weight", (hidden,), fill=RAD_FILL_ONES))
-    tied = hyper["tie_embeddings"]
-    specs.append(_spec("" if tied else names.OUTPUT, "output.weight", "lm_head.weight", (vocab, hidden),
-                       optional=int(tied)))
-    return specs
+    return specs + family.head_specs(hyper)

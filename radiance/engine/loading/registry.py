@@ -84,8 +84,9 @@ class Registry:
         self.quantizers = {}
         self.plugins[RAD_PLUGIN_QUANT] = [q for q in self.plugins[RAD_PLUGIN_QUANT]
                                           if self._admit_named(q, q.quantizers, self.quantizers, "quantiser")]
-        use_quantizer_decoders([quantizer.decode for plugin in self.plugins[RAD_PLUGIN_QUANT]
-                                for quantizer in plugin.quantizers if quantizer.decode])
+        if RAD_PLUGIN_QUANT in kinds:  # one that loads none (the launcher's check, /graph) leaves them be
+            use_quantizer_decoders([quantizer.decode for plugin in self.plugins[RAD_PLUGIN_QUANT]
+                                    for quantizer in plugin.quantizers if quantizer.decode])
         self.architectures = {}
         self.plugins[RAD_PLUGIN_ARCH] = [a for a in self.plugins[RAD_PLUGIN_ARCH]
                                          if self._admit_named(a, a.architectures, self.architectures, "architecture")]
