@@ -26,46 +26,7 @@ void r4d_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, i
                   int threads);
 void r4d_exp_f64(double *y, int64_t n);
 
-/* an operand, laid out as r4d.c's Arr (native.Header) */
-typedef struct {
-    intptr_t refcnt;
-    void *type;
-    char *data;
-    int nd;
-    int64_t *dims;
-    int64_t *strides;
-} GArr;
-
-typedef struct {
-    char *p;
-    int64_t rows, pitch;
-} GMat;
-
-/* a row-major [rows, cols] f32 view with at least `need` rows (r4d.c's mat()) */
-static int gmat(const GArr *a, int64_t cols, int64_t need, GMat *m) {
-    if (!a || !a->data) return G_E_INVALID;
-    if (a->nd >= 2) {
-        const int nd = a->nd;
-        if (a->dims[nd - 1] != cols || a->strides[nd - 1] != 4) return G_E_SHAPE;
-        int64_t rows = 1;
-        for (int i = 0; i < nd - 1; i++) rows *= a->dims[i];
-        for (int i = 0; i < nd - 2; i++)
-            if (a->dims[i] > 1 && a->strides[i] != a->dims[i + 1] * a->strides[i + 1]) return G_E_SHAPE;
-        m->rows = rows;
-        m->pitch = a->strides[nd - 2];
-    } else if (a->nd == 1) {
-        if (a->strides[0] != 4 || a->dims[0] % cols) return G_E_SHAPE;
-        m->rows = a->dims[0] / cols;
-        m->pitch = cols * 4;
-    } else {
-        return G_E_SHAPE;
-    }
-    if (m->rows < need) return G_E_SHAPE;
-    m->p = a->data;
-    return G_OK;
-}
-
-#define GROW(m, i) ((float *)((m).p + (int64_t)(i) * (m).pitch))
+#include "r4d_view.h"
 
 static int threads_for(int64_t work, int64_t grain) {
     const int64_t t = work / grain, most = r4d_threads();
@@ -73,7 +34,7 @@ static int threads_for(int64_t work, int64_t grain) {
 }
 
 typedef struct {
-    GMat a, b, y;
+    ViewMat a, b, y;
     int64_t n;
     float scale;
 } GTask;
@@ -82,17 +43,17 @@ static void scale_task(const void *context, int64_t lo, int64_t hi) {
     const GTask *t = (const GTask *)context;
     const float s = t->scale;
     for (int64_t m = lo; m < hi; m++) {
-        const float *xr = GROW(t->a, m);
-        float *yr = GROW(t->y, m);
+        const float *xr = VIEW_ROW(t->a, m);
+        float *yr = VIEW_ROW(t->y, m);
         for (int64_t i = 0; i < t->n; i++) yr[i] = xr[i] * s;
     }
 }
 
 /* y = x * scale (y may be x) */
-int r4d_scale(const GArr *x, GArr *y, int64_t M, int64_t n, double scale) {
+int r4d_scale(const ViewArr *x, ViewArr *y, int64_t M, int64_t n, double scale) {
     GTask t;
     int rc;
-    if ((rc = gmat(x, n, M, &t.a)) || (rc = gmat(y, n, M, &t.y))) return rc;
+    if ((rc = view_mat(x, n, M, &t.a)) || (rc = view_mat(y, n, M, &t.y))) return rc;
     t.n = n;
     t.scale = (float)scale;
     r4d_parallel(scale_task, &t, M, 1, threads_for(M * n, 1 << 16));
@@ -106,8 +67,8 @@ static void gelu_task(const void *context, int64_t lo, int64_t hi) {
     const double c = sqrt(2.0 / M_PI); /* numpy's np.sqrt(2.0 / np.pi): the same double */
     double e[GELU_CHUNK];
     for (int64_t m = lo; m < hi; m++) {
-        const float *gr = GROW(t->a, m), *ur = GROW(t->b, m);
-        float *yr = GROW(t->y, m);
+        const float *gr = VIEW_ROW(t->a, m), *ur = VIEW_ROW(t->b, m);
+        float *yr = VIEW_ROW(t->y, m);
         for (int64_t i0 = 0; i0 < t->n; i0 += GELU_CHUNK) {
             const int64_t k = t->n - i0 < GELU_CHUNK ? t->n - i0 : GELU_CHUNK;
             for (int64_t i = 0; i < k; i++) {
@@ -124,10 +85,10 @@ static void gelu_task(const void *context, int64_t lo, int64_t hi) {
 }
 
 /* y = gelu_tanh(gate) * up (y may be gate or up) */
-int r4d_gelu_tanh_mul(const GArr *gate, const GArr *up, GArr *y, int64_t M, int64_t n) {
+int r4d_gelu_tanh_mul(const ViewArr *gate, const ViewArr *up, ViewArr *y, int64_t M, int64_t n) {
     GTask t;
     int rc;
-    if ((rc = gmat(gate, n, M, &t.a)) || (rc = gmat(up, n, M, &t.b)) || (rc = gmat(y, n, M, &t.y))) return rc;
+    if ((rc = view_mat(gate, n, M, &t.a)) || (rc = view_mat(up, n, M, &t.b)) || (rc = view_mat(y, n, M, &t.y))) return rc;
     t.n = n;
     t.scale = 0.0f;
     r4d_parallel(gelu_task, &t, M, 1, threads_for(M * n, 1 << 12));
@@ -141,7 +102,7 @@ static double g_bits_f64(int64_t v) {
     return d;
 }
 
-#define GA(i) ((GArr *)(intptr_t)a[i])
+#define GA(i) ((ViewArr *)(intptr_t)a[i])
 
 int r4d_scale_p(const int64_t *a) { return r4d_scale(GA(0), GA(1), a[2], a[3], g_bits_f64(a[4])); }
 int r4d_gelu_tanh_mul_p(const int64_t *a) { return r4d_gelu_tanh_mul(GA(0), GA(1), GA(2), a[3], a[4]); }

@@ -44,46 +44,7 @@ void r4d_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, i
 void r4d_panel_tiles(const float *panel, int64_t kp, int64_t np, int64_t K, const float *x, int64_t ldx, int64_t M,
                      float *y, int64_t ldy);
 
-/* an operand, laid out as r4d.c's Arr (native.Header) */
-typedef struct {
-    intptr_t refcnt;
-    void *type;
-    char *data;
-    int nd;
-    int64_t *dims;
-    int64_t *strides;
-} KArr;
-
-typedef struct {
-    char *p;
-    int64_t rows, pitch;
-} KMat;
-
-/* a row-major [rows, cols] f32 view with at least `need` rows (r4d.c's mat()) */
-static int kmat(const KArr *a, int64_t cols, int64_t need, KMat *m) {
-    if (!a || !a->data) return KQ_E_INVALID;
-    if (a->nd >= 2) {
-        const int nd = a->nd;
-        if (a->dims[nd - 1] != cols || a->strides[nd - 1] != 4) return KQ_E_SHAPE;
-        int64_t rows = 1;
-        for (int i = 0; i < nd - 1; i++) rows *= a->dims[i];
-        for (int i = 0; i < nd - 2; i++)
-            if (a->dims[i] > 1 && a->strides[i] != a->dims[i + 1] * a->strides[i + 1]) return KQ_E_SHAPE;
-        m->rows = rows;
-        m->pitch = a->strides[nd - 2];
-    } else if (a->nd == 1) {
-        if (a->strides[0] != 4 || a->dims[0] % cols) return KQ_E_SHAPE;
-        m->rows = a->dims[0] / cols;
-        m->pitch = cols * 4;
-    } else {
-        return KQ_E_SHAPE;
-    }
-    if (m->rows < need) return KQ_E_SHAPE;
-    m->p = a->data;
-    return KQ_OK;
-}
-
-#define KROW(m, i) ((float *)((m).p + (int64_t)(i) * (m).pitch))
+#include "r4d_view.h"
 
 static inline float kq_h2f(uint16_t h) {
 #ifdef KQ_AVX2
@@ -306,8 +267,8 @@ static int kq_threads_for(int64_t work, int64_t grain) {
 
 typedef struct {
     const KW *w;
-    const KMat *X;
-    KMat *Y;
+    const ViewMat *X;
+    ViewMat *Y;
     int64_t M, K;
     _Atomic int failed;
 } GemmTask;
@@ -325,17 +286,17 @@ static void gemm_task(const void *context, int64_t begin, int64_t end) {
         const int rows = (int)(end - n < PANEL ? end - n : PANEL);
         for (int r = 0; r < rows; r++) kq_row(task->w, n + r, panel + r * K);
         r4d_panel_tiles(panel, K, rows, K, (const float *)task->X->p, task->X->pitch / 4, task->M,
-                        KROW(*task->Y, 0) + n, task->Y->pitch / 4);
+                        VIEW_ROW(*task->Y, 0) + n, task->Y->pitch / 4);
     }
     free(panel);
 }
 
-int r4d_kq_gemm(const KArr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
-                const void *min1, KArr *y, int64_t M, int64_t N, int64_t K) {
+int r4d_kq_gemm(const ViewArr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
+                const void *min1, ViewArr *y, int64_t M, int64_t N, int64_t K) {
     const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
-    KMat X, Y;
+    ViewMat X, Y;
     int rc;
-    if ((rc = kw_check(&w)) || (rc = kmat(x, K, M, &X)) || (rc = kmat(y, N, M, &Y))) return rc;
+    if ((rc = kw_check(&w)) || (rc = view_mat(x, K, M, &X)) || (rc = view_mat(y, N, M, &Y))) return rc;
     if (M <= 0) return KQ_OK;
     /* each chunk decodes its panels once and reuses them for every activation row */
     GemmTask task = {&w, &X, &Y, M, K, 0};
@@ -358,7 +319,7 @@ int r4d_kq_gemm(const KArr *x, int fmt, const void *codes, const void *scale, co
 #define KQ_VBMI 1
 
 /* r4d.c: rows [0, M) of x as int16 per block of 32, natural order */
-int r4d_act16(const KArr *x, int64_t M, int64_t K, const int16_t **xw, const float **xd, const float **xs);
+int r4d_act16(const ViewArr *x, int64_t M, int64_t K, const int16_t **xw, const float **xd, const float **xs);
 
 #define KQ_MT 4 /* activation rows a weight row's codes are unpacked for at once */
 
@@ -472,7 +433,7 @@ typedef struct {
     const KW *w;
     const int16_t *xw;
     const float *xd, *xs;
-    const KMat *Y;
+    const ViewMat *Y;
     int64_t M;
 } KGemvTask;
 
@@ -536,7 +497,7 @@ static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *
                 minimum = _mm512_reduce_add_ps(mv);
                 for (; j < nb; j++) minimum += wm[j] * xs[j];
             }
-            KROW(*t->Y, m0 + i)[n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i])) - minimum;
+            VIEW_ROW(*t->Y, m0 + i)[n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i])) - minimum;
         }
     }
 }
@@ -556,14 +517,14 @@ static void kq_gemv_task(const void *context, int64_t lo, int64_t hi) {
 
 /* The decode band: the integer GEMV above where it serves (aq 16, an AVX-512 VBMI build, not
  * q2_k), else r4d_kq_gemm's decoded f32 panels (aq 0) */
-int r4d_kq_gemv(const KArr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
-                const void *min1, KArr *y, int64_t M, int64_t N, int64_t K, int aq) {
+int r4d_kq_gemv(const ViewArr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
+                const void *min1, ViewArr *y, int64_t M, int64_t N, int64_t K, int aq) {
 #ifdef KQ_VBMI
     const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
-    KMat Y;
+    ViewMat Y;
     int rc;
     if (aq == 16 && !kw_check(&w) && kq_fast(fmt) && K % 32 == 0) {
-        if ((rc = kmat(y, N, M, &Y))) return rc;
+        if ((rc = view_mat(y, N, M, &Y))) return rc;
         if (M <= 0) return KQ_OK;
         const int16_t *xw;
         const float *xd, *xs;
@@ -578,12 +539,12 @@ int r4d_kq_gemv(const KArr *x, int fmt, const void *codes, const void *scale, co
 }
 
 /* y[m] = table[ids[m]]: ids int32 or int64 (the element size is the stride) */
-int r4d_kq_embedding(const KArr *ids, int fmt, const void *codes, const void *scale, const void *scale1,
-                     const void *min, const void *min1, int64_t vocab, int64_t n, KArr *y, int64_t M) {
+int r4d_kq_embedding(const ViewArr *ids, int fmt, const void *codes, const void *scale, const void *scale1,
+                     const void *min, const void *min1, int64_t vocab, int64_t n, ViewArr *y, int64_t M) {
     const KW w = {fmt, codes, scale, scale1, min, min1, vocab, n};
-    KMat Y;
+    ViewMat Y;
     int rc;
-    if ((rc = kw_check(&w)) || (rc = kmat(y, n, M, &Y))) return rc;
+    if ((rc = kw_check(&w)) || (rc = view_mat(y, n, M, &Y))) return rc;
     if (!ids || !ids->data || ids->nd < 1) return KQ_E_INVALID;
     int64_t count = 1; /* r4d.c's ivec(): the ids evenly strided, at least M of them */
     for (int i = 0; i < ids->nd; i++) count *= ids->dims[i];
@@ -601,13 +562,13 @@ int r4d_kq_embedding(const KArr *ids, int fmt, const void *codes, const void *sc
             memcpy(&id, p, 8);
         }
         if (id < 0 || id >= vocab) return KQ_E_INVALID;
-        kq_row(&w, id, KROW(Y, m));
+        kq_row(&w, id, VIEW_ROW(Y, m));
     }
     return KQ_OK;
 }
 
 /* packed-argument entry points (rows_kquants.py plans them once per RadArgs) */
-#define KA(i) ((KArr *)(intptr_t)a[i])
+#define KA(i) ((ViewArr *)(intptr_t)a[i])
 #define KV(i) ((const void *)(intptr_t)a[i])
 
 int r4d_kq_gemm_p(const int64_t *a) {
