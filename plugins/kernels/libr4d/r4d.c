@@ -53,16 +53,7 @@
 
 #define QK 32 /* elements per block of q8_0 / q4_1 */
 
-/* An operand: shaped like the head of numpy's PyArrayObject (PyObject_HEAD, then data, nd,
- * dimensions, strides); native.Header fills it from a numpy array. */
-typedef struct {
-    intptr_t refcnt;
-    void *type;
-    char *data;
-    int nd;
-    int64_t *dims;
-    int64_t *strides;
-} Arr;
+#include "r4d_view.h" /* Arr, Mat, mat(), ROW() */
 
 static int g_threads = 1;
 
@@ -104,38 +95,6 @@ int r4d_isa(void) {
 /* ------------------------------------------------------------------------------------------ */
 /* operands */
 
-typedef struct {
-    char *p;
-    int64_t rows;
-    int64_t pitch; /* bytes from one row to the next */
-} Mat;
-
-/* a row-major [rows, cols] view of elements of `esz` bytes, at least `need` rows */
-static int mat(const Arr *a, int64_t cols, int64_t esz, int64_t need, Mat *m) {
-    if (!a || !a->data) return R4D_E_INVALID;
-    if (a->nd >= 2) {
-        int nd = a->nd;
-        if (a->dims[nd - 1] != cols || a->strides[nd - 1] != esz) return R4D_E_SHAPE;
-        int64_t rows = 1;
-        for (int i = 0; i < nd - 1; i++) rows *= a->dims[i];
-        /* outer dimensions must stack rows evenly */
-        for (int i = 0; i < nd - 2; i++)
-            if (a->dims[i] > 1 && a->strides[i] != a->dims[i + 1] * a->strides[i + 1]) return R4D_E_SHAPE;
-        m->rows = rows;
-        m->pitch = a->strides[nd - 2];
-    } else if (a->nd == 1) {
-        if (a->strides[0] != esz || a->dims[0] % cols) return R4D_E_SHAPE;
-        m->rows = a->dims[0] / cols;
-        m->pitch = cols * esz;
-    } else {
-        return R4D_E_SHAPE;
-    }
-    if (m->rows < need) return R4D_E_SHAPE;
-    m->p = a->data;
-    return R4D_OK;
-}
-
-#define ROW(m, i, T) ((T *)((m).p + (int64_t)(i) * (m).pitch))
 
 /* an integer vector of int32 or int64 elements (the element size is its stride) */
 typedef struct {

@@ -34,7 +34,7 @@ static int threads_for(int64_t work, int64_t grain) {
 }
 
 typedef struct {
-    ViewMat a, b, y;
+    Mat a, b, y;
     int64_t n;
     float scale;
 } GTask;
@@ -43,17 +43,17 @@ static void scale_task(const void *context, int64_t lo, int64_t hi) {
     const GTask *t = (const GTask *)context;
     const float s = t->scale;
     for (int64_t m = lo; m < hi; m++) {
-        const float *xr = VIEW_ROW(t->a, m);
-        float *yr = VIEW_ROW(t->y, m);
+        const float *xr = ROW(t->a, m, float);
+        float *yr = ROW(t->y, m, float);
         for (int64_t i = 0; i < t->n; i++) yr[i] = xr[i] * s;
     }
 }
 
 /* y = x * scale (y may be x) */
-int r4d_scale(const ViewArr *x, ViewArr *y, int64_t M, int64_t n, double scale) {
+int r4d_scale(const Arr *x, Arr *y, int64_t M, int64_t n, double scale) {
     GTask t;
     int rc;
-    if ((rc = view_mat(x, n, M, &t.a)) || (rc = view_mat(y, n, M, &t.y))) return rc;
+    if ((rc = mat(x, n, 4, M, &t.a)) || (rc = mat(y, n, 4, M, &t.y))) return rc;
     t.n = n;
     t.scale = (float)scale;
     r4d_parallel(scale_task, &t, M, 1, threads_for(M * n, 1 << 16));
@@ -67,8 +67,8 @@ static void gelu_task(const void *context, int64_t lo, int64_t hi) {
     const double c = sqrt(2.0 / M_PI); /* numpy's np.sqrt(2.0 / np.pi): the same double */
     double e[GELU_CHUNK];
     for (int64_t m = lo; m < hi; m++) {
-        const float *gr = VIEW_ROW(t->a, m), *ur = VIEW_ROW(t->b, m);
-        float *yr = VIEW_ROW(t->y, m);
+        const float *gr = ROW(t->a, m, float), *ur = ROW(t->b, m, float);
+        float *yr = ROW(t->y, m, float);
         for (int64_t i0 = 0; i0 < t->n; i0 += GELU_CHUNK) {
             const int64_t k = t->n - i0 < GELU_CHUNK ? t->n - i0 : GELU_CHUNK;
             for (int64_t i = 0; i < k; i++) {
@@ -85,10 +85,10 @@ static void gelu_task(const void *context, int64_t lo, int64_t hi) {
 }
 
 /* y = gelu_tanh(gate) * up (y may be gate or up) */
-int r4d_gelu_tanh_mul(const ViewArr *gate, const ViewArr *up, ViewArr *y, int64_t M, int64_t n) {
+int r4d_gelu_tanh_mul(const Arr *gate, const Arr *up, Arr *y, int64_t M, int64_t n) {
     GTask t;
     int rc;
-    if ((rc = view_mat(gate, n, M, &t.a)) || (rc = view_mat(up, n, M, &t.b)) || (rc = view_mat(y, n, M, &t.y))) return rc;
+    if ((rc = mat(gate, n, 4, M, &t.a)) || (rc = mat(up, n, 4, M, &t.b)) || (rc = mat(y, n, 4, M, &t.y))) return rc;
     t.n = n;
     t.scale = 0.0f;
     r4d_parallel(gelu_task, &t, M, 1, threads_for(M * n, 1 << 12));
@@ -102,7 +102,7 @@ static double g_bits_f64(int64_t v) {
     return d;
 }
 
-#define GA(i) ((ViewArr *)(intptr_t)a[i])
+#define GA(i) ((Arr *)(intptr_t)a[i])
 
 int r4d_scale_p(const int64_t *a) { return r4d_scale(GA(0), GA(1), a[2], a[3], g_bits_f64(a[4])); }
 int r4d_gelu_tanh_mul_p(const int64_t *a) { return r4d_gelu_tanh_mul(GA(0), GA(1), GA(2), a[3], a[4]); }

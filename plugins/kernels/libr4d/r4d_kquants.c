@@ -267,8 +267,8 @@ static int kq_threads_for(int64_t work, int64_t grain) {
 
 typedef struct {
     const KW *w;
-    const ViewMat *X;
-    ViewMat *Y;
+    const Mat *X;
+    Mat *Y;
     int64_t M, K;
     _Atomic int failed;
 } GemmTask;
@@ -286,17 +286,17 @@ static void gemm_task(const void *context, int64_t begin, int64_t end) {
         const int rows = (int)(end - n < PANEL ? end - n : PANEL);
         for (int r = 0; r < rows; r++) kq_row(task->w, n + r, panel + r * K);
         r4d_panel_tiles(panel, K, rows, K, (const float *)task->X->p, task->X->pitch / 4, task->M,
-                        VIEW_ROW(*task->Y, 0) + n, task->Y->pitch / 4);
+                        ROW(*task->Y, 0, float) + n, task->Y->pitch / 4);
     }
     free(panel);
 }
 
-int r4d_kq_gemm(const ViewArr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
-                const void *min1, ViewArr *y, int64_t M, int64_t N, int64_t K) {
+int r4d_kq_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
+                const void *min1, Arr *y, int64_t M, int64_t N, int64_t K) {
     const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
-    ViewMat X, Y;
+    Mat X, Y;
     int rc;
-    if ((rc = kw_check(&w)) || (rc = view_mat(x, K, M, &X)) || (rc = view_mat(y, N, M, &Y))) return rc;
+    if ((rc = kw_check(&w)) || (rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
     if (M <= 0) return KQ_OK;
     /* each chunk decodes its panels once and reuses them for every activation row */
     GemmTask task = {&w, &X, &Y, M, K, 0};
@@ -319,7 +319,7 @@ int r4d_kq_gemm(const ViewArr *x, int fmt, const void *codes, const void *scale,
 #define KQ_VBMI 1
 
 /* r4d.c: rows [0, M) of x as int16 per block of 32, natural order */
-int r4d_act16(const ViewArr *x, int64_t M, int64_t K, const int16_t **xw, const float **xd, const float **xs);
+int r4d_act16(const Arr *x, int64_t M, int64_t K, const int16_t **xw, const float **xd, const float **xs);
 
 #define KQ_MT 4 /* activation rows a weight row's codes are unpacked for at once */
 
@@ -433,7 +433,7 @@ typedef struct {
     const KW *w;
     const int16_t *xw;
     const float *xd, *xs;
-    const ViewMat *Y;
+    const Mat *Y;
     int64_t M;
 } KGemvTask;
 
@@ -497,7 +497,7 @@ static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *
                 minimum = _mm512_reduce_add_ps(mv);
                 for (; j < nb; j++) minimum += wm[j] * xs[j];
             }
-            VIEW_ROW(*t->Y, m0 + i)[n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i])) - minimum;
+            ROW(*t->Y, m0 + i, float)[n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i])) - minimum;
         }
     }
 }
@@ -517,14 +517,14 @@ static void kq_gemv_task(const void *context, int64_t lo, int64_t hi) {
 
 /* The decode band: the integer GEMV above where it serves (aq 16, an AVX-512 VBMI build, not
  * q2_k), else r4d_kq_gemm's decoded f32 panels (aq 0) */
-int r4d_kq_gemv(const ViewArr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
-                const void *min1, ViewArr *y, int64_t M, int64_t N, int64_t K, int aq) {
+int r4d_kq_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
+                const void *min1, Arr *y, int64_t M, int64_t N, int64_t K, int aq) {
 #ifdef KQ_VBMI
     const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
-    ViewMat Y;
+    Mat Y;
     int rc;
     if (aq == 16 && !kw_check(&w) && kq_fast(fmt) && K % 32 == 0) {
-        if ((rc = view_mat(y, N, M, &Y))) return rc;
+        if ((rc = mat(y, N, 4, M, &Y))) return rc;
         if (M <= 0) return KQ_OK;
         const int16_t *xw;
         const float *xd, *xs;
@@ -539,12 +539,12 @@ int r4d_kq_gemv(const ViewArr *x, int fmt, const void *codes, const void *scale,
 }
 
 /* y[m] = table[ids[m]]: ids int32 or int64 (the element size is the stride) */
-int r4d_kq_embedding(const ViewArr *ids, int fmt, const void *codes, const void *scale, const void *scale1,
-                     const void *min, const void *min1, int64_t vocab, int64_t n, ViewArr *y, int64_t M) {
+int r4d_kq_embedding(const Arr *ids, int fmt, const void *codes, const void *scale, const void *scale1,
+                     const void *min, const void *min1, int64_t vocab, int64_t n, Arr *y, int64_t M) {
     const KW w = {fmt, codes, scale, scale1, min, min1, vocab, n};
-    ViewMat Y;
+    Mat Y;
     int rc;
-    if ((rc = kw_check(&w)) || (rc = view_mat(y, n, M, &Y))) return rc;
+    if ((rc = kw_check(&w)) || (rc = mat(y, n, 4, M, &Y))) return rc;
     if (!ids || !ids->data || ids->nd < 1) return KQ_E_INVALID;
     int64_t count = 1; /* r4d.c's ivec(): the ids evenly strided, at least M of them */
     for (int i = 0; i < ids->nd; i++) count *= ids->dims[i];
@@ -562,13 +562,13 @@ int r4d_kq_embedding(const ViewArr *ids, int fmt, const void *codes, const void 
             memcpy(&id, p, 8);
         }
         if (id < 0 || id >= vocab) return KQ_E_INVALID;
-        kq_row(&w, id, VIEW_ROW(Y, m));
+        kq_row(&w, id, ROW(Y, m, float));
     }
     return KQ_OK;
 }
 
 /* packed-argument entry points (rows_kquants.py plans them once per RadArgs) */
-#define KA(i) ((ViewArr *)(intptr_t)a[i])
+#define KA(i) ((Arr *)(intptr_t)a[i])
 #define KV(i) ((const void *)(intptr_t)a[i])
 
 int r4d_kq_gemm_p(const int64_t *a) {
