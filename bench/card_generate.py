@@ -12,7 +12,9 @@
   PyTorch on the same shape and context (bench/torch_peer.py: eager ops in one CUDA graph, and
   gpt-fast's recipe, inductor then one CUDA graph), measured after radiance has let the card go.
   --host-8b: the host path's first tokens (slow). --kernels: the captured step's card time alone
-  and its kernels by name (bench/card_kernels.py). --stream-shape: the persistent GEMV
+  and its kernels by name (bench/card_kernels.py). --launched: at TP 1 also through the launcher
+  (one rank process, plans over the ring), the in-process path's time beside it (issue 13's
+  "launched costs <= 3 % more"). --keep DIR: write the 8B model there once and reuse it. --stream-shape: the persistent GEMV
   (gemv_stream.cu, opt-in) instead of gemv.cu.
 
 Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
@@ -198,6 +200,8 @@ def main() -> int:
     parser.add_argument("--peer", action="store_true", help="8B: PyTorch on the same shape (bench/torch_peer.py)")
     parser.add_argument("--kernels", action="store_true", help="TP 1 in process: the captured step's card time "
                                                              "alone and its kernels by name (bench/card_kernels.py)")
+    parser.add_argument("--launched", action="store_true", help="8B TP 1: also through the launcher (one rank process)")
+    parser.add_argument("--keep", type=Path, help="8B: keep the synthetic model in this folder and reuse it")
     parser.add_argument("--stream-shape", help="run the decode GEMVs on gemv_stream.cu (opt-in): '1' for its default "
                                                "cut, or 'warps,blocks,unit,depth,ahead' as bench/device_ops.py "
                                                "--sweep prints it")
@@ -230,10 +234,12 @@ def main() -> int:
             report("SmolLM2-135M Q4_1, TP 1", runs)
             results["smollm2"] = runs
         if args.eight_b:
-            model = Path(folder) / "llama8b.rad"
-            start = time.perf_counter()
-            convert_synthetic(model, "llama", EIGHT_B, seed=3)
-            print(f"synthetic 8B-shaped model written in {time.perf_counter() - start:.0f} s")
+            model = (args.keep or Path(folder)) / "llama8b.rad"
+            if not model.exists():
+                start = time.perf_counter()
+                model.parent.mkdir(parents=True, exist_ok=True)
+                convert_synthetic(model, "llama", EIGHT_B, seed=3)
+                print(f"synthetic 8B-shaped model written in {time.perf_counter() - start:.0f} s")
             total = model.stat().st_size  # the weights, but for a few KB of header and tokenizer
             ids = [128000] + [int(i) for i in np.random.default_rng(3).integers(300, 120000, args.context - 1)]
             for tp in args.tp:
@@ -245,6 +251,8 @@ def main() -> int:
                              f"{'chain' if chain else 'no chain'}")
                     runs[label] = in_process(model, "auto", graphs, ids, args.tokens, chain, fusion, args.kernels) if tp == 1 else \
                         launched(model, tp, graphs, ids, args.tokens, chain)
+                if tp == 1 and args.launched:
+                    runs["card TP 1 launched, fused, graphs, chain"] = launched(model, 1, True, ids, args.tokens)
                 if tp > 1:
                     runs[f"card TP {tp}, profiled (no graphs)"] = launched(model, tp, False, ids, args.tokens, True, True)
                 if tp == 1 and args.host_8b:

@@ -21,7 +21,9 @@ class Launch:
         self.ranks: list[psutil.Process] = []
         self.run_id = None
 
-    def wait_for_ranks(self, count: int, timeout: float = 20.0) -> list[psutil.Process]:
+    def wait_for_ranks(self, count: int, timeout: float = 60.0) -> list[psutil.Process]:
+        """The launch's rank processes, once `count` are up (60 s: the launcher's imports and checks take
+        tens of seconds on a 2-core machine at load 10)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             children = [c for c in psutil.Process(self.process.pid).children()
