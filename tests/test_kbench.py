@@ -303,3 +303,25 @@ def test_the_device_path_runs_every_kind_of_operand_on_the_fake_card(tmp_path, m
     assert all(o.passed for o in results.outcomes), [(o.case, o.skip, o.failures) for o in results.outcomes]
     [fusion] = results.fusions
     assert fusion.difference is None and fusion.skip is None, fusion
+
+
+def test_a_chain_link_reads_a_parameter_the_fused_case_names_by_another_extent():
+    """rmsnorm_gemm2_silu_mul's case names no `n` for its silu_mul link (its `n.0` is the rmsnorm's):
+    the link reads it off the extent its `gate` shares with the fused op's, N.1. (Found on an H200:
+    libr4d's silu_mul device row failed with KeyError 'n' in the chain check.)"""
+    from radiance.engine.loading.replaces import parse_chain
+    from radiance.tools.kbench import link_params
+
+    registry = Registry(kernels="libref")
+    try:
+        [case] = [c for c in default_cases() if c.name == "smollm2/tp1/rmsnorm_gemm2_silu_mul.ffn/M=1"]
+        [fused_row] = [r for lib in registry.hierarchy for r in lib.rows if r.info.replaces
+                       and r.info.op == "rmsnorm_gemm2_silu_mul"][:1]
+        chain = parse_chain(fused_row.info.replaces)
+        links = [link_params(case.params, case.op, op, slots, registry.ops[op].schema, i)
+                 for i, (op, slots) in enumerate(zip(chain.ops, chain.slots))]
+    finally:
+        registry.close()
+    assert list(chain.ops) == ["rmsnorm", "gemm", "gemm", "silu_mul"]
+    assert links[0]["n"] == case.params["n.0"] == 576
+    assert links[1]["N"] == links[2]["N"] == links[3]["n"] == case.params["N.1"] == 1536

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from radiance.abi.shapes import SHAPES
 from radiance.abi import (
     RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_PLUGIN_KERNEL, RAD_PLUGIN_QUANT, RadWeightPlanes, operand_shapes, rad_tensor,
 )
@@ -217,9 +218,7 @@ class KernelBench:
             by_name = dict(zip((spec.name for spec in schema.operands), operands))
             for i, (op, slots) in enumerate(zip(chain.ops, chain.slots)):
                 link_schema = self.registry.ops[op].schema
-                params = {p.name: case.params.get(f"{p.name}.{i}", case.params.get(p.name))
-                          for p in link_schema.params}
-                params = {k: v for k, v in params.items() if v is not None}
+                params = link_params(case.params, case.op, op, slots, link_schema, i)
                 link_row = serving_row(library, link_schema, params, self.domain, self.facts)
                 if link_row is None:
                     fusion.skip = f"{library.name} has no row for link {i} ({op})"
@@ -258,6 +257,21 @@ class KernelBench:
                 if link.schema.operands[j].role in READ_ROLES:
                     latest[name] = link.result(j)
         return latest
+
+
+def link_params(fused_params: dict, fused_op: str, op: str, slots, link_schema, index: int) -> dict:
+    """Link `index` (op) of a fused case's chain: each parameter as `name.index`, else `name`, else read
+    off the extents the link's operands share with the fused op's (abi/shapes.py): silu_mul's n is
+    the fused rmsnorm_gemm2_silu_mul's N.1, the extent of the `gate` both name."""
+    params = {p.name: fused_params.get(f"{p.name}.{index}", fused_params.get(p.name)) for p in link_schema.params}
+    params = {k: v for k, v in params.items() if v is not None}
+    mine, theirs = SHAPES.get(op, {}), SHAPES.get(fused_op, {})
+    for spec, slot in zip(link_schema.operands, slots):
+        if spec.name in mine and slot in theirs:
+            for extent, fused_extent in zip(mine[spec.name][1:], theirs[slot][1:]):
+                if isinstance(extent, str) and extent not in params and fused_extent in fused_params:
+                    params[extent] = fused_params[fused_extent]
+    return params
 
 
 # ------------------------------------------------------------------------------------------------
