@@ -1,5 +1,5 @@
 """The new device sources themselves, run without a card: gemv_gguf.cu, gemma.cu and attention_window.cu
-(after attention.cu), their real text built with g++ behind tests/fixtures/cuda_on_host.h (threads for
+(after attention.cu, whose fused rope + attention kernel is checked here too), their real text built with g++ behind tests/fixtures/cuda_on_host.h (threads for
 a block's lanes, a warp's shuffles and barriers emulated) as the kernels of a fake NVIDIA card, the
 rows launched through their plans, against libref within each row's tolerance. What the numpy forms
 (test_device_gguf_rows.py, test_device_gemma_rows.py) cannot show: the kernels' own indexing, bit
@@ -43,8 +43,8 @@ def device_row(registry, name):
 def on_host(registry):
     dk = module(registry, "device_kernels")
 
-    def attention_options(launch):  # r4d_attend_window's head_dim and heads a kv head are its arguments
-        if launch.name != "r4d_attend_window":
+    def attention_options(launch):  # an r4d_attend_* kernel's head_dim and heads a kv head are its arguments
+        if not launch.name.startswith("r4d_attend_"):
             return ()
         q_heads, kv_heads, d = (int.from_bytes(launch.args.data[launch.args.offsets[i]:launch.args.offsets[i] + 4],
                                                "little") for i in (16, 17, 18))
@@ -132,3 +132,25 @@ def test_attention_window_cu_agrees_with_libref(registry, on_host, heads, kv, d,
     np.testing.assert_array_equal(got[3], want[3])
     np.testing.assert_array_equal(got[4], want[4])
 
+
+
+@pytest.mark.parametrize("heads,kv,d,interleaved,sequences", [
+    (8, 2, 128, 0, [(40, 1), (3, 1), (300, 1)]),   # decode: one token a sequence, k stored by each group's last block
+    (9, 3, 64, 1, [(5, 6), (30, 1)]),              # a prefill chunk beside a decode token: the grid's last group rotates k
+])
+def test_rope_attention_cu_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, sequences):
+    """attention.cu's fused rope + store + attention (r4d_attend_fresh): q, k and the cache left as rope and the
+    attention row leave them, bit for bit, and the output within attention's tolerance."""
+    operands, params = attention_operands(heads, kv, d, sequences, seed=d + len(sequences))
+    q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, out = operands
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
+    fused = [q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, lengths, blocks, out]
+    params = {key: value for key, value in params.items() if key != "seqs"} | {"interleaved": interleaved}
+    read = (0, 1, 5, 6, 11)
+    got = on_host.run(device_row(registry, "r4dchain_rope_attention_dev"), fused, params, None, read)
+    want = [np.array(o, copy=True) for o in fused]
+    assert host_launch(row_of(registry, "rope_attention", "libref"), want, params, None) == RAD_OK
+    for i in (0, 1, 5, 6):
+        np.testing.assert_array_equal(got[i], want[i], err_msg=f"operand {i}")
+    tolerance = module(registry, "device_kernels").TOLERANCE["attention"]
+    assert rel_err(got[11], want[11]) <= tolerance, rel_err(got[11], want[11])

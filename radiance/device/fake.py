@@ -73,7 +73,7 @@ class FakeDevice(Device):
 
     def __init__(self, kernels: dict[str, Callable | FakeKernel] | None = None, *, target: str = "fake_90",
                  device_bytes: int = 1 << 30, integrated: bool = False, host_bytes: int | None = None,
-                 cache=None, compiler_version: str = "fake-2", ipc: bool = True, programmatic: bool = True):
+                 cache=None, compiler_version: str = "fake-3", ipc: bool = True, programmatic: bool = True):
         super().__init__(target=target, device_bytes=device_bytes, integrated=integrated,
                          compiler_version=compiler_version, host_bytes=host_bytes, cache=cache)
         self.kernels = {name: k if isinstance(k, FakeKernel) else FakeKernel(k) for name, k in (kernels or {}).items()}
@@ -292,8 +292,8 @@ def elf_functions(code: bytes) -> list[str]:
 
 def expand_entry_macros(source: str) -> str:
     """The source with every function-like macro that defines a `__global__` entry expanded where
-    it is invoked at the start of a line (text substitution of whole-word parameters, as cpp does
-    for these), and those macros' definitions dropped."""
+    it is invoked at the start of a line (text substitution of whole-word parameters and `##` pasting,
+    as cpp does for these), and those macros' definitions dropped."""
     source = source.replace("\\\n", " ")
     macros = {m[1]: ([p.strip() for p in m[2].split(",")], m[3]) for m in MACRO.finditer(source)
               if "__global__" in m[3]}
@@ -309,7 +309,7 @@ def expand_entry_macros(source: str) -> str:
             args = [a.strip() for a in match[2].split(",")]
             for param, arg in zip(params, args):
                 body = re.sub(rf"\b{re.escape(param)}\b", arg, body)
-            line = body
+            line = re.sub(r"\s*##\s*", "", body)  # token pasting: r4d_attend_##WHICH -> r4d_attend_fresh
         out.append(line)
     return "\n".join(out)
 

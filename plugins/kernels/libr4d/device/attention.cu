@@ -12,6 +12,10 @@
 // head, the warps are merged, and the (token, kv head)'s last block merges the S splits in order.
 // Everything is sized from the tensors' shapes and read from device arrays, so a captured launch
 // replays with new contents.
+// A decode step (every sequence one token, M == seqs: the grid knows it without a load) is a chain of
+// round trips to L2 more than of bytes (4 MB of cache at an 8B model's 512 positions), so there each
+// (token, kv head)'s last block also stores the token's rotated k (from the cos and sin its lanes
+// already hold) and its v, with no grid-wide step after it.
 #define ATT_WARPS 4
 #define ATT_MAX_SPLITS 32  // device_kernels.ATT_MAX_SPLITS
 
@@ -93,6 +97,7 @@ __device__ void attend(const Attend& p) {
     __shared__ int s_last;
     __shared__ float s_split_max[ATT_MAX_SPLITS * G], s_split_sum[ATT_MAX_SPLITS * G], s_total[G];
     int m = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const bool decode = FRESH && (int)gridDim.x == p.seqs;  // one token a sequence: no token reads another's k
     int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
     const int D = p.head_dim, width = p.kv_heads * D;
     int s = 0;
@@ -208,7 +213,7 @@ __device__ void attend(const Attend& p) {
             entry[1] = total;
         }
     }
-    if (FRESH && split == 0) {  // this token's own k (rotated) and v at its slot; nothing here reads them back
+    if (FRESH && !decode && split == 0) {  // this token's own k (rotated) and v at its slot; nothing here reads them back
         long long slot = p.slots[m];
         const float* krow = p.k + (long long)m * width + (long long)kvh * D;
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -244,8 +249,15 @@ __device__ void attend(const Attend& p) {
         s_total[g] = total;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-        int g = i / D, d = i % D;
+    // every element's result first, then every store: a store to out between them would keep the
+    // compiler from issuing the next element's loads early (out and partial might alias, for all it knows)
+    constexpr int PER = (G * DPL * R4D_WARP + ATT_WARPS * R4D_WARP - 1) / (ATT_WARPS * R4D_WARP);
+    float result[PER];
+#pragma unroll
+    for (int r = 0; r < PER; ++r) {
+        int i = threadIdx.x + r * ATT_WARPS * R4D_WARP, g = i / D, d = i % D;
+        result[r] = 0.0f;
+        if (i >= G * D) continue;
         float value[ATT_MAX_SPLITS];  // every split's value issued at once, then added in split order
 #pragma unroll
         for (int q = 0; q < ATT_MAX_SPLITS; ++q)
@@ -254,7 +266,12 @@ __device__ void attend(const Attend& p) {
 #pragma unroll
         for (int q = 0; q < ATT_MAX_SPLITS; ++q)
             if (q < splits && s_split_max[q * G + g] > 0.0f) mixed += value[q] * s_split_max[q * G + g];
-        p.out[((long long)m * p.q_heads + kvh * G + g) * D + d] = mixed / s_total[g];
+        result[r] = mixed / s_total[g];
+    }
+#pragma unroll
+    for (int r = 0; r < PER; ++r) {
+        int i = threadIdx.x + r * ATT_WARPS * R4D_WARP;
+        if (i < G * D) p.out[((long long)m * p.q_heads + kvh * G + i / D) * D + i % D] = result[r];
     }
     if (!FRESH) {
         if (threadIdx.x == 0) p.counters[group] = 0u;  // ready for the next launch (a graph replays it)
@@ -268,6 +285,30 @@ __device__ void attend(const Attend& p) {
 #pragma unroll
             for (int t = 0; t < DPL; ++t)
                 if (lane + t * R4D_WARP < D) p.q[((long long)m * p.q_heads + kvh * G + g) * D + lane + t * R4D_WARP] = qv[g][t];
+    }
+    if (decode) {
+        // this token's k rotated by the cos and sin each lane holds for its elements, every value read
+        // before any is written back; then k in place and at the token's slot, with its v
+        const long long row = (long long)m * width + (long long)kvh * D, slot = (long long)p.slots[m] * width + (long long)kvh * D;
+        float rotated[DPL], value[DPL];
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            int d = lane + t * R4D_WARP;
+            bool mine = warp == 0 && d < D;
+            rotated[t] = mine ? r4d_rotate_cs(p.k + row, d, D, p.interleaved, qc[t], qs[t]) : 0.0f;
+            value[t] = mine ? p.v[row + d] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            int d = lane + t * R4D_WARP;
+            if (warp != 0 || d >= D) continue;
+            p.k[row + d] = rotated[t];
+            p.k_cache[slot + d] = rotated[t];
+            p.v_cache[slot + d] = value[t];
+        }
+        if (threadIdx.x == 0) p.counters[group] = 0u;
+        return;
     }
     // k rotated in place by the grid's last group: later tokens of a sequence read earlier ones' k
     if (threadIdx.x == 0) {
