@@ -17,7 +17,7 @@
 // (token, kv head)'s last block also stores the token's rotated k (from the cos and sin its lanes
 // already hold) and its v, with no grid-wide step after it.
 #define ATT_WARPS 4
-#define ATT_MAX_SPLITS 32  // device_kernels.ATT_MAX_SPLITS
+#define ATT_MAX_SPLITS 32  // device_kernels.ATT_MAX_SPLITS; at most a warp (the split merge takes a lane each)
 
 // k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m]; grid (ceil(width / blockDim.x), M)
 extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, float* k_cache, float* v_cache,
@@ -53,9 +53,7 @@ struct Attend {
 __device__ __forceinline__ void r4d_rope_cs(int d, int head_dim, int position, const float* inv_freq, int interleaved,
                                             float& c, float& s) {
     int i = interleaved ? d / 2 : d % (head_dim / 2);  // the pair's index
-    float angle = (float)position * inv_freq[i];
-    c = (float)cos((double)angle);
-    s = (float)sin((double)angle);
+    r4d_cos_sin((float)position * inv_freq[i], c, s);
 }
 
 // Element d of row `row` rotated by the angle whose cos and sin are c, s, as rope rotates it.
@@ -235,18 +233,15 @@ __device__ void attend(const Attend& p) {
         s_split_sum[i] = r4d_load_l2(all + i * (D + 2) + 1);
     }
     __syncthreads();
-    if (threadIdx.x < G) {
-        int g = threadIdx.x;
-        float top = __uint_as_float(0xff800000u), total = 0.0f;
-        for (int q = 0; q < splits; ++q)
-            if (s_split_sum[q * G + g] > 0.0f) top = fmaxf(top, s_split_max[q * G + g]);
-        for (int q = 0; q < splits; ++q) {
-            float sum = s_split_sum[q * G + g];
-            float weight = sum > 0.0f ? expf(s_split_max[q * G + g] - top) : 0.0f;
-            s_split_max[q * G + g] = weight;  // from here on: the split's weight
-            total += sum * weight;
-        }
-        s_total[g] = total;
+    // a head's splits merged by one warp, a lane a split (ATT_MAX_SPLITS <= a warp): a handful of
+    // instructions where one thread's loop over the splits took a thousand
+    for (int g = warp; g < G; g += ATT_WARPS) {
+        float sum = lane < splits ? s_split_sum[lane * G + g] : 0.0f;
+        float top = r4d_warp_max(sum > 0.0f ? s_split_max[lane * G + g] : __uint_as_float(0xff800000u));
+        float weight = sum > 0.0f ? expf(s_split_max[lane * G + g] - top) : 0.0f;
+        float total = r4d_warp_sum(sum * weight);
+        if (lane < splits) s_split_max[lane * G + g] = weight;  // from here on: the split's weight
+        if (lane == 0) s_total[g] = total;
     }
     __syncthreads();
     // every element's result first, then every store: a store to out between them would keep the

@@ -55,6 +55,14 @@ __device__ __forceinline__ float r4d_warp_sum(float v) {
     return v;
 }
 
+// cos and sin of an angle in f64, rounded once to f32 (rope's arithmetic: one range reduction for both)
+__device__ __forceinline__ void r4d_cos_sin(float angle, float& c, float& s) {
+    double sd, cd;
+    sincos((double)angle, &sd, &cd);
+    c = (float)cd;
+    s = (float)sd;
+}
+
 __device__ __forceinline__ float r4d_warp_max(float v) {
     for (int o = R4D_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, R4D_SHFL_XOR(v, o));
     return v;

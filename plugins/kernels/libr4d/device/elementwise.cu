@@ -65,7 +65,8 @@ extern "C" __global__ void r4d_rope_dev(float* q, float* k, const int* positions
     float pos = (float)positions[m];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float angle = pos * inv_freq[i];
-        float c = (float)cos((double)angle), s = (float)sin((double)angle);
+        float c, s;
+        r4d_cos_sin(angle, c, s);
         int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
         float a = base[ia], b = base[ib];
         base[ia] = a * c - b * s;
