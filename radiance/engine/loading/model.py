@@ -53,16 +53,18 @@ def check_small_planes(container: Container) -> None:
                              f"file is damaged ('rad-convert --verify {container.path}' checks every plane)")
 
 
-def open_model(config: Config, registry: Registry) -> Model:
+def open_model(config: Config, registry: Registry, architecture: str | None = None) -> Model:
     """Open, check and declare config.model, with what the engine decides (the activation dtype, the
-    KV block size) added to what the container says."""
+    KV block size) added to what the container says. `architecture`: the one that declares the
+    graph, where not the container's (its MTP heads: launch/mtp.py)."""
     path = config.model
     container = open_container(path)
     try:
-        entry = registry.architectures.get(container.architecture)
+        name = architecture or container.architecture
+        entry = registry.architectures.get(name)
         if entry is None:
             served = ", ".join(sorted(registry.architectures)) or "none"
-            raise ModelError(f"{path}: architecture '{container.architecture}' is served by no plugin on the "
+            raise ModelError(f"{path}: architecture '{name}' is served by no plugin on the "
                              f"search path (served: {served})")
         architecture = entry[0]
         hyper = {**container.hyper, "activation_dtype": config.activation_dtype, "block_size": config.block_size}
