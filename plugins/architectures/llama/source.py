@@ -87,8 +87,9 @@ def _synthetic(source) -> dict:
             "kv_heads": shape["kv_heads"], "head_dim": shape["head_dim"] or shape["hidden"] // shape["heads"],
             "ffn": shape["ffn"], "vocab": shape["vocab"], "context": shape["context"],
             "rope_theta": float(shape["rope_theta"]), "rms_eps": float(shape["rms_eps"]),
-            "tie_embeddings": bool(shape["tie_embeddings"]), "rope_interleaved": 0, "mtp_layers": shape["mtp_layers"],
-            **({"mtp_random": 1} if shape["mtp_random"] else {})}
+            "tie_embeddings": bool(shape["tie_embeddings"]), "rope_interleaved": 0,
+            **({"mtp_layers": shape["mtp_layers"]} if shape["mtp_layers"] else {}),
+            **({"mtp_random": 1} if shape["mtp_layers"] and shape["mtp_random"] else {})}
 
 
 def hyper(source):
