@@ -81,6 +81,9 @@ def test_the_synthetic_heads_and_their_architecture(models, spechub_home):
                                           np.eye(SHAPE["hidden"], dtype=np.float32))
             assert [b.name for b in heads.graph.buffers if b.name == RAD_MTP_PREVIOUS] == [RAD_MTP_PREVIOUS]
             assert sum(node.op == "attention" for node in heads.graph.nodes) == 1  # one block, layer 2
+            gathered = [node.operands[0] for node in heads.graph.nodes if node.op == "all_gather"]
+            assert len(set(gathered)) == len(gathered)  # at TP 1 on a card, each all_gather's output is its input
+            assert not {b.name for b in heads.graph.buffers} & set(heads.weights)  # no buffer hides a weight
         finally:
             heads.close()
         with pytest.raises(ValueError, match="llama.mtp: the model has no multi-token-prediction head"):

@@ -39,16 +39,18 @@ def declare(hyper: dict, weights: dict):
     b = GraphBuilder(hyper, weights)
     b.decoder_buffers()
     b.buffer(RAD_MTP_PREVIOUS, hidden)
-    b.buffer("mtp.mix", hidden)
-    b.buffer("mtp.mix_part", hidden, split=1)
     b.embedding()  # h = token_embd[the next ids]
     b.rmsnorm("mtp.enorm", RAD_HIDDEN, names.mtp("enorm"), "x")
     b.rmsnorm("mtp.hnorm", RAD_MTP_PREVIOUS, names.mtp("hnorm"), "t")
-    for half, operand, out in (("e_proj", "x", RAD_HIDDEN), ("h_proj", "t", "mtp.mix")):
-        b.gemm(f"mtp.{half}", operand, names.mtp(half), "mtp.mix_part", RAD_SPLIT_ROWS)
-        b.node("all_gather", f"mtp.{half}.all_gather", ("mtp.mix_part", out), RAD_EXTENT_TOKENS, split="n", n=hidden,
+    # each half into a buffer of its own: on a card at TP 1 an all_gather's output is its input
+    # (elide_collectives), so two halves through one part buffer would be one
+    for half, operand, out in (("e_proj", "x", "mtp.e"), ("h_proj", "t", "mtp.h")):
+        b.buffer(out, hidden)
+        b.buffer(f"{out}.part", hidden, split=1)
+        b.gemm(f"mtp.{half}", operand, names.mtp(half), f"{out}.part", RAD_SPLIT_ROWS)
+        b.node("all_gather", f"mtp.{half}.all_gather", (f"{out}.part", out), RAD_EXTENT_TOKENS, split="n", n=hidden,
                dtype=b.dtype)
-    b.node("add", "mtp.add", (RAD_HIDDEN, "mtp.mix", RAD_HIDDEN), n=hidden, dtype=b.dtype)
+    b.node("add", "mtp.add", ("mtp.e", "mtp.h", RAD_HIDDEN), n=hidden, dtype=b.dtype)
     layer(b, hyper["layers"])
     b.head(norm=names.mtp("norm"), rows=RAD_MTP_HIDDEN)
     tables = [RadTableDecl(name="rope.inv_freq", table=rad_tensor(inv_freq(hyper)))]
