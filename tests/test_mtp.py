@@ -199,3 +199,25 @@ def test_radiance_launch_drafts_with_the_heads_and_no_mtp_turns_them_off(models,
     assert done.stdout == off.stdout and len(done.stdout.strip()) > 0
     assert "its own MTP heads (llama.mtp) drafts 4 tokens a round" in done.stderr
     assert "speculative decoding" not in off.stderr
+
+
+def test_a_cards_buffer_takes_the_hidden_state_written_before_a_step():
+    """DeviceMemory.write_buffer (how the heads get RAD_MTP_PREVIOUS on a card), on the fake card:
+    the rows written are the rows read back, the rest of the buffer untouched."""
+    from radiance.abi import RAD_DT_F32, RAD_EXTENT_TOKENS, RadBufferDecl
+    from radiance.device.fake import FakeDevice
+    from radiance.engine.running.device_memory import DeviceMemory
+
+    device = FakeDevice(device_bytes=1 << 24)
+    buffer = RadBufferDecl(name=RAD_MTP_PREVIOUS, dtype=RAD_DT_F32, extent=RAD_EXTENT_TOKENS, cols=4, split=0, parts=0)
+    memory = DeviceMemory(device, None, {RAD_MTP_PREVIOUS: buffer}, {}, max_tokens=8, max_seqs=2, num_slots=16,
+                          max_blocks=2)
+    try:
+        rows = np.arange(12, dtype=np.float32).reshape(3, 4) + 0.5
+        memory.write_buffer(RAD_MTP_PREVIOUS, rows)
+        back = memory.read_buffer(RAD_MTP_PREVIOUS, 8)
+        np.testing.assert_array_equal(back[:3], rows)
+        np.testing.assert_array_equal(back[3:], 0)
+    finally:
+        memory.release()
+        device.close()
