@@ -13,6 +13,10 @@ catches up first where a round left it a token behind. Rounds are synchronous (n
 top_k and top_p are not applied in a round: requests are refused them up front (the ops sample the
 whole distribution at the temperature).
 
+Where the drafts come from is `_drafts` (a round's k drafts and their q) and `_verified` (what the
+round kept), with the plain steps: here a draft model's; mtp.py's MtpEngine overrides them for a
+model's own MTP heads.
+
 The models and ops come in as callables (launch/speculative.py wires them): `execute(arrays)` the
 target's step (tokens), `logits()` the logits of the target's last step's sampled rows,
 `draft(arrays)` the draft's step (its logits), `propose(logits, temperature, rng)` -> (tokens, q),

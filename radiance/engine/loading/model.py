@@ -3,7 +3,7 @@ serves it, its checked hyper-parameters and the declared graph of one step."""
 
 from dataclasses import dataclass
 
-from radiance.abi import RadArchInfo, RadGraphDecl, RadWeightInfo
+from radiance.abi import RAD_MTP_SUFFIX, RadArchInfo, RadGraphDecl, RadWeightInfo
 from radiance.config import Config
 from radiance.weights.container_format import ContainerError
 from radiance.weights.container_reader import Container, open_container
@@ -63,7 +63,8 @@ def open_model(config: Config, registry: Registry, architecture: str | None = No
         name = architecture or container.architecture
         entry = registry.architectures.get(name)
         if entry is None:
-            served = ", ".join(sorted(registry.architectures)) or "none"
+            # a family's MTP heads (rad_arch.h) serve no container of their own
+            served = ", ".join(sorted(a for a in registry.architectures if not a.endswith(RAD_MTP_SUFFIX))) or "none"
             raise ModelError(f"{path}: architecture '{name}' is served by no plugin on the "
                              f"search path (served: {served})")
         architecture = entry[0]
