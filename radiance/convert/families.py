@@ -6,8 +6,8 @@ naming it. The converter itself knows no family."""
 import math
 
 from radiance.abi import (
-    RAD_FILL_IDENTITY, RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_FILL_ZEROS, RAD_P_F64, RAD_P_INT, RAD_P_STR, RAD_SOURCE_GGUF, RAD_SOURCE_HF,
-    RAD_SOURCE_SYNTHETIC, RadSourceInfo, RadWeightSpec,
+    RAD_FILL_IDENTITY, RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_FILL_ZEROS, RAD_P_F64, RAD_P_INT, RAD_P_STR,
+    RAD_SOURCE_GGUF, RAD_SOURCE_HF, RAD_SOURCE_SYNTHETIC, RadSourceInfo, RadWeightSpec,
 )
 
 SOURCE_NAMES = {RAD_SOURCE_GGUF: "GGUF files", RAD_SOURCE_HF: "Hugging Face folders",
