@@ -12,11 +12,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from conftest import script
 
 from radiance.abi import BY_NAME, NUMPY, RAD_HIDDEN, RAD_MTP_PREVIOUS, RAD_STEP_IDS
 from radiance.config import Config
 from radiance.convert.api import convert_synthetic
+from radiance.convert.cli import main
 from radiance.engine.loading.model import open_model
 from radiance.engine.loading.registry import Registry
 from radiance.generation.engine import Engine
@@ -221,3 +223,13 @@ def test_a_cards_buffer_takes_the_hidden_state_written_before_a_step():
     finally:
         memory.release()
         device.close()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mtp-layers", "2"], "llama: hyper-parameter 'mtp_layers' must be 0 or 1 (one multi-token-prediction head), "
+                            "not 2"),
+    (["--mtp-random", "1"], "--mtp-random 1 is about a head: give --mtp-layers 1 with it")])
+def test_a_head_rad_convert_cannot_write_is_one_line(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["--synthetic", "llama", "--layers", "1", "-o", str(tmp_path / "m.rad"), *args])
+    assert result.exit_code == 1 and result.stderr == f"rad-convert: error: --synthetic llama: {message}\n"
+    assert not (tmp_path / "m.rad").exists()

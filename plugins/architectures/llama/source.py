@@ -81,6 +81,8 @@ def _synthetic(source) -> dict:
     if not problem and not shape["head_dim"] and shape["hidden"] % shape["heads"]:
         problem = f"--hidden {shape['hidden']} is not a multiple of --heads {shape['heads']}"
     problem = problem or family.heads_problem(shape)
+    if not problem and shape["mtp_random"] and not shape["mtp_layers"]:
+        problem = "--mtp-random 1 is about a head: give --mtp-layers 1 with it"
     if problem:
         return problem
     return {"hidden": shape["hidden"], "layers": shape["layers"], "heads": shape["heads"],
