@@ -233,3 +233,47 @@ def test_a_head_rad_convert_cannot_write_is_one_line(tmp_path, args, message):
     result = CliRunner().invoke(main, ["--synthetic", "llama", "--layers", "1", "-o", str(tmp_path / "m.rad"), *args])
     assert result.exit_code == 1 and result.stderr == f"rad-convert: error: --synthetic llama: {message}\n"
     assert not (tmp_path / "m.rad").exists()
+
+
+def test_the_server_drafts_with_the_heads_and_answers_as_without(models, spechub_home):
+    """Three concurrent completions through the OpenAI API, one of them with top_k (its batch decodes
+    with plain steps): the same texts with the heads as without."""
+    import threading
+
+    import httpx
+
+    from radiance.serving.options import ServeSettings
+    from radiance.serving.server import Server
+
+    asks = [{"prompt": "hello there", "max_tokens": 8}, {"prompt": "the sea", "max_tokens": 6},
+            {"prompt": "one two", "max_tokens": 5, "top_k": 3}]
+    texts = {}
+    for mtp in (True, False):
+        server = Server(str(models["copied"]), ServeSettings(port=0, defaults={"temperature": 0.0})).start()
+        ranks = open_ranks(config_of(models["copied"], spechub_home, mtp=mtp, draft_tokens=2))
+        engine = engine_over(ranks)
+        assert isinstance(engine, MtpEngine) == mtp
+        loop = server.attach(engine, ranks)
+        thread = threading.Thread(target=loop.run, daemon=True)
+        thread.start()
+        try:
+            answers = {}
+
+            def ask(i):
+                answers[i] = httpx.post(f"{server.url}/v1/completions", timeout=120,
+                                        json={"model": "copied", "ignore_eos": True, **asks[i]}).json()
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+            for each in threads:
+                each.start()
+            for each in threads:
+                each.join(120)
+            assert all("choices" in answers[i] for i in range(len(asks))), answers
+            texts[mtp] = [answers[i]["choices"][0]["text"] for i in range(len(asks))]
+            assert [answers[i]["usage"]["completion_tokens"] for i in range(len(asks))] == [8, 6, 5]
+            assert not mtp or engine.rounds > 0
+        finally:
+            server.stop()
+            thread.join(30)
+            ranks.close()
+    assert texts[True] == texts[False]
