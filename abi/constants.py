@@ -97,6 +97,7 @@ RAD_SOURCE_SYNTHETIC = 3
 RAD_FILL_NORMAL = 1
 RAD_FILL_ONES = 2
 RAD_FILL_ZEROS = 3
+RAD_FILL_IDENTITY = 4
 
 RAD_EXTENT_TOKENS = 1
 RAD_EXTENT_SEQS = 2
@@ -114,6 +115,11 @@ RAD_STEP_TOP_K = "step.top_k"
 RAD_STEP_TOP_P = "step.top_p"
 RAD_STEP_RNG = "step.rng"
 RAD_STEP_TOKENS = "step.tokens"
+
+RAD_MTP_SUFFIX = ".mtp"  # rad_arch.h: a family's multi-token-prediction heads, an architecture of their own
+RAD_HIDDEN = "h"  # the model's residual stream after its step, f32 [tokens, hidden]
+RAD_MTP_PREVIOUS = "mtp.previous"  # the heads' input the engine writes: row i the hidden state of position i
+RAD_MTP_HIDDEN = "mtp.hidden"  # the heads' output: each sampled row's hidden state, f32 [seqs, hidden]
 
 RAD_MAX_KERNEL_ARG_BYTES = 768  # a device kernel's parameter block (the spec's launch rules)
 RAD_MAX_SHARED_BYTES = 65536    # static + dynamic shared memory (LDS) of one launch

@@ -8,8 +8,9 @@ radiance's but it."""
 from .arch import RadBufferDecl, RadNodeDecl, RadWeightDecl
 from .arch_family import EMBEDDING, OUTPUT, OUTPUT_NORM
 from .constants import (
-    RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_TOKENS, RAD_SPLIT_COLS, RAD_SPLIT_NONE, RAD_SPLIT_ROWS, RAD_STEP_IDS,
-    RAD_STEP_LAST_INDEX, RAD_STEP_RNG, RAD_STEP_TEMPERATURE, RAD_STEP_TOKENS, RAD_STEP_TOP_K, RAD_STEP_TOP_P,
+    RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_TOKENS, RAD_HIDDEN, RAD_SPLIT_COLS, RAD_SPLIT_NONE, RAD_SPLIT_ROWS,
+    RAD_STEP_IDS, RAD_STEP_LAST_INDEX, RAD_STEP_RNG, RAD_STEP_TEMPERATURE, RAD_STEP_TOKENS, RAD_STEP_TOP_K,
+    RAD_STEP_TOP_P,
 )
 
 TOKENS, SEQS = RAD_EXTENT_TOKENS, RAD_EXTENT_SEQS
@@ -53,7 +54,7 @@ class GraphBuilder:
         whole KV heads, replicated where the ranks outnumber them)."""
         h = self.hyper
         q, kv, kv_heads = h["heads"] * h["head_dim"], h["kv_heads"] * h["head_dim"], h["kv_heads"]
-        for name, cols, split, parts in (("h", h["hidden"], 0, 0), ("x", h["hidden"], 0, 0), ("q", q, 1, 0),
+        for name, cols, split, parts in ((RAD_HIDDEN, h["hidden"], 0, 0), ("x", h["hidden"], 0, 0), ("q", q, 1, 0),
                                          ("k", kv, 1, kv_heads), ("v", kv, 1, kv_heads), ("attn", q, 1, 0),
                                          ("t", h["hidden"], 0, 0), ("gate", h["ffn"], 1, 0), ("up", h["ffn"], 1, 0)):
             self.buffer(name, cols, TOKENS, split, parts)
@@ -61,19 +62,20 @@ class GraphBuilder:
     def embedding(self) -> None:
         """h = token_embd[ids]."""
         self.weight(EMBEDDING, RAD_SPLIT_NONE)
-        self.node("embedding", "embedding", (RAD_STEP_IDS, EMBEDDING, "h"), n=self.hyper["hidden"],
+        self.node("embedding", "embedding", (RAD_STEP_IDS, EMBEDDING, RAD_HIDDEN), n=self.hyper["hidden"],
                   vocab=self.hyper["vocab"], wdtype=self.weights[EMBEDDING].format, dtype=self.dtype)
 
-    def head(self) -> None:
-        """Each sequence's last token, normed, through the vocab-parallel lm head (token_embd where
-        there is no output weight: tied), gathered and sampled."""
+    def head(self, norm: str = OUTPUT_NORM, rows: str = "hs") -> None:
+        """Each sequence's last token (into `rows`), normed by weight `norm`, through the
+        vocab-parallel lm head (token_embd where there is no output weight: tied), gathered and
+        sampled. MTP heads (rad_arch.h) give their own norm and rows RAD_MTP_HIDDEN."""
         hidden, vocab = self.hyper["hidden"], self.hyper["vocab"]
-        self.buffer("hs", hidden, SEQS)
+        self.buffer(rows, hidden, SEQS)
         self.buffer("xs", hidden, SEQS)
         self.buffer("logits_part", vocab, SEQS, split=1)
         self.buffer("logits", vocab, SEQS)
-        self.node("take_rows", "last_tokens", ("h", RAD_STEP_LAST_INDEX, "hs"), SEQS, n=hidden, dtype=self.dtype)
-        self.rmsnorm("output_norm", "hs", OUTPUT_NORM, "xs", SEQS)
+        self.node("take_rows", "last_tokens", (RAD_HIDDEN, RAD_STEP_LAST_INDEX, rows), SEQS, n=hidden, dtype=self.dtype)
+        self.rmsnorm("output_norm", rows, norm, "xs", SEQS)
         self.gemm("lm_head", "xs", "lm_head", "logits_part", RAD_SPLIT_ROWS, SEQS,
                   source=OUTPUT if OUTPUT in self.weights else EMBEDDING)
         self.node("all_gather", "lm_head.all_gather", ("logits_part", "logits"), SEQS, split="n", n=vocab,

@@ -42,6 +42,18 @@
 #define RAD_STEP_RNG          "step.rng"          /* u64 [seqs, 2]: seed, step    */
 #define RAD_STEP_TOKENS       "step.tokens"       /* i32 [seqs]: the sampled ones */
 
+/* Multi-token-prediction heads (speculative decoding with the model's own draft). A family whose
+ * models may carry them declares a second architecture, its name and RAD_MTP_SUFFIX ("llama.mtp"):
+ * the graph of one step of the heads, declared from the same container (check or declare answering
+ * a reason: the model has none). The heads' step takes the step inputs, its ids one position ahead
+ * (row i: the token after position i), and RAD_MTP_PREVIOUS, which the engine fills: row i the
+ * hidden state of position i, the model's RAD_HIDDEN after its step (or the heads' own
+ * RAD_MTP_HIDDEN when they draft on from their own draft). Its sample node's logits are the draft's. */
+#define RAD_MTP_SUFFIX   ".mtp"
+#define RAD_HIDDEN       "h"            /* the model's graph: f32 [tokens, hidden], the residual stream */
+#define RAD_MTP_PREVIOUS "mtp.previous" /* the heads' graph: f32 [tokens, hidden], the engine writes it */
+#define RAD_MTP_HIDDEN   "mtp.hidden"   /* the heads' graph: f32 [seqs, hidden], each sampled row's     */
+
 typedef struct RadWeightDecl {
     const char* name;   /* how the graph names it                              */
     const char* source; /* the container's weight it reads ("" = name)         */
@@ -109,6 +121,7 @@ typedef int (*RadArchDeclareFn)(const RadParam* hyper, int32_t n, const RadWeigh
 #define RAD_FILL_NORMAL 1 /* N(0, 0.02) */
 #define RAD_FILL_ONES   2
 #define RAD_FILL_ZEROS  3
+#define RAD_FILL_IDENTITY 4 /* ones on the diagonal of a square matrix, zeros elsewhere */
 
 /* What a source holds, in its own names. The hyper-parameters' keys the engine itself reads
  * (context, vocab) come from hyper(); the tokenizer's (bos_token_id, eos_token_ids, add_bos) the

@@ -16,6 +16,7 @@ from collections import deque
 
 import numpy as np
 
+from radiance.abi import RAD_STEP_IDS
 from radiance.config import Config
 from radiance.generation.feed import Feed
 from radiance.generation.text import TextCodec
@@ -78,10 +79,7 @@ class InProcessRanks(Ranks):
         if self.config.profile:
             stats["ops"] = dict(executor.op_seconds)
         executor.op_seconds.clear()
-        result = {"tokens": tokens}
-        shown = self.config.return_buffer
-        if shown:
-            result[shown] = self.worker.executor.read_buffer(shown, len(tokens))
+        result = {"tokens": tokens, **self.worker.returned(len(arrays[RAD_STEP_IDS]), len(tokens))}
         self._answered = time.perf_counter()
         return tokens, stats, result
 

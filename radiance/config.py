@@ -59,7 +59,9 @@ class Config:
     stage_timeout: float = 60.0  # launched: seconds every handshake stage may take
     step_timeout: float = 120.0  # launched: seconds one step may take
     profile: bool = False  # rank 0 times every op; the ranks' step_stats() then have the collective seconds
-    return_buffer: str | None = None  # a debugging aid: rank 0 returns this buffer's rows each step
+    # rank 0 returns these buffers' rows each step (names, comma-separated): a debugging aid, and
+    # speculative decoding's logits (and the model's hidden state for MTP heads)
+    return_buffer: str | None = None
     debug_selection: bool = False  # print the winner of every band (stderr): in process, or rank 0 of a launch
     # Plan step n + 1 while the ranks run step n, the token step n samples feeding step n + 1 on the
     # ranks (generation/feed.py). None: where it was measured to help (launch/ranks.py, run_ahead_default).
@@ -68,6 +70,9 @@ class Config:
     # draft_tokens a round, which the model verifies in one step
     draft_model: str | None = None
     draft_tokens: int = 4
+    # without a draft model, a model that carries multi-token-prediction heads drafts with them
+    # (rad_arch.h's RAD_MTP_SUFFIX; launch/mtp.py); False: plain decoding
+    mtp: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "model", os.fspath(self.model))
@@ -111,6 +116,11 @@ class Config:
             for name in ("master_addr", "keys"):
                 if not getattr(self, name):
                     raise ConfigError(f"{flag(name)} is needed with {flag('nnodes')} {self.nnodes}")
+
+    @property
+    def returned_buffers(self) -> tuple[str, ...]:
+        """The buffers return_buffer names, in its order."""
+        return tuple(name for name in (self.return_buffer or "").split(",") if name)
 
     @property
     def world(self) -> int:

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from radiance.abi import RAD_STEP_IDS
 from radiance.collectives.ring import RingReader, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_array, ops_arrays
 from radiance.collectives.shm import stage_run_id
@@ -122,9 +123,7 @@ class RankSession:
 
     def _result_bytes(self) -> int:
         """Rank 0's largest result: a token per sequence, the figures, and the buffer it shows, if asked."""
-        seqs, shown = self.config.max_seqs, self.config.return_buffer
-        extra = self.worker.executor.read_buffer(shown, seqs).nbytes if shown else 0
-        return RESULT_META_BYTES + seqs * 8 + extra
+        return RESULT_META_BYTES + self.config.max_seqs * 8 + self.worker.returned_bytes()
 
     def _serve(self) -> None:
         executor = self.worker.executor
@@ -139,6 +138,7 @@ class RankSession:
                 raise RuntimeError(f"the plans ring holds a '{kind}' record where a step or stop was due")
             received = time.perf_counter()
             feed = Feed.take(arrays)
+            step_tokens = len(arrays[RAD_STEP_IDS])
             tokens = self.worker.execute(arrays, feed)
             if self.rank == self.layout.answering:
                 timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
@@ -152,9 +152,8 @@ class RankSession:
                               waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())
                 answered = timing["answered_at"]  # from here to the next plan in hand (its result sent), rank 0 waits
                 arrays = {"tokens": tokens, "figures": figures_array(timing), **ops_arrays(ops)}
-                shown = self.config.return_buffer  # a debugging aid: a buffer's rows, e.g. logits
-                if shown:
-                    arrays[shown] = executor.read_buffer(shown, len(tokens))
+                # what config.return_buffer names: a debugging aid, speculative decoding's logits
+                arrays.update(self.worker.returned(step_tokens, len(tokens)))
                 self.results.publish(encoder.encode("result", None, arrays))
 
     def close(self) -> None:

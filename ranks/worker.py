@@ -29,11 +29,12 @@ class Worker:
     resolves: Worker(config, shard) loads the plugins, opens and declares; build() resolves and loads."""
 
     def __init__(self, config: Config, shard: Shard = Shard(0, 1), device=None, registry: Registry | None = None,
-                 stage: Stage = Stage(0, 1)):
+                 stage: Stage = Stage(0, 1), architecture: str | None = None):
         """`device`: the card to run on (a radiance.device Device); None opens the card this
         process sees when config.device is 'auto', and runs on the host where it sees none.
         `registry`: the plugins, loaded already (a test's own); None loads them from config's homes.
-        `stage`: this rank's pipeline stage (radiance/engine/selection/stages.py)."""
+        `stage`: this rank's pipeline stage (radiance/engine/selection/stages.py). `architecture`:
+        the one that declares the graph, where not the container's (a model's MTP heads)."""
         self.config, self.shard, self.stage = config, shard, stage
         self.device, self._own_device = device, False
         self.last_seqs = 0  # tokens the last step sampled, which the next step's feed may read
@@ -43,7 +44,7 @@ class Worker:
             self.device = open_device()
             self._own_device = self.device is not None
         self.registry = registry if registry is not None else Registry(config.radiance_home, config.kernels)
-        self.model = open_model(config, self.registry)
+        self.model = open_model(config, self.registry, architecture)
         schemas = {op: entry.schema for op, entry in self.registry.ops.items()}
         self.cut = cut_stages(self.model.graph, schemas, self.model.weights, stage.count)[stage.index]
 
@@ -135,6 +136,17 @@ class Worker:
         self.executor.run(tokens, seqs, feed)
         self.last_seqs = seqs
         return inputs[RAD_STEP_TOKENS][:seqs].copy()
+
+    def returned(self, tokens: int, seqs: int) -> dict:
+        """The rows of config.return_buffer's buffers after a step of `tokens` tokens and `seqs`
+        sampled rows: a buffer's rows follow its extent."""
+        extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}
+        return {name: self.executor.read_buffer(name, tokens if extents.get(name) == RAD_EXTENT_TOKENS else seqs)
+                for name in self.config.returned_buffers}
+
+    def returned_bytes(self) -> int:
+        """The most bytes `returned` gives."""
+        return sum(array.nbytes for array in self.returned(self.config.max_step_tokens, self.config.max_seqs).values())
 
     def close(self) -> None:
         self.executor.release()

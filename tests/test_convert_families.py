@@ -125,7 +125,7 @@ def test_llama_3_1_rope_freqs_divide_the_rope_frequencies(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--hiden", "64"], "--synthetic llama: no shape option --hiden (its options: --hidden, --layers, --heads, "
-                        "--kv-heads, --head-dim, --ffn, --vocab, --context, --rope-theta, --rms-eps, --tie-embeddings)"),
+                        "--kv-heads, --head-dim, --ffn, --vocab, --context, --rope-theta, --rms-eps, --tie-embeddings, --mtp-layers, --mtp-random)"),
     (["--hidden", "6x"], "--synthetic llama: --hidden '6x' is not an integer"),
 ])
 def test_synthetic_shape_options_are_the_plugins(tmp_path, args, message):

@@ -6,13 +6,13 @@ naming it. The converter itself knows no family."""
 import math
 
 from radiance.abi import (
-    RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_FILL_ZEROS, RAD_P_F64, RAD_P_INT, RAD_P_STR, RAD_SOURCE_GGUF, RAD_SOURCE_HF,
-    RAD_SOURCE_SYNTHETIC, RadSourceInfo, RadWeightSpec,
+    RAD_FILL_IDENTITY, RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_FILL_ZEROS, RAD_P_F64, RAD_P_INT, RAD_P_STR,
+    RAD_SOURCE_GGUF, RAD_SOURCE_HF, RAD_SOURCE_SYNTHETIC, RadSourceInfo, RadWeightSpec,
 )
 
 SOURCE_NAMES = {RAD_SOURCE_GGUF: "GGUF files", RAD_SOURCE_HF: "Hugging Face folders",
                 RAD_SOURCE_SYNTHETIC: "--synthetic"}
-FILLS = (RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_FILL_ZEROS)
+FILLS = (RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_FILL_ZEROS, RAD_FILL_IDENTITY)
 # What the converter adds to every family's hyper-parameters, from the source's tokenizer.
 TOKENIZER_KEYS = ("bos_token_id", "eos_token_ids", "add_bos")
 
@@ -57,9 +57,11 @@ class Family:
             raise ValueError(f"{where} names a weight twice")
         for spec in specs:
             if spec.name and (spec.ndim not in (1, 2) or spec.cols < 1 or spec.rows < 1
-                              or spec.ndim == 1 and spec.rows != 1 or spec.fill not in FILLS):
+                              or spec.ndim == 1 and spec.rows != 1 or spec.fill not in FILLS
+                              or spec.fill == RAD_FILL_IDENTITY and spec.rows != spec.cols):
                 raise ValueError(f"{where}: weight {spec.name!r} has shape {spec.ndim}-D {spec.rows}x{spec.cols} "
-                                 f"and fill {spec.fill}, not a 1-D (rows 1) or 2-D shape and a RAD_FILL_*")
+                                 f"and fill {spec.fill}, not a 1-D (rows 1) or 2-D shape and a RAD_FILL_* "
+                                 f"(RAD_FILL_IDENTITY: a square one)")
         return list(specs)
 
     def options(self, given: dict) -> dict:

@@ -1,5 +1,5 @@
 """A synthetic model of any family an architecture plugin takes, of any shape its options give:
-seeded random weights as the plugin's weights() says (N(0, 0.02), ones or zeros), for tests and
+seeded random weights as the plugin's weights() says (N(0, 0.02), ones, zeros or the identity), for tests and
 benchmarks (as vLLM's --load-format dummy). Each weight draws from its own generator, seeded by
 (seed, crc32 of its name), in row order, so its values do not depend on the row blocks its quantiser
 asks for, on the recipe, or on which other weights exist; memory stays bounded by a row block
@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-from radiance.abi import RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_SOURCE_SYNTHETIC, RadSourceInfo
+from radiance.abi import RAD_FILL_IDENTITY, RAD_FILL_NORMAL, RAD_FILL_ONES, RAD_SOURCE_SYNTHETIC, RadSourceInfo
 
 from .errors import ConvertError
 from .families import taking
@@ -46,6 +46,8 @@ def synthetic_tokenizer(vocab: int) -> str | None:
 def _rows_of(seed: int, name: str, shape: tuple, fill: int):
     """rows_of(r0, r1) for one weight, asked in row order."""
     cols = shape[-1]
+    if fill == RAD_FILL_IDENTITY:  # a square matrix (families.py checks): row r has its one at column r
+        return lambda r0, r1: np.eye(r1 - r0, cols, r0, np.float32)
     if fill != RAD_FILL_NORMAL:
         value = np.float32(1 if fill == RAD_FILL_ONES else 0)
         return lambda r0, r1: np.full((r1 - r0, cols), value, np.float32)

@@ -13,6 +13,10 @@ catches up first where a round left it a token behind. Rounds are synchronous (n
 top_k and top_p are not applied in a round: requests are refused them up front (the ops sample the
 whole distribution at the temperature).
 
+Where the drafts come from is `_drafts` (a round's k drafts and their q) and `_verified` (what the
+round kept), with the plain steps: here a draft model's; mtp.py's MtpEngine overrides them for a
+model's own MTP heads.
+
 The models and ops come in as callables (launch/speculative.py wires them): `execute(arrays)` the
 target's step (tokens), `logits()` the logits of the target's last step's sampled rows,
 `draft(arrays)` the draft's step (its logits), `propose(logits, temperature, rng)` -> (tokens, q),
@@ -99,6 +103,32 @@ class SpeculativeEngine(Engine):
         for sequence in sequences:
             self.blocks.allocate(sequence, sequence.num_tokens + k)
         temperature = np.array([s.params.temperature for s in sequences], np.float32)
+        drafts, q = self._drafts(sequences, temperature)
+        entries = [Entry(s, s.num_tokens - 1, [s.token_ids[-1], *drafts[i].tolist()]) for i, s in enumerate(sequences)]
+        self.submit(speculative_arrays(entries, self.blocks, self.config.max_blocks, every=True), None)
+        self.collect()
+        rng = np.array([(s.params.seed, s.num_outputs) for s in sequences], np.uint64)
+        tokens, accepted = self.verify(self.logits(), drafts, q.reshape(count * k, -1), temperature, rng)
+        self.rounds += 1
+        produced, given = [], []
+        for s, sequence in enumerate(sequences):
+            given.append(int(accepted[s]))
+            self.accepted += given[-1] - 1
+            last = sequence.num_tokens - 1
+            sequence.num_computed = last + given[-1]  # the last known token and the drafts kept are cached
+            for token in tokens[s, :given[-1]].tolist():
+                sequence.output_ids.append(token)
+                produced.append((sequence, token))
+                self._check_finished(sequence, token)
+                if sequence.finished:
+                    break
+        self._verified(sequences, given)
+        self._forget_finished()
+        return produced
+
+    def _drafts(self, sequences: list[Sequence], temperature: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the k drafts [S, k] i32, their distributions q [S, k, vocab] f32): k draft steps."""
+        count, k = len(sequences), self.k
         drafts = np.zeros((count, k), np.int32)
         q = None
         for j in range(k):
@@ -106,35 +136,22 @@ class SpeculativeEngine(Engine):
             for s, sequence in enumerate(sequences):
                 known = sequence.token_ids + drafts[s, :j].tolist()
                 entries.append(Entry(sequence, self.drafted[sequence], known[self.drafted[sequence]:]))
-            logits = self._draft_only(entries)
-            # a counter no other round's draft uses: rounds start at distinct output counts
-            rng = np.array([(s.params.seed, s.num_outputs * (k + 1) + j) for s in sequences], np.uint64)
-            tokens, probs = self.propose(logits, temperature, rng)
+            tokens, probs = self.propose(self._draft_only(entries), temperature, self._draft_rng(sequences, j))
             drafts[:, j] = tokens
             if q is None:
                 q = np.zeros((count, k, probs.shape[1]), np.float32)
             q[:, j] = probs
-        entries = [Entry(s, s.num_tokens - 1, [s.token_ids[-1], *drafts[i].tolist()]) for i, s in enumerate(sequences)]
-        self.submit(speculative_arrays(entries, self.blocks, self.config.max_blocks, every=True), None)
-        self.collect()
-        rng = np.array([(s.params.seed, s.num_outputs) for s in sequences], np.uint64)
-        tokens, accepted = self.verify(self.logits(), drafts, q.reshape(count * k, -1), temperature, rng)
-        self.rounds += 1
-        produced = []
-        for s, sequence in enumerate(sequences):
-            given = int(accepted[s])
-            self.accepted += given - 1
-            last = sequence.num_tokens - 1
-            sequence.num_computed = last + given  # the last known token and the drafts kept are cached
-            self.drafted[sequence] = min(self.drafted[sequence], last + given)
-            for token in tokens[s, :given].tolist():
-                sequence.output_ids.append(token)
-                produced.append((sequence, token))
-                self._check_finished(sequence, token)
-                if sequence.finished:
-                    break
-        self._forget_finished()
-        return produced
+        return drafts, q
+
+    def _draft_rng(self, sequences: list[Sequence], j: int) -> np.ndarray:
+        """Draft j's counters: no other round's draft uses them (rounds start at distinct output counts)."""
+        return np.array([(s.params.seed, s.num_outputs * (self.k + 1) + j) for s in sequences], np.uint64)
+
+    def _verified(self, sequences: list[Sequence], given: list[int]) -> None:
+        """After a round's verify: sequence i kept given[i] tokens (the drafts kept and one of the
+        model's), output already; its positions up to num_computed are the model's own."""
+        for sequence in sequences:  # the draft's cache is good up to the last draft kept
+            self.drafted[sequence] = min(self.drafted[sequence], sequence.num_computed)
 
     def _forget_finished(self) -> None:
         for sequence in [s for s in self.drafted if s.finished]:

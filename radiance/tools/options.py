@@ -93,5 +93,9 @@ model_and_mode = _stack(
     click.option("--draft-model", type=click.Path(dir_okay=False), default=None,
                  help="Speculative decoding: a .rad model of the same vocabulary drafts tokens the model verifies "
                       "(the ops mtp_couple_propose/verify come from a kernel library such as plugins/spechub)."),
-    click.option("--draft-tokens", default=4, show_default=True, help="With --draft-model: tokens drafted a round."),
+    click.option("--draft-tokens", default=4, show_default=True,
+                 help="With --draft-model or MTP heads: tokens drafted a round."),
+    click.option("--mtp/--no-mtp", default=True, show_default=True,
+                 help="A model that carries multi-token-prediction heads drafts with them (speculative decoding "
+                      "through the same ops as --draft-model); off: plain decoding."),
 )

@@ -3,10 +3,10 @@ reads. It checks the container's hyper-parameters and declares the graph of one 
 tensor-parallel plan as data; the engine resolves and runs it, and alone knows the ranks. Its import
 hooks (source.py) tell rad-convert how the family's GGUF files and Hugging Face folders are read."""
 
-from radiance.abi import RAD_ABI_VERSION, RAD_PLUGIN_ARCH, RadArchInfo, RadPluginInfo
+from radiance.abi import RAD_ABI_VERSION, RAD_MTP_SUFFIX, RAD_PLUGIN_ARCH, RadArchInfo, RadPluginInfo
 from radiance.abi import arch_family as family
 
-from . import source
+from . import mtp, source
 from .graph import declare as declare_graph
 from .hyper import check
 
@@ -22,7 +22,10 @@ def declare(hyper: dict, weights: dict):
 ARCHITECTURES = [RadArchInfo(name="llama", doc="Llama-family decoder: GQA, rope (theta, linear, llama3, "
                                             "rope_freqs), SwiGLU, RMSNorm, tied or separate lm head",
                              check=check, declare=declare, takes=source.takes, hyper=source.hyper,
-                             weights=source.weights, synthetic=source.SYNTHETIC)]
+                             weights=source.weights, synthetic=source.SYNTHETIC),
+                 RadArchInfo(name="llama" + RAD_MTP_SUFFIX, doc="the multi-token-prediction head of a llama model "
+                             "that carries one (mtp_layers 1): the model's own speculative draft",
+                             check=mtp.check, declare=mtp.declare)]
 
 
 def rad_plugin_abi_version():

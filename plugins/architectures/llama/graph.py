@@ -15,7 +15,8 @@ from .rope import inv_freq
 Builder = GraphBuilder  # llama declares only the common ops through it
 
 
-def _layer(b: Builder, i: int) -> None:
+def layer(b: Builder, i: int) -> None:
+    """Block i, from h to h (mtp.py's head is block `layers`)."""
     h = b.hyper
     hidden, heads, kv_heads, head_dim = h["hidden"], h["heads"], h["kv_heads"], h["head_dim"]
     heads_split = f"q_heads kv_heads/{kv_heads}"
@@ -49,7 +50,7 @@ def declare(hyper: dict, weights: dict) -> RadGraphDecl:
     b.decoder_buffers()
     b.embedding()
     for i in range(hyper["layers"]):
-        _layer(b, i)
+        layer(b, i)
     b.head()
     tables = [RadTableDecl(name="rope.inv_freq", table=rad_tensor(inv_freq(hyper)))]
     return RadGraphDecl(weights=b.declared, tables=tables, buffers=b.buffers, nodes=b.nodes)

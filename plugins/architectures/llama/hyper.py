@@ -14,6 +14,9 @@ def check(hyper: dict) -> str:
     scaling = hyper.get("rope_scaling")
     if scaling and scaling_type(scaling) not in ("linear", "llama3"):
         return f"rope_scaling type {scaling_type(scaling)!r} is not one of linear, llama3"
+    mtp = hyper.get("mtp_layers", 0)
+    if mtp not in (0, 1) or isinstance(mtp, bool):
+        return f"hyper-parameter 'mtp_layers' must be 0 or 1 (one multi-token-prediction head), not {mtp!r}"
     return freq_factors_problem(hyper)
 
 

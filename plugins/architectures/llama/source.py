@@ -2,7 +2,9 @@
 takes, the hyper-parameters each gives, and the weights those call for with their GGUF and Hugging
 Face names (docs/CONVERT.md has the tables)."""
 
-from radiance.abi import RAD_FILL_NORMAL, RAD_P_F64, RAD_P_INT, RadArchOption, RadWeightSpec
+from radiance.abi import (
+    RAD_FILL_IDENTITY, RAD_FILL_NORMAL, RAD_FILL_ZEROS, RAD_P_F64, RAD_P_INT, RadArchOption, RadWeightSpec,
+)
 from radiance.abi import arch_family as family
 
 GGUF_FAMILIES = ("llama",)  # llama.cpp writes Llama 2/3, Mistral and SmolLM2 as `llama`
@@ -21,6 +23,10 @@ SYNTHETIC = [  # SmolLM2-135M's shape
     RadArchOption("rope_theta", RAD_P_F64, "10000", "rope base"),
     RadArchOption("rms_eps", RAD_P_F64, "1e-5", "RMS norm epsilon"),
     RadArchOption("tie_embeddings", RAD_P_INT, "1", "the lm head reads token_embd"),
+    RadArchOption("mtp_layers", RAD_P_INT, "0", "1: a multi-token-prediction head (mtp.py), written to draft "
+                  "what the model predicts from a token alone (weights())"),
+    RadArchOption("mtp_random", RAD_P_INT, "0", "1: the head's weights random like the others' (its drafts are "
+                  "rarely kept)"),
 ]
 
 # (ours, GGUF, Hugging Face) per layer
@@ -75,13 +81,17 @@ def _synthetic(source) -> dict:
     if not problem and not shape["head_dim"] and shape["hidden"] % shape["heads"]:
         problem = f"--hidden {shape['hidden']} is not a multiple of --heads {shape['heads']}"
     problem = problem or family.heads_problem(shape)
+    if not problem and shape["mtp_random"] and not shape["mtp_layers"]:
+        problem = "--mtp-random 1 is about a head: give --mtp-layers 1 with it"
     if problem:
         return problem
     return {"hidden": shape["hidden"], "layers": shape["layers"], "heads": shape["heads"],
             "kv_heads": shape["kv_heads"], "head_dim": shape["head_dim"] or shape["hidden"] // shape["heads"],
             "ffn": shape["ffn"], "vocab": shape["vocab"], "context": shape["context"],
             "rope_theta": float(shape["rope_theta"]), "rms_eps": float(shape["rms_eps"]),
-            "tie_embeddings": bool(shape["tie_embeddings"]), "rope_interleaved": 0}
+            "tie_embeddings": bool(shape["tie_embeddings"]), "rope_interleaved": 0,
+            **({"mtp_layers": shape["mtp_layers"]} if shape["mtp_layers"] else {}),
+            **({"mtp_random": 1} if shape["mtp_layers"] and shape["mtp_random"] else {})}
 
 
 def hyper(source):
@@ -103,4 +113,22 @@ def weights(hyper: dict) -> list:
     for i in range(hyper["layers"]):
         specs += family.layer_specs(i, LAYER, shapes)
         specs.append(RadWeightSpec(name="", hf=f"model.layers.{i}.self_attn.rotary_emb.inv_freq", optional=1))
-    return specs + family.head_specs(hyper)
+    return specs + family.head_specs(hyper) + (mtp_specs(hyper, shapes) if hyper.get("mtp_layers") else [])
+
+
+def mtp_specs(hyper: dict, shapes: dict) -> list:
+    """The MTP head's weights (mtp.py), read from no checkpoint yet (no llama checkpoint carries
+    one). --synthetic fills them so that the head drafts what the model predicts from the token
+    alone, a draft a random head could not be: e_proj the identity and h_proj zero (the head's
+    input is the normed embedding of the token), block `layers` an identity (its attn.o and
+    ffn.down zero), so the logits are the lm head's over the normed embedding, which the model's
+    own step, whose residual stream starts as that embedding, often agrees with. With mtp_random (a
+    synthetic model's test of the heads' plumbing) they are random like any other weight."""
+    hidden, layers, random = hyper["hidden"], hyper["layers"], bool(hyper.get("mtp_random"))
+    fills = {} if random else {"attn.o": RAD_FILL_ZEROS, "ffn.down": RAD_FILL_ZEROS}
+    block = [family.weight_spec(family.layer_name(layers, part), "", "", shapes[part], fill=fills.get(part))
+             for part, _, _ in LAYER]
+    return [family.weight_spec("mtp.enorm", "", "", (hidden,)), family.weight_spec("mtp.hnorm", "", "", (hidden,)),
+            family.weight_spec("mtp.e_proj", "", "", (hidden, hidden), fill=None if random else RAD_FILL_IDENTITY),
+            family.weight_spec("mtp.h_proj", "", "", (hidden, hidden), fill=None if random else RAD_FILL_ZEROS),
+            *block, family.weight_spec("mtp.norm", "", "", (hidden,))]

@@ -3,7 +3,7 @@ serves it, its checked hyper-parameters and the declared graph of one step."""
 
 from dataclasses import dataclass
 
-from radiance.abi import RadArchInfo, RadGraphDecl, RadWeightInfo
+from radiance.abi import RAD_MTP_SUFFIX, RadArchInfo, RadGraphDecl, RadWeightInfo
 from radiance.config import Config
 from radiance.weights.container_format import ContainerError
 from radiance.weights.container_reader import Container, open_container
@@ -53,16 +53,19 @@ def check_small_planes(container: Container) -> None:
                              f"file is damaged ('rad-convert --verify {container.path}' checks every plane)")
 
 
-def open_model(config: Config, registry: Registry) -> Model:
+def open_model(config: Config, registry: Registry, architecture: str | None = None) -> Model:
     """Open, check and declare config.model, with what the engine decides (the activation dtype, the
-    KV block size) added to what the container says."""
+    KV block size) added to what the container says. `architecture`: the one that declares the
+    graph, where not the container's (its MTP heads: launch/mtp.py)."""
     path = config.model
     container = open_container(path)
     try:
-        entry = registry.architectures.get(container.architecture)
+        name = architecture or container.architecture
+        entry = registry.architectures.get(name)
         if entry is None:
-            served = ", ".join(sorted(registry.architectures)) or "none"
-            raise ModelError(f"{path}: architecture '{container.architecture}' is served by no plugin on the "
+            # a family's MTP heads (rad_arch.h) serve no container of their own
+            served = ", ".join(sorted(a for a in registry.architectures if not a.endswith(RAD_MTP_SUFFIX))) or "none"
+            raise ModelError(f"{path}: architecture '{name}' is served by no plugin on the "
                              f"search path (served: {served})")
         architecture = entry[0]
         hyper = {**container.hyper, "activation_dtype": config.activation_dtype, "block_size": config.block_size}

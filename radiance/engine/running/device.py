@@ -164,6 +164,9 @@ class DeviceExecutor(Executor):
     def read_buffer(self, name: str, rows: int) -> np.ndarray:
         return self.memory.read_buffer(name, rows)
 
+    def write_buffer(self, name: str, rows: np.ndarray) -> None:
+        self.memory.write_buffer(name, rows)
+
     def release(self) -> None:
         self.device.synchronize(self.stream.handle)
         for resolution in self.graph.resolutions():

@@ -115,6 +115,12 @@ class DeviceMemory:
         self.device.synchronize()
         return out
 
+    def write_buffer(self, name: str, rows: np.ndarray) -> None:
+        """A buffer's first rows, copied in (before the step: done when this returns)."""
+        address, dtype, _, cols, _ = self.buffers[name]
+        self.device.copy_to_device(address, np.ascontiguousarray(rows, dtype).reshape(-1, cols))
+        self.device.synchronize()
+
     def weight(self, host: RadTensor, label: str) -> RadTensor:
         """A weight as its row reads it (RankWeights.operand's form), on the card; one copy per
         host object, however many rows read it."""

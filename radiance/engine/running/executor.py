@@ -55,5 +55,10 @@ class Executor(abc.ABC):
         """A buffer's first rows, after a step (a debugging aid: the logits, say)."""
 
     @abc.abstractmethod
+    def write_buffer(self, name: str, rows: np.ndarray) -> None:
+        """A buffer's first rows, before a step (what the engine hands a graph besides the step
+        inputs: a model's hidden state for its MTP heads, rad_arch.h)."""
+
+    @abc.abstractmethod
     def release(self) -> None:
         """Every row's instance finished and every allocation given back."""

@@ -117,6 +117,9 @@ class HostExecutor(Executor):
     def read_buffer(self, name: str, rows: int) -> np.ndarray:
         return self.buffers[name][:rows].copy()
 
+    def write_buffer(self, name: str, rows: np.ndarray) -> None:
+        self.buffers[name][:len(rows)] = rows
+
     def release(self) -> None:
         self.overlap.close()
         for resolution in self.graph.resolutions():
