@@ -71,7 +71,7 @@ class InProcessRanks(Ranks):
         tokens = self.worker.execute(arrays, feed)
         executor = self.worker.executor
         holds = self.worker.link.hold_stats()  # cumulative, for a server's /metrics
-        stats = {"compute": time.perf_counter() - start, "gate_holds": holds["holds"],
+        stats = {"compute": time.perf_counter() - start, "gate_holds": holds["holds"], "parts": self.worker.parts,
                  "gate_hold_s": holds["total_s"],  # collective ops (fused ones too), timed when profiling:
                  "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_")),
                  "waited": 0.0 if self._answered is None else start - self._answered}
@@ -81,7 +81,7 @@ class InProcessRanks(Ranks):
         result = {"tokens": tokens}
         shown = self.config.return_buffer
         if shown:
-            result[shown] = self.worker.executor.read_buffer(shown, len(tokens))
+            result[shown] = self.worker.read_buffer(shown, len(tokens))
         self._answered = time.perf_counter()
         return tokens, stats, result
 

@@ -149,12 +149,13 @@ class RankSession:
                 # when the plan was in hand and the result went out (perf_counter: CLOCK_MONOTONIC, the
                 # coordinator's clock too), so the step's delivery splits into plan out and result back
                 timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"], received_at=received,
+                              parts=self.worker.parts,
                               waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())
                 answered = timing["answered_at"]  # from here to the next plan in hand (its result sent), rank 0 waits
                 arrays = {"tokens": tokens, "figures": figures_array(timing), **ops_arrays(ops)}
                 shown = self.config.return_buffer  # a debugging aid: a buffer's rows, e.g. logits
                 if shown:
-                    arrays[shown] = executor.read_buffer(shown, len(tokens))
+                    arrays[shown] = self.worker.read_buffer(shown, len(tokens))
                 self.results.publish(encoder.encode("result", None, arrays))
 
     def close(self) -> None:

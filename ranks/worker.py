@@ -16,6 +16,7 @@ from radiance.engine.selection.resolve import resolve_graph
 from radiance.engine.selection.shard import Shard, elide_collectives, shard_buffers, shard_nodes
 from radiance.engine.selection.stages import Stage, cut_stages, stage_nodes, used_buffers
 from radiance.generation.feed import Feed
+from radiance.generation.micro_batches import gather_tokens, split_plan
 from radiance.log import get_logger
 
 log = get_logger("radiance.worker")
@@ -46,6 +47,10 @@ class Worker:
         self.model = open_model(config, self.registry)
         schemas = {op: entry.schema for op, entry in self.registry.ops.items()}
         self.cut = cut_stages(self.model.graph, schemas, self.model.weights, stage.count)[stage.index]
+        # the parts each step is cut into (generation/micro_batches.py): config's, else one a stage
+        self.micro_batches = config.micro_batches or stage.count
+        self.shown = None  # the rows of config.return_buffer of the last step, where it was cut into parts
+        self.parts = 0  # the micro-batches the last step ran
 
     def boundary_bytes(self) -> int:
         """The largest message of this stage's recv (the pipe it receives through)."""
@@ -123,7 +128,27 @@ class Worker:
     def execute(self, arrays: dict, feed: Feed | None = None) -> np.ndarray:
         """Run one step from its plan arrays; the sampled token of every sequence. `feed`: ids this
         step takes from the tokens of the step this worker ran last (generation/feed.py), which
-        the executor copies where they are (the card's token buffer, or the host's)."""
+        the executor copies where they are (the card's token buffer, or the host's). A step of more
+        tokens than one is cut into micro-batches, run one after another (pipeline stages overlap)."""
+        seqs = len(arrays[RAD_STEP_CONTEXT_LENS])
+        self.shown, self.parts = None, 1
+        if self.micro_batches == 1 or len(arrays[RAD_STEP_IDS]) == 1:
+            return self._run(arrays, feed)
+        if feed is not None:
+            raise RuntimeError(f"a fed step (run ahead) cut into {self.micro_batches} micro-batches: not so far")
+        batches = split_plan(arrays, self.micro_batches)
+        self.parts = len(batches)
+        sampled, shown = [], []
+        for batch in batches:
+            sampled.append(self._run(batch.arrays, None))
+            if self.config.return_buffer:
+                shown.append(self._shown(batch))
+        self.last_seqs = seqs
+        if shown:
+            self.shown = np.concatenate(shown)
+        return gather_tokens(batches, sampled, seqs)
+
+    def _run(self, arrays: dict, feed: Feed | None) -> np.ndarray:
         inputs = self.executor.inputs
         tokens, seqs = len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS])
         if feed is not None:
@@ -135,6 +160,21 @@ class Worker:
         self.executor.run(tokens, seqs, feed)
         self.last_seqs = seqs
         return inputs[RAD_STEP_TOKENS][:seqs].copy()
+
+    def _shown(self, batch) -> np.ndarray:
+        """config.return_buffer's rows of one part: a row a token, or the kept pieces' rows."""
+        name, arrays = self.config.return_buffer, batch.arrays
+        extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}
+        if extents.get(name) == RAD_EXTENT_TOKENS:
+            return self.executor.read_buffer(name, len(arrays[RAD_STEP_IDS]))
+        return self.executor.read_buffer(name, len(batch.kept))[batch.kept]
+
+    def read_buffer(self, name: str, rows: int) -> np.ndarray:
+        """A buffer's first `rows` rows after a step (config.return_buffer: the whole step's rows,
+        where the step was cut into parts)."""
+        if self.shown is not None and name == self.config.return_buffer:
+            return self.shown[:rows].copy()
+        return self.executor.read_buffer(name, rows)
 
     def close(self) -> None:
         self.executor.release()
