@@ -89,8 +89,8 @@ def run_ahead_default(config: Config, card: bool) -> bool:
     nor on a card (correct on the fake card, not yet measured on a real one)."""
     if config.run_ahead is not None:
         return config.run_ahead
-    if config.pp > 1 or config.micro_batches > 1:  # the first stage would need the tokens the last one
-        return False  # samples; a step cut into parts is not fed yet
+    if config.pp > 1 or config.micro_batches > 1:  # works (ranks/fed_tokens.py), not measured to help yet
+        return False
     return (config.tp > 1 or config.launched) and not card and config.tp < usable_cores()
 
 

@@ -98,12 +98,9 @@ class Config:
             object.__setattr__(self, "num_blocks", self.max_blocks * self.max_seqs)
 
     def _check_nodes(self) -> None:
-        if self.pp > 1 and self.run_ahead:
-            raise ConfigError(f"{flag('run_ahead')}: not with {flag('pp')} {self.pp} (a step's tokens are sampled "
-                              "on the last stage, and the first stage would need them)")
-        if self.micro_batches > 1 and self.run_ahead:
-            raise ConfigError(f"{flag('run_ahead')}: not with {flag('micro_batches')} {self.micro_batches} (a step "
-                              "cut into parts cannot be fed from the step before yet)")
+        if self.pp > 1 and self.nnodes > 1 and self.run_ahead:
+            raise ConfigError(f"{flag('run_ahead')}: not with {flag('pp')} {self.pp} over {flag('nnodes')} "
+                              f"{self.nnodes} (the last stage's tokens reach the first through shared memory)")
         if self.micro_batches > 1 and self.draft_model is not None:
             raise ConfigError(f"{flag('draft_model')}: not with {flag('micro_batches')} {self.micro_batches} (a "
                               "verify step reads every token's logits, of one part only)")

@@ -16,8 +16,10 @@ from radiance.engine.selection.resolve import resolve_graph
 from radiance.engine.selection.shard import Shard, elide_collectives, shard_buffers, shard_nodes
 from radiance.engine.selection.stages import Stage, cut_stages, stage_nodes, used_buffers
 from radiance.generation.feed import Feed
-from radiance.generation.micro_batches import gather_tokens, split_plan
+from radiance.generation.micro_batches import feed_part, gather_tokens, split_plan
 from radiance.log import get_logger
+
+from .fed_tokens import FedTokens
 
 log = get_logger("radiance.worker")
 
@@ -51,6 +53,9 @@ class Worker:
         self.micro_batches = config.micro_batches or stage.count
         self.shown = None  # the rows of config.return_buffer of the last step, where it was cut into parts
         self.parts = 0  # the micro-batches the last step ran
+        # Run ahead in parts or over stages: the last step's tokens (fed_tokens.py), and where this
+        # rank sends its own (a rank of the last stage, to the first: collectives/token_pipe.py)
+        self.fed, self.tokens_out = FedTokens(), None
 
     def boundary_bytes(self) -> int:
         """The largest message of this stage's recv (the pipe it receives through)."""
@@ -128,25 +133,33 @@ class Worker:
     def execute(self, arrays: dict, feed: Feed | None = None) -> np.ndarray:
         """Run one step from its plan arrays; the sampled token of every sequence. `feed`: ids this
         step takes from the tokens of the step this worker ran last (generation/feed.py), which
-        the executor copies where they are (the card's token buffer, or the host's). A step of more
-        tokens than one is cut into micro-batches, run one after another (pipeline stages overlap)."""
+        the executor copies where they are (the card's token buffer, or the host's). As a pipeline
+        stage, or where asked, the step is cut into micro-batches, run one after another (so the
+        stages overlap), and the feed is written on the host, part by part (ranks/fed_tokens.py)."""
         seqs = len(arrays[RAD_STEP_CONTEXT_LENS])
         self.shown, self.parts = None, 1
-        if self.micro_batches == 1 or len(arrays[RAD_STEP_IDS]) == 1:
+        if self.micro_batches == 1 and self.stage.count == 1:
             return self._run(arrays, feed)
         if feed is not None:
-            raise RuntimeError(f"a fed step (run ahead) cut into {self.micro_batches} micro-batches: not so far")
+            feed.check(len(arrays[RAD_STEP_IDS]), len(self.fed))
+            arrays = {**arrays, RAD_STEP_IDS: arrays[RAD_STEP_IDS].copy()}  # a plan read from a ring is read-only
         batches = split_plan(arrays, self.micro_batches)
         self.parts = len(batches)
         sampled, shown = [], []
         for batch in batches:
-            sampled.append(self._run(batch.arrays, None))
+            if feed is not None:
+                feed_part(batch, feed, self.fed)
+            got = self._run(batch.arrays, None)
+            sampled.append(got)
+            if self.tokens_out is not None:  # the last stage: the part's tokens to the first stage
+                self.tokens_out.send(np.stack([batch.sequences[batch.kept], got[batch.kept]], axis=1))
             if self.config.return_buffer:
                 shown.append(self._shown(batch))
-        self.last_seqs = seqs
+        tokens = gather_tokens(batches, sampled, seqs)
+        self.fed.ran(tokens, len(batches))
         if shown:
             self.shown = np.concatenate(shown)
-        return gather_tokens(batches, sampled, seqs)
+        return tokens
 
     def _run(self, arrays: dict, feed: Feed | None) -> np.ndarray:
         inputs = self.executor.inputs

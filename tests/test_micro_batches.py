@@ -70,11 +70,13 @@ def generate(config: Config) -> tuple[list, list]:
     return [sequence.output_ids for sequence in sequences], parts
 
 
-def test_parts_in_process_give_the_uncut_tokens(tiny_model):
-    """Cut prefills (max_step_tokens 16: chunks of the scheduler's too) and decode steps of four."""
+@pytest.mark.parametrize("run_ahead", [False, True])
+def test_parts_in_process_give_the_uncut_tokens(tiny_model, run_ahead):
+    """Cut prefills (max_step_tokens 16: chunks of the scheduler's too) and decode steps of four;
+    run ahead, each part's ids fed from the step before's tokens on the host."""
     fields = dict(model=str(tiny_model), progress=False, max_seqs=4, max_step_tokens=16)
     expected, uncut = generate(Config(**fields))
-    got, parts = generate(Config(**fields, micro_batches=3))
+    got, parts = generate(Config(**fields, micro_batches=3, run_ahead=run_ahead))
     assert got == expected
     assert set(uncut) == {1} and parts[0] == 3 and 3 in parts[-6:]  # prefill and decode steps were cut
 
@@ -91,11 +93,12 @@ def smollm2_shape(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_pipeline_stages_in_parts_give_the_unpipelined_tokens(smollm2_shape, tp):
+@pytest.mark.parametrize("tp, run_ahead", [(1, False), (2, False), (1, True), (2, True)])
+def test_pipeline_stages_in_parts_give_the_unpipelined_tokens(smollm2_shape, tp, run_ahead):
+    """Run ahead, the first stage's ids come from the last stage's token pipe, part by part."""
     fields = dict(model=str(smollm2_shape), progress=False, max_seqs=4, max_step_tokens=32)
     expected, _ = generate(Config(**fields))
-    got, parts = generate(Config(**fields, tp=tp, pp=2))
+    got, parts = generate(Config(**fields, tp=tp, pp=2, run_ahead=run_ahead))
     assert got == expected
     assert parts[0] == 2 and set(parts[-4:]) == {2}  # as many parts as stages, prefill and decode
 
@@ -103,5 +106,5 @@ def test_pipeline_stages_in_parts_give_the_unpipelined_tokens(smollm2_shape, tp)
 def test_parts_refuse_what_cannot_be_cut(tiny_model):
     with pytest.raises(ConfigError, match="--micro-batches must be at least 0, not -1"):
         Config(model=str(tiny_model), micro_batches=-1)
-    with pytest.raises(ConfigError, match="--run-ahead: not with --micro-batches 2"):
-        Config(model=str(tiny_model), micro_batches=2, run_ahead=True)
+    with pytest.raises(ConfigError, match="--draft-model: not with --micro-batches 2"):
+        Config(model=str(tiny_model), micro_batches=2, draft_model=str(tiny_model))

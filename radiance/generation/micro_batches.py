@@ -27,6 +27,7 @@ DERIVED = (RAD_STEP_CU_SEQLENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_LAST_INDEX)  # r
 @dataclass(frozen=True)
 class MicroBatch:
     arrays: dict  # the part's plan arrays, as generation/step_plan.py writes a step's
+    start: int  # its first token's place in the step's ids
     sequences: np.ndarray  # int: the whole step's sequence each of the part's sequences is a piece of
     kept: np.ndarray  # bool: the pieces whose sampled token is the sequence's (they hold its last token)
 
@@ -54,9 +55,18 @@ def split_plan(arrays: dict, count: int) -> list[MicroBatch]:
         dropped = bounds[first + 1:last + 1] - (hi + start)
         part[RAD_STEP_CONTEXT_LENS] = (ends[first:last] - dropped).astype(arrays[RAD_STEP_CONTEXT_LENS].dtype)
         part[RAD_STEP_LAST_INDEX] = (hi - 1).astype(arrays[RAD_STEP_LAST_INDEX].dtype)
-        batches.append(MicroBatch(part, sequences, dropped == 0))
+        batches.append(MicroBatch(part, start, sequences, dropped == 0))
     assert sum(int(batch.kept.sum()) for batch in batches) == seqs  # every sequence's last token in one part
     return batches
+
+
+def feed_part(batch: MicroBatch, feed, previous) -> None:
+    """Write the ids of `feed` (generation/feed.py) that fall in this part into its ids;
+    `previous(sources)` gives the previous step's tokens at those indices (it may wait for them)."""
+    ids = batch.arrays[RAD_STEP_IDS]
+    inside = (feed.targets >= batch.start) & (feed.targets < batch.start + len(ids))
+    if inside.any():
+        ids[feed.targets[inside] - batch.start] = previous(feed.sources[inside])
 
 
 def gather_tokens(batches: list[MicroBatch], sampled: list[np.ndarray], seqs: int) -> np.ndarray:
