@@ -1,17 +1,21 @@
 """Pipeline stages with and without micro-batches, on host ranks: a batch of N sequences through
---pp 2 (TP 1 a stage), each step run whole (--micro-batches 1: stage 1 idles while stage 0
-computes, and stage 0 while stage 1 does) or in as many parts as stages (the default: stage 0 runs
-part 2 while stage 1 runs part 1). Prefill is the first step (every prompt, one step); decode the
-mean of the steps after it. Tokens/s of each, and their ratio, parts against whole.
+--pp 2 (TP 1 a stage), each step run `whole` (--micro-batches 1: stage 1 idles while stage 0
+computes, and stage 0 while stage 1 does), in `parts`, as many as stages (the default: stage 0 runs
+part 2 while stage 1 runs part 1), or in parts and run `ahead` (--run-ahead: stage 0 starts part 1
+of step n + 1 once the last stage has sampled part 1 of step n, its tokens coming through the token
+pipe, so in decode neither stage waits for the other's whole step). Prefill is the first step
+(every prompt, one step); decode the mean of the steps after it. Tokens/s of each, and their
+ratios against whole.
 
     python bench/foreground.py python bench/pipeline_overlap.py [--batch 4 16] [--prompt 64]
                                  [--tokens 16] [--layers 30] [--rounds 3] [--tp 1]
+                                 [--modes whole parts ahead]
 
-Both modes run in each round, alternated, each in a fresh process (no measurement inherits
+Every mode runs in each round, alternated, each in a fresh process (no measurement inherits
 another's threads or caches), so they share the machine's state; the figures to read are the
 ratios. The model is synthetic, SmolLM2's shape (hidden 576, ffn 1536, vocab 49152, 30 layers)
 with 8 heads and 4 KV heads so that --tp 2 splits them, Q4_1 linear weights and a Q8_0 embedding,
-as SmolLM2's GGUF has. Each run checks that both modes gave the same tokens."""
+as SmolLM2's GGUF has. Each round checks that every mode gave the first's tokens."""
 
 import argparse
 import json
@@ -38,12 +42,16 @@ quantizer = "q8_0"
 """
 
 
-def measure(model: str, tp: int, batch: int, prompt: int, tokens: int, parts: int) -> dict:
+MODES = {"whole": (1, False), "parts": (0, False), "ahead": (0, True)}  # --micro-batches, --run-ahead
+
+
+def measure(model: str, tp: int, batch: int, prompt: int, tokens: int, mode: str) -> dict:
     from radiance.config import Config
     from radiance.generation.sequence import SamplingParams
     from radiance.launch import engine_over, open_ranks
 
-    config = Config(model=model, progress=False, tp=tp, pp=2, micro_batches=parts, max_seqs=batch,
+    parts, ahead = MODES[mode]
+    config = Config(model=model, progress=False, tp=tp, pp=2, micro_batches=parts, run_ahead=ahead, max_seqs=batch,
                     max_step_tokens=batch * prompt, max_context=prompt + tokens + 2)
     times, counted = [], []
     with open_ranks(config) as ranks:
@@ -80,6 +88,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--tp", type=int, default=1, help="ranks of each stage")
     parser.add_argument("--rounds", type=int, default=3, help="times over every (batch, mode), alternated")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="the first is the peer")
     args = parser.parse_args()
     from radiance.convert.api import convert_synthetic
 
@@ -94,23 +103,25 @@ def main() -> None:
             load = " ".join(f"{value:.2f}" for value in os.getloadavg())
             print(f"== round {round_number + 1} (load: {load}); --tp {args.tp} --pp 2, host ranks, "
                   f"prompts of {args.prompt} tokens, {args.tokens} decode steps")
-            print(f"{'batch':>6}{'parts':>7}{'prefill tok/s':>15}{'decode tok/s':>14}{'step ms':>9}")
+            print(f"{'batch':>6}{'mode':>7}{'parts':>7}{'prefill tok/s':>15}{'decode tok/s':>14}{'step ms':>9}")
             for batch in args.batch:
                 figures = {}
-                for parts in (1, 0):  # whole, then one part a stage
-                    got = figures[parts] = measured(model=str(model), tp=args.tp, batch=batch, prompt=args.prompt,
-                                                    tokens=args.tokens, parts=parts)
-                    print(f"{batch:6}{got['parts']:7}{got['prefill']:15.1f}{got['decode']:14.1f}{got['step_ms']:9.2f}",
-                          flush=True)
-                if figures[1]["outputs"] != figures[0]["outputs"]:
-                    raise SystemExit(f"batch {batch}: the tokens in parts differ from the tokens whole")
-                ratio = {key: figures[0][key] / figures[1][key] for key in ("prefill", "decode")}
-                ratios.setdefault(batch, []).append(ratio)
-                print(f"{'':6}{'ratio':>7}{ratio['prefill']:15.2f}{ratio['decode']:14.2f}   (parts / whole; "
-                      f"same tokens)", flush=True)
-        print("== medians of the rounds' ratios, parts / whole")
-        for batch, found in ratios.items():
-            print(f"batch {batch:3}: prefill {statistics.median(r['prefill'] for r in found):.2f}x, "
+                for mode in args.modes:
+                    got = figures[mode] = measured(model=str(model), tp=args.tp, batch=batch, prompt=args.prompt,
+                                                   tokens=args.tokens, mode=mode)
+                    print(f"{batch:6}{mode:>7}{got['parts']:7}{got['prefill']:15.1f}{got['decode']:14.1f}"
+                          f"{got['step_ms']:9.2f}", flush=True)
+                peer = args.modes[0]
+                for mode in args.modes[1:]:
+                    if figures[mode]["outputs"] != figures[peer]["outputs"]:
+                        raise SystemExit(f"batch {batch}: the tokens of {mode} differ from those of {peer}")
+                    ratio = {key: figures[mode][key] / figures[peer][key] for key in ("prefill", "decode")}
+                    ratios.setdefault((batch, mode), []).append(ratio)
+                    print(f"{'':6}{mode + '/' + peer:>14}{ratio['prefill']:15.2f}{ratio['decode']:14.2f}   "
+                          f"(same tokens)", flush=True)
+        print(f"== medians of the rounds' ratios, against {args.modes[0]}")
+        for (batch, mode), found in ratios.items():
+            print(f"batch {batch:3}, {mode:>5}: prefill {statistics.median(r['prefill'] for r in found):.2f}x, "
                   f"decode {statistics.median(r['decode'] for r in found):.2f}x")
 
 

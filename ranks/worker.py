@@ -107,6 +107,7 @@ class Worker:
                                    "(--device host)")
             nodes = stage_nodes(nodes, buffers, self.cut, self.stage)
             buffers = used_buffers(nodes, buffers)
+        self.buffer_names = set(buffers)  # a stage holds only those its nodes touch
         if device is not None:
             leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
         domain = RAD_DOMAIN_HOST if device is None else RAD_DOMAIN_DEVICE
@@ -153,7 +154,7 @@ class Worker:
             sampled.append(got)
             if self.tokens_out is not None:  # the last stage: the part's tokens to the first stage
                 self.tokens_out.send(np.stack([batch.sequences[batch.kept], got[batch.kept]], axis=1))
-            if self.config.return_buffer:
+            if self.config.return_buffer in self.buffer_names:
                 shown.append(self._shown(batch))
         tokens = gather_tokens(batches, sampled, seqs)
         self.fed.ran(tokens, len(batches))
