@@ -9,19 +9,25 @@ import pytest
 
 from radiance import abi
 from radiance.config import Config, ConfigError
-from radiance.generation.micro_batches import gather_tokens, split_plan
+from radiance.generation.micro_batches import MIN_PART_TOKENS, gather_tokens, split_plan
 from radiance.generation.sequence import SamplingParams
 from radiance.launch import engine_over, open_ranks
 
-PROMPTS = [list(range(40, 67)), [5, 9, 200, 17], list(range(100, 111)), [7, 3, 250, 41, 8, 19]]
+PROMPTS = [list(range(40, 67)), [5, 9, 200, 17], list(range(100, 111)), [7, 3, 250, 41, 8, 19]] * 2
+SEQUENCES = len(PROMPTS)  # 8: a decode step of them is cut into two parts of MIN_PART_TOKENS
 
 
 def sampling():
-    """Greedy, seeded sampling with top-k and top-p, seeded at temperature 1.1, greedy again."""
+    """Greedy, seeded sampling with top-k and top-p, seeded at temperature 1.1, greedy again; then
+    the same with other seeds and lengths."""
     return [SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
             SamplingParams(max_tokens=8, temperature=0.9, top_k=20, top_p=0.9, seed=11, ignore_eos=True),
             SamplingParams(max_tokens=7, temperature=1.1, seed=12, ignore_eos=True),
-            SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)]
+            SamplingParams(max_tokens=5, temperature=0, ignore_eos=True),
+            SamplingParams(max_tokens=7, temperature=0.8, seed=13, ignore_eos=True),
+            SamplingParams(max_tokens=6, temperature=0.9, top_k=5, seed=14, ignore_eos=True),
+            SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
+            SamplingParams(max_tokens=6, temperature=1.0, top_p=0.8, seed=15, ignore_eos=True)]
 
 
 def plan_of(lengths, starts):
@@ -41,7 +47,7 @@ def plan_of(lengths, starts):
 
 def test_a_plan_cut_in_parts_of_near_equal_tokens():
     arrays = plan_of([5, 1, 4], [0, 9, 3])  # a prefill, a decode, a prefill's second chunk: 10 tokens
-    parts = split_plan(arrays, 3)
+    parts = split_plan(arrays, 3, least=1)
     assert [len(p.arrays[abi.RAD_STEP_IDS]) for p in parts] == [3, 3, 4]
     first, second, third = parts
     assert first.sequences.tolist() == [0] and first.kept.tolist() == [False]  # positions 0-2 of sequence 0
@@ -56,7 +62,9 @@ def test_a_plan_cut_in_parts_of_near_equal_tokens():
     assert np.concatenate([p.arrays[abi.RAD_STEP_IDS] for p in parts]).tolist() == arrays[abi.RAD_STEP_IDS].tolist()
     got = gather_tokens(parts, [np.array([1]), np.array([2, 3]), np.array([4])], 3)
     assert got.tolist() == [2, 3, 4]
-    assert len(split_plan(plan_of([1, 1], [4, 6]), 5)) == 2  # never more parts than tokens
+    assert len(split_plan(plan_of([1, 1], [4, 6]), 5, least=1)) == 2  # never more parts than tokens
+    assert MIN_PART_TOKENS == 4  # by default, none of fewer tokens than that (a part streams the weights again)
+    assert [len(split_plan(plan_of([1] * seqs, [3] * seqs), 2)) for seqs in (4, 7, 8, 16)] == [1, 1, 2, 2]
 
 
 def generate(config: Config) -> tuple[list, list]:
@@ -73,13 +81,13 @@ def generate(config: Config) -> tuple[list, list]:
 
 @pytest.mark.parametrize("run_ahead", [False, True])
 def test_parts_in_process_give_the_uncut_tokens(tiny_model, run_ahead):
-    """Cut prefills (max_step_tokens 16: chunks of the scheduler's too) and decode steps of four;
-    run ahead, each part's ids fed from the step before's tokens on the host."""
-    fields = dict(model=str(tiny_model), progress=False, max_seqs=4, max_step_tokens=16)
+    """Prefills cut in three (max_step_tokens 24: chunks of the scheduler's too), decode steps of
+    eight in two; run ahead, each part's ids fed from the step before's tokens on the host."""
+    fields = dict(model=str(tiny_model), progress=False, max_seqs=SEQUENCES, max_step_tokens=24)
     expected, uncut = generate(Config(**fields))
     got, parts = generate(Config(**fields, micro_batches=3, run_ahead=run_ahead))
     assert got == expected
-    assert set(uncut) == {1} and parts[0] == 3 and parts.count(3) >= 4, parts  # prefill and decode steps cut
+    assert set(uncut) == {1} and parts[0] == 3 and 2 in parts, parts  # a decode step of 8 in two
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +106,12 @@ def smollm2_shape(tmp_path_factory):
 def test_pipeline_stages_in_parts_give_the_unpipelined_tokens(smollm2_shape, tp, run_ahead, micro_batches):
     """Run ahead, the first stage's ids come from the last stage's token pipe, part by part (three
     parts: more messages in flight than the activations' pipe has slots)."""
-    fields = dict(model=str(smollm2_shape), progress=False, max_seqs=4, max_step_tokens=32)
+    fields = dict(model=str(smollm2_shape), progress=False, max_seqs=SEQUENCES, max_step_tokens=32)
     expected, _ = generate(Config(**fields))
     got, parts = generate(Config(**fields, tp=tp, pp=2, run_ahead=run_ahead, micro_batches=micro_batches))
     assert got == expected
-    count = micro_batches or 2  # as many parts as stages by default, prefill and decode steps of 4
-    assert parts[0] == count and parts.count(count) >= 4, parts
+    count = micro_batches or 2  # as many parts as stages by default; a decode step of 8 in two
+    assert parts[0] == count and 2 in parts, parts
 
 
 def test_parts_refuse_what_cannot_be_cut(tiny_model):

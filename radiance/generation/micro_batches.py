@@ -20,6 +20,11 @@ from radiance.abi import (
     RAD_STEP_POSITIONS, RAD_STEP_SLOTS,
 )
 
+# A part has at least this many tokens: a part streams every weight of its stage again, so where a
+# step is bound by that (a few sequences decoding) a part of fewer tokens costs nearly what the whole
+# step does. Measured (bench/pipeline_overlap.py, TP 1 x PP 2, two parts): decode of 4 sequences
+# 0.77x the whole step's tokens/s, of 8 1.02x, of 16 1.35x.
+MIN_PART_TOKENS = 4
 TOKEN_ROWS = (RAD_STEP_IDS, RAD_STEP_POSITIONS, RAD_STEP_SLOTS)  # one row a token; every other a sequence
 DERIVED = (RAD_STEP_CU_SEQLENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_LAST_INDEX)  # rewritten for each part
 
@@ -32,12 +37,13 @@ class MicroBatch:
     kept: np.ndarray  # bool: the pieces whose sampled token is the sequence's (they hold its last token)
 
 
-def split_plan(arrays: dict, count: int) -> list[MicroBatch]:
-    """The step's plan in at most `count` micro-batches of near equal tokens (fewer where the step
-    has fewer tokens); one micro-batch, the plan itself, where count is 1."""
+def split_plan(arrays: dict, count: int, least: int = MIN_PART_TOKENS) -> list[MicroBatch]:
+    """The step's plan in at most `count` micro-batches of near equal tokens, each of at least
+    `least` tokens (fewer parts where the step has fewer tokens; one, the whole plan, where it has
+    fewer than twice `least`)."""
     bounds = arrays[RAD_STEP_CU_SEQLENS].astype(np.int64)  # [seqs + 1] token offsets of the sequences
     seqs, tokens = len(arrays[RAD_STEP_CONTEXT_LENS]), int(bounds[-1])
-    parts = max(1, min(int(count), tokens))
+    parts = max(1, min(int(count), tokens // least))
     edges = [tokens * k // parts for k in range(parts + 1)]  # token offsets of the parts
     ends = arrays[RAD_STEP_CONTEXT_LENS].astype(np.int64)  # a sequence's context after this step
     batches = []
