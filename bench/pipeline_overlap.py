@@ -9,7 +9,7 @@ ratios against whole.
 
     python bench/foreground.py python bench/pipeline_overlap.py [--batch 4 16] [--prompt 64]
                                  [--tokens 16] [--layers 30] [--rounds 3] [--tp 1]
-                                 [--modes whole parts ahead]
+                                 [--modes whole parts ahead whole-ahead]
 
 Every mode runs in each round, alternated, each in a fresh process (no measurement inherits
 another's threads or caches), so they share the machine's state; the figures to read are the
@@ -42,7 +42,9 @@ quantizer = "q8_0"
 """
 
 
-MODES = {"whole": (1, False), "parts": (0, False), "ahead": (0, True)}  # --micro-batches, --run-ahead
+# --micro-batches, --run-ahead; "whole-ahead" (not run by default): whole steps run ahead, where the
+# first stage waits for the whole step's tokens, to tell what the parts add to run ahead
+MODES = {"whole": (1, False), "parts": (0, False), "ahead": (0, True), "whole-ahead": (1, True)}
 
 
 def measure(model: str, tp: int, batch: int, prompt: int, tokens: int, mode: str) -> dict:
@@ -88,7 +90,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--tp", type=int, default=1, help="ranks of each stage")
     parser.add_argument("--rounds", type=int, default=3, help="times over every (batch, mode), alternated")
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="the first is the peer")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["whole", "parts", "ahead"],
+                        help="the first is the peer")
     args = parser.parse_args()
     from radiance.convert.api import convert_synthetic
 
@@ -103,13 +106,13 @@ def main() -> None:
             load = " ".join(f"{value:.2f}" for value in os.getloadavg())
             print(f"== round {round_number + 1} (load: {load}); --tp {args.tp} --pp 2, host ranks, "
                   f"prompts of {args.prompt} tokens, {args.tokens} decode steps")
-            print(f"{'batch':>6}{'mode':>7}{'parts':>7}{'prefill tok/s':>15}{'decode tok/s':>14}{'step ms':>9}")
+            print(f"{'batch':>6}{'mode':>12}{'parts':>7}{'prefill tok/s':>15}{'decode tok/s':>14}{'step ms':>9}")
             for batch in args.batch:
                 figures = {}
                 for mode in args.modes:
                     got = figures[mode] = measured(model=str(model), tp=args.tp, batch=batch, prompt=args.prompt,
                                                    tokens=args.tokens, mode=mode)
-                    print(f"{batch:6}{mode:>7}{got['parts']:7}{got['prefill']:15.1f}{got['decode']:14.1f}"
+                    print(f"{batch:6}{mode:>12}{got['parts']:7}{got['prefill']:15.1f}{got['decode']:14.1f}"
                           f"{got['step_ms']:9.2f}", flush=True)
                 peer = args.modes[0]
                 for mode in args.modes[1:]:
@@ -117,11 +120,11 @@ def main() -> None:
                         raise SystemExit(f"batch {batch}: the tokens of {mode} differ from those of {peer}")
                     ratio = {key: figures[mode][key] / figures[peer][key] for key in ("prefill", "decode")}
                     ratios.setdefault((batch, mode), []).append(ratio)
-                    print(f"{'':6}{mode + '/' + peer:>14}{ratio['prefill']:15.2f}{ratio['decode']:14.2f}   "
+                    print(f"{'':6}{mode + '/' + peer:>19}{ratio['prefill']:15.2f}{ratio['decode']:14.2f}   "
                           f"(same tokens)", flush=True)
         print(f"== medians of the rounds' ratios, against {args.modes[0]}")
         for (batch, mode), found in ratios.items():
-            print(f"batch {batch:3}, {mode:>5}: prefill {statistics.median(r['prefill'] for r in found):.2f}x, "
+            print(f"batch {batch:3}, {mode:>11}: prefill {statistics.median(r['prefill'] for r in found):.2f}x, "
                   f"decode {statistics.median(r['decode'] for r in found):.2f}x")
 
 
