@@ -21,8 +21,8 @@ import zmq
 from radiance.collectives.curve import Guard, LaunchKeys
 from radiance.collectives.link import LinkEnd
 from radiance.collectives.pipe import ShmPipe
-from radiance.collectives.token_pipe import TokenPipe
 from radiance.collectives.shm import PAGE, Segment
+from radiance.collectives.token_pipe import TokenPipe
 
 from .layout import Layout
 
@@ -34,8 +34,8 @@ class Boundaries:
     def __init__(self, run_id: str, rank: int, layout: Layout, keys: LaunchKeys | None, address: str):
         self.run_id, self.rank, self.keys, self.address = run_id, rank, keys, address
         self.previous, self.next = layout.previous(rank), layout.next(rank)
-        self.first = layout.stage(rank).first  # receives the tokens the last stage samples
-        self.sampler = rank % layout.tp if layout.stage(rank).last else None  # the rank it sends them to
+        # a rank of the last stage sends its sampled tokens to this one (of the first, the same TP rank)
+        self.sampler = rank % layout.tp if layout.stage(rank).last else None
         self.tokens_in: TokenPipe | None = None
         self.tokens_out: TokenPipe | None = None
         self.probe: Segment | None = None

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from radiance.abi import (
-    RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_CU_SEQLENS, RAD_STEP_IDS, RAD_STEP_LAST_INDEX,
-    RAD_STEP_POSITIONS, RAD_STEP_SLOTS,
+    RAD_STEP_CONTEXT_LENS, RAD_STEP_CU_SEQLENS, RAD_STEP_IDS, RAD_STEP_LAST_INDEX, RAD_STEP_POSITIONS, RAD_STEP_SLOTS,
 )
 
 # A part has at least this many tokens: a part streams every weight of its stage again, so where a
