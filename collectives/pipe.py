@@ -43,19 +43,20 @@ class ShmPipe:
                               flags=[words[0:1], words[1:2]], epoch=0)
 
     @classmethod
-    def create(cls, run_id: str, rank: int, nbytes: int) -> "ShmPipe":
-        """The receiving end: rank `rank`'s pipe, holding messages of up to `nbytes`."""
+    def create(cls, run_id: str, rank: int, nbytes: int, kind: str = KIND) -> "ShmPipe":
+        """The receiving end: rank `rank`'s pipe, holding messages of up to `nbytes` (`kind`: its
+        segment's, where a rank receives through two pipes)."""
         slot = slot_bytes(nbytes)
 
         def init(array):
             array[:_HEADER.size] = np.frombuffer(_HEADER.pack(MAGIC, int(rank), slot), np.uint8)
 
-        return cls(Segment.create(run_id, KIND, rank, DATA_OFFSET + SLOTS * slot, init=init), False, slot)
+        return cls(Segment.create(run_id, kind, rank, DATA_OFFSET + SLOTS * slot, init=init), False, slot)
 
     @classmethod
-    def attach(cls, run_id: str, rank: int) -> "ShmPipe":
+    def attach(cls, run_id: str, rank: int, kind: str = KIND) -> "ShmPipe":
         """The sending end, mapping receiving rank `rank`'s pipe of run `run_id`."""
-        segment = Segment.attach(run_id, KIND, rank)
+        segment = Segment.attach(run_id, kind, rank)
         magic, owner, slot = _HEADER.unpack(bytes(segment.array[:_HEADER.size]))
         if magic != MAGIC or owner != rank or segment.size < DATA_OFFSET + SLOTS * slot:
             segment.close()

@@ -81,8 +81,9 @@ class RecordCodec:
 
 # A result's figures travel as one f64 array (no JSON a step): rank 0's seconds in the step and in
 # collectives, its link-gate holds so far (count, seconds), when it had the plan and when it
-# answered, and how long it waited for the plan after its last answer.
-FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at", "waited")
+# answered, how long it waited for the plan after its last answer, and the micro-batches the step
+# was cut into (generation/micro_batches.py).
+FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at", "waited", "parts")
 
 
 def figures_array(figures: dict) -> np.ndarray:
@@ -91,7 +92,7 @@ def figures_array(figures: dict) -> np.ndarray:
 
 def figures_dict(array: np.ndarray) -> dict:
     figures = dict(zip(FIGURES, array.tolist()))
-    figures["gate_holds"] = int(figures["gate_holds"])
+    figures["gate_holds"], figures["parts"] = int(figures["gate_holds"]), int(figures["parts"])
     return figures
 
 

@@ -72,7 +72,7 @@ class InProcessRanks(Ranks):
         tokens = self.worker.execute(arrays, feed)
         executor = self.worker.executor
         holds = self.worker.link.hold_stats()  # cumulative, for a server's /metrics
-        stats = {"compute": time.perf_counter() - start, "gate_holds": holds["holds"],
+        stats = {"compute": time.perf_counter() - start, "gate_holds": holds["holds"], "parts": self.worker.parts,
                  "gate_hold_s": holds["total_s"],  # collective ops (fused ones too), timed when profiling:
                  "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_")),
                  "waited": 0.0 if self._answered is None else start - self._answered}

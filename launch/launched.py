@@ -9,7 +9,7 @@ import threading
 import numpy as np
 
 from radiance.abi import RAD_PLUGIN_ARCH
-from radiance.config import Config
+from radiance.config import Config, ConfigError, flag
 from radiance.engine.loading.model import open_model
 from radiance.engine.loading.registry import Registry
 from radiance.engine.selection.shard import ShardError, check_split
@@ -75,7 +75,12 @@ class LaunchedRanks(Ranks):
             self.coordinator.stop(failed=True)
             raise
         self.facts, self.digest, self.lines = agreement.facts, agreement.digest, list(agreement.lines)
-        self.run_ahead = run_ahead_default(config, card=bool(cards))
+        same_host = bool(self.facts.get("device.same_host", 1))
+        self.run_ahead = run_ahead_default(config, card=bool(cards), same_host=same_host)
+        if self.run_ahead and config.pp > 1 and not same_host:
+            self.coordinator.stop(failed=True)
+            raise ConfigError(f"{flag('run_ahead')}: the pipeline stages are not on one host (device.same_host = 0), "
+                              "and the last stage's tokens reach the first through shared memory")
         self.closed = False
 
     @property

@@ -38,6 +38,10 @@ def mtp_heads(config: Config) -> str | None:
         log.warning("%s carries MTP heads: not used with --pp %d (a verify step's logits come back from rank 0, "
                     "and with stages only the last stage has them)", config.model, config.pp)
         return None
+    if config.micro_batches > 1:
+        log.warning("%s carries MTP heads: not used with --micro-batches %d (the heads read the hidden state of "
+                    "one part only)", config.model, config.micro_batches)
+        return None
     registry = Registry(config.radiance_home, config.kernels)
     try:
         missing = [op for op in OPS if op not in registry.ops]

@@ -80,16 +80,21 @@ class Ranks(abc.ABC):
         self.close(failed=error is not None)
 
 
-def run_ahead_default(config: Config, card: bool) -> bool:
+def run_ahead_default(config: Config, card: bool, same_host: bool = True) -> bool:
     """Whether to run ahead when not told: where it was measured to help (docs/RUNTIME.md, "Run
     ahead"), launched host ranks that leave the coordinator a core. Run ahead, the coordinator plans
     while the ranks compute: with a core of its own that is time out of every step (TP 1 launched on
     2 cores: 15.5 -> 14.0 ms), without one it comes out of the ranks' (TP 2 and 3 on 2 cores: no
     faster, no slower). Not yet in process (the engine's planning there is ~0.1 ms of a 13 ms step)
-    nor on a card (correct on the fake card, not yet measured on a real one)."""
+    nor on a card (correct on the fake card, not yet measured on a real one). Pipeline stages on one
+    host (`same_host`: device.same_host, the token pipe's condition) run ahead in parts, which keeps
+    both stages busy (TP 1 x PP 2 decode 1.6x to 1.75x whole steps' tokens/s on 2 cores,
+    bench/pipeline_overlap.py)."""
     if config.run_ahead is not None:
         return config.run_ahead
-    if config.pp > 1:  # the first stage would need the tokens the last one samples
+    if config.pp > 1:
+        return same_host
+    if config.micro_batches > 1:  # works (ranks/fed_tokens.py), not measured to help without stages
         return False
     return (config.tp > 1 or config.launched) and not card and config.tp < usable_cores()
 

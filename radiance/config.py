@@ -44,6 +44,9 @@ class Config:
     # the ranks
     tp: int = 1  # ranks of a pipeline stage; above 1 always launched
     pp: int = 1  # pipeline stages, the engine's cut of the graph (selection/stages.py); above 1 always launched
+    # the parts each step is cut into, run one after another by every rank so the stages overlap
+    # (generation/micro_batches.py); 0: one a stage (--pp), 1: none
+    micro_batches: int = 0
     # the nodes (torchrun's names; under Slurm from SLURM_NNODES, SLURM_NODEID, SLURM_STEP_NODELIST)
     nnodes: int = 1  # machines the ranks are spread over, an equal share each
     node_rank: int = 0  # this machine's place: 0 holds the coordinator, the others run an agent
@@ -81,6 +84,7 @@ class Config:
         if self.draft_model is not None:
             object.__setattr__(self, "draft_model", os.fspath(self.draft_model))
         self._at_least("num_blocks", 0)
+        self._at_least("micro_batches", 0)
         if self.max_context is not None:
             self._at_least("max_context", 2)
         if self.threads is not None:
@@ -99,9 +103,12 @@ class Config:
             object.__setattr__(self, "num_blocks", self.max_blocks * self.max_seqs)
 
     def _check_nodes(self) -> None:
-        if self.pp > 1 and self.run_ahead:
-            raise ConfigError(f"{flag('run_ahead')}: not with {flag('pp')} {self.pp} (a step's tokens are sampled "
-                              "on the last stage, and the first stage would need them)")
+        if self.pp > 1 and self.nnodes > 1 and self.run_ahead:
+            raise ConfigError(f"{flag('run_ahead')}: not with {flag('pp')} {self.pp} over {flag('nnodes')} "
+                              f"{self.nnodes} (the last stage's tokens reach the first through shared memory)")
+        if self.micro_batches > 1 and self.draft_model is not None:
+            raise ConfigError(f"{flag('draft_model')}: not with {flag('micro_batches')} {self.micro_batches} (a "
+                              "verify step reads every token's logits, of one part only)")
         if self.pp > 1 and self.draft_model is not None:
             raise ConfigError(f"{flag('draft_model')}: not with {flag('pp')} {self.pp} (a verify step's logits are "
                               "handed back by rank 0, and with stages only the last one has them)")

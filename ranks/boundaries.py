@@ -7,7 +7,9 @@ neighbours' and reads their nonces. A neighbour whose segment this rank can read
 (the same host, the same /dev/shm); one it cannot is on another host. As with device.p2p the launch
 takes it for every boundary only where it holds for every one (the ranks of a stage must resolve
 the same rows). Where it holds, a boundary is collectives/pipe.py's shared-memory pipe; where it
-does not, collectives/link.py's zmq link over TCP with CURVE, bound on this node's address."""
+does not, collectives/link.py's zmq link over TCP with CURVE, bound on this node's address.
+Where it holds, each rank of the last stage also sends its sampled tokens to the same TP rank of
+the first, through a token pipe (collectives/token_pipe.py), for run ahead."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from radiance.collectives.curve import Guard, LaunchKeys
 from radiance.collectives.link import LinkEnd
 from radiance.collectives.pipe import ShmPipe
 from radiance.collectives.shm import PAGE, Segment
+from radiance.collectives.token_pipe import TokenPipe
 
 from .layout import Layout
 
@@ -31,6 +34,10 @@ class Boundaries:
     def __init__(self, run_id: str, rank: int, layout: Layout, keys: LaunchKeys | None, address: str):
         self.run_id, self.rank, self.keys, self.address = run_id, rank, keys, address
         self.previous, self.next = layout.previous(rank), layout.next(rank)
+        # a rank of the last stage sends its sampled tokens to this one (of the first, the same TP rank)
+        self.sampler = rank % layout.tp if layout.stage(rank).last else None
+        self.tokens_in: TokenPipe | None = None
+        self.tokens_out: TokenPipe | None = None
         self.probe: Segment | None = None
         self.receiving = self.sending = None
         self.context: zmq.Context | None = None
@@ -77,10 +84,14 @@ class Boundaries:
             self.context = zmq.Context()
         return self.context
 
-    def create(self, same_host: int, nbytes: int) -> dict:
-        """The receiving end (a stage but the first): what the sender needs to reach it."""
+    def create(self, same_host: int, nbytes: int, max_seqs: int, depth: int) -> dict:
+        """The receiving end (a stage but the first): what the sender needs to reach it; on the
+        first stage (same host), the token pipe's, of `depth` messages of up to `max_seqs` tokens."""
         if self.previous is None:
-            return {}
+            if not same_host:
+                return {}
+            self.tokens_in = TokenPipe.create(self.run_id, self.rank, max_seqs, depth)
+            return {"tokens": self.run_id}
         if same_host:
             self.receiving = ShmPipe.create(self.run_id, self.rank, nbytes)
             return {"run": self.run_id}
@@ -89,9 +100,12 @@ class Boundaries:
         self.receiving = LinkEnd.bind(context, self.keys, self.address)
         return {"endpoint": self.receiving.endpoint}
 
-    def attach(self, same_host: int, pipes: dict) -> None:
-        """The sending end (a stage but the last), once every receiver has made its end."""
+    def attach(self, same_host: int, pipes: dict, max_seqs: int, depth: int) -> None:
+        """The sending end (a stage but the last), once every receiver has made its end; on the
+        last stage (same host), the token pipe's."""
         if self.next is None:
+            if same_host:
+                self.tokens_out = TokenPipe.attach(pipes[str(self.sampler)]["tokens"], self.sampler, max_seqs, depth)
             return
         told = pipes[str(self.next)]
         if same_host:
@@ -106,10 +120,10 @@ class Boundaries:
 
     def close(self) -> None:
         self.measured()
-        for end in (self.sending, self.receiving):
+        for end in (self.sending, self.receiving, self.tokens_out, self.tokens_in):
             if end is not None:
                 end.close()
-        self.sending = self.receiving = None
+        self.sending = self.receiving = self.tokens_out = self.tokens_in = None
         if self.guard is not None:
             self.guard.close()
             self.guard = None

@@ -22,6 +22,7 @@ from radiance.log import get_logger
 
 from .boundaries import Boundaries
 from .facts import measure_facts
+from .fed_tokens import FedTokens
 from .layout import Layout
 from .wire_steps import WirePlans, WireResults
 from .worker import Worker
@@ -61,8 +62,9 @@ class RankSession:
         """This rank's collective buffers (its stage's TP peers) and the receiving end of its stage
         boundary, created, then attached to every peer's, and the sending end to the next stage's."""
         same_host, pipe = combined.get("device.same_host", 1), {}
+        depth = 2 * self.worker.micro_batches  # token messages in flight: two steps' (token_pipe.py)
         if self.boundaries is not None:
-            pipe = self.boundaries.create(same_host, self.worker.boundary_bytes())
+            pipe = self.boundaries.create(same_host, self.worker.boundary_bytes(), self.config.max_seqs, depth)
         shard = self.layout.shard(self.rank)
         if shard.world > 1:
             from radiance.collectives.peers import HostPeers
@@ -72,7 +74,8 @@ class RankSession:
         self.wire.send("created", {"pipe": pipe})
         told = self.expect("attach")[0]
         if self.boundaries is not None:
-            self.boundaries.attach(same_host, told["pipes"])
+            self.boundaries.attach(same_host, told["pipes"], self.config.max_seqs, depth)
+            self._fed(same_host)
         if self.peers is None:
             return None
         attached = self.peers.attach()
@@ -85,6 +88,16 @@ class RankSession:
         self.device_peers = DevicePeers(self.worker.device, self.peers, bool(combined["device.p2p"]),
                                         self.worker.collective_bytes(), wire=self.worker.collective_wire())
         return self.device_peers
+
+    def _fed(self, same_host: int) -> None:
+        """Where the worker's feeds come from, and where its sampled tokens go (fed_tokens.py)."""
+        boundaries, stage = self.boundaries, self.layout.stage(self.rank)
+        refusal = None
+        if stage.first and not same_host:
+            refusal = (f"run ahead over pipeline stages on different hosts: rank {self.rank} of the first stage "
+                       "has no token pipe from the last (--no-run-ahead)")
+        self.worker.fed = FedTokens(boundaries.tokens_in, refusal)
+        self.worker.tokens_out = boundaries.tokens_out
 
     def run(self) -> None:
         self.card = backend_name() is not None
@@ -149,6 +162,7 @@ class RankSession:
                 # when the plan was in hand and the result went out (perf_counter: CLOCK_MONOTONIC, the
                 # coordinator's clock too), so the step's delivery splits into plan out and result back
                 timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"], received_at=received,
+                              parts=self.worker.parts,
                               waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())
                 answered = timing["answered_at"]  # from here to the next plan in hand (its result sent), rank 0 waits
                 arrays = {"tokens": tokens, "figures": figures_array(timing), **ops_arrays(ops)}

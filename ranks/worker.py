@@ -16,7 +16,10 @@ from radiance.engine.selection.resolve import resolve_graph
 from radiance.engine.selection.shard import Shard, elide_collectives, shard_buffers, shard_nodes
 from radiance.engine.selection.stages import Stage, cut_stages, stage_nodes, used_buffers
 from radiance.generation.feed import Feed
+from radiance.generation.micro_batches import feed_part, gather_tokens, split_plan
 from radiance.log import get_logger
+
+from .fed_tokens import FedTokens
 
 log = get_logger("radiance.worker")
 
@@ -47,6 +50,13 @@ class Worker:
         self.model = open_model(config, self.registry, architecture)
         schemas = {op: entry.schema for op, entry in self.registry.ops.items()}
         self.cut = cut_stages(self.model.graph, schemas, self.model.weights, stage.count)[stage.index]
+        # the parts each step is cut into (generation/micro_batches.py): config's, else one a stage
+        self.micro_batches = config.micro_batches or stage.count
+        self.shown = None  # {buffer: rows} of config.return_buffer's buffers, where the last step ran in parts
+        self.parts = 0  # the micro-batches the last step ran
+        # Run ahead in parts or over stages: the last step's tokens (fed_tokens.py), and where this
+        # rank sends its own (a rank of the last stage, to the first: collectives/token_pipe.py)
+        self.fed, self.tokens_out = FedTokens(), None
 
     def boundary_bytes(self) -> int:
         """The largest message of this stage's recv (the pipe it receives through)."""
@@ -98,6 +108,7 @@ class Worker:
                                    "(--device host)")
             nodes = stage_nodes(nodes, buffers, self.cut, self.stage)
             buffers = used_buffers(nodes, buffers)
+        self.buffer_names = set(buffers)  # a stage holds only those its nodes touch
         if device is not None:
             leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
         domain = RAD_DOMAIN_HOST if device is None else RAD_DOMAIN_DEVICE
@@ -124,7 +135,35 @@ class Worker:
     def execute(self, arrays: dict, feed: Feed | None = None) -> np.ndarray:
         """Run one step from its plan arrays; the sampled token of every sequence. `feed`: ids this
         step takes from the tokens of the step this worker ran last (generation/feed.py), which
-        the executor copies where they are (the card's token buffer, or the host's)."""
+        the executor copies where they are (the card's token buffer, or the host's). As a pipeline
+        stage, or where asked, the step is cut into micro-batches, run one after another (so the
+        stages overlap), and the feed is written on the host, part by part (ranks/fed_tokens.py)."""
+        seqs = len(arrays[RAD_STEP_CONTEXT_LENS])
+        self.shown, self.parts = None, 1
+        if self.micro_batches == 1 and self.stage.count == 1:
+            return self._run(arrays, feed)
+        if feed is not None:
+            feed.check(len(arrays[RAD_STEP_IDS]), len(self.fed))
+            arrays = {**arrays, RAD_STEP_IDS: arrays[RAD_STEP_IDS].copy()}  # a plan read from a ring is read-only
+        batches = split_plan(arrays, self.micro_batches)
+        self.parts = len(batches)
+        sampled, shown = [], []
+        for batch in batches:
+            if feed is not None:
+                feed_part(batch, feed, self.fed)
+            got = self._run(batch.arrays, None)
+            sampled.append(got)
+            if self.tokens_out is not None:  # the last stage: the part's tokens to the first stage
+                self.tokens_out.send(np.stack([batch.sequences[batch.kept], got[batch.kept]], axis=1))
+            shown.append({name: self._part_rows(batch, name) for name in self.config.returned_buffers
+                          if name in self.buffer_names})
+        tokens = gather_tokens(batches, sampled, seqs)
+        self.fed.ran(tokens, len(batches))
+        if shown and shown[0]:
+            self.shown = {name: np.concatenate([part[name] for part in shown]) for name in shown[0]}
+        return tokens
+
+    def _run(self, arrays: dict, feed: Feed | None) -> np.ndarray:
         inputs = self.executor.inputs
         tokens, seqs = len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS])
         if feed is not None:
@@ -139,14 +178,24 @@ class Worker:
 
     def returned(self, tokens: int, seqs: int) -> dict:
         """The rows of config.return_buffer's buffers after a step of `tokens` tokens and `seqs`
-        sampled rows: a buffer's rows follow its extent."""
+        sampled rows: a buffer's rows follow its extent (a step run in parts: the parts' rows put together)."""
         extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}
-        return {name: self.executor.read_buffer(name, tokens if extents.get(name) == RAD_EXTENT_TOKENS else seqs)
-                for name in self.config.returned_buffers}
+        names = [name for name in self.config.returned_buffers if name in self.buffer_names]
+        rows = {name: tokens if extents.get(name) == RAD_EXTENT_TOKENS else seqs for name in names}
+        if self.shown is not None:
+            return {name: self.shown[name][:rows[name]].copy() for name in names}
+        return {name: self.executor.read_buffer(name, rows[name]) for name in names}
 
     def returned_bytes(self) -> int:
         """The most bytes `returned` gives."""
         return sum(array.nbytes for array in self.returned(self.config.max_step_tokens, self.config.max_seqs).values())
+
+    def _part_rows(self, batch, name: str) -> np.ndarray:
+        """A returned buffer's rows of one part: a row a token, or the kept pieces' rows."""
+        extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}
+        if extents.get(name) == RAD_EXTENT_TOKENS:
+            return self.executor.read_buffer(name, len(batch.arrays[RAD_STEP_IDS]))
+        return self.executor.read_buffer(name, len(batch.kept))[batch.kept]
 
     def close(self) -> None:
         self.executor.release()

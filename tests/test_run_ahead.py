@@ -314,3 +314,7 @@ def test_run_ahead_by_default_only_where_it_was_measured_to_help(monkeypatch, ti
     assert not default(tp=2, card=True)  # not measured on a card yet
     assert default(tp=3, run_ahead=True, card=True)
     assert not default(tp=2, run_ahead=False, card=False)
+    monkeypatch.setattr(module, "usable_cores", lambda: 2)
+    assert default(tp=1, pp=2, card=False)  # stages on one host: in parts, both stages busy (measured)
+    assert not module.run_ahead_default(Config(model=str(tiny_model), pp=2), card=False, same_host=False)
+    assert not default(tp=1, micro_batches=2, launched=True, card=False)  # parts without stages: not measured

@@ -121,5 +121,5 @@ def test_bad_placements_name_their_flag(tiny_model):
         Config(model=str(tiny_model), tp=2, nnodes=3, master_addr="a", keys="k")
     with pytest.raises(ConfigError, match="--node-rank must be from 0 to 1, not 2"):
         Config(model=str(tiny_model), tp=2, nnodes=2, node_rank=2, master_addr="a", keys="k")
-    with pytest.raises(ConfigError, match="--run-ahead: not with --pp 2"):
-        Config(model=str(tiny_model), pp=2, run_ahead=True)
+    with pytest.raises(ConfigError, match="--run-ahead: not with --pp 2 over --nnodes 2"):
+        Config(model=str(tiny_model), pp=2, nnodes=2, master_addr="a", keys="k", run_ahead=True)

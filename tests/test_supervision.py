@@ -49,6 +49,16 @@ def test_rank_killed_during_a_step_running_ahead(smollm2):
     assert_root_cause(launch, time.monotonic())
 
 
+def test_last_stage_killed_while_the_first_waits_for_its_tokens(smollm2):
+    """Pipeline stages run ahead: the first stage waits on the token pipe for the last stage's
+    tokens; the last stage killed is named within 5 s, with nothing left behind."""
+    launch = start(smollm2, 1, "Once upon a time", "--pp", 2, "--run-ahead")
+    launch.wait_for_ranks(2)
+    launch.read_until(" ")
+    kill(launch.rank(1))
+    assert_root_cause(launch, time.monotonic())
+
+
 def test_rank_killed_inside_a_collective(smollm2):
     launch = start(smollm2)
     launch.wait_for_ranks(3)

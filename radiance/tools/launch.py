@@ -18,6 +18,8 @@ from .generate import run
 @options.tp("Ranks of each pipeline stage: one per card, or host ranks without a card.")
 @click.option("--pp", default=1, show_default=True, help="Pipeline stages: the model's layers cut into this many, "
               "--tp ranks each (host ranks).")
+@click.option("--micro-batches", type=int, default=0, show_default=True, help="Parts each step is cut into, "
+              "which flow through the stages one after another so they overlap (0: one a stage; 1: none).")
 @click.option("--nnodes", type=int, default=None, help="Machines the ranks are spread over (torchrun's name; "
               "under Slurm SLURM_NNODES).")
 @click.option("--node-rank", type=int, default=0, help="This machine's place (0 runs the coordinator; "
