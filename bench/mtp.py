@@ -17,34 +17,18 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from speculative import PROMPTS, spechub  # noqa: E402  (the same prompts, spechub built the same way)
+from speculative import PROMPTS, spechub, timed_decode  # noqa: E402  (the same prompts and timing, spechub built the same way)
 
 
 def run(model: Path, home: Path, mtp: bool, k: int, tokens: int) -> dict:
     from radiance.config import Config
-    from radiance.generation.sequence import SamplingParams
-    from radiance.launch import engine_over, open_ranks
 
     config = Config(model=str(model), radiance_home=str(home), kernels="libr4d,spechub", accept_reference=True,
                     progress=False, mtp=mtp, draft_tokens=k, max_seqs=len(PROMPTS), device="host")
-    with open_ranks(config) as ranks:
-        engine = engine_over(ranks)
-        sequences = [engine.add(engine.text.encode(p), SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
-                     for p in PROMPTS]
-        while any(s.num_computed < len(s.prompt_ids) for s in sequences):  # the prefill, not timed
-            engine.step()
-        start, produced = time.perf_counter(), sum(len(s.output_ids) for s in sequences)
-        while engine.scheduler.has_work:
-            engine.step()
-        seconds = time.perf_counter() - start
-        decoded = sum(len(s.output_ids) for s in sequences) - produced
-        kept = getattr(ranks, "kept", 0), getattr(ranks, "drafted", 0)
-    return {"tokens_per_s": decoded / seconds, "outputs": [s.output_ids for s in sequences], "kept": kept[0],
-            "drafted": kept[1]}
+    return timed_decode(config, tokens)
 
 
 def main():

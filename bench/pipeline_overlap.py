@@ -27,19 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RECIPE = """
-[[rule]]
-match = "layers.*.attn.*"
-quantizer = "q4_1"
-
-[[rule]]
-match = "layers.*.ffn.*"
-quantizer = "q4_1"
-
-[[rule]]
-match = "token_embd"
-quantizer = "q8_0"
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_latency import RECIPE  # noqa: E402  (the same synthetic model's recipe)
 
 
 # --micro-batches, --run-ahead; "whole-ahead" (not run by default): whole steps run ahead, where the

@@ -64,12 +64,19 @@ def spechub(folder: Path) -> Path:
 
 def run(model: Path, home: Path, draft, k: int, tokens: int) -> dict:
     from radiance.config import Config
-    from radiance.generation.sequence import SamplingParams
-    from radiance.launch import engine_over, open_ranks
 
     config = Config(model=str(model), radiance_home=str(home), kernels="libr4d,spechub", accept_reference=True,
                     progress=False, draft_model=None if draft is None else str(draft), draft_tokens=k,
                     max_seqs=len(PROMPTS), max_context=2048)
+    return timed_decode(config, tokens)
+
+
+def timed_decode(config, tokens: int) -> dict:
+    """PROMPTS decoded greedily under `config` (in process): decode tokens/s (the prefill not timed),
+    the outputs, and the drafts kept of those drafted (where the ranks draft)."""
+    from radiance.generation.sequence import SamplingParams
+    from radiance.launch import engine_over, open_ranks
+
     with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         sequences = [engine.add(engine.text.encode(p), SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
