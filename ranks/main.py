@@ -10,7 +10,7 @@ import os
 import shutil
 import sys
 
-from .lifecycle import die_with_parent, exit_on_sigterm, limit_threads, terminated
+from .lifecycle import die_with_parent, exit_on_sigterm, limit_threads, terminated, watch_parent
 
 
 def remove_run() -> None:
@@ -29,6 +29,7 @@ if __name__ == "__main__":
     exit_on_sigterm()
     atexit.register(remove_run)
     die_with_parent(int(os.environ.get("RADIANCE_COORDINATOR_PID", os.getppid())))
+    watch_parent(int(os.environ.get("RADIANCE_COORDINATOR_PID", os.getppid())), remove_run)
 
 import json  # noqa: E402  (the imports that take time come after the lines above, on purpose)
 import logging  # noqa: E402
