@@ -37,6 +37,7 @@ class Agreement:
     facts: dict
     digest: str
     lines: list
+    step_limits: tuple  # (tokens, sequences): the largest step every stage's rows serve
 
 
 def relay_probe(coordinator: Coordinator) -> None:
@@ -100,7 +101,9 @@ def handshake(coordinator: Coordinator, config: Config, load_timeout: float) -> 
     coordinator.broadcast("attach", {"pipes": {str(rank): meta.get("pipe", {}) for rank, (meta, _) in created.items()}})
     resolved = coordinator.gather("resolved", "load and resolve", timeout=load_timeout)
     digest, lines = agree(coordinator, resolved)
+    limits = [meta["step_limits"] for meta, _ in resolved.values()]
+    step_limits = (min(tokens for tokens, _ in limits), min(seqs for _, seqs in limits))
     coordinator.open_rings(config)  # the answering rank made its results ring before 'resolved'
     coordinator.broadcast("go")
     coordinator.gather("ready", "ready")
-    return Agreement(combined, digest, lines)
+    return Agreement(combined, digest, lines, step_limits)

@@ -75,6 +75,7 @@ class LaunchedRanks(Ranks):
             self.coordinator.stop(failed=True)
             raise
         self.facts, self.digest, self.lines = agreement.facts, agreement.digest, list(agreement.lines)
+        self.step_limits = agreement.step_limits
         self.run_ahead = run_ahead_default(config, card=bool(cards))
         self.closed = False
 

@@ -113,7 +113,8 @@ class RankSession:
             self.results = WireResults(self.wire) if self.remote else RingWriter.create(
                 self.run_id, "results", 1, RESULT_SLOTS, self._result_bytes(), self.secret)
         self.wire.send("resolved", {"digest": self.worker.digest, "lines": self.worker.lines,
-                                    "stage": self.layout.stage(self.rank).index})
+                                    "stage": self.layout.stage(self.rank).index,
+                                    "step_limits": list(self.worker.step_limits)})
         self.expect("go")
         self.plans = WirePlans(self.wire) if self.remote else RingReader.attach(self.run_id, "plans", self.rank,
                                                                                    self.secret)

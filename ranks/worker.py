@@ -5,7 +5,7 @@ rows or, where the process was given a card, on the device rows (the device doma
 import numpy as np
 from tqdm import tqdm
 
-from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
+from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_EXTENT_SEQS, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
 from radiance.collectives.gate import LinkGate, LinkScheduler
 from radiance.config import Config
 from radiance.engine.loading.model import open_model
@@ -103,6 +103,7 @@ class Worker:
         self.graph = resolve_graph(nodes, registry, facts, domain, config.max_step_tokens, config.max_seqs,
                                    config.accept_reference, config.fusion)
         self.digest = self.graph.digest()
+        self.step_limits = (self.graph.max_extent[RAD_EXTENT_TOKENS], self.graph.max_extent[RAD_EXTENT_SEQS])
         self.lines = self.graph.lines()
         tables = {table.name: table.table for table in self.model.graph.tables}
         self.executor = open_executor(self.graph, self.model, self.shard, buffers, tables, config, self.link, peers,
