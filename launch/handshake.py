@@ -25,7 +25,9 @@ def combine_facts(facts: dict, disable_p2p: bool) -> tuple[dict, str]:
     else:
         lacking = [rank for rank in ranks if facts[rank].get("device.p2p", 0) != 1]
         why = f"no P2P from rank {lacking[0]}: {facts[lacking[0]].get('p2p_detail', 'probe failed')}" if lacking else ""
-    combined = {"device.p2p": int(p2p and not disable_p2p)}
+    combined = {"device.p2p": int(p2p and not disable_p2p),
+                # every rank chained, or none: their graphs must resolve alike
+                "device.chain": int(all(facts[rank].get("device.chain", 0) == 1 for rank in ranks))}
     if any("device.same_host" in facts[rank] for rank in ranks):  # pipeline stages: every boundary alike
         combined["device.same_host"] = int(all(facts[rank].get("device.same_host", 0) == 1 for rank in ranks))
     return combined, why

@@ -92,7 +92,7 @@ class RankSession:
             hello["host"] = self.boundaries.hello()
         self.wire.send("hello", hello)
         self.worker = Worker(self.config, self.layout.shard(self.rank), stage=self.layout.stage(self.rank))
-        facts = measure_facts(self.rank, self.world, self._exchange if self.card else None)
+        facts = measure_facts(self.rank, self.world, self._exchange if self.card else None, self.config.chain)
         if self.boundaries is not None:
             facts["device.same_host"] = self.boundaries.same_host(self.expect("hosts")[0]["hosts"])
         self.wire.send("facts", facts)

@@ -18,6 +18,8 @@ from radiance.engine.selection.stages import Stage, cut_stages, stage_nodes, use
 from radiance.generation.feed import Feed
 from radiance.log import get_logger
 
+from .facts import chain_fact
+
 log = get_logger("radiance.worker")
 
 
@@ -78,7 +80,9 @@ class Worker:
         """`pipes`: the RadPeers of this stage's boundaries, {"recv": ..., "send": ...}."""
         self.link = link or LinkScheduler(LinkGate())
         try:
-            self._build(self.registry, facts if facts is not None else {"device.p2p": 0}, peers, pipes or {})
+            if facts is None:  # one rank in process: nothing to probe
+                facts = {"device.p2p": 0, "device.chain": chain_fact(self.config.chain, self.device)}
+            self._build(self.registry, facts, peers, pipes or {})
         except BaseException:
             self.model.close()
             self._close_device()
