@@ -49,6 +49,7 @@ RAD_FACT_P2P = "device.p2p"
 RAD_FACT_ARCH = "device.arch"
 RAD_FACT_INTEGRATED = "device.integrated"
 RAD_FACT_SAME_HOST = "device.same_host"
+RAD_FACT_CHAIN = "device.chain"
 
 RAD_DT_NONE = 0
 RAD_DT_F32 = 1

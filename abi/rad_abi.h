@@ -30,6 +30,8 @@ int  rad_kernel_reference(int i);       /* 1: row i is an oracle row */
 int  rad_kernel_concurrent(int i);      /* 1: touches only its operands and scratch */
 int  rad_kernel_collective(int i);      /* 1 or 2 (colour 2 ends its own link-gate hold) */
 int  rad_kernel_chain(int i);           /* 1: waits in its own prologue (name has r4dchain) */
+double rad_kernel_tolerance(int i);    /* row i's agreement with libref, max|y - ref| / max|ref| over an
+                                          output (0: the same bits); negative: its op's tolerance */
 
 #ifdef __cplusplus
 }

@@ -62,6 +62,7 @@ struct RadEncoding;
 #define RAD_FACT_ARCH       "device.arch"
 #define RAD_FACT_INTEGRATED "device.integrated"
 #define RAD_FACT_SAME_HOST  "device.same_host"
+#define RAD_FACT_CHAIN      "device.chain" /* 1: the engine hands r4dchain rows their chain record */
 
 /* Element types of tensors and planes. Sub-byte types are bit streams along a row, lowest bits
  * first; every row starts on a byte. */

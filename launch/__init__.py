@@ -44,4 +44,5 @@ def engine_over(ranks) -> Engine:
         return SpeculativeEngine(ranks.target_config, ranks.execute, ranks.text, max_seqs=ranks.config.max_seqs,
                                  draft=ranks.run_draft, logits=ranks.target_logits, propose=ranks.propose_tokens,
                                  verify=ranks.verify_tokens)
-    return Engine(ranks.config, ranks.execute, ranks.text, ahead=ranks if ranks.run_ahead else None)
+    return Engine(ranks.config, ranks.execute, ranks.text, ahead=ranks if ranks.run_ahead else None,
+                  limits=ranks.step_limits)

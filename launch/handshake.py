@@ -25,7 +25,9 @@ def combine_facts(facts: dict, disable_p2p: bool) -> tuple[dict, str]:
     else:
         lacking = [rank for rank in ranks if facts[rank].get("device.p2p", 0) != 1]
         why = f"no P2P from rank {lacking[0]}: {facts[lacking[0]].get('p2p_detail', 'probe failed')}" if lacking else ""
-    combined = {"device.p2p": int(p2p and not disable_p2p)}
+    combined = {"device.p2p": int(p2p and not disable_p2p),
+                # every rank chained, or none: their graphs must resolve alike
+                "device.chain": int(all(facts[rank].get("device.chain", 0) == 1 for rank in ranks))}
     if any("device.same_host" in facts[rank] for rank in ranks):  # pipeline stages: every boundary alike
         combined["device.same_host"] = int(all(facts[rank].get("device.same_host", 0) == 1 for rank in ranks))
     return combined, why
@@ -37,6 +39,7 @@ class Agreement:
     facts: dict
     digest: str
     lines: list
+    step_limits: tuple  # (tokens, sequences): the largest step every stage's rows serve
 
 
 def relay_probe(coordinator: Coordinator) -> None:
@@ -100,7 +103,9 @@ def handshake(coordinator: Coordinator, config: Config, load_timeout: float) -> 
     coordinator.broadcast("attach", {"pipes": {str(rank): meta.get("pipe", {}) for rank, (meta, _) in created.items()}})
     resolved = coordinator.gather("resolved", "load and resolve", timeout=load_timeout)
     digest, lines = agree(coordinator, resolved)
+    limits = [meta["step_limits"] for meta, _ in resolved.values()]
+    step_limits = (min(tokens for tokens, _ in limits), min(seqs for _, seqs in limits))
     coordinator.open_rings(config)  # the answering rank made its results ring before 'resolved'
     coordinator.broadcast("go")
     coordinator.gather("ready", "ready")
-    return Agreement(combined, digest, lines)
+    return Agreement(combined, digest, lines, step_limits)

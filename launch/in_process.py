@@ -43,6 +43,7 @@ class InProcessRanks(Ranks):
         self.worker = Worker(config).build()
         self.worker.executor.profile = config.profile
         self.config, self.digest, self.lines = config, self.worker.digest, list(self.worker.lines)
+        self.step_limits = self.worker.step_limits
         if config.debug_selection:
             print("\n".join(self.worker.graph.report()), file=sys.stderr)
         container = self.worker.model.container

@@ -75,6 +75,7 @@ class LaunchedRanks(Ranks):
             self.coordinator.stop(failed=True)
             raise
         self.facts, self.digest, self.lines = agreement.facts, agreement.digest, list(agreement.lines)
+        self.step_limits = agreement.step_limits
         same_host = bool(self.facts.get("device.same_host", 1))
         self.run_ahead = run_ahead_default(config, card=bool(cards), same_host=same_host)
         if self.run_ahead and config.pp > 1 and not same_host:

@@ -38,6 +38,7 @@ class Ranks(abc.ABC):
     world: int
     digest: str  # the resolved graph's digest, the same on every rank
     lines: list[str]  # rank 0's resolved graph: one "node|op|band|row" line per node and band
+    step_limits: tuple[int, int]  # (tokens, sequences): the largest step every rank's rows serve
     config: Config
     text: TextCodec
     last_result: dict  # what rank 0 returned for the last step collected: "tokens", and the return buffer if asked

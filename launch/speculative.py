@@ -69,6 +69,7 @@ class SpeculativeRanks(Ranks):
             num_blocks=config.num_blocks, return_buffer=returned, run_ahead=False)
         self.target = open_ranks(self.target_config)
         self.world, self.digest, self.lines, self.text = self.target.world, self.target.digest, self.target.lines, self.target.text
+        self.step_limits = self.target.step_limits  # the verify steps' decoder does not cut on them yet
         worker = getattr(self.target, "worker", None)
         device = worker.device if worker is not None else None  # in process: the same card
         # the heads' steps: a plain step's tokens, or a verify step's kept ones (k + 1 a sequence at most)

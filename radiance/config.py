@@ -38,7 +38,7 @@ class Config:
     num_blocks: int = 0  # asked; settled from 0 to enough for max_seqs sequences of max_context tokens
     device: str = "auto"  # auto: the card this process was given, if any; host: host rows even on a card
     graphs: bool = True  # on a card, capture each decode shape into a graph (one launch per step)
-    chain: bool = True  # on a card that has it (Hopper), launch r4dchain rows as programmatic dependent launches
+    chain: bool = True  # launch r4dchain rows chained (device.chain): on Hopper as programmatic dependent launches
     fusion: bool = True  # run fused rows (`replaces`) where their library serves the chain; False: every chain as declared
     progress: bool = True  # a progress bar while rank 0 loads its weights
     # the ranks

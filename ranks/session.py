@@ -106,7 +106,7 @@ class RankSession:
             hello["host"] = self.boundaries.hello()
         self.wire.send("hello", hello)
         self.worker = Worker(self.config, self.layout.shard(self.rank), stage=self.layout.stage(self.rank))
-        facts = measure_facts(self.rank, self.world, self._exchange if self.card else None)
+        facts = measure_facts(self.rank, self.world, self._exchange if self.card else None, self.config.chain)
         if self.boundaries is not None:
             facts["device.same_host"] = self.boundaries.same_host(self.expect("hosts")[0]["hosts"])
         self.wire.send("facts", facts)
@@ -127,7 +127,8 @@ class RankSession:
             self.results = WireResults(self.wire) if self.remote else RingWriter.create(
                 self.run_id, "results", 1, RESULT_SLOTS, self._result_bytes(), self.secret)
         self.wire.send("resolved", {"digest": self.worker.digest, "lines": self.worker.lines,
-                                    "stage": self.layout.stage(self.rank).index})
+                                    "stage": self.layout.stage(self.rank).index,
+                                    "step_limits": list(self.worker.step_limits)})
         self.expect("go")
         self.plans = WirePlans(self.wire) if self.remote else RingReader.attach(self.run_id, "plans", self.rank,
                                                                                    self.secret)

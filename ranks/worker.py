@@ -5,7 +5,7 @@ rows or, where the process was given a card, on the device rows (the device doma
 import numpy as np
 from tqdm import tqdm
 
-from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
+from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_EXTENT_SEQS, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
 from radiance.collectives.gate import LinkGate, LinkScheduler
 from radiance.config import Config
 from radiance.engine.loading.model import open_model
@@ -19,6 +19,7 @@ from radiance.generation.feed import Feed
 from radiance.generation.micro_batches import feed_part, gather_tokens, split_plan
 from radiance.log import get_logger
 
+from .facts import chain_fact
 from .fed_tokens import FedTokens
 
 log = get_logger("radiance.worker")
@@ -89,7 +90,9 @@ class Worker:
         """`pipes`: the RadPeers of this stage's boundaries, {"recv": ..., "send": ...}."""
         self.link = link or LinkScheduler(LinkGate())
         try:
-            self._build(self.registry, facts if facts is not None else {"device.p2p": 0}, peers, pipes or {})
+            if facts is None:  # one rank in process: nothing to probe
+                facts = {"device.p2p": 0, "device.chain": chain_fact(self.config.chain, self.device)}
+            self._build(self.registry, facts, peers, pipes or {})
         except BaseException:
             self.model.close()
             self._close_device()
@@ -115,6 +118,7 @@ class Worker:
         self.graph = resolve_graph(nodes, registry, facts, domain, config.max_step_tokens, config.max_seqs,
                                    config.accept_reference, config.fusion)
         self.digest = self.graph.digest()
+        self.step_limits = (self.graph.max_extent[RAD_EXTENT_TOKENS], self.graph.max_extent[RAD_EXTENT_SEQS])
         self.lines = self.graph.lines()
         tables = {table.name: table.table for table in self.model.graph.tables}
         self.executor = open_executor(self.graph, self.model, self.shard, buffers, tables, config, self.link, peers,

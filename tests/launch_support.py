@@ -12,12 +12,21 @@ import psutil
 SHM = Path("/dev/shm")
 
 
+def as_a_foreground_job() -> None:
+    """In the child, before exec: SIGINT at its default, as a shell starts a foreground job. A test
+    run in the background of a shell without job control (`pytest ... &`, as load runs are) inherits
+    SIGINT ignored, and so would the launch, where Python then installs no KeyboardInterrupt: the
+    Ctrl-C the test sends would be ignored and the launch would stream on. A user's Ctrl-C reaches
+    a foreground job, whose SIGINT is always at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Launch:
     def __init__(self, *args, env=None):
         environment = {**os.environ, **(env or {})}
         self.process = subprocess.Popen([sys.executable, "-m", "radiance.tools.launch", *map(str, args)],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=as_a_foreground_job)
         self.ranks: list[psutil.Process] = []
         self.run_id = None
 

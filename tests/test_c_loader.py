@@ -60,14 +60,15 @@ def test_a_so_and_its_python_twin_make_the_same_records(twins):
     assert c.schemas == py.schemas and c.schemas[0].params[2].type == 2  # eps: f64
     assert c.reference == py.reference is False
     for c_row, py_row in zip(c.rows, py.rows, strict=True):
-        assert (c_row.reference, c_row.concurrent, c_row.collective, c_row.chain) == \
-               (py_row.reference, py_row.concurrent, py_row.collective, py_row.chain)
+        assert (c_row.reference, c_row.concurrent, c_row.collective, c_row.chain, c_row.tolerance) == \
+               (py_row.reference, py_row.concurrent, py_row.collective, py_row.chain, py_row.tolerance)
         for field in ("name", "op", "family", "computes", "shape", "dtypes", "domain", "priority", "constraints",
                       "n_constraints", "replaces", "tunables", "n_tunables"):
             assert getattr(c_row.info, field) == getattr(py_row.info, field), field
         assert [getattr(c_row.info, h) is None for h in HOOKS] == [getattr(py_row.info, h) is None for h in HOOKS]
     assert c.rows[0].info.constraints[2].sval == "f32 bf16" and c.rows[0].info.constraints[0].sval is None
     assert [row.reference for row in c.rows] == [False, True] and c.rows[0].chain and c.rows[1].collective == 1
+    assert [row.tolerance for row in c.rows] == [None, 4e-3]  # rad_kernel_tolerance: negative is the op's
 
 
 def _weight():

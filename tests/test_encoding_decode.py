@@ -131,7 +131,7 @@ def test_fp8_per_tensor_and_nvfp4():
 
 @pytest.mark.parametrize("enc, planes, message", [
     (encoding("mine", tiled("codes", RAD_DT_U8)), {}, "scheme 'mine' is a quantiser's own"),
-    (encoding("plain", tiled("codes", RAD_DT_F32), transform="givens"), {},
+    (encoding("plain", tiled("codes", RAD_DT_F32), transform="rotor"), {},
      "not supported by the core decoder"),
     (encoding("plain", tiled("codes", RAD_DT_U4), tiled("zero", RAD_DT_U8, 0, 0)), {},
      "'plain' encoding has no zero"),

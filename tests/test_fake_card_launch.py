@@ -70,7 +70,8 @@ def host_tokens(tiny_model):
 def test_one_card_rank_launches_and_gives_the_host_paths_tokens(tiny_model, fake_cards, host_tokens):
     tokens, agreed = generate(tiny_model, fake_cards, tp=1)
     assert tokens == host_tokens
-    assert agreed["facts"] == {"device.p2p": 1}  # one rank: no peer to probe, nothing to refuse
+    # one rank: no peer to probe, nothing to refuse; the fake card has programmatic launch (device.chain)
+    assert agreed["facts"] == {"device.p2p": 1, "device.chain": 1}
     assert all(line.split("|")[3].startswith("fakedev:") for line in agreed["lines"])
     assert leftovers(agreed) == []
 
@@ -79,7 +80,8 @@ def test_one_card_rank_launches_and_gives_the_host_paths_tokens(tiny_model, fake
 def test_two_fake_cards_give_one_cards_tokens(tiny_model, fake_cards, host_tokens, disable_p2p):
     tokens, agreed = generate(tiny_model, fake_cards, tp=2, disable_p2p=disable_p2p)
     assert tokens == host_tokens
-    assert agreed["facts"] == {"device.p2p": 0 if disable_p2p else 1}  # fake IPC handles open across processes
+    # fake IPC handles open across processes
+    assert agreed["facts"] == {"device.p2p": 0 if disable_p2p else 1, "device.chain": 1}
     rows = {line.split("|")[3] for line in agreed["lines"] if line.split("|")[1].startswith("all_")}
     assert rows == {"fakedev:fakedev_all_reduce", "fakedev:fakedev_all_gather"}, rows
     assert leftovers(agreed) == []
@@ -121,3 +123,30 @@ def test_more_ranks_than_cards_is_a_one_line_error_before_anything_starts(tiny_m
                              "--prompt", "hi"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip().splitlines()[-1] == "radiance-launch: error: --tp 4 needs 4 cards, 2 visible (fake 0, fake 1)"
+
+
+def test_a_rank_killed_on_its_fake_card_leaves_no_card_memory_behind(tiny_model, fake_cards):
+    """A rank SIGKILLed (as the supervisor's last resort kills one) frees nothing itself: its fake
+    card's files are named as the run's segments (rad.<run>.fake.<pid>...), so the launcher's
+    teardown sweeps them with the rest of the run."""
+    import time
+
+    from launch_support import Launch, kill, wait_gone
+
+    launch = Launch("--tp", 2, "--model", tiny_model, "--radiance-home", fake_cards, "--kernels", "fakedev,libref",
+                    "--debug-accept-reference-kernels", "--collective-wire", "f32", "--prompt", "hello",
+                    "--max-tokens", 200, "--temperature", 0)
+    ranks = launch.wait_for_ranks(2, timeout=60)
+    victim = ranks[1]
+
+    def card_files():  # however the fake card names them: a rank's pid follows "fake."
+        return [str(p) for rank in ranks for p in SHM.glob(f"*fake.{rank.pid}.*")]
+    deadline = time.monotonic() + 60
+    while not any(f".{victim.pid}." in name for name in card_files()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any(f".{victim.pid}." in name for name in card_files()), "rank 1 allocated nothing on its card"
+    kill(victim)
+    code, _, stderr = launch.finish(timeout=60)
+    assert code != 0 and "rank 1 failed first: killed by SIGKILL" in stderr, stderr[-2000:]
+    assert wait_gone(launch) == []
+    assert card_files() == []

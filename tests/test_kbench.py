@@ -196,6 +196,49 @@ def test_a_device_row_writing_one_byte_past_its_output_is_caught_by_the_red_zone
         assert outcome.passed, outcome.failures
 
 
+def fake_scaled_add(scale: float):
+    """The fake card's dev_add, its sums off by a factor: y = (a + b) * scale, rounded to f32."""
+    import struct
+
+    def run(device, launch):
+        a, b, y, n = struct.unpack("<QQQq", launch.args.data)
+        total = device.view(a, n, np.float32) + device.view(b, n, np.float32)
+        device.view(y, n, np.float32)[:] = (total.astype(np.float64) * scale).astype(np.float32)
+    return run
+
+
+@pytest.mark.parametrize("scale,stated,passes", [
+    (1.0005, "4e-3", True),   # 5e-4 off: inside the 4e-3 the row states (the norm's share, 1e-3, too)
+    (1.0005, None, False),    # the same row stating nothing: add's tolerance, 0 (the same bits)
+    (1.02, "4e-3", False),    # 2e-2 off: outside what it states
+])
+def test_a_device_row_is_held_to_the_tolerance_it_states(home, recorded, monkeypatch, tmp_path, scale, stated,
+                                                         passes):
+    """rad_kernel_tolerance (a tensor-core row's 4e-3, say) replaces its op's tolerance for that row
+    alone, on the fake card as on a card; the report notes it."""
+    monkeypatch.setenv("RADIANCE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    statement = f"\ndef rad_kernel_tolerance(i):\n    return {stated}\n" if stated else ""
+    home.kernel("loose", DEVICE_ADD + statement)
+    outcome, _ = check(home, "loose", ADD, recorded, card_kernels={"dev_add": fake_scaled_add(scale)})
+    assert outcome.passed == passes, outcome.failures
+    if stated:
+        assert "held to its own tolerance 0.004 (rad_kernel_tolerance), add's being 0" in outcome.notes
+    if not passes:  # a bias every element shares: the norm is the measure for it
+        assert "norm" in measures(outcome), outcome.failures
+
+
+def test_libr4d_tensor_core_rows_state_the_tolerances_docs_give_them():
+    """docs/OPS.md's device rows outside their op's tolerance state theirs; every other row states none."""
+    registry = Registry(radiance_home="", kernels="libr4d")
+    try:
+        [library] = select_libraries(registry, ["libr4d"])
+        stated = {row.name: row.tolerance for row in library.rows if row.tolerance is not None}
+    finally:
+        registry.close()
+    assert stated == {"r4dchain_gemm_tc_bf16_dev": 4e-3, "r4dchain_gemm_tc_fp8_dev": 6e-2,
+                      "r4dchain_attention_tc_dev": 1e-2}, stated
+
+
 @pytest.mark.parametrize("flip", [0, 1])
 def test_a_fused_row_one_bit_off_its_chain_fails_the_memcmp(home, recorded, flip):
     home.kernel("fusedlib", GEMM_ROW.replace("SCALE", "1") + f"""

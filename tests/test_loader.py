@@ -76,6 +76,10 @@ def test_close_runs_at_shutdown(home, tmp_path):
      "rad_kernel_chain is false but the name has 'r4dchain'"),
     ('SCHEMAS = [schema("t_gemm", ("M",))]\nROWS = [row("all_reduce_plain", "t_gemm")]\n'
      'def rad_kernel_chain(i):\n    return 1\n', "rad_kernel_chain is true but the name lacks 'r4dchain'"),
+    ('SCHEMAS = [schema("t_gemm", ("M",))]\nROWS = [row("r", "t_gemm")]\n'
+     'def rad_kernel_tolerance(i):\n    return float("nan")\n', "row 'r': rad_kernel_tolerance is nan, not a finite number"),
+    ('SCHEMAS = [schema("t_gemm", ("M",))]\nROWS = [row("r", "t_gemm")]\n'
+     'def rad_kernel_tolerance(i):\n    return "loose"\n', "rad_kernel_tolerance(0) returned 'loose', not a number"),
 ])
 def test_malformed_plugin_refused_while_the_rest_load(home, body, reason):
     home.kernel("broken", body)

@@ -2,7 +2,11 @@
 
 Memory is real host memory at real addresses: each allocation is a file in /dev/shm mapped into
 the process, so an IPC handle (the file's name) opens in another process and both see the same
-bytes, as two ranks see a card's IPC-mapped buffer. A mapped host word is the array itself.
+bytes, as two ranks see a card's IPC-mapped buffer. A mapped host word is the array itself. In a
+rank of a launch (RADIANCE_RUN_ID set) the files are named as the run's segments,
+`rad.<run>.fake.<pid>.<n>.<random>`, so the launcher's teardown (collectives.shm.unlink_run) sweeps
+those of a rank it had to kill; elsewhere `radfake.<pid>.<n>.<random>`. A card's memory goes with its
+process; these files would not, were nobody to sweep them.
 
 "Compilation" turns HIP/CUDA-flavoured source into a PTX-like listing (`.entry` per
 `__global__` function, `call.uni (retval0), vprintf` where it prints), so the launch rules run on
@@ -68,6 +72,12 @@ class FakeEvent:
         self.ns: int | None = None
 
 
+def _allocation_prefix() -> str:
+    """A launch's run owns a rank's fake-card files (the launcher sweeps rad.<run>.*); else radfake."""
+    run = os.environ.get("RADIANCE_RUN_ID")
+    return f"rad.{run}.fake" if run else "radfake"
+
+
 class FakeDevice(Device):
     vendor = "fake"
 
@@ -124,7 +134,7 @@ class FakeDevice(Device):
 
     # ---- primitives ------------------------------------------------------------------------
     def _alloc(self, nbytes: int) -> int:
-        name = f"radfake.{os.getpid()}.{next(self._counter)}.{secrets.token_hex(4)}"
+        name = f"{_allocation_prefix()}.{os.getpid()}.{next(self._counter)}.{secrets.token_hex(4)}"
         ptr = self._map_file(name, nbytes, create=True)
         self._owned.add(ptr)
         return ptr

@@ -32,12 +32,15 @@ class Submitted:
 
 
 class Engine:
-    def __init__(self, config: Config, execute: Callable, text: TextCodec, ahead=None):
+    def __init__(self, config: Config, execute: Callable, text: TextCodec, ahead=None, limits=None):
         """`ahead`: what runs steps ahead (submit(arrays, feed), collect() -> tokens); None: `execute`
-        runs each step as it is planned."""
+        runs each step as it is planned. `limits`: (tokens, sequences), the largest step the ranks'
+        rows serve (Ranks.step_limits), below config's where the rows' parameter roles cut it."""
         self.config, self.execute, self.text = config, execute, text
         self.blocks = BlockManager(config.num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.blocks, config.max_step_tokens, config.max_seqs, config.max_context)
+        tokens, seqs = limits or (config.max_step_tokens, config.max_seqs)
+        self.scheduler = Scheduler(self.blocks, min(tokens, config.max_step_tokens), min(seqs, config.max_seqs),
+                                   config.max_context)
         self._ids = itertools.count()
         self.run_ahead = ahead is not None
         # Every plan goes through `submit` and every result through `collect` (a caller may wrap

@@ -1,7 +1,9 @@
 """Continuous batching: each step takes every running sequence's next tokens (one for a decode,
 a chunk for a prefill) up to the step's token budget, then admits waiting sequences whose prompt
 fits in the free KV blocks. A long prefill is cut into chunks of the budget, which is the largest
-extent the graph's RAD_PROLE_SEQ_CHUNK parameter was resolved for."""
+extent the graph's RAD_PROLE_SEQ_CHUNK parameter was resolved for, and a step holds at most the
+sequences its RAD_PROLE_CAPACITY bound allows (engine/selection/step_limits.py: the Engine hands
+both over as max_tokens and max_seqs)."""
 
 from collections import deque
 from dataclasses import dataclass

@@ -32,7 +32,7 @@ from radiance.weights.planes import stored
 
 from . import options
 from .kernel_cases import READ_ROLES, default_cases, digest, fill
-from .kernel_fixture import TOLERANCE, Fixture, FixtureError, compare, output_seed, source_hash
+from .kernel_fixture import TOLERANCE, Fixture, FixtureError, compare, output_seed, row_tolerance, source_hash
 from .kernel_runner import Card, DeviceCall, Failure, HostCall, Skip, check_opd_shape, row_geometry, time_launches
 
 
@@ -181,11 +181,14 @@ class KernelBench:
             call.build()
             call.launch()
             recorded = self.fixture.cases[case.name]["outputs"]
+            tolerance = row_tolerance(row, case.op)
+            if row.tolerance is not None:
+                outcome.notes.append(f"held to its own tolerance {tolerance:g} (rad_kernel_tolerance), "
+                                     f"{case.op}'s being {TOLERANCE.get(case.op, 0.0):g}")
             for i, spec in enumerate(schema.operands):
                 if spec.role not in READ_ROLES:
                     continue
-                for measure, what in compare(recorded[str(i)], call.result(i), output_seed(case.seed, i),
-                                             TOLERANCE.get(case.op, 0.0)):
+                for measure, what in compare(recorded[str(i)], call.result(i), output_seed(case.seed, i), tolerance):
                     outcome.failures.append((measure, f"'{spec.name}' {what}"))
             if self.bench:
                 outcome.seconds = time_launches(call, sync=self.card.sync if self.card is not None else None)

@@ -38,6 +38,14 @@ TOLERANCE = {
     "gemm_add": 2e-4, "rmsnorm_gemm3": 2e-4, "rmsnorm_gemm2_silu_mul": 2e-4, "rope_attention": 2e-5,
     "take_rows_rmsnorm_gemm_sample": 2e-4,
 }
+
+
+def row_tolerance(row, op: str) -> float:
+    """What `row` is held to: the tolerance it states (rad_kernel_tolerance: a tensor-core row trades
+    accuracy by design), else its op's."""
+    return row.tolerance if row.tolerance is not None else TOLERANCE.get(op, 0.0)
+
+
 NORM_SHARE = 0.25
 PROJECTION_SIGMAS = 6.0
 

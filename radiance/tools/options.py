@@ -85,7 +85,8 @@ model_and_mode = _stack(
     click.option("--graphs/--no-graphs", default=True, show_default=True,
                  help="On a card, capture each decode step into a graph."),
     click.option("--chain/--no-chain", default=True, show_default=True,
-                 help="On a Hopper card, launch r4dchain rows as programmatic dependent launches."),
+                 help="Launch r4dchain rows chained (device.chain): on a Hopper card as programmatic dependent "
+                      "launches; on host ranks the chained all_reduce serves."),
     click.option("--fusion/--no-fusion", default=True, show_default=True,
                  help="Run fused rows (replaces) where their library serves the chain; off: every chain as declared."),
     click.option("--collective-wire", type=click.Choice(["auto", "f32", "bf16"]), default="auto", show_default=True,

@@ -21,7 +21,7 @@ from radiance.engine.selection import tuning
 from . import options
 from .kbench import KernelBench, fixture_path, select_libraries, serving_row
 from .kernel_cases import READ_ROLES, default_cases, digest, fill
-from .kernel_fixture import TOLERANCE, Fixture, FixtureError, compare, output_seed
+from .kernel_fixture import Fixture, FixtureError, compare, output_seed, row_tolerance
 from .kernel_runner import Failure, HostCall, Skip, check_opd_shape, row_geometry, time_launches
 
 
@@ -43,7 +43,8 @@ def measure(bench: KernelBench, case, schema, row, operands, geometry: dict, poi
         recorded = bench.fixture.cases[case.name]["outputs"]
         for i, spec in enumerate(schema.operands):
             if spec.role in READ_ROLES:
-                failed = compare(recorded[str(i)], call.result(i), output_seed(case.seed, i), TOLERANCE.get(case.op, 0.0))
+                failed = compare(recorded[str(i)], call.result(i), output_seed(case.seed, i),
+                                 row_tolerance(row, case.op))
                 if failed:
                     return None, f"'{spec.name}' fails {failed[0][0]}: {failed[0][1]}"
         return time_launches(call, budget_s=0.3, least=5), ""

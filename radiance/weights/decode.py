@@ -18,6 +18,7 @@ import numpy as np
 
 from radiance.abi import RadEncoding
 
+from . import givens
 from .levels import check_encoding, levels
 from .planes import block, plane_array
 from .transforms import PERM, check_transform, fwht, fwht_size, unpermute
@@ -122,5 +123,9 @@ def decode(encoding: RadEncoding, planes: dict, shape: tuple[int, int],
         fwht(values, size)
     if encoding.transform == "perm":
         values = unpermute(values, _typed(encoding, planes, shape, name, PERM), name)
+    if encoding.transform == "givens":
+        def table(plane):
+            return _typed(encoding, planes, shape, name, plane) if encoding.plane(plane) else None
+        values = givens.invert(values, table, name)
     return values
 

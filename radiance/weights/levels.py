@@ -12,10 +12,12 @@ from radiance.abi import (
 )
 
 from .planes import element_dtype
+from . import givens
 from .transforms import PERM
 
 CORE_SCHEMES = ("plain", "affine")
-TABLE_PLANES = ("grid", "table", PERM)
+TABLE_PLANES = ("grid", "table", PERM) + givens.PLANES
+TRANSFORM_PLANES = {PERM: "perm", **{plane: "givens" for plane in givens.PLANES}}  # plane -> its transform
 _LEVEL = re.compile(r"^(scale|min)(?:\.([1-9][0-9]*))?$")
 
 
@@ -36,7 +38,7 @@ def levels(encoding: RadEncoding, base: str, name: str = "weight") -> list:
 def _check_plane(encoding: RadEncoding, plane, name: str) -> None:
     label = f"{name}: plane {plane.name!r}"
     known = plane.name in ("codes", "signs", "zero") + TABLE_PLANES or _LEVEL.match(plane.name)
-    if not known or (plane.name == PERM and encoding.transform != "perm"):
+    if not known or TRANSFORM_PLANES.get(plane.name, encoding.transform) != encoding.transform:
         raise ValueError(f"{label} is not part of the {encoding.scheme!r} scheme "
                          f"(transform {encoding.transform!r})")
     if plane.dtype not in BITS:
@@ -44,6 +46,8 @@ def _check_plane(encoding: RadEncoding, plane, name: str) -> None:
     kind = RAD_PLANE_TABLE if plane.name in TABLE_PLANES else RAD_PLANE_TILED
     if plane.kind != kind:
         raise ValueError(f"{label} must be {'TABLE' if kind == RAD_PLANE_TABLE else 'TILED'}")
+    if plane.name in givens.INTEGER_PLANES and element_dtype(plane).kind not in "iu":
+        raise ValueError(f"{label} must be integers, not {NAMES[plane.dtype]}")
     if plane.name == "signs" and plane.dtype != RAD_DT_U1:
         raise ValueError(f"{label} must be u1, not {NAMES[plane.dtype]}")
     if encoding.scheme == "plain" and (plane.name == "zero" or plane.name.startswith("min")):
@@ -91,3 +95,7 @@ def check_encoding(encoding: RadEncoding, name: str = "weight") -> None:
     levels(encoding, "min", name)
     if encoding.transform == "perm" and encoding.plane(PERM) is None:
         raise ValueError(f"{name}: transform 'perm' needs a TABLE plane {PERM!r}")
+    if encoding.transform == "givens" and encoding.plane(givens.DENSE) is None and not (
+            encoding.plane(givens.PAIRS) and encoding.plane(givens.ANGLE)):
+        raise ValueError(f"{name}: transform 'givens' needs TABLE planes {givens.PAIRS!r} and {givens.ANGLE!r}, "
+                         f"or {givens.DENSE!r}")

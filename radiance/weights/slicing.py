@@ -1,7 +1,8 @@
 """Rows [r0, r1) or columns [c0, c1) of a weight with all its planes, from the encoding alone: what
 a tensor-parallel rank loads. TABLE planes and whole-extent blocks (0) are carried whole; a cut
 must fall on a block edge of every TILED plane (the weight's last, short block may end a cut), and
-column cuts also on the transform's groups (fwhtN: N; perm and givens mix all columns).
+column cuts also on the transform's groups (fwhtN: N; perm and givens mix all columns); a givens
+weight with parts (`t.part`) takes no row cut either.
 
 Planes come in as raw bytes or typed arrays (as planes.stored reads them: np.uint8 is raw bytes)
 and go out as raw bytes np.uint8 [r, row_bytes]. A row
@@ -14,6 +15,7 @@ import numpy as np
 from radiance.abi import BITS, RAD_PLANE_TABLE, RadEncoding, RadPlane
 
 from .planes import plane_array, plane_nbytes, plane_raw, plane_row_bytes, stored
+from .givens import PART
 from .transforms import column_unit
 
 ROWS, COLS = 0, 1
@@ -37,6 +39,10 @@ def check_cut(encoding: RadEncoding, shape: tuple[int, int], axis: int, start: i
         if start % extent or (stop % extent and stop != shape[axis]):
             raise ValueError(f"{what} split the [{plane.block_rows}x{plane.block_cols}] blocks of "
                              f"plane {plane.name!r}: a cut must fall on a multiple of {extent}")
+    whole = (start, stop) == (0, shape[ROWS])
+    if axis == ROWS and encoding.transform == "givens" and encoding.plane(PART) is not None and not whole:
+        raise ValueError(f"{what} cut a 'givens' weight whose rotations go by parts ({PART!r}): its parts "
+                         f"are rows of the whole weight, so it is carried whole")
     if axis == COLS:
         unit = column_unit(encoding, shape[COLS], name)
         if start % unit or (stop % unit and stop != shape[COLS]):

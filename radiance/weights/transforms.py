@@ -9,7 +9,8 @@ column cuts each transform allows.
 - "perm"  : GPTQ act-order. TABLE `t.perm` [1 x cols] of integers: stored column j holds logical
             column perm[j] (the quantiser stored v = w[:, perm], so its groups run in processing
             order); the inverse is w[:, perm] = v.
-- "givens": ParoQuant rotations; a quantiser's decode hook handles them, the core refuses them.
+- "givens": ParoQuant's scaled pairwise rotations, TABLE planes `t.pairs`, `t.angle`, optional
+            `t.scale`, `t.part` and `t.dense` (givens.py).
 """
 
 import numpy as np
@@ -42,12 +43,12 @@ def column_unit(encoding: RadEncoding, cols: int, name: str = "weight") -> int:
 def check_transform(encoding: RadEncoding, cols: int, name: str = "weight") -> None:
     """Refuse a transform the core decoder cannot invert over `cols` columns."""
     transform = encoding.transform
-    if transform in ("", "perm"):
+    if transform in ("", "perm", "givens"):
         return
     size = fwht_size(transform, name)
     if not size:
         raise ValueError(f"{name}: transform {transform!r} is not supported by the core decoder "
-                         f"(it inverts '', 'fwhtN' and 'perm'; a quantiser's decode hook does the rest)")
+                         f"(it inverts '', 'fwhtN', 'perm' and 'givens'; a quantiser's decode hook does the rest)")
     if cols % size:
         raise ValueError(f"{name}: transform {transform!r} needs the columns ({cols}) to be a "
                          f"multiple of {size}")

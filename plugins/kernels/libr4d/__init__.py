@@ -14,7 +14,8 @@ tolerances against libref and measured speed.
 The collectives (all_reduce, all_gather, the chained and fused forms) are collectives.py's, and the
 pipeline stage boundary's send and recv pipeline.py's, listed here from their HOST_ROWS with their
 colours; should that module fail to import, the compute rows load
-without them. A row is chained (rad_kernel_chain) where its name carries "r4dchain".
+without them. A row is chained (rad_kernel_chain) where its name carries "r4dchain"; the tensor-core rows state
+their own tolerance against libref (rad_kernel_tolerance).
 
 It declares no schema: libref declares every op of the vocabulary, and a row may implement an op
 another library declares."""
@@ -29,7 +30,7 @@ from . import native, rows, rows_gemma, rows_kquants
 
 log = logging.getLogger("radiance.libr4d")
 
-_STATE = {"rows": None, "native": None, "why": None, "colour": {}, "builds": []}
+_STATE = {"rows": None, "native": None, "why": None, "colour": {}, "builds": [], "tolerance": {}}
 CHAIN_MARK = "r4dchain"
 
 
@@ -66,7 +67,8 @@ def _device_rows():
     (Gemma 3's ops): RAD_DOMAIN_DEVICE, kernels in device/*.cu; or nothing if one will not import:
     the host rows load either way."""
     try:
-        from . import device_gemma_rows, device_gguf_rows, device_rows
+        from . import device_batch_rows, device_gemma_rows, device_gguf_rows, device_rows
+        _STATE["tolerance"] = device_batch_rows.stated_tolerances()
         return device_rows.build_device_rows() + device_gguf_rows.build_rows() + device_gemma_rows.build_rows()
     except Exception as error:  # the device rows must not take the host rows down
         log.warning("libr4d: device rows unavailable (%s: %s)", type(error).__name__, error)
@@ -136,6 +138,13 @@ def rad_kernel_collective(i):
 def rad_kernel_chain(i):
     _open()
     return CHAIN_MARK in _STATE["rows"][i].name
+
+
+def rad_kernel_tolerance(i):
+    """The tensor-core rows' own agreement with libref (device_batch_rows.stated_tolerances); -1 for
+    every other row: held to its op's tolerance."""
+    _open()
+    return _STATE["tolerance"].get(_STATE["rows"][i].name, -1.0)
 
 
 def backend() -> str:

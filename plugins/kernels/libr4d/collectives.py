@@ -397,11 +397,11 @@ def relayout_f32(weight, geometry):
     return rad_weight_f32(weight)
 
 
-def _host_row(name, op, launch, computes, priority=0, **hooks):
+def _host_row(name, op, launch, computes, priority=0, needs=(), **hooks):
     return RadKernelInfo(
         name=name, op=op, family="collective", computes=computes, shape="any", dtypes="f32 activations",
-        domain=RAD_DOMAIN_HOST, priority=priority, constraints=[RAD_CEQ("device.p2p", 0), RAD_CEQ("dtype", "f32")],
-        launch=launch, **hooks)
+        domain=RAD_DOMAIN_HOST, priority=priority,
+        constraints=[RAD_CEQ("device.p2p", 0), RAD_CEQ("dtype", "f32"), *needs], launch=launch, **hooks)
 
 
 # Suggested declarations (the library's export table decides what it lists and in which order),
@@ -411,9 +411,11 @@ def _host_row(name, op, launch, computes, priority=0, **hooks):
 HOST_ROWS = [
     (_host_row("all_reduce_host", "all_reduce", all_reduce_host,
                "shared memory, rank-order sum, one-shot or reduce-scatter + all-gather"), 2),
-    # below all_reduce_host: the engine picks the chained form only where it writes chain records
+    # above all_reduce_host where the engine launches chained rows with their records (device.chain
+    # == 1, the default); with --no-chain all_reduce_host serves
     (_host_row("all_reduce_host_r4dchain", "all_reduce", all_reduce_host_r4dchain,
-               "as all_reduce_host, waiting on its chain record in the prologue", priority=-1), 2),
+               "as all_reduce_host, waiting on its chain record in the prologue", priority=1,
+               needs=(RAD_CEQ("device.chain", 1),)), 2),
     (_host_row("all_gather_host", "all_gather", all_gather_host, "shared memory"), 1),
     (_host_row("all_reduce_add_rmsnorm_host", FUSED_OP, all_reduce_add_rmsnorm_host,
                "rank-order all_reduce, residual add, ordered rmsnorm", layout=layout_f32, relayout=relayout_f32,

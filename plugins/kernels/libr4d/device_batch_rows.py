@@ -124,6 +124,13 @@ def _tc_attention_scratch(geometry) -> int:
     return max(tiles, attention_scratch(geometry))
 
 
+def stated_tolerances() -> dict:
+    """{row name: its tolerance against libref} of the rows here that trade accuracy by design, outside
+    their op's tolerance (rad_kernel_tolerance; docs/OPS.md "Agreement with libref")."""
+    return {chained("r4d_gemm_tc_bf16_dev"): tc.TOLERANCE["bf16"], chained("r4d_gemm_tc_fp8_dev"): tc.TOLERANCE["e4m3"],
+            chained("r4d_attention_tc_dev"): at.TOLERANCE}
+
+
 def build_batch_rows() -> list[RadKernelInfo]:
     above_gemv = RAD_CGE("M", tc.GEMV_MAX_M + 1)
 

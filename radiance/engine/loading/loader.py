@@ -98,6 +98,17 @@ def _flag(plugin: Plugin, symbol: str, index: int, default):
     return default if function is None else _call(plugin.path, function, index)
 
 
+def _tolerance(plugin: Plugin, index: int) -> float | None:
+    """rad_kernel_tolerance(i): the row's own agreement with libref; None where it states none (no
+    export, or a negative answer: its op's tolerance). validate_rows refuses one that is no number."""
+    value = _flag(plugin, "rad_kernel_tolerance", index, -1.0)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise PluginRefused(plugin.path, f"rad_kernel_tolerance({index}) returned {value!r}, not a number") from None
+    return None if value < 0 else value
+
+
 def read_identity(candidate: Candidate):
     """Import (or open) and check what every plugin must export: the ABI version and its info."""
     module = open_module(candidate)
@@ -168,7 +179,8 @@ def _read_tables(plugin: Plugin) -> None:
                 reference=bool(_flag(plugin, "rad_kernel_reference", i, plugin.reference)),
                 concurrent=bool(_flag(plugin, "rad_kernel_concurrent", i, 0)),
                 collective=int(_flag(plugin, "rad_kernel_collective", i, 0)),
-                chain=bool(_flag(plugin, "rad_kernel_chain", i, 0)))
+                chain=bool(_flag(plugin, "rad_kernel_chain", i, 0)),
+                tolerance=_tolerance(plugin, i))
             for i, row in enumerate(infos)]
         validate_rows(path, plugin.rows)
     elif plugin.candidate.kind == RAD_PLUGIN_ARCH:

@@ -19,6 +19,7 @@ class Row:
     concurrent: bool
     collective: int  # 0, or colour 1 / 2
     chain: bool
+    tolerance: float | None = None  # rad_kernel_tolerance: its own agreement with libref; None: its op's
 
     @property
     def name(self) -> str:

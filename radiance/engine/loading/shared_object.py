@@ -13,7 +13,7 @@ from __future__ import annotations
 import _ctypes
 import ctypes
 import os
-from ctypes import POINTER, c_int, c_uint32
+from ctypes import POINTER, c_double, c_int, c_uint32
 from pathlib import Path
 
 from radiance.abi import RadArchInfo, RadKernelInfo, RadOpSchema, RadPluginInfo, RadQuantizerInfo
@@ -65,6 +65,7 @@ EXPORTS = {
     "rad_kernel_concurrent": _plain(c_int, [c_int]),
     "rad_kernel_collective": _plain(c_int, [c_int]),
     "rad_kernel_chain": _plain(c_int, [c_int]),
+    "rad_kernel_tolerance": _plain(c_double, [c_int]),
 }
 
 

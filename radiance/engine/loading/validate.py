@@ -1,6 +1,8 @@
 """Checks of one plugin's own tables, before it meets any other plugin. Each failure refuses the
 plugin with one line naming the file and what is wrong."""
 
+import math
+
 from radiance.abi import (
     RAD_C_DIV, RAD_C_EQ, RAD_C_GE, RAD_C_IN, RAD_C_LE, RAD_DERIVED, RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST,
     RAD_OPD_IN, RAD_OPD_WTAB, RAD_OPTIONAL, RAD_P_F64, RAD_P_INT, RAD_P_STR, RAD_PROLE_CAPACITY,
@@ -80,6 +82,8 @@ def validate_rows(path, rows) -> None:
             said = "true" if row.chain else "false"
             raise PluginRefused(path, f"row '{info.name}': rad_kernel_chain is {said} but the name "
                                       f"{'lacks' if row.chain else 'has'} '{CHAIN_MARK}'")
+        if row.tolerance is not None and not math.isfinite(row.tolerance):
+            raise PluginRefused(path, f"row '{info.name}': rad_kernel_tolerance is {row.tolerance}, not a finite number")
         if row.collective not in (0, 1, 2):
             raise PluginRefused(path, f"row '{info.name}': rad_kernel_collective is {row.collective}, not 0, 1 or 2")
         for tunable in info.tunables:

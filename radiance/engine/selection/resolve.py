@@ -17,6 +17,7 @@ from .fusion import Candidate, find_candidates
 from radiance.engine.loading.registry import Registry
 from .bands import Band, Resolution, SelectionError, describe_resolution, resolve
 from .shard import RankNode
+from .step_limits import CAPACITY_EXTENTS, EXTENT_NAMES, StepLimits, capacity_params, lower_bounds, seq_chunk_param
 
 
 @dataclass
@@ -57,6 +58,7 @@ class ResolvedGraph:
     def __init__(self, items: list[ResolvedNode], fusions: list[Fusion], notes: list[str], max_tokens: int,
                  max_seqs: int):
         self.items, self.fusions, self.notes = items, fusions, notes
+        # the largest step the rows serve (step_limits.py): the scheduler plans none larger
         self.max_extent = {RAD_EXTENT_TOKENS: max_tokens, RAD_EXTENT_SEQS: max_seqs}
         order = {id(library): i for i, library in enumerate(dict.fromkeys(f.candidate.library for f in fusions))}
         self._starting: dict = {}
@@ -178,18 +180,48 @@ def _shown(names: list[str]) -> str:
 
 def resolve_graph(nodes: list[RankNode], registry: Registry, facts: dict, domain: int, max_tokens: int,
                   max_seqs: int, accept_reference: bool = False, fusion: bool = True) -> ResolvedGraph:
-    resolutions: dict = {}  # (op, extent, geometry[, fused rows]) -> Resolution, shared by every node alike
+    """Every node resolved over [1, the step's largest extent of its kind]; that largest extent is
+    lowered where the rows serve less and the parameter roles allow a cut (step_limits.py)."""
+    resolutions: dict = {}  # (op, extent, geometry, top[, fused rows]) -> Resolution, shared by every node alike
+    limits = StepLimits({RAD_EXTENT_TOKENS: max_tokens, RAD_EXTENT_SEQS: max_seqs})
+
+    def attempt(op, extent, params, rows, schema, gaps, key_extra, top):
+        key = (op, extent, tuple(sorted(params.items())), top, *key_extra)
+        if key not in resolutions:
+            resolutions[key] = resolve(op, schema, rows, params, facts, domain, top, accept_reference,
+                                       allow_gaps=gaps)
+        return resolutions[key]
 
     def resolved(op, name, extent, params, rows, schema, gaps=False, key_extra=()):
-        key = (op, extent, tuple(sorted(params.items())), *key_extra)
-        if key not in resolutions:
-            max_extent = max_tokens if extent == RAD_EXTENT_TOKENS else max_seqs
-            try:
-                resolutions[key] = resolve(op, schema, rows, params, facts, domain, max_extent, accept_reference,
-                                           allow_gaps=gaps)
-            except SelectionError as error:
-                raise SelectionError(f"node '{name}': {error}") from None
-        return resolutions[key]
+        top = limits.extents[extent]
+        capacities = [p for p in capacity_params(schema) if p not in params]
+        bounds = {p: limits.extents[CAPACITY_EXTENTS[p]] for p in capacities}
+        params = {**params, **bounds}  # a capacity is handed the step's bound on its count
+        try:
+            return attempt(op, extent, params, rows, schema, gaps, key_extra, top)
+        except SelectionError as error:
+            if gaps:
+                raise
+            first = SelectionError(f"node '{name}': {error}")
+        chunk = seq_chunk_param(schema)
+        tops = [top] + (lower_bounds(rows, chunk, top) if chunk else [])
+        # a lower capacity only where the step's cannot be served at any cut
+        for capacity, bound in [(None, None)] + [(p, b) for p in capacities for b in lower_bounds(rows, p, bounds[p])]:
+            trial = params if capacity is None else {**params, capacity: bound}
+            for cut in tops[1:] if capacity is None else tops:
+                try:
+                    resolution = attempt(op, extent, trial, rows, schema, gaps, key_extra, cut)
+                except SelectionError:
+                    continue
+                if capacity is not None:
+                    kind = CAPACITY_EXTENTS[capacity]
+                    limits.lower(kind, bound, f"steps hold at most {bound} {EXTENT_NAMES[kind]}: node '{name}' "
+                                              f"({op}) has no row for {capacity}={bounds[capacity]} (capacity)")
+                if cut < top:
+                    limits.lower(extent, cut, f"steps are cut at {cut} {EXTENT_NAMES[extent]}: node '{name}' "
+                                              f"({op}) has no row for {chunk} in [{cut + 1}, {top}] (seq_chunk)")
+                return resolution
+        raise first from None
 
     items = []
     for node in nodes:
@@ -206,4 +238,4 @@ def resolve_graph(nodes: list[RankNode], registry: Registry, facts: dict, domain
             resolution = resolved(node.op, node.name, node.extent, node.params, candidate.rows, candidate.schema,
                                   gaps=True, key_extra=(id(candidate.library), candidate.rows[0].info.replaces))
             fusions.append(Fusion(candidate, resolution))
-    return ResolvedGraph(items, fusions, notes, max_tokens, max_seqs)
+    return ResolvedGraph(items, fusions, limits.notes + notes, limits.tokens, limits.seqs)
