@@ -11,7 +11,10 @@ plan to rank 0 holding it) and `result` (rank 0 writing its result to the coordi
 both on the machine's monotonic clock, split the delivery.
 
     python bench/step_latency.py [--tp 1 2 3] [--tokens 64] [--layers 30] [--no-in-process]
-                                 [--modes sync ahead] [--rounds 1]
+                                 [--modes sync ahead] [--rounds 1] [--chains on off]
+
+--chains on off: each launched TP also with --no-chain (`chain` off: host ranks then all-reduce with
+all_reduce_host rather than the chained row, which needs device.chain), alternated.
 
 Each measurement runs in a fresh process, so no measurement inherits another's threads or caches
 (libr4d's OpenMP, before its own pool, kept a pool per calling thread: a process whose main thread ran
@@ -45,13 +48,14 @@ quantizer = "q8_0"
 """
 
 
-def measure(model: Path, tp: int, tokens: int, launched: bool = True, run_ahead: bool = False) -> dict:
+def measure(model: Path, tp: int, tokens: int, launched: bool = True, run_ahead: bool = False, chain: bool = True) -> dict:
     from radiance.config import Config
     from radiance.generation.sequence import SamplingParams
     from radiance.launch import engine_over, open_ranks
 
     samples = []
-    config = Config(model=str(model), progress=False, tp=tp, launched=launched, profile=True, run_ahead=run_ahead)
+    config = Config(model=str(model), progress=False, tp=tp, launched=launched, profile=True, run_ahead=run_ahead,
+                    chain=chain)
     with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         sequence = engine.add(list(range(300, 332)), SamplingParams(max_tokens=tokens + 2, temperature=0, ignore_eos=True))
@@ -74,9 +78,10 @@ def measure(model: Path, tp: int, tokens: int, launched: bool = True, run_ahead:
             "result": mean("result_s") if launched and not run_ahead else None}
 
 
-def measured(model: Path, tp: int, tokens: int, launched: bool, run_ahead: bool) -> dict:
+def measured(model: Path, tp: int, tokens: int, launched: bool, run_ahead: bool, chain: bool = True) -> dict:
     """measure() in a fresh process (see above)."""
-    one = json.dumps({"model": str(model), "tp": tp, "tokens": tokens, "launched": launched, "run_ahead": run_ahead})
+    one = json.dumps({"model": str(model), "tp": tp, "tokens": tokens, "launched": launched, "run_ahead": run_ahead,
+                      "chain": chain})
     result = subprocess.run([sys.executable, __file__, "--one", one], capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"a measurement failed:\n{result.stderr[-3000:]}")
@@ -96,6 +101,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=["sync", "ahead"], default=["sync", "ahead"],
                         help="synchronous steps, run ahead, or both (alternated)")
     parser.add_argument("--rounds", type=int, default=1, help="times over every (TP, mode), alternated")
+    parser.add_argument("--chains", nargs="+", choices=["on", "off"], default=["on"],
+                        help="launched TPs with chained launches (the chained all-reduce), without, or both")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--heads", type=int, default=6, help="query heads (and KV heads): --tp must divide it")
     parser.add_argument("--hidden", type=int, default=576, help="--tp must leave whole Q4_1 blocks: 512 for TP 4")
@@ -108,19 +115,20 @@ def main() -> None:
         model = Path(folder) / "model.rad"
         convert_synthetic(model, "llama", dict(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.heads, ffn=1536,
                                             vocab=49152, context=2048), seed=1, recipe=recipe)
-        runs = ([(1, False)] if args.in_process else []) + [(tp, True) for tp in args.tp]
+        runs = ([(1, False, True)] if args.in_process else []) + \
+            [(tp, True, chain == "on") for tp in args.tp for chain in args.chains]
         for round_number in range(args.rounds):
             load = " ".join(f"{value:.2f}" for value in os.getloadavg())
             print(f"== round {round_number + 1} (load: {load}); decode step, mean of {args.tokens} steps, "
                   f"host ranks (ms)")
-            print(f"{'tp':>3}{'ranks':>12}{'mode':>7}{'step':>9}{'host':>8}{'waited':>8}{'plan':>8}{'result':>8}"
+            print(f"{'tp':>3}{'ranks':>12}{'chain':>6}{'mode':>7}{'step':>9}{'host':>8}{'waited':>8}{'plan':>8}{'result':>8}"
                   f"{'compute':>9}{'collect.':>10}{'tok/s':>8}")
-            for tp, launched in runs:
+            for tp, launched, chain in runs:
                 for mode in args.modes:
-                    figures = measured(model, tp, args.tokens, launched, run_ahead=mode == "ahead")
+                    figures = measured(model, tp, args.tokens, launched, run_ahead=mode == "ahead", chain=chain)
                     split = "".join(f"{'-' if figures[key] is None else f'{1e3 * figures[key]:.3f}':>8}"
                                     for key in ("plan", "result"))
-                    print(f"{tp:3}{'launched' if launched else 'in process':>12}{mode:>7}{1e3 * figures['step']:9.2f}"
+                    print(f"{tp:3}{'launched' if launched else 'in process':>12}{'on' if chain else 'off':>6}{mode:>7}{1e3 * figures['step']:9.2f}"
                           f"{1e3 * figures['host']:8.3f}{1e3 * figures['waited']:8.3f}{split}"
                           f"{1e3 * figures['compute']:9.2f}{1e3 * figures['collectives']:10.2f}"
                           f"{1 / figures['step']:8.1f}", flush=True)
