@@ -139,9 +139,9 @@ class Coordinator:
             return RankFailed(local[0], how)
         return RankFailed(None, how, rank=rank, node=self.layout.node(rank))
 
-    def check(self) -> None:
-        """This node's rank processes, and the other nodes' agents."""
-        self.supervisor.check()
+    def check(self, settle: float = 0.0) -> None:
+        """This node's rank processes, and the other nodes' agents (`settle`: Supervisor.check's)."""
+        self.supervisor.check(settle)
         if self.front:
             self.front.nodes.check()
 
@@ -185,7 +185,7 @@ class Coordinator:
         try:
             self.rings.publish(arrays, feed, self.step_timeout, self.look_after)
         except PeerGone:  # a rank ended without reading its plans; the supervisor names how
-            self.check()
+            self.check(settle=1.0)
             raise LaunchError("step: a rank is gone before reading its plan") from None
         except TimeoutError as error:
             raise LaunchError(str(error)) from None
@@ -195,7 +195,7 @@ class Coordinator:
         try:
             kind, meta, result = self.rings.result(self.step_timeout, self.look_after)
         except PeerGone:  # the answering rank ended before its result; the supervisor names how
-            self.check()
+            self.check(settle=1.0)
             raise self.failed(self.layout.answering, "gone before its result") from None
         except TimeoutError as error:
             raise LaunchError(str(error)) from None

@@ -38,15 +38,21 @@ class Supervisor:
         self.ranks = ranks
         self.stopping = False
 
-    def check(self) -> None:
-        """Raise RankFailed for the first rank that has ended unasked."""
+    def check(self, settle: float = 0.0) -> None:
+        """Raise RankFailed for the first rank that has ended unasked; `settle`: keep looking that long
+        for one (a ring that found its peer gone can be a moment ahead of the exit status)."""
         if self.stopping:
             return
-        for rank_process in self.ranks:
-            returncode = rank_process.process.poll()
-            if returncode is not None:
-                time.sleep(0.05)  # let the stderr pump take the last lines
-                raise RankFailed(rank_process, exit_description(returncode))
+        deadline = time.monotonic() + settle
+        while True:
+            for rank_process in self.ranks:
+                returncode = rank_process.process.poll()
+                if returncode is not None:
+                    time.sleep(0.05)  # let the stderr pump take the last lines
+                    raise RankFailed(rank_process, exit_description(returncode))
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
 
     def alive(self) -> list[RankProcess]:
         return [r for r in self.ranks if r.process.poll() is None]
