@@ -5,8 +5,8 @@
  * Against r4d.c's int16 activations (per block of 32: int16 codes, f32 step xd, f32 sum xs; the
  * q8_0 GEMV's, shared with it). The weight is never decoded to f32: a block's 32 codes of b bits
  * (4b bytes, element i at bit b * i) are 4 groups of 8 that each start on a byte (group g at byte
- * b * g). Two groups load into the two 128-bit lanes of a register, one byte shuffle (the same
- * pattern in both lanes) puts each code's two bytes in an int16 lane, vpmulhuw by 2^(16 - shift)
+ * b * g). The 16 bytes that hold two groups load into both 128-bit lanes of a register, one byte
+ * shuffle puts each code's two bytes in an int16 lane (the high lane's group b bytes on), vpmulhuw by 2^(16 - shift)
  * shifts each lane right by its own bit offset (AVX2 has no vpsrlvw) and a mask keeps b bits: 16
  * codes as int16 in 4 operations. The zero is subtracted in int16, vpmaddwd with the activations
  * leaves the dot products in int32 lanes, scaled in f32 by weight scale x activation step (per 16
@@ -19,18 +19,21 @@
 
 /* byte pair and multiplier of element i (0..7) of a group of 8 b-bit codes that starts on a byte:
  * its bits start at bit s = (b i) & 7 of byte p = (b i) >> 3. s = 0: the pair (none, p) and 2^8
- * (the code is byte p, whole); else (p, p + 1) and 2^(16 - s): vpmulhuw's high half is the pair >> s */
-static int8_t kq2_pick[9][16];
+ * (the code is byte p, whole); else (p, p + 1) and 2^(16 - s): vpmulhuw's high half is the pair >> s.
+ * Both 128-bit lanes hold the same 16 bytes (two groups: the second starts at byte b), so the high
+ * lane's pairs are b bytes on. */
+static int8_t kq2_pick[9][32];
 static uint16_t kq2_mul[9][8];
 
 __attribute__((constructor)) static void kq2_tables(void) {
     for (int b = 1; b <= 8; b++)
-        for (int i = 0; i < 8; i++) {
-            const int p = (b * i) >> 3, s = (b * i) & 7;
-            kq2_pick[b][2 * i] = (int8_t)(s ? p : -128);
-            kq2_pick[b][2 * i + 1] = (int8_t)(s ? p + 1 : p);
-            kq2_mul[b][i] = (uint16_t)(s ? 1u << (16 - s) : 1u << 8);
-        }
+        for (int lane = 0; lane < 2; lane++)
+            for (int i = 0; i < 8; i++) {
+                const int p = (b * i) >> 3, s = (b * i) & 7, at = lane * b;
+                kq2_pick[b][16 * lane + 2 * i] = (int8_t)(s ? at + p : -128);
+                kq2_pick[b][16 * lane + 2 * i + 1] = (int8_t)(s ? at + p + 1 : at + p);
+                kq2_mul[b][i] = (uint16_t)(s ? 1u << (16 - s) : 1u << 8);
+            }
 }
 
 typedef struct {
@@ -41,7 +44,7 @@ typedef struct {
 static inline KqUnpack kq2_unpacker(int fmt) {
     const int b = code_bits(fmt);
     KqUnpack u;
-    u.pick = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kq2_pick[b]));
+    u.pick = _mm256_loadu_si256((const __m256i *)kq2_pick[b]);
     u.mul = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kq2_mul[b]));
     u.mask = _mm256_set1_epi16((short)((1 << b) - 1));
     u.zero = _mm256_set1_epi16((short)kq_zero(fmt));
@@ -49,11 +52,11 @@ static inline KqUnpack kq2_unpacker(int fmt) {
     return u;
 }
 
-/* codes 16h .. 16h + 15 of the block at p, minus the zero, as int16 lanes (reads 16 bytes from
- * byte 2bh and from byte 2bh + b: past the block's 4b bytes, so never the last block of a plane) */
+/* codes 16h .. 16h + 15 of the block at p, minus the zero, as int16 lanes (reads the 16 bytes from
+ * byte 2bh into both lanes, a load alone: past the block's 4b bytes, so never the last block of a
+ * plane) */
 static inline __attribute__((always_inline)) __m256i kq2_half(const KqUnpack *u, const uint8_t *p, int h) {
-    const uint8_t *g = p + 2 * u->b * h;
-    const __m256i raw = _mm256_loadu2_m128i((const __m128i *)(g + u->b), (const __m128i *)g);
+    const __m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2 * u->b * h)));
     const __m256i pairs = _mm256_shuffle_epi8(raw, u->pick);
     return _mm256_sub_epi16(_mm256_and_si256(_mm256_mulhi_epu16(pairs, u->mul), u->mask), u->zero);
 }
