@@ -1,6 +1,6 @@
 /* r4d_kqgemv_avx2.h: the k-quant decode GEMV (M <= 16) on AVX2 (FMA, F16C): what r4d_kquants.c's
  * AVX-512 VBMI path does, with 256-bit integer dot products. Included by r4d_kquants.c where the
- * build targets AVX2 but not VBMI; uses its KW, KGemvTask, KQ_MT, kq_zero, code_bits, codes8.
+ * build targets AVX2 but not VBMI with VNNI; uses its KW, KGemvTask, KQ_MT, kq_zero, code_bits, codes8.
  *
  * Against r4d.c's int16 activations (per block of 32: int16 codes, f32 step xd, f32 sum xs; the
  * q8_0 GEMV's, shared with it). The weight is never decoded to f32: a block's 32 codes of b bits

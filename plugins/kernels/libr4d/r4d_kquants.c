@@ -305,15 +305,16 @@ int r4d_kq_gemm(const Arr *x, int fmt, const void *codes, const void *scale, con
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* The decode GEMV (M <= 16) on AVX-512 with VBMI: integer dot products against r4d.c's int16
- * activations (per block of 32: int16 codes, f32 step xd, f32 sum xs; shared with the q4_1 / q8_0
- * GEMVs that read the same rows, as llama.cpp shares its Q8 activations). The weight is never
- * decoded to f32: 32 codes of b bits (4b bytes) are spread to 32 int16 lanes by one byte
- * permutation (vpermb), a per-lane shift and a mask, the zero subtracted in int16, then vpdpwssd
- * with the activations leaves the block's dot product in 16 int32 lanes, scaled in f32 by weight
- * scale x activation step. Formats: q4_0, q5_0 ((q - zero) d), q5_1 (q d - m), q4_k, q5_k
- * (q sc d - mn dmin), q3_k, q6_k ((q - zero) sc d, sc per 16); q2_k (its mins per 16) keeps the
- * decoding path. The arithmetic is the q8_0 GEMV's at aq=16: docs/LIBR4D.md's int16 tolerance. */
+/* The decode GEMV (M <= 16) on AVX-512 with VBMI and VNNI (vpdpwssd; a VBMI CPU without VNNI
+ * takes r4d_kqgemv_avx2.h's path): integer dot products against r4d.c's int16 activations (per
+ * block of 32: int16 codes, f32 step xd, f32 sum xs; shared with the q4_1 / q8_0 GEMVs that read
+ * the same rows, as llama.cpp shares its Q8 activations). The weight is never decoded to f32:
+ * 32 codes of b bits (4b bytes) are spread to 32 int16 lanes by one byte permutation (vpermb),
+ * a per-lane shift and a mask, the zero subtracted in int16, then vpdpwssd with the activations
+ * leaves the block's dot product in 16 int32 lanes, scaled in f32 by weight scale x activation
+ * step. Formats: q4_0, q5_0 ((q - zero) d), q5_1 (q d - m), q4_k, q5_k (q sc d - mn dmin), q3_k,
+ * q6_k ((q - zero) sc d, sc per 16); q2_k (its mins per 16) keeps the decoding path. The
+ * arithmetic is the q8_0 GEMV's at aq=16: docs/LIBR4D.md's int16 tolerance. */
 
 #ifdef KQ_AVX2
 /* r4d.c: rows [0, M) of x as int16 per block of 32, natural order */
@@ -342,7 +343,7 @@ typedef struct {
 } KGemvTask;
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
 #define KQ_VBMI 1
 
 static uint8_t kq_pick[9][64];   /* [b]: the two source bytes of each int16 lane (element i: bits b*i) */
