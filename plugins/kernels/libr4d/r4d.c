@@ -583,8 +583,10 @@ static inline __m256i dot2_i16(__m256i a0, __m256i b0, __m256i a1, __m256i b1) {
 
 static inline __attribute__((always_inline)) void q41_a16(const uint8_t *c, const float *ds, const int16_t *xw,
                                                          int64_t K, int64_t nb, int64_t b, const int mt, __m256 *acc) {
-    Q41_UNPACK(c, b)
-    const __m256i c0 = _mm256_cvtepu8_epi16(lo_), c1 = _mm256_cvtepu8_epi16(hi_);
+    /* the 16 code bytes widened to int16 first: then the even codes are a mask and the odd ones a
+     * shift (a byte < 256 has no bits above its high nibble), 3 operations where nibbles first took 6 */
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + 16 * b)));
+    const __m256i c0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0f)), c1 = _mm256_srli_epi16(bytes, 4);
     for (int i = 0; i < mt; i++) {
         const int16_t *x = xw + i * K + 32 * b;
         const __m256i s = dot2_i16(c0, _mm256_load_si256((const __m256i *)x), c1,

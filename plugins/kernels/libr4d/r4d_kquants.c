@@ -305,23 +305,46 @@ int r4d_kq_gemm(const Arr *x, int fmt, const void *codes, const void *scale, con
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* The decode GEMV (M <= 16) on AVX-512 with VBMI: integer dot products against r4d.c's int16
- * activations (per block of 32: int16 codes, f32 step xd, f32 sum xs; shared with the q4_1 / q8_0
- * GEMVs that read the same rows, as llama.cpp shares its Q8 activations). The weight is never
- * decoded to f32: 32 codes of b bits (4b bytes) are spread to 32 int16 lanes by one byte
- * permutation (vpermb), a per-lane shift and a mask, the zero subtracted in int16, then vpdpwssd
- * with the activations leaves the block's dot product in 16 int32 lanes, scaled in f32 by weight
- * scale x activation step. Formats: q4_0, q5_0 ((q - zero) d), q5_1 (q d - m), q4_k, q5_k
- * (q sc d - mn dmin), q3_k, q6_k ((q - zero) sc d, sc per 16); q2_k (its mins per 16) keeps the
- * decoding path. The arithmetic is the q8_0 GEMV's at aq=16: docs/LIBR4D.md's int16 tolerance. */
+/* The decode GEMV (M <= 16) on AVX-512 with VBMI and VNNI (vpdpwssd; a VBMI CPU without VNNI
+ * takes r4d_kqgemv_avx2.h's path): integer dot products against r4d.c's int16 activations (per
+ * block of 32: int16 codes, f32 step xd, f32 sum xs; shared with the q4_1 / q8_0 GEMVs that read
+ * the same rows, as llama.cpp shares its Q8 activations). The weight is never decoded to f32:
+ * 32 codes of b bits (4b bytes) are spread to 32 int16 lanes by one byte permutation (vpermb),
+ * a per-lane shift and a mask, the zero subtracted in int16, then vpdpwssd with the activations
+ * leaves the block's dot product in 16 int32 lanes, scaled in f32 by weight scale x activation
+ * step. Formats: q4_0, q5_0 ((q - zero) d), q5_1 (q d - m), q4_k, q5_k (q sc d - mn dmin), q3_k,
+ * q6_k ((q - zero) sc d, sc per 16); q2_k (its mins per 16) keeps the decoding path. The
+ * arithmetic is the q8_0 GEMV's at aq=16: docs/LIBR4D.md's int16 tolerance. */
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI__)
-#define KQ_VBMI 1
-
+#ifdef KQ_AVX2
 /* r4d.c: rows [0, M) of x as int16 per block of 32, natural order */
 int r4d_act16(const Arr *x, int64_t M, int64_t K, const int16_t **xw, const float **xd, const float **xs);
 
 #define KQ_MT 4 /* activation rows a weight row's codes are unpacked for at once */
+
+static int kq_zero(int fmt) {
+    switch (fmt) {
+    case KQ_Q4_0: return 8;
+    case KQ_Q5_0: return 16;
+    case KQ_Q3_K: return 4;
+    case KQ_Q6_K: return 32;
+    }
+    return 0;
+}
+
+static int kq_fast(int fmt) { return fmt != KQ_Q2_K; }
+
+typedef struct {
+    const KW *w;
+    const int16_t *xw;
+    const float *xd, *xs;
+    const Mat *Y;
+    int64_t M;
+} KGemvTask;
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+#define KQ_VBMI 1
 
 static uint8_t kq_pick[9][64];   /* [b]: the two source bytes of each int16 lane (element i: bits b*i) */
 static uint16_t kq_shift[9][32]; /* [b]: each lane's bit offset in its two bytes */
@@ -357,18 +380,6 @@ static void kq_unpack_f32(const uint8_t *p, int b, int64_t count, float *out) {
         _mm512_storeu_ps(out + j + 16, _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1))));
     }
 }
-
-static int kq_zero(int fmt) {
-    switch (fmt) {
-    case KQ_Q4_0: return 8;
-    case KQ_Q5_0: return 16;
-    case KQ_Q3_K: return 4;
-    case KQ_Q6_K: return 32;
-    }
-    return 0;
-}
-
-static int kq_fast(int fmt) { return fmt != KQ_Q2_K; }
 
 /* [ds[0] x 8 | ds[1] x 8] */
 static inline __m512 kq_pair(const float *ds) {
@@ -428,14 +439,6 @@ static void kq_row_scales(const KW *w, int64_t n, float *ws, float *wm, int *hal
     }
     }
 }
-
-typedef struct {
-    const KW *w;
-    const int16_t *xw;
-    const float *xd, *xs;
-    const Mat *Y;
-    int64_t M;
-} KGemvTask;
 
 /* one block's int32 dot products (16 lanes) scaled into acc */
 #define KQ_BLOCK(blk, ACC)                                                                                  \
@@ -513,13 +516,15 @@ static void kq_gemv_task(const void *context, int64_t lo, int64_t hi) {
         }
     }
 }
+#elif defined(KQ_AVX2)
+#include "r4d_kqgemv_avx2.h" /* kq_gemv_task on AVX2's vpmaddwd */
 #endif
 
-/* The decode band: the integer GEMV above where it serves (aq 16, an AVX-512 VBMI build, not
- * q2_k), else r4d_kq_gemm's decoded f32 panels (aq 0) */
+/* The decode band: the integer GEMV where it serves (aq 16, an AVX2 build (AVX-512 VBMI's above,
+ * r4d_kqgemv_avx2.h's otherwise), not q2_k), else r4d_kq_gemm's decoded f32 panels (aq 0) */
 int r4d_kq_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
                 const void *min1, Arr *y, int64_t M, int64_t N, int64_t K, int aq) {
-#ifdef KQ_VBMI
+#ifdef KQ_AVX2
     const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
     Mat Y;
     int rc;
