@@ -74,9 +74,16 @@ class ServerProcess:
             self.log.close()
 
     def cleanup(self) -> None:
+        """A launch still running is asked to stop (SIGTERM: it tears its ranks and segments down), and
+        killed with its whole group only if it has not within 20 s: a SIGKILL first left every
+        shared-memory segment of the run behind."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
         os.unlink(self.log.name)
 
 

@@ -23,6 +23,7 @@ FakeDevice, its kernels' Python functions from the file `RADIANCE_TEST_FAKE_KERN
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import itertools
 import json
@@ -70,6 +71,22 @@ class FakeStream:
 class FakeEvent:
     def __init__(self):
         self.ns: int | None = None
+
+
+# This process's fake-card files not yet freed: unlinked at exit, so a process that ends without
+# closing its card (a test that fails midway, say) leaves none in /dev/shm. A SIGKILL still does;
+# in a launch the run's sweep takes those.
+_LIVE_FILES: set = set()
+
+
+@atexit.register
+def _unlink_live_files() -> None:
+    for name in list(_LIVE_FILES):
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except OSError:
+            pass
+    _LIVE_FILES.clear()
 
 
 def _allocation_prefix() -> str:
@@ -137,12 +154,14 @@ class FakeDevice(Device):
         name = f"{_allocation_prefix()}.{os.getpid()}.{next(self._counter)}.{secrets.token_hex(4)}"
         ptr = self._map_file(name, nbytes, create=True)
         self._owned.add(ptr)
+        _LIVE_FILES.add(name)
         return ptr
 
     def _free(self, ptr: int) -> None:
         name = self._regions[ptr][2]
         self._drop_region(ptr)
         self._owned.discard(ptr)
+        _LIVE_FILES.discard(name)
         os.unlink(f"/dev/shm/{name}")
 
     def export_handle(self, allocation) -> bytes:
