@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import script
+from test_speculative import decode
 
 from radiance.abi import BY_NAME, NUMPY, RAD_HIDDEN, RAD_MTP_PREVIOUS, RAD_STEP_IDS
 from radiance.config import Config
@@ -49,15 +50,7 @@ def config_of(model, home, **options):
 
 
 def generate(config, params, prompts=PROMPTS):
-    with open_ranks(config) as ranks:
-        engine = engine_over(ranks)
-        sequences = [engine.add(prompt, params(i)) for i, prompt in enumerate(prompts)]
-        steps = 0
-        while engine.scheduler.has_work:
-            engine.step()
-            steps += 1
-        kept = (ranks.kept, ranks.drafted) if isinstance(engine, MtpEngine) else None
-    return [sequence.output_ids for sequence in sequences], steps, kept
+    return decode(config, params, prompts, lambda engine: isinstance(engine, MtpEngine))
 
 
 def greedy(i):

@@ -33,14 +33,19 @@ def generate(model, spechub_home, draft=None, params=None, k=4, max_seqs=2):
     config = Config(model=str(model), radiance_home=str(spechub_home), kernels="libr4d,spechub", accept_reference=True,
                     progress=False, draft_model=None if draft is None else str(draft), draft_tokens=k,
                     max_seqs=max_seqs)
+    return decode(config, params, PROMPTS, lambda engine: draft is not None)
+
+
+def decode(config, params, prompts, drafting):
+    """Every prompt decoded to its end: (outputs, engine steps, (kept, drafted) where `drafting(engine)`)."""
     with open_ranks(config) as ranks:
         engine = engine_over(ranks)
-        sequences = [engine.add(prompt, params(i)) for i, prompt in enumerate(PROMPTS)]
+        sequences = [engine.add(prompt, params(i)) for i, prompt in enumerate(prompts)]
         steps = 0
         while engine.scheduler.has_work:
             engine.step()
             steps += 1
-        kept = (ranks.kept, ranks.drafted) if draft is not None else None
+        kept = (ranks.kept, ranks.drafted) if drafting(engine) else None
     return [sequence.output_ids for sequence in sequences], steps, kept
 
 
