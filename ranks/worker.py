@@ -112,6 +112,7 @@ class Worker:
             nodes = stage_nodes(nodes, buffers, self.cut, self.stage)
             buffers = used_buffers(nodes, buffers)
         self.buffer_names = set(buffers)  # a stage holds only those its nodes touch
+        self.extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}  # read every step
         if device is not None:
             leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
         domain = RAD_DOMAIN_HOST if device is None else RAD_DOMAIN_DEVICE
@@ -183,9 +184,8 @@ class Worker:
     def returned(self, tokens: int, seqs: int) -> dict:
         """The rows of config.return_buffer's buffers after a step of `tokens` tokens and `seqs`
         sampled rows: a buffer's rows follow its extent (a step run in parts: the parts' rows put together)."""
-        extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}
         names = [name for name in self.config.returned_buffers if name in self.buffer_names]
-        rows = {name: tokens if extents.get(name) == RAD_EXTENT_TOKENS else seqs for name in names}
+        rows = {name: tokens if self.extents.get(name) == RAD_EXTENT_TOKENS else seqs for name in names}
         if self.shown is not None:
             return {name: self.shown[name][:rows[name]].copy() for name in names}
         return {name: self.executor.read_buffer(name, rows[name]) for name in names}
@@ -196,8 +196,7 @@ class Worker:
 
     def _part_rows(self, batch, name: str) -> np.ndarray:
         """A returned buffer's rows of one part: a row a token, or the kept pieces' rows."""
-        extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}
-        if extents.get(name) == RAD_EXTENT_TOKENS:
+        if self.extents.get(name) == RAD_EXTENT_TOKENS:
             return self.executor.read_buffer(name, len(batch.arrays[RAD_STEP_IDS]))
         return self.executor.read_buffer(name, len(batch.kept))[batch.kept]
 
