@@ -23,6 +23,8 @@ the card go: bench/torch_peer.py's compiled-graph mode (gpt-fast's recipe) for t
 compare it with a run without --mixed); each figure is printed with radiance's / PyTorch's ratio.
 Radiance's figures are wall time through the engine (planning and sampling included); the peer's
 are CUDA events around a graph replay (decode, its token read back each step) or a forward (prefill).
+`--kernels`: one more prefill step and one decode step a batch, untimed, under torch.profiler, their
+card kernels by name (bench/card_kernels.py).
 
 Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
 checkout shim maps it). Writes $OUT/card_batches.json, and rad-bench's JSON per format beside it."""
@@ -40,6 +42,7 @@ from pathlib import Path
 from checkout_shim import ROOT, SHIM_PATH  # noqa: F401  (first: maps the checkout under `radiance.`)
 
 import numpy as np  # noqa: E402
+from card_kernels import step_kernels  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12
 EIGHT_B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, context=8192,
@@ -47,6 +50,7 @@ EIGHT_B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=12
 SMALL = dict(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512, vocab=1024, context=4096)
 VOCAB = EIGHT_B["vocab"]
 DEVICE = "auto"  # --device: host runs the script's smoke test on host rows
+KERNELS = False  # --kernels: one prefill step and one decode step a batch profiled by kernel name
 RECIPE = Path(__file__).resolve().parent / "fp8_channel.toml"
 
 
@@ -89,6 +93,11 @@ def prefill(model: Path, length: int) -> dict:
             engine.step()  # the whole prompt in one step, its first token sampled
             seconds.append(time.perf_counter() - start)
             run_all(engine, [sequence])
+        if KERNELS:  # a third prompt, its prefill step under the profiler (the timed ones stay unprofiled)
+            sequence = engine.add(prompt(length, 3), SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+            print(f"    prefill {length} tokens, its step's kernels:")
+            step_kernels(engine.step)
+            run_all(engine, [sequence])
     result = {"tokens": length, "first_s": seconds[0], "seconds": seconds[1], "tokens_per_s": length / seconds[1]}
     print(f"    prefill {length} tokens: {1e3 * seconds[1]:.1f} ms, {result['tokens_per_s']:.0f} tokens/s "
           f"(first, compiling: {seconds[0]:.1f} s)", flush=True)
@@ -114,6 +123,9 @@ def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: in
             engine.step()
         seconds = time.perf_counter() - start
         produced = sum(len(sequence.output_ids) for sequence in sequences) - before
+        if KERNELS:
+            print(f"    decode batch {batch}, one step's kernels:")
+            step_kernels(engine.step)
         run_all(engine, sequences)
     result = {"batch": batch, "contexts": [min(lengths), max(lengths)], "steps": steps, "tokens": produced,
               "tokens_per_s": produced / seconds, "ms_per_step": 1e3 * seconds / steps}
@@ -194,11 +206,13 @@ def main() -> int:
     parser.add_argument("--peer", action="store_true", help="bf16: PyTorch (bench/torch_peer.py) on the same shapes")
     parser.add_argument("--small", action="store_true", help="a small synthetic model: the script's own smoke run")
     parser.add_argument("--device", default="auto", choices=["auto", "host"], help="host: host rows (a smoke run)")
+    parser.add_argument("--kernels", action="store_true", help="also a prefill step's and a decode step's kernels by "
+                                                             "name (torch.profiler's CUPTI; untimed steps)")
     args = parser.parse_args()
     if args.peer and (args.small or args.mixed):
         parser.error("--peer measures the 8B shape at one context: not with --small or --mixed")
-    global DEVICE, VOCAB
-    DEVICE = args.device
+    global DEVICE, VOCAB, KERNELS
+    DEVICE, KERNELS = args.device, args.kernels
     shape = SMALL if args.small else EIGHT_B
     VOCAB = shape["vocab"]
     from radiance.convert.api import convert_synthetic

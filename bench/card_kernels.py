@@ -36,33 +36,21 @@ def kernel_table(executor, key=(1, 1), replays: int = 5, top: int = 25, first: i
         return None
     try:
         import torch  # noqa: F401
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
     except ImportError as error:
         print(f"    ... no kernel table: {error}")
         return None
     device, handle = executor.device, executor.stream.handle
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+
+    def replay():
         for _ in range(replays):
             device.launch_graph(graph, handle)
         device.synchronize(handle)
-    kernels = [event for event in profiler.events() if event.device_type == DeviceType.CUDA]
+
+    kernels = card_kernels(replay)
     if not kernels:
         print("    ... no kernel table: CUPTI reported no kernels of the graph")
         return None
-    kernels.sort(key=lambda event: event.time_range.start)
-    busy = sum(event.time_range.elapsed_us() for event in kernels)
-    span = kernels[-1].time_range.end - kernels[0].time_range.start
-    per_name = collections.defaultdict(lambda: [0.0, 0])
-    for event in kernels:
-        per_name[event.name][0] += event.time_range.elapsed_us()
-        per_name[event.name][1] += 1
-    rows = sorted(per_name.items(), key=lambda item: -item[1][0])
-    print(f"    ... kernels of {replays} graph replays: {len(kernels) / replays:.0f} a step, "
-          f"busy {busy / replays / 1e3:.3f} ms a step, span {span / replays / 1e3:.3f} ms "
-          f"(kernels overlap under chained launches, so busy can exceed the span)")
-    for name, (us, calls) in rows[:top]:
-        print(f"      {us / replays:9.1f} us/step  {calls / replays:5.0f}x  {us / calls:8.2f} us each  {name[:90]}")
+    busy, span, rows = tabulate(kernels, replays, top, "graph replays")
     count = len(kernels) // replays
     if first and count * replays == len(kernels):
         order = list(range(min(first, count))) + list(range(max(first, count - 3), count))
@@ -75,6 +63,49 @@ def kernel_table(executor, key=(1, 1), replays: int = 5, top: int = 25, first: i
     return {"per_step": len(kernels) / replays, "busy_ms": busy / replays / 1e3, "span_ms": span / replays / 1e3,
             "kernels": {name: {"us_per_step": us / replays, "calls_per_step": calls / replays}
                         for name, (us, calls) in rows}}
+
+
+def card_kernels(work) -> list:
+    """The card kernels `work()` ran (it must synchronise before it returns), in start order, as
+    torch.profiler's CUPTI events: eager launches and graph replays alike."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        work()
+    kernels = [event for event in profiler.events() if event.device_type == DeviceType.CUDA]
+    return sorted(kernels, key=lambda event: event.time_range.start)
+
+
+def tabulate(kernels: list, steps: int, top: int, what: str):
+    """Print the kernels' time by name, per step of `steps`: (busy µs, span µs, rows by time)."""
+    busy = sum(event.time_range.elapsed_us() for event in kernels)
+    span = kernels[-1].time_range.end - kernels[0].time_range.start
+    per_name = collections.defaultdict(lambda: [0.0, 0])
+    for event in kernels:
+        per_name[event.name][0] += event.time_range.elapsed_us()
+        per_name[event.name][1] += 1
+    rows = sorted(per_name.items(), key=lambda item: -item[1][0])
+    print(f"    ... kernels of {steps} {what}: {len(kernels) / steps:.0f} a step, "
+          f"busy {busy / steps / 1e3:.3f} ms a step, span {span / steps / 1e3:.3f} ms "
+          f"(kernels overlap under chained launches, so busy can exceed the span)")
+    for name, (us, calls) in rows[:top]:
+        print(f"      {us / steps:9.1f} us/step  {calls / steps:5.0f}x  {us / calls:8.2f} us each  {name[:90]}")
+    return busy, span, rows
+
+
+def step_kernels(step, top: int = 15) -> dict:
+    """One uncaptured or captured engine step's kernels by name (`step()` runs it and synchronises)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return {}
+    kernels = card_kernels(step)
+    if not kernels:
+        return {}
+    busy, span, rows = tabulate(kernels, 1, top, "step")
+    return {"busy_ms": busy / 1e3, "span_ms": span / 1e3,
+            "kernels": {name: {"us": us, "calls": calls} for name, (us, calls) in rows}}
 
 
 def profile_step(worker) -> dict:
