@@ -23,8 +23,8 @@ the card go: bench/torch_peer.py's compiled-graph mode (gpt-fast's recipe) for t
 compare it with a run without --mixed); each figure is printed with radiance's / PyTorch's ratio.
 Radiance's figures are wall time through the engine (planning and sampling included); the peer's
 are CUDA events around a graph replay (decode, its token read back each step) or a forward (prefill).
-`--kernels`: one more prefill step and one decode step a batch, untimed, under torch.profiler, their
-card kernels by name (bench/card_kernels.py).
+`--kernels`: one more prefill step, untimed, and each batch's captured decode step, replayed alone,
+under torch.profiler: their card kernels by name (bench/card_kernels.py).
 
 Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
 checkout shim maps it). Writes $OUT/card_batches.json, and rad-bench's JSON per format beside it."""
@@ -42,7 +42,7 @@ from pathlib import Path
 from checkout_shim import ROOT, SHIM_PATH  # noqa: F401  (first: maps the checkout under `radiance.`)
 
 import numpy as np  # noqa: E402
-from card_kernels import step_kernels  # noqa: E402
+from card_kernels import profile_step, step_kernels  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12
 EIGHT_B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, context=8192,
@@ -50,7 +50,7 @@ EIGHT_B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=12
 SMALL = dict(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512, vocab=1024, context=4096)
 VOCAB = EIGHT_B["vocab"]
 DEVICE = "auto"  # --device: host runs the script's smoke test on host rows
-KERNELS = False  # --kernels: one prefill step and one decode step a batch profiled by kernel name
+KERNELS = False  # --kernels: one prefill step and each batch's captured decode step profiled by kernel name
 RECIPE = Path(__file__).resolve().parent / "fp8_channel.toml"
 
 
@@ -124,8 +124,8 @@ def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: in
         seconds = time.perf_counter() - start
         produced = sum(len(sequence.output_ids) for sequence in sequences) - before
         if KERNELS:
-            print(f"    decode batch {batch}, one step's kernels:")
-            step_kernels(engine.step)
+            print(f"    decode batch {batch}, its captured step:")
+            profile_step(ranks.worker, batch)
         run_all(engine, sequences)
     result = {"batch": batch, "contexts": [min(lengths), max(lengths)], "steps": steps, "tokens": produced,
               "tokens_per_s": produced / seconds, "ms_per_step": 1e3 * seconds / steps}
@@ -206,7 +206,7 @@ def main() -> int:
     parser.add_argument("--peer", action="store_true", help="bf16: PyTorch (bench/torch_peer.py) on the same shapes")
     parser.add_argument("--small", action="store_true", help="a small synthetic model: the script's own smoke run")
     parser.add_argument("--device", default="auto", choices=["auto", "host"], help="host: host rows (a smoke run)")
-    parser.add_argument("--kernels", action="store_true", help="also a prefill step's and a decode step's kernels by "
+    parser.add_argument("--kernels", action="store_true", help="also a prefill step's and each batch's captured decode step's kernels by "
                                                              "name (torch.profiler's CUPTI; untimed steps)")
     args = parser.parse_args()
     if args.peer and (args.small or args.mixed):

@@ -108,28 +108,31 @@ def step_kernels(step, top: int = 15) -> dict:
             "kernels": {name: {"us": us, "calls": calls} for name, (us, calls) in rows}}
 
 
-def profile_step(worker) -> dict:
+def profile_step(worker, seqs: int = 1) -> dict:
+    """A captured decode step of `seqs` sequences (its graph must exist): the graph alone, its kernels
+    chained and, captured again without chained launches, each kernel's own time and the gaps."""
+    key = (seqs, seqs)
     executor = getattr(worker, "executor", None)
     if executor is None or not hasattr(executor, "_graphs"):
         return {}
     result = {}
     try:  # a diagnosis: its failure must not lose the figures
-        result["graph_ms"] = graph_ms(executor)
+        result["graph_ms"] = graph_ms(executor, key)
         if result["graph_ms"] is not None:
             print(f"    ... the captured step alone: {result['graph_ms']:.3f} ms (50 replays back to back)")
-        result["kernels"] = kernel_table(executor)
+        result["kernels"] = kernel_table(executor, key)
         if executor.chain:  # chained kernels overlap: each kernel's own time from a plainly launched capture
             executor.chain = False
-            executor._graphs.pop((1, 1), None)
+            executor._graphs.pop(key, None)
             try:
-                executor.run(1, 1)  # captured again (the shape was seen), without programmatic launches
+                executor.run(*key)  # captured again (the shape was seen), without programmatic launches
                 print("    ... the same step captured without chained launches:")
-                result["kernels_unchained"] = kernel_table(executor, first=12)
-                result["graph_unchained_ms"] = graph_ms(executor)
+                result["kernels_unchained"] = kernel_table(executor, key, first=12)
+                result["graph_unchained_ms"] = graph_ms(executor, key)
                 print(f"    ... unchained, the captured step alone: {result['graph_unchained_ms']:.3f} ms")
             finally:
                 executor.chain = True
-                executor._graphs.pop((1, 1), None)
+                executor._graphs.pop(key, None)
     except Exception as error:
         print(f"    ... the step's profile failed: {type(error).__name__}: {error}")
     return result
