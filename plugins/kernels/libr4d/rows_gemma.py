@@ -34,9 +34,9 @@ def _heads_view(array, heads, head_dim):
     that would need a copy)."""
     if array.shape[-1] != heads * head_dim:
         raise ValueError(f"rmsnorm_heads: an operand {array.shape[-1]} wide, not heads * head_dim = {heads * head_dim}")
-    view = array.view()
-    view.shape = (-1, head_dim)
-    return view
+    if not array.flags.c_contiguous:  # rows padded apart: no view of head_dim rows exists
+        raise AttributeError(f"rmsnorm_heads: an operand whose rows are not contiguous (strides {array.strides})")
+    return array.reshape(-1, head_dim)
 
 
 def _pack_rmsnorm_heads(op, a):
