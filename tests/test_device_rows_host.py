@@ -342,6 +342,16 @@ def test_the_stream_gemv_serves_shapes_that_keep_its_warps_busy(registry):
     assert dk.argmax_groups(128256) == 8016 and dk.argmax_groups(64) == 32  # gemv.cu's groups, or blocks
 
 
+def test_another_gemv_cut_is_three_integers_and_reaches_the_compiler(registry):
+    dk = module(registry, "device_kernels")
+    shape = dk.GemvShape.parse("8,2,4")
+    assert shape == dk.GemvShape(8, 2, 4) and shape.group == 16
+    assert dk.gemv_options("bf16", shape=shape)[-3:] == ("-DGEMV_WARPS=8", "-DGEMV_ROWS=2", "-DGEMV_PIPE=4")
+    for text, fault in (("4,4", "three integers"), ("4,3,2", "an even"), ("64,4,2", "warps 1..32")):
+        with pytest.raises(ValueError, match=fault):
+            dk.GemvShape.parse(text)
+
+
 @pytest.mark.parametrize("target", KERNELS)
 def test_the_fused_lm_head_is_a_gemv_with_an_argmax_then_the_sampler(registry, stream_kernel_on, target):
     stream, (name, shift), dk = Recorder(target, MULTIPROCESSORS), KERNELS[target], stream_kernel_on

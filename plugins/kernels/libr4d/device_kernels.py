@@ -35,8 +35,21 @@ class GemvShape:
     def defines(self) -> tuple:
         return (f"-DGEMV_WARPS={self.warps}", f"-DGEMV_ROWS={self.rows}", f"-DGEMV_PIPE={self.pipe}")
 
+    @classmethod
+    def parse(cls, text: str) -> "GemvShape":
+        """'warps,rows,pipe' (R4D_GEMV_SHAPE): ValueError naming what is wrong."""
+        try:
+            warps, rows, pipe = (int(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(f"R4D_GEMV_SHAPE={text!r}: expected 'warps,rows,pipe', three integers") from None
+        if not (1 <= warps <= 32 and 2 <= rows <= 16 and rows % 2 == 0 and 1 <= pipe <= 8):
+            raise ValueError(f"R4D_GEMV_SHAPE={text!r}: warps 1..32, rows an even 2..16, pipe 1..8")
+        return cls(warps, rows, pipe)
 
-GEMV = GemvShape()
+
+# R4D_GEMV_SHAPE="warps,rows,pipe" cuts gemv.cu's work otherwise for a process (read at load, as every
+# launch geometry below binds it): how bench/card_generate.py tries other cuts in a whole decode step.
+GEMV = GemvShape.parse(os.environ["R4D_GEMV_SHAPE"]) if os.environ.get("R4D_GEMV_SHAPE") else GemvShape()
 GEMV_GROUP = GEMV.group  # a block's row group
 GEMM_TILE = 64          # gemm.cu's 64x64 output tiles, 256 threads
 ATT_WARPS = 4           # attention.cu: 4 warps per (token, kv head, split)
