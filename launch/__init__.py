@@ -6,20 +6,30 @@ the generation engine that runs its steps on them."""
 
 from radiance.config import Config
 from radiance.generation.engine import Engine
+from radiance.log import get_logger
+
+log = get_logger("radiance.speculative")
 
 
 def open_ranks(config: Config):
     """The ranks `config` asks for: launched rank processes when TP x PP > 1 or config.launched, else
     one rank in this process (pinned to the first card it may use, when config.device is auto); with
     config.draft_model, those ranks and the draft model (speculative decoding); for a model that
-    carries MTP heads (unless config.mtp is off), those ranks and its heads."""
+    carries MTP heads (unless config.mtp is off), those ranks and its heads; where the heads cannot
+    draft (no row may serve their ops here) and --mtp did not ask for them, the plain ranks, saying so."""
     from .mtp import mtp_heads
 
     heads = mtp_heads(config)
     if config.draft_model is not None or heads is not None:
-        from .speculative import SpeculativeRanks
+        from .speculative import DraftOpsUnavailable, SpeculativeRanks
 
-        return SpeculativeRanks(config, heads)
+        try:
+            return SpeculativeRanks(config, heads)
+        except DraftOpsUnavailable as error:
+            if config.draft_model is not None or config.mtp:  # asked for by name: loud
+                raise
+            log.warning("%s carries MTP heads, but they cannot draft here: %s; decoding without them", config.model,
+                        str(error).removeprefix("MTP heads: ").split(" (the speculative ops")[0])
     if config.world > 1 or config.launched:
         from .launched import LaunchedRanks
 

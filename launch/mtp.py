@@ -1,5 +1,5 @@
 """Whether a model drafts with its own multi-token-prediction heads (rad_arch.h, RAD_MTP_SUFFIX):
-where config.mtp (the default; --no-mtp), no --draft-model is given, and the model's family
+unless config.mtp is False (--no-mtp), where no --draft-model is given, and the model's family
 declares heads that this model carries (the heads' architecture checks and declares from its
 container: weights present, heads used). open_ranks then opens SpeculativeRanks over them."""
 
@@ -17,7 +17,7 @@ OPS = ("mtp_couple_propose", "mtp_couple_verify")
 def mtp_heads(config: Config) -> str | None:
     """The architecture of the model's MTP heads where they draft, else None (a line in the log
     says why a model that carries them decodes without them)."""
-    if not config.mtp or config.draft_model is not None:
+    if config.mtp is False or config.draft_model is not None:
         return None
     with open_container(config.model) as container:
         name = container.architecture + RAD_MTP_SUFFIX

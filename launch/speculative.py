@@ -37,6 +37,11 @@ def sampler(graph, path: str) -> tuple[str, int]:
     raise ConfigError(f"{path}: its graph has no '{SAMPLE_OP}' node, so no logits to speculate with")
 
 
+class DraftOpsUnavailable(ConfigError):
+    """No row may serve the draft's propose/verify ops here (none declared for this domain, or only
+    reference rows without --debug-accept-reference-kernels)."""
+
+
 class SpeculativeRanks(Ranks):
     run_ahead = False
 
@@ -94,7 +99,7 @@ class SpeculativeRanks(Ranks):
                                    config.accept_reference, device)
             self.runners.append(self.verify)
         except SelectionError as error:
-            raise ConfigError(f"{self.flag}: {error} (the speculative ops come from a kernel library such as "
+            raise DraftOpsUnavailable(f"{self.flag}: {error} (the speculative ops come from a kernel library such as "
                               f"plugins/spechub, built with cmake: docs/PLUGINS.md)"
                               + ("" if self.heads is None else "; --no-mtp decodes without the heads")) from None
         self.vocab = vocab

@@ -74,8 +74,9 @@ class Config:
     draft_model: str | None = None
     draft_tokens: int = 4
     # without a draft model, a model that carries multi-token-prediction heads drafts with them
-    # (rad_arch.h's RAD_MTP_SUFFIX; launch/mtp.py); False: plain decoding
-    mtp: bool = True
+    # (rad_arch.h's RAD_MTP_SUFFIX; launch/mtp.py). None: where the ops can serve them, else plain
+    # decoding with a warning; True (--mtp): they must draft, or the launch stops saying why; False: plain
+    mtp: bool | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "model", os.fspath(self.model))

@@ -17,7 +17,7 @@ from conftest import script
 from test_speculative import decode
 
 from radiance.abi import BY_NAME, NUMPY, RAD_HIDDEN, RAD_MTP_PREVIOUS, RAD_STEP_IDS
-from radiance.config import Config
+from radiance.config import Config, ConfigError
 from radiance.convert.api import convert_synthetic
 from radiance.convert.cli import main
 from radiance.engine.loading.model import open_model
@@ -112,6 +112,18 @@ def test_without_the_ops_the_heads_are_left_out_saying_so(models, tmp_path, capf
     with open_ranks(config) as ranks:
         assert type(engine_over(ranks)) is Engine
     assert "carries MTP heads, but no loaded kernel library declares op 'mtp_couple_propose'" in capfd.readouterr().err
+
+
+def test_heads_only_reference_rows_could_serve_decode_plainly_unless_mtp_asks(models, spechub_home, capfd):
+    # on the host spechub's propose/verify rows are reference rows: without the debug flag they may
+    # not serve, so the discovered heads are left out saying why, and a --mtp that named them stops
+    config = Config(model=str(models["copied"]), radiance_home=str(spechub_home), kernels="libr4d,spechub",
+                    progress=False, device="host")
+    with open_ranks(config) as ranks:
+        assert type(engine_over(ranks)) is Engine
+    assert "carries MTP heads, but they cannot draft here: op 'mtp_couple_propose'" in capfd.readouterr().err
+    with pytest.raises(ConfigError, match="--debug-accept-reference-kernels"):
+        open_ranks(dataclasses.replace(config, mtp=True))
 
 
 def test_the_heads_incremental_logits_are_one_step_over_the_whole_sequence(models, spechub_home):

@@ -96,7 +96,8 @@ model_and_mode = _stack(
                       "(the ops mtp_couple_propose/verify come from a kernel library such as plugins/spechub)."),
     click.option("--draft-tokens", default=4, show_default=True,
                  help="With --draft-model or MTP heads: tokens drafted a round."),
-    click.option("--mtp/--no-mtp", default=True, show_default=True,
+    click.option("--mtp/--no-mtp", default=None,
                  help="A model that carries multi-token-prediction heads drafts with them (speculative decoding "
-                      "through the same ops as --draft-model); off: plain decoding."),
+                      "through the same ops as --draft-model). Default: where the ops can serve them, else plain "
+                      "decoding with a warning; --mtp: they must draft; --no-mtp: plain decoding."),
 )
