@@ -169,8 +169,10 @@ __device__ void attend(const Attend& p) {
     const int m = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const bool decode = FRESH && (int)gridDim.x == p.seqs;  // one token a sequence: no token reads another's k
     const int width = p.kv_heads * D;
-    int s = 0;  // the sequence token m belongs to: independent loads, no chain
-    for (int t = 1; t < p.seqs; ++t) s += p.cu_seqlens[t] <= m;
+    int s = 0;  // the sequence token m belongs to: m itself in a decode step, else independent loads, no chain
+    if (decode) s = m;
+    else
+        for (int t = 1; t < p.seqs; ++t) s += p.cu_seqlens[t] <= m;
     const int length = p.context_lens[s], position = p.positions[m];
     const int visible = min(position, length - 1) + 1;
     const int oldest = p.window > 0 ? max(0, position - p.window + 1) : 0;  // the first key a window lets in
