@@ -45,6 +45,7 @@ ATT_MAX_HEAD_DIM = 256  # 64 16-byte chunks: a value lane each, four lanes of ke
 ATT_HEAD_DIM_STEP = 4   # head_dim a multiple of 4: rows read as 16-byte chunks
 ATT_MAX_GROUP = 8       # query heads per kv head a block takes
 ATT_MAX_SPLITS = 32
+ATT_MAX_FRESH = 8       # attention.cu: this step's keys of a sequence the fused row rotates in shared memory
 SAMPLE_THREADS = 1024
 ELEMENTWISE_THREADS = 256
 FMT_MACROS = {"f32": "FMT_F32", "f16": "FMT_F16", "bf16": "FMT_BF16", "q8_0": "FMT_Q8_0", "q4_1": "FMT_Q4_1",

@@ -273,6 +273,8 @@ def _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, con
     if d > dk.ATT_MAX_HEAD_DIM or d % dk.ATT_HEAD_DIM_STEP or heads % kv or heads // kv > dk.ATT_MAX_GROUP:
         raise ValueError(f"head_dim {d} (at most {dk.ATT_MAX_HEAD_DIM}, a multiple of {dk.ATT_HEAD_DIM_STEP}), "
                          f"{heads} heads over {kv} kv heads (at most {dk.ATT_MAX_GROUP} a kv head)")
+    if fresh and m > dk.ATT_MAX_FRESH:  # the row's DECODE constraint keeps M there
+        raise ValueError(f"the fused rope_attention kernel takes at most {dk.ATT_MAX_FRESH} tokens a step, not {m}")
     group = heads // kv
     offset, need = dk.attention_scratch_layout(m, kv, group, d)
     if need > int(a.scratch_bytes or 0):

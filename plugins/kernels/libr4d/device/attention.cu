@@ -31,7 +31,7 @@
 #define ATT_LANES 8                         // lanes that share a key's dot products
 #define ATT_TILE (ATT_THREADS / ATT_LANES)  // keys a tile: device_kernels.ATT_TILE
 #define ATT_MAX_SPLITS 32                   // device_kernels.ATT_MAX_SPLITS; at most a warp (the split merge takes a lane each)
-#define ATT_MAX_FRESH 8                     // this step's keys of a sequence the fused row rotates: its M <= 8
+#define ATT_MAX_FRESH 8                     // device_kernels.ATT_MAX_FRESH: this step's keys of a sequence the fused row rotates (its M <= 8)
 
 // k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m]; grid (ceil(width / blockDim.x), M)
 extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, float* k_cache, float* v_cache,
