@@ -57,7 +57,7 @@ def test_sliding_attention_plans_the_store_then_the_window_kernel(registry):
     assert [name for name, *_ in stream.launches] == ["r4d_kv_store_dev", "r4d_attend_window"]
     _, grid, block, args = stream.launches[1]
     dk = module(registry, "device_kernels")
-    assert grid == (m, kv, dk.attention_splits(m, kv, 132)) and block == (128, 1, 1)
+    assert grid == (m, kv, dk.attention_splits(m, kv, 132)) and block == (256, 1, 1)
     assert stream.compiled[-1] == ("r4d_attend_window", dk.attention_options(d, heads // kv))
     assert ints(args, [14, 15, 16, 17, 18, 19, 20, 22]) == [seqs, 32, heads, kv, d, 16, 0, 512]
     assert launch(row, tensors, dict(params), stream, 0x9000000, 16) != RAD_OK  # too little scratch: an error code

@@ -69,7 +69,7 @@ def test_every_kernel_name_is_defined_in_its_source(registry):
     for mt in (1, 2, 4, 8):
         assert f"GEMV_ENTRY({mt})" in gemv
     assert dk.gemv_options("q4_1", 2, 1)[:3] == ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=2", "-DR4D_GEMV_NORM=1")
-    assert dk.attention_options(128, 4) == ("-DR4D_ATT_DPL=4", "-DR4D_ATT_G=4")
+    assert dk.attention_options(128, 4) == ("-DR4D_ATT_D=128", "-DR4D_ATT_G=4")
     assert [dk.gemv_variant(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     with pytest.raises(ValueError):
         dk.gemv_variant(9)
@@ -174,10 +174,24 @@ def test_attention_sizes_sequences_and_blocks_from_shapes(registry):
     dk = module(registry, "device_kernels")
     splits = dk.attention_splits(m, 3, 132)
     assert (store, store_grid, store_block) == ("r4d_kv_store_dev", (1, m, 1), (256, 1, 1))
-    assert (attend, grid, block) == ("r4d_attend_cache", (m, 3, splits), (128, 1, 1)) and splits > 1
+    assert (attend, grid, block) == ("r4d_attend_cache", (m, 3, splits), (256, 1, 1)) and splits > 1
     assert ints(args, range(14, 21)) == [seqs, max_blocks, 9, 3, 64, 16, 0]
     assert pointers(args, [11, 13]) == [0, 0x9000000]  # no inv_freq; the counters first in the scratch
-    assert stream.compiled[-1] == ("r4d_attend_cache", ("-DR4D_ATT_DPL=2", "-DR4D_ATT_G=3"))
+    assert stream.compiled[-1] == ("r4d_attend_cache", ("-DR4D_ATT_D=64", "-DR4D_ATT_G=3"))
+
+
+def test_a_short_context_takes_fewer_whole_tile_splits_than_the_grid(registry):
+    """attention.cu's split of a token's keys (token_splits mirrors it): the 8B shape at batch 1 has
+    32 splits in its grid; 512 keys take 16 blocks of one 32-key tile, 8192 keys all 32 of 256."""
+    dk = module(registry, "device_kernels")
+    grid = dk.attention_splits(1, 8, 132)
+    assert grid == dk.ATT_MAX_SPLITS == 32 and dk.attention_splits(8, 8, 132) == 5
+    assert [dk.token_splits(keys, grid) for keys in (1, 31, 33, 512, 1000, 8192)] == [
+        (1, 32), (1, 32), (2, 32), (16, 32), (32, 32), (32, 256)]
+    assert dk.token_splits(8192, 5) == (5, 1664) and dk.token_splits(0, 5) == (1, 32)
+    for keys in range(1, 3000, 7):  # every key in exactly one split, none empty
+        splits, chunk = dk.token_splits(keys, grid)
+        assert chunk % dk.ATT_TILE == 0 and (splits - 1) * chunk < keys <= splits * chunk <= grid * chunk
 
 
 def test_rope_attention_is_one_kernel_that_rotates_and_reads_this_steps_keys(registry):

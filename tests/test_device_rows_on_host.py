@@ -137,6 +137,7 @@ def test_attention_window_cu_agrees_with_libref(registry, on_host, heads, kv, d,
 @pytest.mark.parametrize("heads,kv,d,interleaved,sequences", [
     (8, 2, 128, 0, [(40, 1), (3, 1), (300, 1)]),   # decode: one token a sequence, k stored by each group's last block
     (9, 3, 64, 1, [(5, 6), (30, 1)]),              # a prefill chunk beside a decode token: the grid's last group rotates k
+    (8, 1, 128, 0, [(2000, 1)]),                   # 8 query heads a kv head, 32 splits of two tiles each
 ])
 def test_rope_attention_cu_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, sequences):
     """attention.cu's fused rope + store + attention (r4d_attend_fresh): q, k and the cache left as rope and the

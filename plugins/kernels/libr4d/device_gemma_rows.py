@@ -6,11 +6,12 @@ Against libref: scale bit for bit; rmsnorm_heads 5e-6 (the canonical sum of squa
 gelu_tanh_mul 1e-6 (f64 tanh rounded once); sliding_attention as attention, caches bit for bit and
 out 2e-5 (TOLERANCE below)."""
 
-from radiance.abi import RAD_CLE, RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo
+from radiance.abi import RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo
 
 from . import device_kernels as dk
 from .device_rows import (
-    F32_ACTIVATIONS, ScratchTooSmall, Step, _address, _planned, _rows, _vendor, attention_scratch, chained,
+    ATTENTION_HEADS, F32_ACTIVATIONS, HEADS_SHAPE, ScratchTooSmall, Step, _address, _planned, _rows, _vendor,
+    attention_scratch, chained,
 )
 from .rows import layout_vector, relayout_vector
 
@@ -52,9 +53,10 @@ def _sliding_attention(a):
     q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
     p = a.params
     m, heads, kv, d, window = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"]), int(p["window"])
-    if d > dk.ATT_MAX_HEAD_DIM or heads % kv or heads // kv > dk.ATT_MAX_GROUP or window < 1:
-        raise ValueError(f"head_dim {d} (at most {dk.ATT_MAX_HEAD_DIM}), {heads} heads over {kv} kv heads "
-                         f"(at most {dk.ATT_MAX_GROUP} a kv head), window {window} (at least 1)")
+    if d > dk.ATT_MAX_HEAD_DIM or d % dk.ATT_HEAD_DIM_STEP or heads % kv or heads // kv > dk.ATT_MAX_GROUP or window < 1:
+        raise ValueError(f"head_dim {d} (at most {dk.ATT_MAX_HEAD_DIM}, a multiple of {dk.ATT_HEAD_DIM_STEP}), "
+                         f"{heads} heads over {kv} kv heads (at most {dk.ATT_MAX_GROUP} a kv head), window {window} "
+                         "(at least 1)")
     group = heads // kv
     offset, need = dk.attention_scratch_layout(m, kv, group, d)
     if need > int(a.scratch_bytes or 0):
@@ -73,7 +75,7 @@ def _sliding_attention(a):
     args.pointer(0).pointer(scratch + offset).pointer(scratch).i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d)
     args.i32(p["block_size"]).i32(0).f32(p["scale"]).i32(window)
     return [Step("r4d_kv_store_dev", "attention_window", grid, block, store, 0, options),
-            Step("r4d_attend_window", "attention_window", (m, kv, splits), (dk.ATT_WARPS * dk.warp_size(_vendor(a)), 1, 1),
+            Step("r4d_attend_window", "attention_window", (m, kv, splits), (dk.ATT_THREADS, 1, 1),
                  args, 0, options)]
 
 
@@ -90,6 +92,6 @@ def build_rows() -> list[RadKernelInfo]:
         row("r4d_gelu_tanh_mul_dev", "gelu_tanh_mul", _gelu_tanh_mul, [], "gelu_tanh in f64 rounded to f32, times up",
             "any"),
         row("r4d_sliding_attention_dev", "sliding_attention", _sliding_attention,
-            [RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM)], "paged KV stored, then attention.cu's split online softmax over "
-            "the window's keys", f"head_dim<={dk.ATT_MAX_HEAD_DIM}", scratch=attention_scratch),
+            [*ATTENTION_HEADS], "paged KV stored, then attention.cu's split online softmax over the window's keys",
+            HEADS_SHAPE, scratch=attention_scratch),
     ]

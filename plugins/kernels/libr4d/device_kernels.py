@@ -52,10 +52,13 @@ class GemvShape:
 GEMV = GemvShape.parse(os.environ["R4D_GEMV_SHAPE"]) if os.environ.get("R4D_GEMV_SHAPE") else GemvShape()
 GEMV_GROUP = GEMV.group  # a block's row group
 GEMM_TILE = 64          # gemm.cu's 64x64 output tiles, 256 threads
-ATT_WARPS = 4           # attention.cu: 4 warps per (token, kv head, split)
-ATT_MAX_HEAD_DIM = 256  # 8 values per lane of a 32-lane warp
+ATT_THREADS = 256       # attention.cu: a block per (token, kv head, split), on every vendor
+ATT_TILE = 32           # attention.cu: keys a block takes at a time (8 lanes a key); a split is whole tiles
+ATT_MAX_HEAD_DIM = 256  # 64 16-byte chunks: a value lane each, four lanes of keys over a tile
+ATT_HEAD_DIM_STEP = 4   # head_dim a multiple of 4: rows read as 16-byte chunks
 ATT_MAX_GROUP = 8       # query heads per kv head a block takes
 ATT_MAX_SPLITS = 32
+ATT_MAX_FRESH = 8       # attention.cu: this step's keys of a sequence the fused row rotates in shared memory
 SAMPLE_THREADS = 1024
 ELEMENTWISE_THREADS = 256
 FMT_MACROS = {"f32": "FMT_F32", "f16": "FMT_F16", "bf16": "FMT_BF16", "q8_0": "FMT_Q8_0", "q4_1": "FMT_Q4_1",
@@ -212,15 +215,29 @@ def attention_splits(m: int, kv_heads: int, multiprocessors: int) -> int:
     return max(1, min(ATT_MAX_SPLITS, want))
 
 
+def token_splits(keys: int, grid_splits: int) -> tuple[int, int]:
+    """(splits, keys a split) of a token that sees `keys` keys, as attention.cu works them out:
+    at most the grid's splits, each a whole number of ATT_TILE keys and at least one tile."""
+    splits = min(grid_splits, max(1, -(-keys // ATT_TILE)))
+    chunk = max(1, -(-(-(-keys // splits)) // ATT_TILE)) * ATT_TILE
+    return max(1, -(-keys // chunk)), chunk
+
+
+def attention_partial_floats(group: int, head_dim: int) -> int:
+    """Floats of one (token, kv head, split)'s partial: `group` rows of head_dim weighted values,
+    then each head's (max, sum), rounded up to whole 16-byte chunks (attention.cu's STRIDE)."""
+    return -(-group * (head_dim + 2) // 4) * 4
+
+
 def attention_scratch_layout(m: int, kv_heads: int, group: int, head_dim: int) -> tuple[int, int]:
     """(offset of the split partials, total bytes): a u32 counter per (token, kv head) and one for
-    the grid, then per (token, kv head, split, head) its max, sum and head_dim weighted values."""
+    the grid, then a partial per (token, kv head, split)."""
     counters = _aligned(4 * (m * kv_heads + 1))
-    return counters, counters + 4 * (m * kv_heads + 512) * group * (head_dim + 2)
+    return counters, counters + 4 * (m * kv_heads + 512) * attention_partial_floats(group, head_dim)
 
 
 def attention_options(head_dim: int, group: int) -> tuple:
-    return (f"-DR4D_ATT_DPL={-(-head_dim // 32)}", f"-DR4D_ATT_G={group}")
+    return (f"-DR4D_ATT_D={head_dim}", f"-DR4D_ATT_G={group}")
 
 
 def gemm_grid(m: int, n: int) -> tuple:

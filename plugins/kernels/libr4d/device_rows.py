@@ -270,9 +270,11 @@ def _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, con
                  inv_freq, fresh: bool) -> Step:
     p = a.params
     m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
-    if d > dk.ATT_MAX_HEAD_DIM or heads % kv or heads // kv > dk.ATT_MAX_GROUP:
-        raise ValueError(f"head_dim {d} (at most {dk.ATT_MAX_HEAD_DIM}), {heads} heads over {kv} kv heads "
-                         f"(at most {dk.ATT_MAX_GROUP} a kv head)")
+    if d > dk.ATT_MAX_HEAD_DIM or d % dk.ATT_HEAD_DIM_STEP or heads % kv or heads // kv > dk.ATT_MAX_GROUP:
+        raise ValueError(f"head_dim {d} (at most {dk.ATT_MAX_HEAD_DIM}, a multiple of {dk.ATT_HEAD_DIM_STEP}), "
+                         f"{heads} heads over {kv} kv heads (at most {dk.ATT_MAX_GROUP} a kv head)")
+    if fresh and m > dk.ATT_MAX_FRESH:  # the row's DECODE constraint keeps M there
+        raise ValueError(f"the fused rope_attention kernel takes at most {dk.ATT_MAX_FRESH} tokens a step, not {m}")
     group = heads // kv
     offset, need = dk.attention_scratch_layout(m, kv, group, d)
     if need > int(a.scratch_bytes or 0):
@@ -286,7 +288,7 @@ def _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, con
         args.pointer(_address(tensor) if tensor is not None else 0)
     args.pointer(scratch + offset).pointer(scratch).i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d)
     args.i32(p["block_size"]).i32(p.get("interleaved", 0)).f32(p["scale"])
-    return Step(name, "attention", (m, kv, splits), (dk.ATT_WARPS * dk.warp_size(_vendor(a)), 1, 1), args, 0,
+    return Step(name, "attention", (m, kv, splits), (dk.ATT_THREADS, 1, 1), args, 0,
                 dk.attention_options(d, group))
 
 
@@ -393,6 +395,9 @@ def sample_scratch(geometry) -> int:
 # the table
 
 F32_ACTIVATIONS = RAD_CEQ("dtype", "f32")
+# attention.cu's heads: at most 256 values, read as 16-byte chunks (so even, as rope needs)
+ATTENTION_HEADS = (RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM), RAD_CDIV("head_dim", dk.ATT_HEAD_DIM_STEP))
+HEADS_SHAPE = f"head_dim<={dk.ATT_MAX_HEAD_DIM}, head_dim%{dk.ATT_HEAD_DIM_STEP}==0"
 DECODE = RAD_CLE("M", dk.GEMV_MAX_M)
 # the chains the fused rows replace, spelled with the fused ops' operands (docs/OPS.md)
 REPLACES = {
@@ -465,14 +470,13 @@ def build_device_rows() -> list[RadKernelInfo]:
         *gemm_rows,
         row("r4d_rope_dev", "rope", _rope, [RAD_CDIV("head_dim", 2)], "cos/sin in f64 rounded to f32",
             "head_dim even", "f32"),
-        row("r4d_attention_dev", "attention", _attention, [RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM)],
-            "paged KV stored, then a block per (token, kv head, split of the context): online softmax per warp, "
-            "warps merged, splits merged in order", f"head_dim<={dk.ATT_MAX_HEAD_DIM}", "f32",
-            scratch=attention_scratch),
-        row("r4d_rope_attention_dev", "rope_attention", _rope_attention,
-            [DECODE, RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM), RAD_CDIV("head_dim", 2)],
+        row("r4d_attention_dev", "attention", _attention, [*ATTENTION_HEADS],
+            "paged KV stored, then a block per (token, kv head, split of the context): tiles of 32 keys, 8 lanes a "
+            "key's dot products, a warp a head's online softmax, 16-byte chunks of values; splits merged in order",
+            HEADS_SHAPE, "f32", scratch=attention_scratch),
+        row("r4d_rope_attention_dev", "rope_attention", _rope_attention, [DECODE, *ATTENTION_HEADS],
             "rope, the KV store and attention split over the context in one kernel; this step's keys rotated and "
-            "read from the k, v rows", f"M<={dk.GEMV_MAX_M}, head_dim<={dk.ATT_MAX_HEAD_DIM}", "f32",
+            "read from the k, v rows", f"M<={dk.GEMV_MAX_M}, {HEADS_SHAPE}", "f32",
             scratch=attention_scratch, replaces=REPLACES["rope_attention"]),
         *fused_rows,
         row("r4d_add_dev", "add", _elementwise("r4d_add_dev"), [], "elementwise", "any", "f32"),

@@ -6,18 +6,32 @@
 //   itself (rope's arithmetic) and reads the keys of this step's positions from the k, v rows
 //   instead of the cache (a sequence's tokens in a step are its last positions, in order, as the
 //   scheduler lays them out), stores them at their slots, and leaves q and k rotated, as rope would.
-// Grid (M tokens, kv heads, S splits), ATT_WARPS warps a block: a block takes the G query heads that
-// share one kv head (each key and value row is read once for the G of them) over its split of the
-// token's visible positions; each warp walks every ATT_WARPS-th of them with an online softmax per
-// head, the warps are merged, and the (token, kv head)'s last block merges the S splits in order.
-// Everything is sized from the tensors' shapes and read from device arrays, so a captured launch
-// replays with new contents.
-// A decode step (every sequence one token, M == seqs: the grid knows it without a load) is a chain of
-// round trips to L2 more than of bytes (4 MB of cache at an 8B model's 512 positions), so there each
-// (token, kv head)'s last block also stores the token's rotated k (from the cos and sin its lanes
-// already hold) and its v, with no grid-wide step after it.
-#define ATT_WARPS 4
-#define ATT_MAX_SPLITS 32  // device_kernels.ATT_MAX_SPLITS; at most a warp (the split merge takes a lane each)
+// Grid (M tokens, kv heads, S splits), ATT_THREADS threads a block on every vendor. A block takes
+// the G query heads that share one kv head (each key and value row is read once for the G of them)
+// over its split of the token's visible positions, ATT_TILE keys at a time:
+// 1. scores: ATT_LANES lanes a key, each with a few 16-byte chunks of its row, the G dot products
+//    finished by three shuffles; q (rotated) waits in shared memory;
+// 2. softmax: a warp a head, a lane a key: the tile's maximum, the running maximum and sum, the
+//    weights written back over the scores;
+// 3. values: a lane a 16-byte chunk of head_dim and every SLICES-th key of the tile, G float4 sums.
+// The next tile's k and v chunks are loaded as soon as this tile's have been used (and the first
+// tile's before q's rope), so a block keeps a tile in flight. The slices are added, and with one
+// split the block writes out; otherwise its partial goes to the scratch and the (token, kv head)'s
+// last block (a counter) merges the splits in order.
+// The splits a token takes are worked out on the card from its context: at most the grid's
+// (device_kernels.attention_splits: about two blocks a multiprocessor), each at least a tile and a
+// whole number of tiles, so a short context is a few full blocks and a cheap merge; the blocks
+// past a token's splits return at once. Everything is sized from the tensors' shapes and read from
+// device arrays, so a captured launch replays with new contents.
+// A decode step (every sequence one token, M == seqs: the grid knows it without a load): each
+// (token, kv head)'s last block also stores the token's rotated k (from the cos and sin the block
+// worked out for q) and its v, with no grid-wide step after it.
+#define ATT_THREADS 256                     // device_kernels.ATT_THREADS
+#define ATT_WARPS (ATT_THREADS / R4D_WARP)
+#define ATT_LANES 8                         // lanes that share a key's dot products
+#define ATT_TILE (ATT_THREADS / ATT_LANES)  // keys a tile: device_kernels.ATT_TILE
+#define ATT_MAX_SPLITS 32                   // device_kernels.ATT_MAX_SPLITS; at most a warp (the split merge takes a lane each)
+#define ATT_MAX_FRESH 8                     // device_kernels.ATT_MAX_FRESH: this step's keys of a sequence the fused row rotates (its M <= 8)
 
 // k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m]; grid (ceil(width / blockDim.x), M)
 extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, float* k_cache, float* v_cache,
@@ -42,7 +56,7 @@ struct Attend {
     const int* block_tables;
     float* out;
     const float* inv_freq;
-    float* partial;  // [M, kv_heads, S, G, head_dim + 2]
+    float* partial;  // per (token, kv head, split): G rows of head_dim weighted values, then G (max, sum)
     u32* counters;   // [M * kv_heads] then one for the whole grid
     int seqs, max_blocks, q_heads, kv_heads, head_dim, block_size, interleaved;
     float scale;
@@ -65,13 +79,6 @@ __device__ __forceinline__ float r4d_rotate_cs(const float* row, int d, int head
     return second ? a * s + b * c : a * c - b * s;
 }
 
-__device__ __forceinline__ float r4d_rotated(const float* row, int d, int head_dim, int position, const float* inv_freq,
-                                             int interleaved) {
-    float c, s;
-    r4d_rope_cs(d, head_dim, position, inv_freq, interleaved, c, s);
-    return r4d_rotate_cs(row, d, head_dim, interleaved, c, s);
-}
-
 // `heads` rows of head_dim values rotated in place, row h by positions[h / per_position]: a thread
 // per (row, pair) reads both values of its pair before writing them, so no barrier is needed.
 __device__ void rotate_pairs(float* rows, int heads, int D, const int* positions, int per_position, const Attend& p) {
@@ -88,244 +95,338 @@ __device__ void rotate_pairs(float* rows, int heads, int D, const int* positions
     }
 }
 
-template <int DPL, int G, bool FRESH>
+// A float4 another block of this launch wrote, read at L2 (r4d_load_l2's reasons)
+__device__ __forceinline__ float4 r4d_load4_l2(const float* p) {
+#if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
+    return make_float4(r4d_load_l2(p), r4d_load_l2(p + 1), r4d_load_l2(p + 2), r4d_load_l2(p + 3));
+#else
+    return __ldcg((const float4*)p);
+#endif
+}
+
+// sum + a . b, in the order x, y, z, w (rounded products, rounded sums: --fmad=false)
+__device__ __forceinline__ float r4d_dot4(float4 a, float4 b, float sum) {
+    sum += a.x * b.x;
+    sum += a.y * b.y;
+    sum += a.z * b.z;
+    sum += a.w * b.w;
+    return sum;
+}
+
+// acc * keep + w * v, element by element
+__device__ __forceinline__ float4 r4d_axpy4(float w, float4 v, float4 acc) {
+    return make_float4(acc.x + w * v.x, acc.y + w * v.y, acc.z + w * v.z, acc.w + w * v.w);
+}
+
+__device__ __forceinline__ float4 r4d_scale4(float4 v, float s) { return make_float4(v.x * s, v.y * s, v.z * s, v.w * s); }
+
+// Where a block's keys are: its sequence's block table, the first of this step's positions (FRESH
+// reads those from the k, v rows, row step_first + j - fresh) and the kv head's offset in a row.
+struct Keys {
+    const int* table;
+    int fresh, step_first, width, head;
+};
+
+template <bool FRESH>
+__device__ __forceinline__ const float* r4d_key_row(const Attend& p, const Keys& keys, const float* cache,
+                                                    const float* rows, int j) {
+    if (FRESH && j >= keys.fresh) return rows + (long long)(keys.step_first + j - keys.fresh) * keys.width + keys.head;
+    long long slot = (long long)keys.table[j / p.block_size] * p.block_size + j % p.block_size;
+    return cache + slot * keys.width + keys.head;
+}
+
+template <int D, bool FRESH>
+__device__ __forceinline__ float4 r4d_chunk_of(const Attend& p, const Keys& keys, const float* cache, const float* rows,
+                                               int j, int c) {
+    return ((const float4*)r4d_key_row<FRESH>(p, keys, cache, rows, j))[c];
+}
+
+template <int D, int G, bool FRESH>
 __device__ void attend(const Attend& p) {
-    __shared__ float s_max[ATT_WARPS][G], s_sum[ATT_WARPS][G];
-    __shared__ float s_acc[ATT_WARPS][G][DPL * R4D_WARP];
+    constexpr int C = D / 4;                               // 16-byte chunks of a head's row
+    constexpr int CL = (C + ATT_LANES - 1) / ATT_LANES;    // a score lane's chunks of its key
+    constexpr int SLICES = ATT_THREADS / C;                // value lanes over a tile's keys (a chunk each)
+    constexpr int KPT = (ATT_TILE + SLICES - 1) / SLICES;  // a value lane's keys of a tile
+    constexpr int HPW = (G + ATT_WARPS - 1) / ATT_WARPS;   // heads a warp keeps the softmax of
+    // floats of a (token, kv head, split)'s partial: G rows of D weighted values, then G (max, sum),
+    // rounded to a whole number of float4 so every row stays 16-byte aligned
+    constexpr int STRIDE = (G * (D + 2) + 3) / 4 * 4;
+    constexpr int POOL = SLICES * G * C > (FRESH ? ATT_MAX_FRESH * C : 0) ? SLICES * G * C : ATT_MAX_FRESH * C;
+    static_assert(D % 4 == 0 && C <= ATT_THREADS && ATT_TILE <= R4D_WARP && ATT_MAX_SPLITS <= R4D_WARP, "attention's cut");
+    __shared__ float4 s_q[G * C];                  // the G heads' q (rotated: FRESH)
+    // this step's keys of the sequence, rotated (FRESH; read by the tiles), then each slice's
+    // weighted values (after the last tile: the loop's barriers lie between)
+    __shared__ float4 s_pool[POOL];
+    float4* const s_fresh = s_pool;
+    float4* const s_acc = s_pool;
+    __shared__ float s_cos[D / 2], s_sin[D / 2];   // rope's cos and sin at the token's position (FRESH)
+    __shared__ float s_score[G][ATT_TILE];         // a tile's scores, then its weights
+    __shared__ float s_keep[G];                    // what the tile's new maximum scales the sums by
+    __shared__ float s_max[G], s_sum[G];
     __shared__ int s_last;
     __shared__ float s_split_max[ATT_MAX_SPLITS * G], s_split_sum[ATT_MAX_SPLITS * G], s_total[G];
-    int m = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const int tid = threadIdx.x, lane = tid % R4D_WARP, warp = tid / R4D_WARP;
+    const int m = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const bool decode = FRESH && (int)gridDim.x == p.seqs;  // one token a sequence: no token reads another's k
-    int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
-    const int D = p.head_dim, width = p.kv_heads * D;
-    int s = 0;
-    while (s + 1 < p.seqs && p.cu_seqlens[s + 1] <= m) ++s;  // the sequence token m belongs to
-    int length = p.context_lens[s], position = p.positions[m];
-    int visible = min(position, length - 1) + 1;
-    int oldest = p.window > 0 ? max(0, position - p.window + 1) : 0;  // the first key a window lets in
-    int step_first = p.cu_seqlens[s], fresh = length - (p.cu_seqlens[s + 1] - step_first);  // this step's positions
-    int chunk = (max(visible - oldest, 0) + splits - 1) / splits;
-    int j0 = oldest + split * chunk, j1 = min(visible, j0 + chunk);
-    // U keys a warp at a time: their loads issued together, one online-softmax update for the U
-    constexpr int U = DPL * G >= 32 ? 2 : 4;
-    float qv[G][DPL], acc[G][DPL], run_max[G], run_sum[G], qc[DPL], qs[DPL];
+    const int width = p.kv_heads * D;
+    int s = 0;  // the sequence token m belongs to: m itself in a decode step, else independent loads, no chain
+    if (decode) s = m;
+    else
+        for (int t = 1; t < p.seqs; ++t) s += p.cu_seqlens[t] <= m;
+    const int length = p.context_lens[s], position = p.positions[m];
+    const int visible = min(position, length - 1) + 1;
+    const int oldest = p.window > 0 ? max(0, position - p.window + 1) : 0;  // the first key a window lets in
+    const Keys keys = {p.block_tables + (long long)s * p.max_blocks, length - (p.cu_seqlens[s + 1] - p.cu_seqlens[s]),
+                       p.cu_seqlens[s], width, kvh * D};
+    // this token's splits: at most the grid's, whole tiles, at least a tile each
+    const int count = max(visible - oldest, 0);
+    int splits = min((int)gridDim.z, max(1, (count + ATT_TILE - 1) / ATT_TILE));
+    const int chunk = max(1, ((count + splits - 1) / splits + ATT_TILE - 1) / ATT_TILE) * ATT_TILE;
+    splits = max(1, (count + chunk - 1) / chunk);
+    if (split >= splits) return;
+    const int j0 = oldest + split * chunk, j1 = min(visible, j0 + chunk);
+
+    // score lane: key kk of a tile, chunks sub, sub + ATT_LANES, ...; value lane: chunk vc of the
+    // keys slice, slice + SLICES, ... of a tile (lanes past SLICES * C idle there)
+    const int kk = tid / ATT_LANES, sub = tid % ATT_LANES, vc = tid % C, slice = tid / C;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 kr[CL], vr[KPT];
 #pragma unroll
-    for (int t = 0; t < DPL; ++t) {  // this lane's cos and sin at the token's position: its G heads share them
-        int d = lane + t * R4D_WARP;
-        qc[t] = qs[t] = 0.0f;
-        if (FRESH && d < D) r4d_rope_cs(d, D, position, p.inv_freq, p.interleaved, qc[t], qs[t]);
+    for (int i = 0; i < CL; ++i) {
+        int c = sub + i * ATT_LANES;
+        kr[i] = j0 + kk < j1 && c < C ? r4d_chunk_of<D, FRESH>(p, keys, p.k_cache, p.k, j0 + kk, c) : zero;
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-        const float* qrow = p.q + ((long long)m * p.q_heads + kvh * G + g) * D;
-#pragma unroll
-        for (int t = 0; t < DPL; ++t) {
-            int d = lane + t * R4D_WARP;
-            qv[g][t] = d >= D ? 0.0f : FRESH ? r4d_rotate_cs(qrow, d, D, p.interleaved, qc[t], qs[t]) : qrow[d];
-            acc[g][t] = 0.0f;
-        }
-        run_max[g] = __uint_as_float(0xff800000u);  // -inf
-        run_sum[g] = 0.0f;
+    for (int i = 0; i < KPT; ++i) {
+        int t = slice + i * SLICES;
+        vr[i] = slice < SLICES && t < ATT_TILE && j0 + t < j1 ? r4d_chunk_of<D, FRESH>(p, keys, p.v_cache, p.v, j0 + t, vc)
+                                                              : zero;
     }
-    const int* table = p.block_tables + (long long)s * p.max_blocks;
-    for (int first = j0 + warp; first < j1; first += ATT_WARPS * U) {
-        float kv[U][DPL], vv[U][DPL];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            int j = first + u * ATT_WARPS;
-#pragma unroll
-            for (int t = 0; t < DPL; ++t) kv[u][t] = vv[u][t] = 0.0f;
-            if (j >= j1) continue;
-            if (FRESH && j >= fresh) {  // this step's key: from the k, v rows, rotated here
-                int row = step_first + (j - fresh), where = p.positions[row];
-                const float* krow = p.k + (long long)row * width + (long long)kvh * D;
-                const float* vrow = p.v + (long long)row * width + (long long)kvh * D;
-#pragma unroll
-                for (int t = 0; t < DPL; ++t) {
-                    int d = lane + t * R4D_WARP;
-                    if (d >= D) continue;
-                    kv[u][t] = where == position ? r4d_rotate_cs(krow, d, D, p.interleaved, qc[t], qs[t])
-                                                 : r4d_rotated(krow, d, D, where, p.inv_freq, p.interleaved);
-                    vv[u][t] = vrow[d];
-                }
-            } else {
-                long long slot = (long long)table[j / p.block_size] * p.block_size + j % p.block_size;
-                const float* krow = p.k_cache + slot * width + (long long)kvh * D;
-                const float* vrow = p.v_cache + slot * width + (long long)kvh * D;
-#pragma unroll
-                for (int t = 0; t < DPL; ++t) {
-                    int d = lane + t * R4D_WARP;
-                    if (d < D) { kv[u][t] = krow[d]; vv[u][t] = vrow[d]; }
-                }
-            }
+
+    // q of the G heads (contiguous in the row) and (FRESH) this step's keys of the sequence, rotated
+    // in shared memory a thread a pair: a key at the token's position by the cos and sin q takes
+    // (all a decode step has), one at another position by its own
+    const float4* qrows = (const float4*)(p.q + ((long long)m * p.q_heads + kvh * G) * D);
+    for (int i = tid; i < G * C; i += ATT_THREADS) s_q[i] = qrows[i];
+    const int step = FRESH ? max(0, min(length - keys.fresh, ATT_MAX_FRESH)) : 0;  // this step's tokens of the sequence
+    if (FRESH) {
+        for (int i = tid; i < step * C; i += ATT_THREADS)
+            s_fresh[i] = ((const float4*)(p.k + (long long)(keys.step_first + i / C) * width + keys.head))[i % C];
+        for (int i = tid; i < D / 2; i += ATT_THREADS) r4d_cos_sin((float)position * p.inv_freq[i], s_cos[i], s_sin[i]);
+        __syncthreads();
+        for (int i = tid; i < (G + step) * (D / 2); i += ATT_THREADS) {
+            int r = i / (D / 2), pair = i % (D / 2);
+            float* row = r < G ? (float*)s_q + r * D : (float*)s_fresh + (r - G) * D;
+            int ia = p.interleaved ? 2 * pair : pair, ib = p.interleaved ? 2 * pair + 1 : pair + D / 2;
+            int where = r < G ? position : p.positions[keys.step_first + r - G];
+            float c = s_cos[pair], sn = s_sin[pair];
+            if (where != position) r4d_cos_sin((float)where * p.inv_freq[pair], c, sn);
+            float a = row[ia], b = row[ib];
+            row[ia] = a * c - b * sn;
+            row[ib] = a * sn + b * c;
         }
+    }
+    __syncthreads();
+
+    float4 acc[G];
+    float run_max[HPW], run_sum[HPW];
+#pragma unroll
+    for (int g = 0; g < G; ++g) acc[g] = zero;
+#pragma unroll
+    for (int r = 0; r < HPW; ++r) {
+        run_max[r] = __uint_as_float(0xff800000u);  // -inf
+        run_sum[r] = 0.0f;
+    }
+    for (int first = j0; first < j1; first += ATT_TILE) {
+        const int next = first + ATT_TILE, j = first + kk;
+        // 1. scores; this step's keys from the rotated rows in shared memory
+        if (FRESH && j < j1 && j >= keys.fresh)
+#pragma unroll
+            for (int i = 0; i < CL; ++i)
+                if (sub + i * ATT_LANES < C) kr[i] = s_fresh[(j - keys.fresh) * C + sub + i * ATT_LANES];
+        float dot[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            float score[U], next = run_max[g];
+            dot[g] = 0.0f;
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                float dot = 0.0f;
+            for (int i = 0; i < CL; ++i)
+                if (sub + i * ATT_LANES < C) dot[g] = r4d_dot4(s_q[g * C + sub + i * ATT_LANES], kr[i], dot[g]);
+        }
 #pragma unroll
-                for (int t = 0; t < DPL; ++t) dot += qv[g][t] * kv[u][t];
-                score[u] = first + u * ATT_WARPS < j1 ? r4d_warp_sum(dot) * p.scale : __uint_as_float(0xff800000u);
-                next = fmaxf(next, score[u]);
+        for (int o = ATT_LANES / 2; o > 0; o >>= 1)
+#pragma unroll
+            for (int g = 0; g < G; ++g) dot[g] += R4D_SHFL_XOR(dot[g], o);
+        if (sub == 0)
+#pragma unroll
+            for (int g = 0; g < G; ++g) s_score[g][kk] = j < j1 ? dot[g] * p.scale : __uint_as_float(0xff800000u);
+        if (next < j1)  // the next tile's keys in flight from here
+#pragma unroll
+            for (int i = 0; i < CL; ++i) {
+                int c = sub + i * ATT_LANES;
+                kr[i] = next + kk < j1 && c < C ? r4d_chunk_of<D, FRESH>(p, keys, p.k_cache, p.k, next + kk, c) : zero;
             }
-            float keep = expf(run_max[g] - next);
-            run_sum[g] *= keep;
+        __syncthreads();
+        // 2. softmax: warp w keeps heads w, w + ATT_WARPS, ...; a key a lane (-inf past the split: weight 0)
 #pragma unroll
-            for (int t = 0; t < DPL; ++t) acc[g][t] *= keep;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                float weight = expf(score[u] - next);  // 0 for a key past the split
-                run_sum[g] += weight;
-#pragma unroll
-                for (int t = 0; t < DPL; ++t) acc[g][t] += weight * vv[u][t];
-            }
-            run_max[g] = next;
-        }
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        if (lane == 0) { s_max[warp][g] = run_max[g]; s_sum[warp][g] = run_sum[g]; }
-#pragma unroll
-        for (int t = 0; t < DPL; ++t) s_acc[warp][g][lane + t * R4D_WARP] = acc[g][t];
-    }
-    __syncthreads();
-    // this split's (max, sum, weighted values) of each head: the warps merged
-    long long group = (long long)m * p.kv_heads + kvh;
-    float* mine = p.partial + (group * splits + split) * G * (D + 2);
-    for (int g = 0; g < G; ++g) {
-        float top = s_max[0][g];
-        for (int w = 1; w < ATT_WARPS; ++w) top = fmaxf(top, s_max[w][g]);
-        float* entry = mine + g * (D + 2);
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            float mixed = 0.0f;
-            for (int w = 0; w < ATT_WARPS; ++w)
-                if (s_sum[w][g] > 0.0f) mixed += s_acc[w][g][d] * expf(s_max[w][g] - top);
-            entry[2 + d] = mixed;
-        }
-        if (threadIdx.x == 0) {
-            float total = 0.0f;
-            for (int w = 0; w < ATT_WARPS; ++w) total += s_sum[w][g] > 0.0f ? s_sum[w][g] * expf(s_max[w][g] - top) : 0.0f;
-            entry[0] = top;
-            entry[1] = total;
-        }
-    }
-    if (FRESH && !decode && split == 0) {  // this token's own k (rotated) and v at its slot; nothing here reads them back
-        long long slot = p.slots[m];
-        const float* krow = p.k + (long long)m * width + (long long)kvh * D;
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            p.k_cache[slot * width + (long long)kvh * D + d] = r4d_rotated(krow, d, D, position, p.inv_freq, p.interleaved);
-            p.v_cache[slot * width + (long long)kvh * D + d] = p.v[(long long)m * width + (long long)kvh * D + d];
-        }
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(p.counters + group, 1u) == (u32)splits - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    // the (token, kv head)'s last block: the splits merged in order, their maxima and sums staged
-    // first so that the value loads below stay independent
-    const float* all = p.partial + group * splits * G * (D + 2);
-    for (int i = threadIdx.x; i < splits * G; i += blockDim.x) {
-        s_split_max[i] = r4d_load_l2(all + i * (D + 2));
-        s_split_sum[i] = r4d_load_l2(all + i * (D + 2) + 1);
-    }
-    __syncthreads();
-    // a head's splits merged by one warp, a lane a split (ATT_MAX_SPLITS <= a warp): a handful of
-    // instructions where one thread's loop over the splits took a thousand
-    for (int g = warp; g < G; g += ATT_WARPS) {
-        float sum = lane < splits ? s_split_sum[lane * G + g] : 0.0f;
-        float top = r4d_warp_max(sum > 0.0f ? s_split_max[lane * G + g] : __uint_as_float(0xff800000u));
-        float weight = sum > 0.0f ? expf(s_split_max[lane * G + g] - top) : 0.0f;
-        float total = r4d_warp_sum(sum * weight);
-        if (lane < splits) s_split_max[lane * G + g] = weight;  // from here on: the split's weight
-        if (lane == 0) s_total[g] = total;
-    }
-    __syncthreads();
-    // every element's result first, then every store: a store to out between them would keep the
-    // compiler from issuing the next element's loads early (out and partial might alias, for all it knows)
-    constexpr int PER = (G * DPL * R4D_WARP + ATT_WARPS * R4D_WARP - 1) / (ATT_WARPS * R4D_WARP);
-    float result[PER];
-#pragma unroll
-    for (int r = 0; r < PER; ++r) {
-        int i = threadIdx.x + r * ATT_WARPS * R4D_WARP, g = i / D, d = i % D;
-        result[r] = 0.0f;
-        if (i >= G * D) continue;
-        float value[ATT_MAX_SPLITS];  // every split's value issued at once, then added in split order
-#pragma unroll
-        for (int q = 0; q < ATT_MAX_SPLITS; ++q)
-            value[q] = q < splits && s_split_max[q * G + g] > 0.0f ? r4d_load_l2(all + (q * G + g) * (D + 2) + 2 + d) : 0.0f;
-        float mixed = 0.0f;
-#pragma unroll
-        for (int q = 0; q < ATT_MAX_SPLITS; ++q)
-            if (q < splits && s_split_max[q * G + g] > 0.0f) mixed += value[q] * s_split_max[q * G + g];
-        result[r] = mixed / s_total[g];
-    }
-#pragma unroll
-    for (int r = 0; r < PER; ++r) {
-        int i = threadIdx.x + r * ATT_WARPS * R4D_WARP;
-        if (i < G * D) p.out[((long long)m * p.q_heads + kvh * G + i / D) * D + i % D] = result[r];
-    }
-    if (!FRESH) {
-        if (threadIdx.x == 0) p.counters[group] = 0u;  // ready for the next launch (a graph replays it)
-        return;
-    }
-    // q rotated in place from the registers that hold it: only this (token, kv head)'s blocks read
-    // these heads, and they are done
-    if (warp == 0) {
-#pragma unroll
-        for (int g = 0; g < G; ++g)
-#pragma unroll
-            for (int t = 0; t < DPL; ++t)
-                if (lane + t * R4D_WARP < D) p.q[((long long)m * p.q_heads + kvh * G + g) * D + lane + t * R4D_WARP] = qv[g][t];
-    }
-    if (decode) {
-        // this token's k rotated by the cos and sin each lane holds for its elements, every value read
-        // before any is written back; then k in place and at the token's slot, with its v
-        const long long row = (long long)m * width + (long long)kvh * D, slot = (long long)p.slots[m] * width + (long long)kvh * D;
-        float rotated[DPL], value[DPL];
-#pragma unroll
-        for (int t = 0; t < DPL; ++t) {
-            int d = lane + t * R4D_WARP;
-            bool mine = warp == 0 && d < D;
-            rotated[t] = mine ? r4d_rotate_cs(p.k + row, d, D, p.interleaved, qc[t], qs[t]) : 0.0f;
-            value[t] = mine ? p.v[row + d] : 0.0f;
+        for (int r = 0; r < HPW; ++r) {
+            int g = warp + r * ATT_WARPS;
+            if (g >= G) continue;
+            float score = lane < ATT_TILE ? s_score[g][lane] : __uint_as_float(0xff800000u);
+            float top = fmaxf(run_max[r], r4d_warp_max(score));  // finite: a tile holds a key at least
+            float keep = expf(run_max[r] - top), weight = expf(score - top);
+            run_sum[r] = run_sum[r] * keep + r4d_warp_sum(weight);
+            run_max[r] = top;
+            if (lane < ATT_TILE) s_score[g][lane] = weight;
+            if (lane == 0) s_keep[g] = keep;
         }
         __syncthreads();
+        // 3. values
+        if (slice < SLICES) {
 #pragma unroll
-        for (int t = 0; t < DPL; ++t) {
-            int d = lane + t * R4D_WARP;
-            if (warp != 0 || d >= D) continue;
-            p.k[row + d] = rotated[t];
-            p.k_cache[slot + d] = rotated[t];
-            p.v_cache[slot + d] = value[t];
+            for (int g = 0; g < G; ++g) {
+                float4 sum = r4d_scale4(acc[g], s_keep[g]);
+#pragma unroll
+                for (int i = 0; i < KPT; ++i)
+                    if (slice + i * SLICES < ATT_TILE) sum = r4d_axpy4(s_score[g][slice + i * SLICES], vr[i], sum);
+                acc[g] = sum;
+            }
         }
-        if (threadIdx.x == 0) p.counters[group] = 0u;
+        if (next < j1)
+#pragma unroll
+            for (int i = 0; i < KPT; ++i) {
+                int t = slice + i * SLICES;
+                vr[i] = slice < SLICES && t < ATT_TILE && next + t < j1
+                            ? r4d_chunk_of<D, FRESH>(p, keys, p.v_cache, p.v, next + t, vc) : zero;
+            }
+    }
+    if (slice < SLICES)
+#pragma unroll
+        for (int g = 0; g < G; ++g) s_acc[(slice * G + g) * C + vc] = acc[g];
+#pragma unroll
+    for (int r = 0; r < HPW; ++r) {
+        int g = warp + r * ATT_WARPS;
+        if (g < G && lane == 0) { s_max[g] = run_max[r]; s_sum[g] = run_sum[r]; }
+    }
+    __syncthreads();
+
+    // the split's weighted values of each head, the slices added in order: out itself where the
+    // token has one split, else this split's partial
+    const long long group = (long long)m * p.kv_heads + kvh;
+    float* const out = p.out + ((long long)m * p.q_heads + kvh * G) * D;  // the G heads' rows, contiguous
+    float* const mine = p.partial + (group * gridDim.z + split) * STRIDE;
+    for (int i = tid; i < G * C; i += ATT_THREADS) {
+        int g = i / C, c = i % C;
+        float4 mixed = s_acc[g * C + c];
+#pragma unroll
+        for (int sl = 1; sl < SLICES; ++sl) {
+            float4 more = s_acc[(sl * G + g) * C + c];
+            mixed = make_float4(mixed.x + more.x, mixed.y + more.y, mixed.z + more.z, mixed.w + more.w);
+        }
+        if (splits == 1) {
+            float total = s_sum[g];
+            ((float4*)out)[i] = make_float4(mixed.x / total, mixed.y / total, mixed.z / total, mixed.w / total);
+        } else {
+            ((float4*)mine)[i] = mixed;
+        }
+    }
+    if (splits > 1 && tid < G) {
+        mine[G * D + 2 * tid] = s_max[tid];
+        mine[G * D + 2 * tid + 1] = s_sum[tid];
+    }
+    if (FRESH && !decode && split == 0) {  // this token's own k (rotated) and v at its slot; nothing here reads them back
+        long long slot = (long long)p.slots[m] * width + keys.head, row = (long long)m * width + keys.head;
+        for (int d = tid; d < D; d += ATT_THREADS) {
+            int pair = p.interleaved ? d / 2 : d % (D / 2);
+            p.k_cache[slot + d] = r4d_rotate_cs(p.k + row, d, D, p.interleaved, s_cos[pair], s_sin[pair]);
+            p.v_cache[slot + d] = p.v[row + d];
+        }
+    }
+    if (splits > 1) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) s_last = atomicAdd(p.counters + group, 1u) == (u32)splits - 1;
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        // the (token, kv head)'s last block: the splits merged in order, their maxima and sums staged
+        // first so that the value loads below stay independent
+        const float* all = p.partial + group * gridDim.z * STRIDE;
+        for (int i = tid; i < splits * G; i += ATT_THREADS) {
+            int q = i / G, g = i % G;
+            s_split_max[i] = r4d_load_l2(all + q * STRIDE + G * D + 2 * g);
+            s_split_sum[i] = r4d_load_l2(all + q * STRIDE + G * D + 2 * g + 1);
+        }
+        __syncthreads();
+        // a head's splits weighed by one warp, a lane a split
+        for (int g = warp; g < G; g += ATT_WARPS) {
+            float sum = lane < splits ? s_split_sum[lane * G + g] : 0.0f;
+            float top = r4d_warp_max(sum > 0.0f ? s_split_max[lane * G + g] : __uint_as_float(0xff800000u));
+            float weight = sum > 0.0f ? expf(s_split_max[lane * G + g] - top) : 0.0f;
+            float total = r4d_warp_sum(sum * weight);
+            if (lane < splits) s_split_max[lane * G + g] = weight;  // from here on: the split's weight
+            if (lane == 0) s_total[g] = total;
+        }
+        __syncthreads();
+        // a float4 of the output a thread, eight splits' values loaded at a time, added in split order
+        for (int i = tid; i < G * C; i += ATT_THREADS) {
+            int g = i / C;
+            float4 mixed = zero;
+            for (int q0 = 0; q0 < splits; q0 += 8) {
+                float4 value[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u)
+                    value[u] = q0 + u < splits && s_split_max[(q0 + u) * G + g] > 0.0f
+                                   ? r4d_load4_l2(all + (q0 + u) * STRIDE + 4 * i) : zero;
+#pragma unroll
+                for (int u = 0; u < 8; ++u)
+                    if (q0 + u < splits && s_split_max[(q0 + u) * G + g] > 0.0f)
+                        mixed = r4d_axpy4(s_split_max[(q0 + u) * G + g], value[u], mixed);
+            }
+            float total = s_total[g];
+            ((float4*)out)[i] = make_float4(mixed.x / total, mixed.y / total, mixed.z / total, mixed.w / total);
+        }
+        if (tid == 0) p.counters[group] = 0u;  // ready for the next launch (a graph replays it)
+    }
+    if (!FRESH) return;
+    // q rotated, in place: only this (token, kv head)'s blocks read these heads, and they are done
+    float4* qout = (float4*)(p.q + ((long long)m * p.q_heads + kvh * G) * D);
+    for (int i = tid; i < G * C; i += ATT_THREADS) qout[i] = s_q[i];
+    if (decode) {
+        // this token's k rotated by the block's cos and sin, a thread a pair (both read before either
+        // is written), in place and at the token's slot, with its v
+        const long long row = (long long)m * width + keys.head, slot = (long long)p.slots[m] * width + keys.head;
+        for (int i = tid; i < D / 2; i += ATT_THREADS) {
+            int ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + D / 2;
+            float a = p.k[row + ia], b = p.k[row + ib], c = s_cos[i], sn = s_sin[i];
+            float ra = a * c - b * sn, rb = a * sn + b * c;
+            p.k[row + ia] = ra;
+            p.k[row + ib] = rb;
+            p.k_cache[slot + ia] = ra;
+            p.k_cache[slot + ib] = rb;
+        }
+        for (int d = tid; d < D; d += ATT_THREADS) p.v_cache[slot + d] = p.v[row + d];
         return;
     }
     // k rotated in place by the grid's last group: later tokens of a sequence read earlier ones' k
-    if (threadIdx.x == 0) {
-        p.counters[group] = 0u;
-        s_last = atomicAdd(p.counters + gridDim.x * p.kv_heads, 1u) == gridDim.x * p.kv_heads - 1;
-    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(p.counters + gridDim.x * p.kv_heads, 1u) == gridDim.x * p.kv_heads - 1;
     __syncthreads();
     if (!s_last) return;
     __threadfence();
     rotate_pairs(p.k, gridDim.x * p.kv_heads, D, p.positions, p.kv_heads, p);
-    if (threadIdx.x == 0) p.counters[gridDim.x * p.kv_heads] = 0u;
+    if (tid == 0) p.counters[gridDim.x * p.kv_heads] = 0u;
 }
 
-// One module per (R4D_ATT_DPL, R4D_ATT_G): head_dim <= 32 * DPL values a lane, G query heads per kv head.
-#ifndef R4D_ATT_DPL
-#define R4D_ATT_DPL 4
+// One module per (R4D_ATT_D, R4D_ATT_G): head_dim (a multiple of 4), G query heads per kv head.
+#ifndef R4D_ATT_D
+#define R4D_ATT_D 128
 #endif
 #ifndef R4D_ATT_G
 #define R4D_ATT_G 1
 #endif
 #define ATTEND_ENTRY(FRESH, WHICH)                                                                                \
-    extern "C" __global__ void __launch_bounds__(ATT_WARPS * R4D_WARP) r4d_attend_##WHICH(                        \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) r4d_attend_##WHICH(                                 \
         float* q, float* k, const float* v, float* k_cache, float* v_cache, const int* slots, const int* positions, \
         const int* cu_seqlens, const int* context_lens, const int* block_tables, float* out, const float* inv_freq, \
         float* partial, u32* counters, int seqs, int max_blocks, int q_heads, int kv_heads, int head_dim,         \
@@ -333,7 +434,7 @@ __device__ void attend(const Attend& p) {
         Attend p = {q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out,      \
                     inv_freq, partial, counters, seqs, max_blocks, q_heads, kv_heads, head_dim, block_size,       \
                     interleaved, scale};                                                                         \
-        attend<R4D_ATT_DPL, R4D_ATT_G, FRESH>(p);                                                                \
+        attend<R4D_ATT_D, R4D_ATT_G, FRESH>(p);                                                                  \
     }
 
 ATTEND_ENTRY(false, cache)
