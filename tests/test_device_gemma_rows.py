@@ -6,15 +6,16 @@ shapes (640 wide, 4 query heads over one kv head of 256, a window of 512), and t
 by nvcc for sm_90 (skipped, saying so, where nvcc is not installed). On a card:
 test_device_gguf_card.py."""
 
-import shutil
-import subprocess
+import functools
 
 import numpy as np
 import pytest
 
 from radiance.abi import RAD_DOMAIN_DEVICE, RAD_OK
 from radiance.engine.running.device_stream import EngineStream
+import early_builds
 from device_batch_support import nvidia_fake
+from device_sources import NVCC, sm_90_cubin
 from test_device_rows_host import dev, ints, launch
 from test_device_rows_support import Card
 from test_device_tensor_cores import Recording, attention_operands
@@ -23,6 +24,11 @@ from test_libr4d_support import launch as host_launch
 
 OPS = {"scale": "r4dchain_scale_dev", "rmsnorm_heads": "r4dchain_rmsnorm_heads_dev",
        "gelu_tanh_mul": "r4dchain_gelu_tanh_mul_dev", "sliding_attention": "r4dchain_sliding_attention_dev"}
+
+# nvcc's compiles begin when collection ends, beside the run (tests/early_builds.py); none without nvcc.
+EARLY_BUILDS = {} if NVCC is None else {"nvcc:gemma": functools.partial(sm_90_cubin, "gemma"),
+                                        "nvcc:attention_window_256_4": functools.partial(sm_90_cubin, "attention_window",
+                                                                                         (256, 4))}
 
 
 def module(registry, name):
@@ -127,22 +133,16 @@ def test_sliding_attention_agrees_with_libref(registry, on_fake, case):
     assert rel_err(got[10], full[10]) > 1e-3  # the window matters in every case
 
 
-def test_the_sources_compile_for_sm_90_with_nvcc(tmp_path, registry):
+def test_the_sources_compile_for_sm_90_with_nvcc():
     """gemma.cu, and attention_window.cu at Gemma's head_dim 256 and 4 query heads a kv head, as the
     engine puts them together (common.cu first; attention.cu before the window's entry)."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+    if NVCC is None:
         pytest.skip("nvcc is not on PATH: the CUDA sources cannot be compiled here")
-    dk = module(registry, "device_kernels")
-    for name, options, entries in (("gemma", (), ("r4d_scale_dev", "r4d_rmsnorm_heads_dev", "r4d_gelu_tanh_mul_dev")),
-                                   ("attention_window", dk.attention_options(256, 4), ("r4d_attend_window",
-                                                                                       "r4d_kv_store_dev"))):
-        (tmp_path / f"{name}.cu").write_text(dk.source(name))
-        result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", *options, "-o", str(tmp_path / f"{name}.cubin"),
-                                 str(tmp_path / f"{name}.cu")], capture_output=True, text=True)
+    for key, entries in (("nvcc:gemma", ("r4d_scale_dev", "r4d_rmsnorm_heads_dev", "r4d_gelu_tanh_mul_dev")),
+                         ("nvcc:attention_window_256_4", ("r4d_attend_window", "r4d_kv_store_dev"))):
+        result, cubin = early_builds.result(key, EARLY_BUILDS[key])
         assert result.returncode == 0, result.stderr[-2000:]
-        cubin = (tmp_path / f"{name}.cubin").read_bytes()
-        assert all(entry.encode() in cubin for entry in entries), name
+        assert all(entry.encode() in cubin.read_bytes() for entry in entries), key
 
 
 def test_gemma3_270m_resolves_wholly_to_libr4d_device_rows(gemma3):

@@ -5,8 +5,7 @@ arithmetic (tests/fixtures/r4d_fake_kernels.py) against libref within the GEMV t
 GGUF blocks as the converter imports them and on Gemma 3 270M's shapes, and the source compiled by
 nvcc for sm_90 (skipped, saying so, where nvcc is not installed). On a card: test_device_gguf_card.py."""
 
-import shutil
-import subprocess
+import functools
 
 import numpy as np
 import pytest
@@ -14,7 +13,9 @@ import pytest
 from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DT_ENCODED, RAD_OK, RadTensor, RadWeightPlanes, rad_device_tensor
 from radiance.engine.running.device_stream import EngineStream
 from radiance.engine.selection.bands import resolve
+import early_builds
 from device_batch_support import nvidia_fake
+from device_sources import NVCC, sm_90_cubin
 from test_device_rows_host import dev, ints, launch, pointers
 from test_device_rows_support import Card
 from test_device_tensor_cores import Recording
@@ -25,6 +26,9 @@ from test_libr4d_support import launch as host_launch
 NAMES = [qtype.name.lower() for qtype in TYPES]
 # Gemma 3 270M's GGUF-typed linear weights (N, K): q, gate, up (q5_0), o (q4_k), down (q6_k), k (q5_0)
 GEMMA = [("q5_0", 1024, 640), ("q5_0", 2048, 640), ("q4_k", 640, 1024), ("q6_k", 640, 2048), ("q5_0", 256, 640)]
+
+# nvcc's compile begins when collection ends, beside the run (tests/early_builds.py); none without nvcc.
+EARLY_BUILDS = {} if NVCC is None else {"nvcc:gemv_gguf": functools.partial(sm_90_cubin, "gemv_gguf")}
 
 
 def module(registry, name):
@@ -147,17 +151,13 @@ def test_the_embedding_row_is_libref_s_bit_for_bit_on_the_fake_card(registry, on
     embedding_agrees(registry, on_fake, fmt, 50, 512)
 
 
-def test_the_source_compiles_for_sm_90_with_nvcc(tmp_path, registry):
+def test_the_source_compiles_for_sm_90_with_nvcc():
     """Every format's entries, as the engine puts the source together (common.cu first); nvrtc
     compiles the same text on a card."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+    if NVCC is None:
         pytest.skip("nvcc is not on PATH: the CUDA source cannot be compiled here")
-    dk = module(registry, "device_kernels")
-    (tmp_path / "gemv_gguf.cu").write_text(dk.source("gemv_gguf"))
-    result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-o", str(tmp_path / "gguf.cubin"),
-                             str(tmp_path / "gemv_gguf.cu")], capture_output=True, text=True)
+    result, path = early_builds.result("nvcc:gemv_gguf", EARLY_BUILDS["nvcc:gemv_gguf"])
     assert result.returncode == 0, result.stderr[-2000:]
-    cubin = (tmp_path / "gguf.cubin").read_bytes()
+    cubin = path.read_bytes()
     assert all(f"r4d_kq_gemv_{fmt}_m{mt}".encode() in cubin for fmt in NAMES for mt in (1, 2, 4, 8))
     assert all(f"r4d_kq_embedding_{fmt}".encode() in cubin for fmt in NAMES)

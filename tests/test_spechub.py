@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import early_builds
 from conftest import build_spechub
 from radiance.device.compile_cache import CompileCache
 from radiance.device.fake import FakeDevice
@@ -24,6 +25,16 @@ spechub_fake = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(spechub_fake)
 
 VOCAB = 50
+
+
+def build_spechub_sm_90() -> Path:
+    """spechub built carrying its sm_90 cubin: the home."""
+    return build_spechub(early_builds.folder() / "spechub-sm_90", "-DRAD_CUDA_ARCHS=90", "-DRAD_BUILD_TARGET_EXTRA=fake")
+
+
+# The cubin's build (nvcc) begins when collection ends, beside the run (tests/early_builds.py); none
+# without nvcc.
+EARLY_BUILDS = {} if shutil.which("nvcc") is None else {"cmake:spechub-sm_90": build_spechub_sm_90}
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +235,7 @@ def test_a_failing_launch_is_reported_naming_the_kernel(registry, tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH: no cubin to carry (CI machines "
                                                           "without the CUDA toolkit check the source path above)")
 def test_the_sm_90_cubin_spechub_carries_is_the_code_object_a_sm_90_card_loads(registry, tmp_path):
-    home = build_spechub(tmp_path, "-DRAD_CUDA_ARCHS=90", "-DRAD_BUILD_TARGET_EXTRA=fake")
+    home = early_builds.result("cmake:spechub-sm_90", build_spechub_sm_90)
     cubin_registry = Registry(str(home), kernels="spechub")
     library = spechub(cubin_registry)
     assert library.info.build_target.split() == ["host", "sm_90", "cuda", "hip", "fake"]
