@@ -60,13 +60,12 @@ def test_every_tensor_decodes_to_what_gguf_dequantises(converted, reader):
 
 
 def test_the_error_report_is_zero_and_stored(converted):
-    container, errors, seconds = converted
+    container, errors, _ = converted
     assert len(errors) == 272 and all(error.relative == 0 for error in errors)
     summary = container.metadata["relative_error"]
     assert summary["max"] == 0 and len(summary["weights"]) == 272
     assert container.metadata["methods"]["layers.0.attn.q"] == "gguf Q4_1"
     assert container.metadata["methods"]["token_embd"] == "gguf Q8_0"
-    assert seconds < 30
 
 
 def test_hyper_parameters(converted):
