@@ -102,7 +102,7 @@ class Worker:
     def _build(self, registry: Registry, facts: dict, peers, pipes: dict) -> None:
         config, device = self.config, self.device
         nodes = shard_nodes(self.model.graph, self.shard)
-        if self.device is not None and self.shard.world == 1:
+        if self.shard.world == 1:
             nodes = elide_collectives(nodes)
         buffers = shard_buffers(self.model.graph, self.shard)
         if self.stage.count > 1:

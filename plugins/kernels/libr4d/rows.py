@@ -295,6 +295,11 @@ def _pack_attention(op, a):
             p["block_size"], _bits(p["scale"])]
 
 
+def _pack_add_rmsnorm(op, a):
+    p = a.params
+    return [*(op(_data(a, i)) for i in range(4)), p["M"], p["n"], _bits(p["eps"])]
+
+
 def add_rmsnorm(native):
     """`fn(residual, x, w, y, m, n, eps) -> status`: residual += x, y = rmsnorm(residual) * w, bit
     for bit libref's add then rmsnorm (w: f32 [n]). For the fused all_reduce + add + rmsnorm once its
@@ -324,10 +329,12 @@ NATIVE_ENTRIES = {"gemv": ("r4d_gemv_p", _pack_gemv), "gemm": ("r4d_gemm_p", _pa
                   "embedding": ("r4d_embedding_p", _pack_embedding), "rmsnorm": ("r4d_rmsnorm_p", _pack_rmsnorm),
                   "add": ("r4d_add_p", _pack_rows3), "silu_mul": ("r4d_silu_mul_p", _pack_rows3),
                   "take_rows": ("r4d_take_rows_p", _pack_rows3), "rope": ("r4d_rope_p", _pack_rope),
-                  "attention": ("r4d_attention_p", _pack_attention)}
+                  "attention": ("r4d_attention_p", _pack_attention),
+                  "add_rmsnorm": ("r4d_add_rmsnorm_p", _pack_add_rmsnorm)}
 FALLBACK_LAUNCH = {"gemv": fallback.gemm, "gemm": fallback.gemm, "embedding": fallback.embedding,
                    "rmsnorm": fallback.rmsnorm, "add": fallback.add, "silu_mul": fallback.silu_mul,
-                   "take_rows": fallback.take_rows, "rope": fallback.rope, "attention": fallback.attention}
+                   "take_rows": fallback.take_rows, "rope": fallback.rope, "attention": fallback.attention,
+                   "add_rmsnorm": fallback.add_rmsnorm}
 
 
 def _guarded(name, launch):
@@ -348,6 +355,7 @@ def _guarded(name, launch):
 # the table
 
 F32_ACTIVATIONS = RAD_CEQ("dtype", "f32")
+ADD_RMSNORM_REPLACES = "add(residual,x,residual)+rmsnorm(residual,w,y)"
 
 
 def build_rows(native) -> list[RadKernelInfo]:
@@ -398,6 +406,11 @@ def build_rows(native) -> list[RadKernelInfo]:
         row("r4d_silu_mul", "silu_mul", "silu_mul", [F32_ACTIVATIONS], "sigmoid in f64 rounded to f32",
             "any", "f32"),
         row("r4d_take_rows", "take_rows", "take_rows", [F32_ACTIVATIONS], "row gather", "any", "f32"),
+        # where no all_reduce stands between the residual add and the next norm (TP 1: the worker
+        # elides the collectives of one rank), the two in one launch, bit for bit the chain
+        row("r4d_add_rmsnorm", "add_rmsnorm", "add_rmsnorm", [F32_ACTIVATIONS],
+            "add's elementwise sum, then rmsnorm's ordered sum of squares", "any", "f32", layout=layout_vector,
+            relayout=relayout_vector, unrelayout=unrelayout_vector, replaces=ADD_RMSNORM_REPLACES),
         RadKernelInfo(name="r4d_sample", op="sample", family="r4d",
                       computes="libref's tokens: greedy, top-k by partition, top-p over the ordered head",
                       shape="any", dtypes="f32 logits", domain=RAD_DOMAIN_HOST, priority=10, constraints=[],
