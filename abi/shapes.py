@@ -48,6 +48,7 @@ _ATTENTION = {"q": ("x", "M", "q_heads*head_dim"), "k": ("x", "M", "kv_heads*hea
               "cu_seqlens": ("i", "seqs+1"), "context_lens": ("i", "seqs"), "block_tables": ("i", "seqs", "max_blocks"),
               "out": ("x", "M", "q_heads*head_dim")}
 SHAPES["attention"] = SHAPES["sliding_attention"] = _ATTENTION
+SHAPES["add_rmsnorm"] = {"residual": ("x", "M", "n"), "x": ("x", "M", "n"), "w": ("w", 1, "n"), "y": ("x", "M", "n")}
 SHAPES["gemm_add"] = {"x": ("x", "M", "K"), "w": ("w", "N", "K"), "y": ("x", "M", "N"), "residual": ("x", "M", "N")}
 SHAPES["rmsnorm_gemm3"] = {"x": ("x", "M", "n"), "norm": ("w", 1, "n"), "normed": ("x", "M", "n"),
                            "wq": ("w", "N.1", "K"), "q": ("x", "M", "N.1"), "wk": ("w", "N.2", "K"),

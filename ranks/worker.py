@@ -102,14 +102,15 @@ class Worker:
     def _build(self, registry: Registry, facts: dict, peers, pipes: dict) -> None:
         config, device = self.config, self.device
         nodes = shard_nodes(self.model.graph, self.shard)
-        if self.device is not None and self.shard.world == 1:
-            nodes = elide_collectives(nodes)
         buffers = shard_buffers(self.model.graph, self.shard)
         if self.stage.count > 1:
             if device is not None:
                 raise RuntimeError(f"--pp {self.stage.count}: pipeline stages run on host ranks only so far "
                                    "(--device host)")
-            nodes = stage_nodes(nodes, buffers, self.cut, self.stage)
+            nodes = stage_nodes(nodes, buffers, self.cut, self.stage)  # the cut counts the whole graph's nodes
+        if self.shard.world == 1:
+            nodes = elide_collectives(nodes)
+        if self.stage.count > 1:
             buffers = used_buffers(nodes, buffers)
         self.buffer_names = set(buffers)  # a stage holds only those its nodes touch
         self.extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}  # read every step

@@ -165,6 +165,22 @@ def test_native_add_rmsnorm_is_libref_s_add_then_rmsnorm(registry, m):
     np.testing.assert_array_equal(ours_y, ref_y)
 
 
+@pytest.mark.parametrize("m", [1, 9, PREFILL_M])
+@pytest.mark.parametrize("wdtype", ["f32", "bf16"])
+def test_fused_add_rmsnorm_row_is_libref_s_chain(registry, m, wdtype):
+    """r4d_add_rmsnorm (what serves add + rmsnorm at TP 1, its collectives elided) against libref's
+    chain row: the same residual and the same normed rows, rows past M untouched."""
+    residual, x = residual_stream(m + 2, HIDDEN, 11), residual_stream(m + 2, HIDDEN, 12)
+    weight = make_weight(wdtype, 1, HIDDEN, seed=13)
+    params = {"M": m, "n": HIDDEN, "eps": 1e-5, "dtype": "f32"}
+    ours, ref = both(registry, "add_rmsnorm", lambda: [residual.copy(), x, None,
+                                                       np.full((m + 2, HIDDEN), 3.0, np.float32)], params, {2: weight})
+    np.testing.assert_array_equal(ours[0], ref[0])
+    np.testing.assert_array_equal(ours[3], ref[3])
+    np.testing.assert_array_equal(ours[0][m:], residual[m:])
+    assert (ours[3][m:] == 3.0).all() and not np.array_equal(ours[0][:m], residual[:m])
+
+
 def test_sample_when_the_draw_rounds_to_one_after_a_top_p_cut(registry, monkeypatch):
     """f32(u) == 1 (u > 1 - 2**-25): no running sum exceeds u * total, and libref takes the last
     token its top_p cut kept; so must libr4d, whose order is only the head of libref's."""

@@ -65,13 +65,26 @@ def test_q4_1_every_row_count_of_both_bands(registry, m):
         assert rel_err(y, ref) <= tolerance, (m, aq, rel_err(y, ref))
 
 
-@pytest.mark.parametrize("m,aq", [(1, 16), (1, 8), (1, 0), (PREFILL_M, 16)])
+@pytest.mark.parametrize("m,aq", [(1, 16), (1, 8), (1, 0), (PREFILL_M, 16), (PREFILL_M, 0)])
 def test_q8_0_lm_head(registry, m, aq):
+    """Both bands take `aq`: the prefill GEMM's int16 path (16, its default on AVX2) is held to the
+    GEMV's int16 tolerance, its f32 panels (0) to the f32 one."""
     row, y, ref = run_gemm(registry, "q8_0", VOCAB, HIDDEN, m, seed=11, aq=aq)
-    tolerance = TOLERANCE[aq] if m == 1 else TOL_F32
-    assert rel_err(y, ref) <= tolerance, (row.name, rel_err(y, ref))
+    assert row.name == ("r4d_gemv_q8_0" if m == 1 else "r4d_gemm_q8_0")
+    assert rel_err(y, ref) <= TOLERANCE[aq], (row.name, rel_err(y, ref))
     if aq != 8:  # what greedy sampling reads
         np.testing.assert_array_equal(np.argmax(y, axis=1), np.argmax(ref, axis=1))
+
+
+@pytest.mark.parametrize("name,n,k", LINEAR + [("odd", 97, HIDDEN)], ids=[item[0] for item in LINEAR] + ["odd"])
+@pytest.mark.parametrize("m", [17, PREFILL_M, 130])
+def test_q8_0_prefill_gemm_on_every_linear_shape(registry, name, n, k, m):
+    """The prefill GEMM's default on q8_0 weights (int16 activations on AVX2 builds, f32 panels on
+    the others) within the int16 tolerance, every row and column written (tiles of 4 x 2 and their
+    tails: 17, 37 and 130 rows, an odd N)."""
+    row, y, ref = run_gemm(registry, "q8_0", n, k, m, seed=n + k + m)
+    assert row.name == "r4d_gemm_q8_0" and not np.isnan(y).any()
+    assert rel_err(y, ref) <= TOLERANCE[16], (name, m, rel_err(y, ref))
 
 
 @pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])

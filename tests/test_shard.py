@@ -39,3 +39,22 @@ def test_split_keys_and_weight_cuts():
     assert weight_cut(RAD_SPLIT_ROWS, 256, 640, Shard(1, 2), "k", parts=1) is None  # whole on every rank
     assert weight_cut(RAD_SPLIT_ROWS, 1024, 640, Shard(1, 2), "q", parts=4) == (0, 512, 1024)
     assert weight_cut(RAD_SPLIT_COLS, 640, 1024, Shard(3, 4), "o") == (1, 768, 1024)
+
+
+def test_one_rank_elides_its_collectives_and_keeps_the_gathered_buffers_written():
+    """At world 1: the all_reduce goes; a part gathered once is renamed to its gathered buffer
+    everywhere (what reads `logits` after the step finds the step's logits); a part gathered into
+    two buffers is read in their place after each gather."""
+    from radiance.engine.selection.shard import RankNode, elide_collectives
+
+    def node(index, op, *operands):
+        return RankNode(index, op, f"n{index}", 0, {}, operands)
+
+    nodes = [node(0, "gemm", "x", "w", "t"), node(1, "all_reduce", "t"), node(2, "add", "h", "t", "h"),
+             node(3, "gemm", "h", "head", "logits.part"), node(4, "all_gather", "logits.part", "logits"),
+             node(5, "sample", "logits", "tokens"), node(6, "all_gather", "p", "a"), node(7, "all_gather", "p", "b"),
+             node(8, "add", "a", "b", "c")]
+    kept = elide_collectives(nodes)
+    assert [(n.op, n.operands) for n in kept] == [
+        ("gemm", ("x", "w", "t")), ("add", ("h", "t", "h")), ("gemm", ("h", "head", "logits")),
+        ("sample", ("logits", "tokens")), ("add", ("p", "p", "c"))]

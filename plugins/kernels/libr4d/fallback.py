@@ -40,15 +40,17 @@ def embedding(a):
     return RAD_OK
 
 
-def rmsnorm(a):
-    x, w, y = a.t[0].data, a.t[1].data, a.t[2].data
-    m, n = int(a.params["M"]), int(a.params["n"])
+def _rmsnorm(x, w, y, m, n, eps):
     x = x[:m]
     total = np.zeros(m, F32)
     for k in range(n):  # the sum in column order, vectorised across rows
         total += x[:, k] * x[:, k]
-    scale = F32(1.0) / np.sqrt(total / F32(n) + F32(a.params["eps"]))
+    scale = F32(1.0) / np.sqrt(total / F32(n) + F32(eps))
     y[:m] = (x * scale[:, None]) * np.asarray(w, F32).reshape(-1)[None, :n]
+
+
+def rmsnorm(a):
+    _rmsnorm(a.t[0].data, a.t[1].data, a.t[2].data, int(a.params["M"]), int(a.params["n"]), a.params["eps"])
     return RAD_OK
 
 
@@ -62,6 +64,15 @@ def gemm(a):
 def add(a):
     m = int(a.params["M"])
     np.add(a.t[0].data[:m], a.t[1].data[:m], out=a.t[2].data[:m])
+    return RAD_OK
+
+
+def add_rmsnorm(a):
+    """residual += x, then y = rmsnorm(residual) * w: add's then rmsnorm's arithmetic."""
+    residual, x, w, y = (t.data for t in a.t)
+    m = int(a.params["M"])
+    np.add(residual[:m], x[:m], out=residual[:m])
+    _rmsnorm(residual, w, y, m, int(a.params["n"]), a.params["eps"])
     return RAD_OK
 
 

@@ -67,7 +67,7 @@ SIGNATURES = {
     "r4d_isa": ([], _I),
     "r4d_embedding": ([_P, _I, _P, _P, _P, _I64, _I64, _P, _I64], _I),
     "r4d_gemv": ([_P, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I], _I),
-    "r4d_gemm": ([_P, _I, _P, _P, _P, _P, _I64, _I64, _I64], _I),
+    "r4d_gemm": ([_P, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I], _I),
     "r4d_rmsnorm": ([_P, _P, _P, _I64, _I64, _D], _I),
     "r4d_add": ([_P, _P, _P, _I64, _I64], _I),
     "r4d_silu_mul": ([_P, _P, _P, _I64, _I64], _I),

@@ -801,6 +801,23 @@ typedef struct {
 
 static __thread ActCache t_act;
 
+typedef struct {
+    const Act *A;
+    const Mat *X;
+    float *source;
+    int aq, perm;
+} PrepareTask;
+
+/* activation rows [lo, hi) prepared, and copied as the source they were made from */
+static void prepare_task(const void *context, int64_t lo, int64_t hi) {
+    const PrepareTask *t = (const PrepareTask *)context;
+    const int64_t K = t->A->K;
+    for (int64_t m = lo; m < hi; m++) {
+        act_row(t->A, m, ROW(*t->X, m, const float), t->aq, t->perm);
+        memcpy(t->source + m * K, ROW(*t->X, m, const float), (size_t)K * sizeof(float));
+    }
+}
+
 static int grow(void *slot, size_t *have, size_t need) {
     if (need <= *have) return 1;
     void **p = (void **)slot;
@@ -825,10 +842,9 @@ static const Act *prepared(const Mat *X, int64_t M, int64_t K, int aq, int perm)
     if (!grow(&c->buffer, &c->buffer_bytes, (size_t)act_bytes(M, K, aq)) || !grow(&c->source, &c->source_bytes, M * row))
         return NULL;
     act_layout(&c->act, c->buffer, M, K, aq);
-    for (int64_t m = 0; m < M; m++) {
-        act_row(&c->act, m, ROW(*X, m, const float), aq, perm);
-        memcpy(c->source + m * K, ROW(*X, m, const float), row);
-    }
+    /* a decode step's few rows on this thread; a prefill's (the q8_0 GEMM's) shared out */
+    const PrepareTask task = {&c->act, X, c->source, aq, perm};
+    pool_run(prepare_task, &task, M, 4, nthreads_for(M * K, 1 << 15));
     c->from = X->p, c->pitch = X->pitch, c->M = M, c->K = K, c->aq = aq, c->perm = perm, c->valid = 1;
     return &c->act;
 }
@@ -1010,13 +1026,104 @@ void r4d_panel_tiles(const float *panel, int64_t kp, int64_t np, int64_t K, cons
 #endif
 }
 
+#if defined(R4D_AVX2) && !defined(R4D_AVX512)
+/* The q8_0 GEMM on AVX2 with int16 activations (aq = 16): the decode GEMV's per-block int16 codes
+ * and f32 steps (`prepared`, natural order: shared with every GEMM and GEMV that reads the same
+ * rows), the weight's int8 codes widened to int16 and multiplied pairwise (vpmaddwd: 16 products a
+ * step where an FMA makes 8), each block's int32 sum scaled by (weight scale * activation step) into
+ * f32 lanes. A register tile of Q8_MR activation rows x Q8_NR weight rows; a weight row pair's
+ * codes (2 K bytes) stay in L1 while every activation row passes. Within TOL_A16 of libref, as the
+ * GEMV at aq = 16; measured 1.6-2x the f32 panels' rate on one Zen 3 core. */
+#define Q8_MR 4
+#define Q8_NR 2
+
+static inline __attribute__((always_inline)) void q80_tile16(const Act *A, int64_t m0, const int mr, const int8_t *c,
+                                                            const float *dw, const int nr, int64_t K, float *y,
+                                                            int64_t ldy) {
+    const int64_t nb = A->nb;
+    const int16_t *xw = A->xw + m0 * K;
+    const float *xd = A->xd + m0 * nb;
+    __m256 acc[Q8_MR][Q8_NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i w0[Q8_NR], w1[Q8_NR];
+        __m256 vw[Q8_NR];
+        for (int j = 0; j < nr; j++) {
+            w0[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + j * K + QK * b)));
+            w1[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + j * K + QK * b + 16)));
+            vw[j] = _mm256_broadcast_ss(dw + j * nb + b);
+        }
+        for (int i = 0; i < mr; i++) {
+            const __m256i x0 = _mm256_load_si256((const __m256i *)(xw + i * K + QK * b));
+            const __m256i x1 = _mm256_load_si256((const __m256i *)(xw + i * K + QK * b + 16));
+            const __m256 vx = _mm256_broadcast_ss(xd + i * nb + b);
+            for (int j = 0; j < nr; j++) {
+                const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(w0[j], x0), _mm256_madd_epi16(w1[j], x1));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(vx, vw[j]), acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) y[i * ldy + j] = hsum8(acc[i][j]);
+}
+
+static void q80_tile16_any(const Act *A, int64_t m0, int mr, const int8_t *c, const float *dw, int nr, int64_t K,
+                           float *y, int64_t ldy) {
+#define T(a, b) \
+    case a * 4 + b: q80_tile16(A, m0, a, c, dw, b, K, y, ldy); break;
+    switch (mr * 4 + nr) { T(1, 1) T(1, 2) T(2, 1) T(2, 2) T(3, 1) T(3, 2) T(4, 1) T(4, 2) }
+#undef T
+}
+
+typedef struct {
+    const Weight *w;
+    const Act *A;
+    const Mat *Y;
+    int64_t M;
+    _Atomic int failed;
+} Q8GemmTask;
+
+/* weight row pairs [lo, hi) against every activation row */
+static void q80_gemm16_task(const void *context, int64_t lo, int64_t hi) {
+    Q8GemmTask *t = (Q8GemmTask *)context;
+    const int64_t K = t->w->cols, N = t->w->rows, nb = K / QK;
+    float *dw = (float *)thread_buffer((size_t)(Q8_NR * nb) * sizeof(float)); /* the pair's f32 scales */
+    if (!dw) {
+        atomic_store(&t->failed, 1);
+        return;
+    }
+    for (int64_t p = lo; p < hi; p++) {
+        const int64_t n0 = p * Q8_NR;
+        const int nr = (int)(N - n0 < Q8_NR ? N - n0 : Q8_NR);
+        for (int j = 0; j < nr; j++)
+            for (int64_t b = 0; b < nb; b++) dw[j * nb + b] = h2f(t->w->scale[(n0 + j) * nb + b]);
+        const int8_t *c = (const int8_t *)t->w->codes + n0 * K;
+        for (int64_t m0 = 0; m0 < t->M; m0 += Q8_MR)
+            q80_tile16_any(t->A, m0, (int)(t->M - m0 < Q8_MR ? t->M - m0 : Q8_MR), c, dw, nr, K,
+                           ROW(*t->Y, m0, float) + n0, t->Y->pitch / 4);
+    }
+}
+#endif
+
 int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
-             int64_t N, int64_t K) {
+             int64_t N, int64_t K, int aq) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};
     Mat X, Y;
     int rc;
     if ((rc = weight_check(&w)) || (rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
     if (X.pitch % 4 || Y.pitch % 4) return R4D_E_SHAPE;
+    if (aq != 0 && aq != 16) return R4D_E_INVALID;
+#if defined(R4D_AVX2) && !defined(R4D_AVX512)
+    if (aq == 16 && fmt == F_Q8_0 && M > 0) {
+        const Act *A = prepared(&X, M, K, 16, 0);
+        if (!A) return R4D_E_NOMEM;
+        Q8GemmTask task = {&w, A, &Y, M, 0};
+        const int64_t pairs = (N + Q8_NR - 1) / Q8_NR;
+        pool_run(q80_gemm16_task, &task, pairs, 8, nthreads_for(M * N * K, 1 << 18));
+        return atomic_load(&task.failed) ? R4D_E_NOMEM : R4D_OK;
+    }
+#endif
     GemmTask task = {&w, &X, &Y, M, N, K, X.pitch / 4, Y.pitch / 4, 0};
     pool_run(gemm_task, &task, (N + NP - 1) / NP, 1, nthreads_for(M * N * K, 1 << 18));
     return atomic_load(&task.failed) ? R4D_E_NOMEM : R4D_OK;
@@ -1690,7 +1797,7 @@ int r4d_embedding_p(const int64_t *a) { return r4d_embedding(PA(0), (int)a[1], P
 int r4d_gemv_p(const int64_t *a) {
     return r4d_gemv(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8], (int)a[9]);
 }
-int r4d_gemm_p(const int64_t *a) { return r4d_gemm(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8]); }
+int r4d_gemm_p(const int64_t *a) { return r4d_gemm(PA(0), (int)a[1], PV(2), PV(3), PV(4), PA(5), a[6], a[7], a[8], (int)a[9]); }
 int r4d_rmsnorm_p(const int64_t *a) { return r4d_rmsnorm(PA(0), PA(1), PA(2), a[3], a[4], bits_f64(a[5])); }
 int r4d_add_p(const int64_t *a) { return r4d_add(PA(0), PA(1), PA(2), a[3], a[4]); }
 int r4d_add_rmsnorm_p(const int64_t *a) { return r4d_add_rmsnorm(PA(0), PA(1), PA(2), PA(3), a[4], a[5], bits_f64(a[6])); }

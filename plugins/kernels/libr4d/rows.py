@@ -35,6 +35,10 @@ GEMV_MAX_M = 16
 # 32 (the default: within 3e-5 of f32, most of int8's speed), 8 = int8 (llama.cpp's q8_1: fastest,
 # about 1% off), 0 = f32. RADIANCE_R4D_AQ overrides the default.
 AQ_CHOICES = (0, 8, 16)
+# The q8_0 prefill GEMM's (tunable `aq`, docs/LIBR4D.md): 16 = the GEMV's int16 activations and
+# integer products (the default on AVX2 builds), 0 = f32 panels (what AVX-512 and portable builds
+# run either way). RADIANCE_R4D_AQ=0 makes 0 the default here too.
+GEMM_AQ_CHOICES = (0, 16)
 
 
 def aq_default() -> int:
@@ -261,10 +265,13 @@ def _pack_gemv(op, a, aq_fallback=16):
     return [op(_data(a, 0)), *_weight_values(w), op(_data(a, 2)), m, w.rows, w.cols, aq]
 
 
-def _pack_gemm(op, a):
+def _pack_gemm(op, a, aq_fallback=16):
     w = weight_of(a.t[1].data)
+    aq = int(a.params.get("aq", aq_fallback)) if w.fmt == FORMAT_CODES["q8_0"] else 0
+    if aq not in GEMM_AQ_CHOICES:
+        raise ValueError(f"aq={aq}: not one of {GEMM_AQ_CHOICES}")
     op.keep.append(w)
-    return [op(_data(a, 0)), *_weight_values(w), op(_data(a, 2)), a.params["M"], w.rows, w.cols]
+    return [op(_data(a, 0)), *_weight_values(w), op(_data(a, 2)), a.params["M"], w.rows, w.cols, aq]
 
 
 def _pack_embedding(op, a):
@@ -293,6 +300,11 @@ def _pack_attention(op, a):
     p = a.params
     return [*(op(_data(a, i)) for i in range(11)), p["M"], p["q_heads"], p["kv_heads"], p["head_dim"],
             p["block_size"], _bits(p["scale"])]
+
+
+def _pack_add_rmsnorm(op, a):
+    p = a.params
+    return [*(op(_data(a, i)) for i in range(4)), p["M"], p["n"], _bits(p["eps"])]
 
 
 def add_rmsnorm(native):
@@ -324,10 +336,12 @@ NATIVE_ENTRIES = {"gemv": ("r4d_gemv_p", _pack_gemv), "gemm": ("r4d_gemm_p", _pa
                   "embedding": ("r4d_embedding_p", _pack_embedding), "rmsnorm": ("r4d_rmsnorm_p", _pack_rmsnorm),
                   "add": ("r4d_add_p", _pack_rows3), "silu_mul": ("r4d_silu_mul_p", _pack_rows3),
                   "take_rows": ("r4d_take_rows_p", _pack_rows3), "rope": ("r4d_rope_p", _pack_rope),
-                  "attention": ("r4d_attention_p", _pack_attention)}
+                  "attention": ("r4d_attention_p", _pack_attention),
+                  "add_rmsnorm": ("r4d_add_rmsnorm_p", _pack_add_rmsnorm)}
 FALLBACK_LAUNCH = {"gemv": fallback.gemm, "gemm": fallback.gemm, "embedding": fallback.embedding,
                    "rmsnorm": fallback.rmsnorm, "add": fallback.add, "silu_mul": fallback.silu_mul,
-                   "take_rows": fallback.take_rows, "rope": fallback.rope, "attention": fallback.attention}
+                   "take_rows": fallback.take_rows, "rope": fallback.rope, "attention": fallback.attention,
+                   "add_rmsnorm": fallback.add_rmsnorm}
 
 
 def _guarded(name, launch):
@@ -348,13 +362,16 @@ def _guarded(name, launch):
 # the table
 
 F32_ACTIVATIONS = RAD_CEQ("dtype", "f32")
+ADD_RMSNORM_REPLACES = "add(residual,x,residual)+rmsnorm(residual,w,y)"
 
 
 def build_rows(native) -> list[RadKernelInfo]:
     """The rows, their launches bound to the native library, or to numpy when it is None."""
     aq = aq_default()
     if native is not None:
-        entries = {**NATIVE_ENTRIES, "gemv": ("r4d_gemv_p", lambda op, a: _pack_gemv(op, a, aq))}
+        gemm_aq = 0 if aq == 0 else 16
+        entries = {**NATIVE_ENTRIES, "gemv": ("r4d_gemv_p", lambda op, a: _pack_gemv(op, a, aq)),
+                   "gemm": ("r4d_gemm_p", lambda op, a: _pack_gemm(op, a, gemm_aq))}
         table = {kind: _planned(native, name, pack) for kind, (name, pack) in entries.items()}
     else:
         table = {kind: _guarded(f"{kind} (numpy)", launch) for kind, launch in FALLBACK_LAUNCH.items()}
@@ -366,6 +383,7 @@ def build_rows(native) -> list[RadKernelInfo]:
                              launch=table[kind], **hooks)
 
     tunable = [RadTunable(name="aq", values="0,8,16", deflt=aq)]
+    gemm_tunable = [RadTunable(name="aq", values="0,16", deflt=0 if aq == 0 else 16)]
     gemm_rows = []
     for fmt, label in (("q4_1", "q4_1"), ("q8_0", "q8_0"), ("f32 f16 bf16", "plain")):
         quantised = label != "plain"
@@ -381,8 +399,11 @@ def build_rows(native) -> list[RadKernelInfo]:
             layout=layout, tunables=tunable if quantised else []))
         gemm_rows.append(row(
             f"r4d_gemm_{label}", "gemm", "gemm", [RAD_CGE("M", GEMV_MAX_M + 1), *common],
+            "prefill GEMM: int16 activations and products, 4x2 register tiles (aq=16, AVX2), or 24-row weight "
+            "panels dequantised to f32, 4x3 FMA register tiles (aq=0)" if label == "q8_0" else
             "prefill GEMM: 24-row weight panels dequantised to f32, 4x3 FMA register tiles",
-            f"M>={GEMV_MAX_M + 1}" + (", K%32==0" if quantised else ""), f"f32 x {fmt}", layout=layout))
+            f"M>={GEMV_MAX_M + 1}" + (", K%32==0" if quantised else ""), f"f32 x {fmt}", layout=layout,
+            tunables=gemm_tunable if label == "q8_0" else []))
     formats = "q8_0 q4_1 f32 f16 bf16"
     return [
         row("r4d_embedding", "embedding", "embedding", [RAD_CIN("wdtype", formats), F32_ACTIVATIONS],
@@ -398,6 +419,11 @@ def build_rows(native) -> list[RadKernelInfo]:
         row("r4d_silu_mul", "silu_mul", "silu_mul", [F32_ACTIVATIONS], "sigmoid in f64 rounded to f32",
             "any", "f32"),
         row("r4d_take_rows", "take_rows", "take_rows", [F32_ACTIVATIONS], "row gather", "any", "f32"),
+        # where no all_reduce stands between the residual add and the next norm (TP 1: the worker
+        # elides the collectives of one rank), the two in one launch, bit for bit the chain
+        row("r4d_add_rmsnorm", "add_rmsnorm", "add_rmsnorm", [F32_ACTIVATIONS],
+            "add's elementwise sum, then rmsnorm's ordered sum of squares", "any", "f32", layout=layout_vector,
+            relayout=relayout_vector, unrelayout=unrelayout_vector, replaces=ADD_RMSNORM_REPLACES),
         RadKernelInfo(name="r4d_sample", op="sample", family="r4d",
                       computes="libref's tokens: greedy, top-k by partition, top-p over the ordered head",
                       shape="any", dtypes="f32 logits", domain=RAD_DOMAIN_HOST, priority=10, constraints=[],

@@ -32,6 +32,7 @@ class HostExecutor(Executor):
         # Word 0 counts the launches done this step: a chained row waits in its prologue for the
         # launch before it and bumps the count itself (RadChainRec).
         self.chain = ChainWords.local(1)
+        self._done = self.chain.word(0)  # word 0's view, taken once: every launch stores into it
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         self.inputs = StepInputs(max_tokens, max_seqs, max_blocks)
         rows = {RAD_EXTENT_TOKENS: max_tokens, RAD_EXTENT_SEQS: max_seqs, RAD_EXTENT_SLOTS: num_slots}
@@ -83,7 +84,7 @@ class HostExecutor(Executor):
             if len(self._plans) >= MAX_CACHED_SHAPES:
                 self._plans.clear()
             plan = self._plans[(tokens, seqs)] = self._plan(tokens, seqs)
-        self.chain.word(0)[0] = 0
+        self._done[0] = 0
         for index, group in plan:
             if len(group) == 1:
                 self._launch(index, *group[0])
@@ -112,7 +113,7 @@ class HostExecutor(Executor):
             self.op_seconds[launch.node.op] += time.perf_counter() - start
         check_status(launch, row, status)
         if not row.chain:
-            self.chain.word(0)[0] = index + 1
+            self._done[0] = index + 1
 
     def read_buffer(self, name: str, rows: int) -> np.ndarray:
         return self.buffers[name][:rows].copy()

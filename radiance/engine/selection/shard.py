@@ -112,15 +112,24 @@ def check_split(graph: RadGraphDecl, weights: dict, world: int) -> None:
 
 def elide_collectives(nodes: list[RankNode]) -> list[RankNode]:
     """At world 1 a collective moves nothing: an all_reduce goes, and an all_gather's output is its
-    input, so the nodes after it read x where they read y. (The card path elides them, having no
-    peers to hand a row; the host path keeps them, its fused all_reduce+add+rmsnorm row being faster
-    than the add and rmsnorm apart.)"""
-    alias, kept = {}, []
+    input: the part x is renamed y throughout (so y holds the step's values for whoever reads it
+    after the step), or, where one part feeds two gathers, the nodes after each read x where they
+    read y. Every rank of one does it (ranks/worker.py), on a card and on the host: the residual
+    add and the next norm then meet, and a library's fused add_rmsnorm row serves them in one
+    launch where it has one (libr4d's host row does)."""
+    gathered = [node.operands[0] for node in nodes if node.op == "all_gather"]
+    # a part gathered once is renamed to its gathered buffer throughout, so what reads the gathered
+    # buffer after the step (a draft's logits, read_buffer) finds it written; one gathered twice
+    # (two outputs of one part) is read where the outputs were, after each gather
+    renamed = {node.operands[0]: node.operands[1] for node in nodes
+               if node.op == "all_gather" and gathered.count(node.operands[0]) == 1}
+    alias, kept = dict(renamed), []
     for node in nodes:
         if node.op == "all_reduce":
             continue
         if node.op == "all_gather":
-            alias[node.operands[1]] = alias.get(node.operands[0], node.operands[0])
+            if node.operands[0] not in renamed:
+                alias[node.operands[1]] = alias.get(node.operands[0], node.operands[0])
             continue
         if alias:
             node = replace(node, operands=tuple(alias.get(name, name) for name in node.operands))
