@@ -1,5 +1,6 @@
 """The new device sources themselves, run without a card: gemv_gguf.cu, gemma.cu, elementwise.cu's add,
-silu_mul and rope, and attention_window.cu (after attention.cu, whose fused rope + attention kernel is
+silu_mul and rope, attention_tiles.cu (its tf32 MMAs and copies in tests/fixtures/tensor_core_on_host.h's
+host forms), and attention_window.cu (after attention.cu, whose fused rope + attention kernel is
 checked here too), their real text built with g++ behind tests/fixtures/cuda_on_host.h (threads for
 a block's lanes, a warp's shuffles and barriers emulated) as the kernels of a fake NVIDIA card, the
 rows launched through their plans, against libref within each row's tolerance. What the numpy forms
@@ -40,6 +41,19 @@ def device_row(registry, name):
     return next(row for row in lib.rows if row.name == name)
 
 
+def attention_tiles_on_host(dk) -> str:
+    """attention_tiles.cu's text with tensor_core.cu's and its own inline PTX replaced by their host
+    forms (tests/fixtures/tensor_core_on_host.h), its dynamic shared memory a static array."""
+    tensor_core = (dk.FOLDER / "tensor_core.cu").read_text()
+    text = dk.source("attention_tiles")
+    assert tensor_core in text
+    text = text.replace(tensor_core, (FIXTURES / "tensor_core_on_host.h").read_text())
+    start, end = text.index("__device__ __forceinline__ u32 r4d_tf32("), text.index("template <int D, int G>")
+    dynamic = "extern __shared__ __align__(16) float at_shared[];"
+    assert "asm" not in text[end:] and dynamic in text
+    return text[:start] + text[end:].replace(dynamic, "static float at_shared[2 * 32 * (128 + 4)];")
+
+
 @pytest.fixture(scope="module")
 def on_host(registry):
     dk = module(registry, "device_kernels")
@@ -51,9 +65,17 @@ def on_host(registry):
                                                "little") for i in (16, 17, 18))
         return dk.attention_options(d, q_heads // kv_heads)
 
+    def tiles_options(launch):  # head_dim from the launch's shared bytes, heads a kv head from its arguments
+        at = module(registry, "device_attention_tiles")
+        q_heads, kv_heads = (int.from_bytes(launch.args.data[launch.args.offsets[i]:launch.args.offsets[i] + 4],
+                                            "little") for i in (12, 13))
+        d = next(d for d in at.HEAD_DIMS if at.shared_bytes(d) == launch.shared_bytes)
+        return at.options(d, q_heads // kv_heads)
+
     kernels = {**ON_HOST.kernels(dk.source("gemv_gguf")), **ON_HOST.kernels(dk.source("gemma")),
                **ON_HOST.kernels(dk.source("elementwise")),
-               **ON_HOST.kernels(dk.source("attention_window"), attention_options)}
+               **ON_HOST.kernels(dk.source("attention_window"), attention_options),
+               **ON_HOST.kernels(attention_tiles_on_host(dk), tiles_options)}
     device = nvidia_fake("sm_90", kernels)
     card = Card(device, EngineStream(device))
     yield card
@@ -196,3 +218,18 @@ def test_elementwise_cu_rope_agrees_with_libref(registry, on_host, heads, kv, d,
     tolerance = module(registry, "device_kernels").TOLERANCE["rope"]
     for i in (0, 1):
         assert rel_err(got[i], want[i]) <= tolerance, (i, rel_err(got[i], want[i]))
+
+
+def test_attention_tiles_cu_agrees_with_libref(registry, on_host):
+    """attention_tiles.cu's own indexing, slot lookups, copies, rounding, barriers and split merges, its
+    tf32 MMAs in their host form: the row on the host against libref within its tolerance. One
+    sequence's chunk of 20 tokens after 1500 cached (its tiles taken last first; 16 splits of 3 key
+    tiles each); 32 blocks, the host's threads being slow."""
+    at = module(registry, "device_attention_tiles")
+    operands, params = attention_operands(4, 1, 128, [(1500, 20)], seed=5)
+    got = on_host.run(device_row(registry, "r4dchain_attention_tc_dev"), operands, params, read=(3, 4, 10))
+    want = [np.array(o, copy=True) for o in operands]
+    assert host_launch(row_of(registry, "attention", "libref"), want, params) == RAD_OK
+    np.testing.assert_array_equal(got[3], want[3])
+    np.testing.assert_array_equal(got[4], want[4])
+    assert np.isfinite(got[10]).all() and 0 < rel_err(got[10], want[10]) <= at.TOLERANCE, rel_err(got[10], want[10])
