@@ -1,5 +1,7 @@
-"""The new device sources themselves, run without a card: gemv_gguf.cu, gemma.cu and attention_window.cu
-(after attention.cu, whose fused rope + attention kernel is checked here too), their real text built with g++ behind tests/fixtures/cuda_on_host.h (threads for
+"""The new device sources themselves, run without a card: gemv_gguf.cu, gemma.cu, elementwise.cu's add,
+silu_mul and rope, attention_tiles.cu (its tf32 MMAs and copies in tests/fixtures/tensor_core_on_host.h's
+host forms), and attention_window.cu (after attention.cu, whose fused rope + attention kernel is
+checked here too), their real text built with g++ behind tests/fixtures/cuda_on_host.h (threads for
 a block's lanes, a warp's shuffles and barriers emulated) as the kernels of a fake NVIDIA card, the
 rows launched through their plans, against libref within each row's tolerance. What the numpy forms
 (test_device_gguf_rows.py, test_device_gemma_rows.py) cannot show: the kernels' own indexing, bit
@@ -11,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from radiance.abi import RAD_OK
+from radiance.abi import RAD_DT_F32, RAD_OK, rad_device_tensor
 from radiance.engine.running.device_stream import EngineStream
 from device_batch_support import nvidia_fake
 from test_device_rows_support import Card
@@ -39,6 +41,19 @@ def device_row(registry, name):
     return next(row for row in lib.rows if row.name == name)
 
 
+def attention_tiles_on_host(dk) -> str:
+    """attention_tiles.cu's text with tensor_core.cu's and its own inline PTX replaced by their host
+    forms (tests/fixtures/tensor_core_on_host.h), its dynamic shared memory a static array."""
+    tensor_core = (dk.FOLDER / "tensor_core.cu").read_text()
+    text = dk.source("attention_tiles")
+    assert tensor_core in text
+    text = text.replace(tensor_core, (FIXTURES / "tensor_core_on_host.h").read_text())
+    start, end = text.index("__device__ __forceinline__ u32 r4d_tf32("), text.index("template <int D, int G>")
+    dynamic = "extern __shared__ __align__(16) float at_shared[];"
+    assert "asm" not in text[end:] and dynamic in text
+    return text[:start] + text[end:].replace(dynamic, "static float at_shared[2 * 32 * (128 + 4)];")
+
+
 @pytest.fixture(scope="module")
 def on_host(registry):
     dk = module(registry, "device_kernels")
@@ -50,8 +65,17 @@ def on_host(registry):
                                                "little") for i in (16, 17, 18))
         return dk.attention_options(d, q_heads // kv_heads)
 
+    def tiles_options(launch):  # head_dim from the launch's shared bytes, heads a kv head from its arguments
+        at = module(registry, "device_attention_tiles")
+        q_heads, kv_heads = (int.from_bytes(launch.args.data[launch.args.offsets[i]:launch.args.offsets[i] + 4],
+                                            "little") for i in (12, 13))
+        d = next(d for d in at.HEAD_DIMS if at.shared_bytes(d) == launch.shared_bytes)
+        return at.options(d, q_heads // kv_heads)
+
     kernels = {**ON_HOST.kernels(dk.source("gemv_gguf")), **ON_HOST.kernels(dk.source("gemma")),
-               **ON_HOST.kernels(dk.source("attention_window"), attention_options)}
+               **ON_HOST.kernels(dk.source("elementwise")),
+               **ON_HOST.kernels(dk.source("attention_window"), attention_options),
+               **ON_HOST.kernels(attention_tiles_on_host(dk), tiles_options)}
     device = nvidia_fake("sm_90", kernels)
     card = Card(device, EngineStream(device))
     yield card
@@ -155,3 +179,58 @@ def test_rope_attention_cu_agrees_with_libref(registry, on_host, heads, kv, d, i
         np.testing.assert_array_equal(got[i], want[i], err_msg=f"operand {i}")
     tolerance = module(registry, "device_kernels").TOLERANCE["attention"]
     assert rel_err(got[11], want[11]) <= tolerance, rel_err(got[11], want[11])
+
+
+def shifted(card, array, offset):
+    """`array` on the card at `offset` bytes past a 16-byte boundary (an operand the float4 steps refuse)."""
+    flat = np.ascontiguousarray(array, np.float32).reshape(-1)
+    padded = card.upload(np.concatenate([np.zeros(offset // 4, np.float32), flat]))
+    return rad_device_tensor(padded.data + offset, RAD_DT_F32, array.shape, 4)
+
+
+@pytest.mark.parametrize("m,n,offset", [(3, 1024, 0), (5, 1001, 0), (2, 640, 4)])
+def test_elementwise_cu_add_and_silu_mul_agree_with_libref(registry, on_host, m, n, offset):
+    """add bit for bit, silu_mul within its tolerance: float4 steps where the three operands are
+    16-byte aligned (a count of a multiple of 4, and one whose last values go one at a time), the
+    scalar loop where one is not."""
+    gate, up = activations(m, n, 1) * 2, activations(m, n, 2)
+    params = {"M": m, "n": n, "dtype": "f32"}
+    for op in ("add", "silu_mul"):
+        got = on_host.run(device_row(registry, f"r4dchain_{op}_dev"),
+                          [shifted(on_host, gate, offset), up, np.full((m, n), np.nan, np.float32)], params, read=(2,))[2]
+        want = np.zeros((m, n), np.float32)
+        assert host_launch(row_of(registry, op, "libref"), [gate, up, want], params) == RAD_OK
+        tolerance = module(registry, "device_kernels").TOLERANCE[op]
+        assert np.isfinite(got).all() and rel_err(got, want) <= tolerance, (op, rel_err(got, want))
+        if tolerance == 0.0:
+            np.testing.assert_array_equal(got, want, err_msg=op)
+
+
+@pytest.mark.parametrize("heads,kv,d,interleaved,m", [(32, 8, 128, 0, 3), (9, 3, 64, 1, 2), (2, 1, 1024, 0, 1)])
+def test_elementwise_cu_rope_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, m):
+    """A block a token: a pair's angle once, over every head (head_dim 1024: more pairs than threads)."""
+    q, k = activations(m, heads * d, 5), activations(m, kv * d, 6)
+    positions = np.random.default_rng(7).integers(0, 8192, m).astype(np.int32)
+    inv_freq = (1.0 / 500000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
+    params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "interleaved": interleaved, "dtype": "f32"}
+    got = on_host.run(device_row(registry, "r4dchain_rope_dev"), [q, k, positions, inv_freq], params, read=(0, 1))
+    want = [np.array(o, copy=True) for o in (q, k, positions, inv_freq)]
+    assert host_launch(row_of(registry, "rope", "libref"), want, params) == RAD_OK
+    tolerance = module(registry, "device_kernels").TOLERANCE["rope"]
+    for i in (0, 1):
+        assert rel_err(got[i], want[i]) <= tolerance, (i, rel_err(got[i], want[i]))
+
+
+def test_attention_tiles_cu_agrees_with_libref(registry, on_host):
+    """attention_tiles.cu's own indexing, slot lookups, copies, rounding, barriers and split merges, its
+    tf32 MMAs in their host form: the row on the host against libref within its tolerance. One
+    sequence's chunk of 20 tokens after 1500 cached (its tiles taken last first; 16 splits of 3 key
+    tiles each); 32 blocks, the host's threads being slow."""
+    at = module(registry, "device_attention_tiles")
+    operands, params = attention_operands(4, 1, 128, [(1500, 20)], seed=5)
+    got = on_host.run(device_row(registry, "r4dchain_attention_tc_dev"), operands, params, read=(3, 4, 10))
+    want = [np.array(o, copy=True) for o in operands]
+    assert host_launch(row_of(registry, "attention", "libref"), want, params) == RAD_OK
+    np.testing.assert_array_equal(got[3], want[3])
+    np.testing.assert_array_equal(got[4], want[4])
+    assert np.isfinite(got[10]).all() and 0 < rel_err(got[10], want[10]) <= at.TOLERANCE, rel_err(got[10], want[10])

@@ -342,8 +342,7 @@ def _rope(a):
     m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
     args = (KernelArgs("r4d_rope_dev").pointer(_address(q)).pointer(_address(k)).pointer(_address(positions))
             .pointer(_address(inv_freq)).i32(heads).i32(kv).i32(d).i32(p["interleaved"]))
-    return [Step("r4d_rope_dev", "elementwise", (m, heads + kv, 1), (max(32, min(256, d // 2 + 31) // 32 * 32), 1, 1),
-                 args)]
+    return [Step("r4d_rope_dev", "elementwise", (m, 1, 1), (dk.ELEMENTWISE_THREADS, 1, 1), args)]  # a block a token
 
 
 def _elementwise(kernel):

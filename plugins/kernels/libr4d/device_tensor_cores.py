@@ -74,13 +74,23 @@ def k_tile(kind: str, kernel: str = "mma") -> int:
 
 
 def split(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> tuple[int, int]:
-    """(splits, k-tiles a split): K cut when the output tiles alone give fewer than TARGET_BLOCKS
-    blocks, each split at least MIN_TILES_PER_SPLIT tiles, none empty. From shapes and the kernel
-    only, so every card of a kind adds the same partial sums in the same order."""
+    """(splits, k-tiles a split): K cut where the output tiles alone give fewer than TARGET_BLOCKS
+    blocks, into at most ceil(TARGET_BLOCKS / tiles) splits (and MAX_SPLITS), each at least
+    MIN_TILES_PER_SPLIT tiles, none empty: of those counts the one that takes the fewest k-tile
+    steps end to end, ceil(tiles * splits / TARGET_BLOCKS) waves of ceil(steps / splits) steps (the
+    fewest splits of equals). So 128 tiles take 2 splits (256 blocks, one wave of 32 steps), not 3
+    (384 blocks, two waves of 22: 44). From shapes and the kernel only, so every card of a kind adds
+    the same partial sums in the same order."""
     tiles = -(-m // tile_m(m, kernel)) * -(-n // TILE_N)
     steps = -(-k // k_tile(kind, kernel))
-    splits = max(1, min(-(-TARGET_BLOCKS // tiles), MAX_SPLITS, steps // MIN_TILES_PER_SPLIT))
-    per = -(-steps // splits)
+    best, best_steps = 1, None
+    for splits in range(1, max(1, min(-(-TARGET_BLOCKS // tiles), MAX_SPLITS, steps // MIN_TILES_PER_SPLIT)) + 1):
+        per = -(-steps // splits)
+        count = -(-steps // per)  # the splits that are not empty
+        along = -(-tiles * count // TARGET_BLOCKS) * per
+        if best_steps is None or along < best_steps:
+            best, best_steps = count, along
+    per = -(-steps // best)
     return -(-steps // per), per
 
 

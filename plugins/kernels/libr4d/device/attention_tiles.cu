@@ -21,6 +21,7 @@
 // and V's B fragment in the same order: no shuffles. Shared rows are padded by 4 floats, which makes
 // every fragment load conflict-free.
 #define AT_WARPS 4
+#define AT_THREADS (AT_WARPS * 32)  // the launch's block (device_attention_tiles.THREADS)
 #define AT_ROWS 64
 #define AT_KT 32
 #define AT_PAD 4
@@ -65,15 +66,24 @@ __device__ __forceinline__ void r4d_mma_tf32(float* d, const u32* a, u32 b0, u32
 template <int D, int G>
 __device__ void attend_tiles(const AttTiles& p) {
     const int QT = AT_ROWS / G, ROW = D + AT_PAD;
+    const int CHUNKS = 2 * AT_KT * (D / 4) / AT_THREADS;  // a K and a V tile in 16-byte chunks, over the block
     extern __shared__ __align__(16) float at_shared[];
     float* ks = at_shared;               // [AT_KT][ROW]
     float* vs = at_shared + AT_KT * ROW; // [AT_KT][ROW]
-    __shared__ long long s_slot[AT_KT];
+    __shared__ long long s_slot[2][AT_KT];  // the cache slots of this key tile's keys and of the next's
     __shared__ int s_last;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
-    // this block's tile: the sequence and its first token
+    // this block's tile: the sequence and its first token. One sequence (a prefill chunk) takes its
+    // tiles from the last back: the last sees the most keys, so the longest blocks go in the first
+    // wave and the grid ends on short ones (blocks start in blockIdx.x order). blockIdx.x still names
+    // the tile for its split counter.
     int tile = blockIdx.x, s = 0;
+    if (p.seqs == 1) {
+        int tiles = (p.cu_seqlens[1] - p.cu_seqlens[0] + QT - 1) / QT;
+        if (tile >= tiles) return;  // past the last tile: nothing, and no counter of its own
+        tile = tiles - 1 - tile;
+    }
     for (; s < p.seqs; ++s) {
         int tiles = (p.cu_seqlens[s + 1] - p.cu_seqlens[s] + QT - 1) / QT;
         if (tile < tiles) break;
@@ -113,25 +123,38 @@ __device__ void attend_tiles(const AttTiles& p) {
         for (int c = 0; c < 4; ++c) o[d][c] = 0.0f;
     const int width = p.kv_heads * D;
     const int* table = p.block_tables + (long long)s * p.max_blocks;
-    for (int kt = k0; kt < k1; kt += AT_KT) {
-        if (threadIdx.x < AT_KT) {
-            int j = kt + threadIdx.x;
-            s_slot[threadIdx.x] = j < k1 ? (long long)table[j / p.block_size] * p.block_size + j % p.block_size : -1;
-        }
-        __syncthreads();
-        for (int c = threadIdx.x; c < 2 * AT_KT * (D / 4); c += blockDim.x) {
+    // key j's slot in the cache through the block table; -1 past this split's keys (zeros copied)
+    auto slot_of = [&](int j) -> long long {
+        return j < k1 ? (long long)table[j / p.block_size] * p.block_size + j % p.block_size : -1;
+    };
+    if (threadIdx.x < AT_KT) s_slot[0][threadIdx.x] = slot_of(k0 + threadIdx.x);
+    __syncthreads();
+    for (int kt = k0, buffer = 0; kt < k1; kt += AT_KT, buffer ^= 1) {
+        const long long* slots = s_slot[buffer];
+        // 16 bytes a copy, CHUNKS a thread; each thread rounds the chunks it copied itself (its own
+        // cp.async writes are visible to it after the wait), so one barrier serves both
+#pragma unroll 4
+        for (int u = 0; u < CHUNKS; ++u) {  // (4 at a time: unrolled whole, the addresses spill qa and o)
+            int c = threadIdx.x + u * AT_THREADS;
             int which = c / (AT_KT * (D / 4)), rest = c % (AT_KT * (D / 4)), i = rest / (D / 4), q4 = rest % (D / 4);
-            long long slot = s_slot[i];
+            long long slot = slots[i];
             const float* cache = which ? p.v_cache : p.k_cache;
             const float* src = slot >= 0 ? cache + slot * width + (long long)kvh * D + 4 * q4 : cache;
             r4d_cp_async16((which ? vs : ks) + i * ROW + 4 * q4, src, slot >= 0);
         }
         r4d_cp_commit();
+        // the next tile's slots, looked up under this tile's copies and products; read after the
+        // barriers below (the other buffer's last readers were the previous tile's copies)
+        if (threadIdx.x < AT_KT) s_slot[buffer ^ 1][threadIdx.x] = slot_of(kt + AT_KT + threadIdx.x);
         r4d_cp_wait<0>();
-        __syncthreads();
-        for (int e = threadIdx.x; e < 2 * AT_KT * D; e += blockDim.x) {  // tf32, nearest, in place
-            float* at = (e < AT_KT * D ? ks : vs) + (e % (AT_KT * D)) / D * ROW + e % D;
-            *at = __uint_as_float(r4d_tf32(*at));
+#pragma unroll 4
+        for (int u = 0; u < CHUNKS; ++u) {  // tf32, nearest, in place (4 chunks in flight)
+            int c = threadIdx.x + u * AT_THREADS;
+            int which = c / (AT_KT * (D / 4)), rest = c % (AT_KT * (D / 4)), i = rest / (D / 4), q4 = rest % (D / 4);
+            float4* at = (float4*)((which ? vs : ks) + i * ROW + 4 * q4);
+            float4 v = *at;
+            *at = make_float4(__uint_as_float(r4d_tf32(v.x)), __uint_as_float(r4d_tf32(v.y)),
+                              __uint_as_float(r4d_tf32(v.z)), __uint_as_float(r4d_tf32(v.w)));
         }
         __syncthreads();
         if (active) {
@@ -258,7 +281,7 @@ __device__ void attend_tiles(const AttTiles& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(AT_WARPS * 32, 3) r4d_attend_tiles(
+extern "C" __global__ void __launch_bounds__(AT_THREADS, 3) r4d_attend_tiles(
     const float* q, const float* k_cache, const float* v_cache, const int* positions, const int* cu_seqlens,
     const int* context_lens, const int* block_tables, float* out, float* partial, u32* counters, int seqs,
     int max_blocks, int q_heads, int kv_heads, int block_size, float scale) { R4D_CHAIN_PROLOGUE();

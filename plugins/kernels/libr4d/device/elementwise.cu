@@ -56,36 +56,70 @@ extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float
     }
 }
 
-// Rotate q [M, q_heads*d] and k [M, kv_heads*d] in place; grid (M, q_heads + kv_heads), d/2 threads
+// Rotate q [M, q_heads*d] and k [M, kv_heads*d] in place; grid (M), any block. Thread t takes pair
+// lane = t % W (W = min(half, blockDim.x)), then lane + W, ..., and for each pair's angle (its cos and
+// sin computed once) the heads group, group + groups, ... (groups = blockDim.x / W): every (pair,
+// head) once, and a token's angles computed `groups` times, not once a head.
 extern "C" __global__ void r4d_rope_dev(float* q, float* k, const int* positions, const float* inv_freq,
                                         int q_heads, int kv_heads, int head_dim, int interleaved) { R4D_CHAIN_PROLOGUE();
-    int m = blockIdx.x, h = blockIdx.y, half = head_dim / 2;
-    float* base = h < q_heads ? q + ((long long)m * q_heads + h) * head_dim
-                              : k + ((long long)m * kv_heads + (h - q_heads)) * head_dim;
+    int m = blockIdx.x, half = head_dim / 2, heads = q_heads + kv_heads;
+    int width = min(half, (int)blockDim.x), groups = (int)blockDim.x / width;
+    int lane = threadIdx.x % width, group = threadIdx.x / width;
+    if (group >= groups) return;
     float pos = (float)positions[m];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    for (int i = lane; i < half; i += width) {
         float angle = pos * inv_freq[i];
         float c, s;
         r4d_cos_sin(angle, c, s);
         int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-        float a = base[ia], b = base[ib];
-        base[ia] = a * c - b * s;
-        base[ib] = a * s + b * c;
+        for (int h = group; h < heads; h += groups) {
+            float* base = h < q_heads ? q + ((long long)m * q_heads + h) * head_dim
+                                      : k + ((long long)m * kv_heads + (h - q_heads)) * head_dim;
+            float a = base[ia], b = base[ib];
+            base[ia] = a * c - b * s;
+            base[ib] = a * s + b * c;
+        }
     }
 }
 
-// Elementwise over count = M*n values
+// Elementwise over count = M*n values, grid-stride. Where all three are 16-byte aligned a thread takes
+// 4 values a step (float4: a quarter of the load and store instructions; each value's arithmetic as
+// the scalar loop's, so the same bits), the last count % 4 one at a time. y may be a or b itself
+// (the residual add), never a shifted view of them.
+__device__ __forceinline__ bool r4d_aligned3(const void* a, const void* b, const void* c) {
+    return (((unsigned long long)a | (unsigned long long)b | (unsigned long long)c) & 15) == 0;
+}
+
+__device__ __forceinline__ float r4d_silu_mul(float g, float u) {
+    float sig = (float)(1.0 / (1.0 + exp(-(double)g)));
+    return (g * sig) * u;
+}
+
 extern "C" __global__ void r4d_add_dev(const float* a, const float* b, float* y, long long count) { R4D_CHAIN_PROLOGUE();
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x)
-        y[i] = a[i] + b[i];
+    long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (r4d_aligned3(a, b, y)) {
+        done = count / 4 * 4;
+        for (long long i = first; i < count / 4; i += stride) {
+            float4 u = ((const float4*)a)[i], v = ((const float4*)b)[i];
+            ((float4*)y)[i] = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+        }
+    }
+    for (long long i = done + first; i < count; i += stride) y[i] = a[i] + b[i];
 }
 
 extern "C" __global__ void r4d_silu_mul_dev(const float* gate, const float* up, float* y, long long count) { R4D_CHAIN_PROLOGUE();
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        float sig = (float)(1.0 / (1.0 + exp(-(double)g)));
-        y[i] = (g * sig) * up[i];
+    long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (r4d_aligned3(gate, up, y)) {
+        done = count / 4 * 4;
+        for (long long i = first; i < count / 4; i += stride) {
+            float4 g = ((const float4*)gate)[i], u = ((const float4*)up)[i];
+            ((float4*)y)[i] = make_float4(r4d_silu_mul(g.x, u.x), r4d_silu_mul(g.y, u.y), r4d_silu_mul(g.z, u.z),
+                                          r4d_silu_mul(g.w, u.w));
+        }
     }
+    for (long long i = done + first; i < count; i += stride) y[i] = r4d_silu_mul(gate[i], up[i]);
 }
 
 // y[m, :] = x[index[m], :]; grid (ceil(n / blockDim.x), M); rows = x's row count
