@@ -10,18 +10,14 @@
 // 128 bytes, 8-row atoms of 1024 bytes: the stage base 1024-aligned), made visible to the async
 // proxy by fence.proxy.async before the barrier. x needs no shared memory: each lane loads the
 // elements of its own A fragments (the m16n8k16 / m16n8k32 layout, per warp 16 rows; a warp's loads
-// of one row fill whole 32-byte sectors), the next tile's while this tile's 4 wgmmas run (K 16 or
-// 32 each, the descriptor advanced 32 bytes inside the swizzled rows), bf16 narrowed as it lands.
+// of one row fill whole 32-byte sectors), a tile ahead, and narrows them (bf16 kind) when it issues
+// the tile's 4 wgmmas (K 16 or 32 each, the descriptor advanced 32 bytes inside the swizzled rows).
 // Accumulators: 64 floats a thread, the m16n8 C layout over 16 column tiles.
 #define WG_BM 128
 #define WG_BN 128
 #define WG_THREADS 256
 #define WG_STAGES 3
 #define WG_STAGE_BYTES (WG_BN * 128)
-// Blocks a multiprocessor (__launch_bounds__): two bf16 blocks (at most 128 registers a thread), so
-// one block's tensor-core work covers the other's barrier and loads; e4m3 keeps one
-#define WG_BLOCKS_BF16 2
-#define WG_BLOCKS_E4M3 1
 
 // The matrix descriptor of a K-major tile in the 128-byte swizzle (sm_90 GMMA descriptor): start
 // address / 16 in bits 0-13, leading byte offset / 16 in 16-29 (not used by a swizzled K-major
@@ -100,41 +96,31 @@ __device__ __forceinline__ void wg_load_w(const TcGemm& p, u8* stage, int t, int
 
 // This lane's A fragments of x's k-tile t, as loaded: per K step j (16 bf16 or 32 e4m3) the
 // fragment's rows r0, r0 + 8 at k (2t or 4t) and k + half. bf16: float2 pairs; e4m3: 4 codes a word.
-// This lane's A fragments of x's k-tile t, 16 words for either kind: per K step j (16 bf16 or 32
-// e4m3) the fragment's rows r0, r0 + 8 at k (2t or 4t) and k + half; bf16 pairs narrowed as they are
-// fetched (so 16 registers wait for the next tile, not 32: two blocks fit a multiprocessor), e4m3
-// 4 codes a word as stored.
-struct WgX { u32 c[4][4]; };
+template <int KIND> struct WgX;
+template <> struct WgX<TC_BF16> { float2 f[4][4]; };
+template <> struct WgX<TC_E4M3> { u32 c[4][4]; };
 
-__device__ __forceinline__ void wg_load_x(const TcGemm& p, float2& v, int m, int k, bool in) {
-    v = in ? __ldg((const float2*)((const float*)p.x + (long long)m * p.K + k)) : make_float2(0.0f, 0.0f);
+__device__ __forceinline__ u32 wg_a(const WgX<TC_BF16>& x, int j, int q) { return r4d_bf16x2(x.f[j][q].x, x.f[j][q].y); }
+__device__ __forceinline__ u32 wg_a(const WgX<TC_E4M3>& x, int j, int q) { return x.c[j][q]; }
+
+__device__ __forceinline__ void wg_load_x(const TcGemm& p, WgX<TC_BF16>& x, int j, int i, int m, int k, bool in) {
+    x.f[j][i] = in ? __ldg((const float2*)((const float*)p.x + (long long)m * p.K + k)) : make_float2(0.0f, 0.0f);
 }
-__device__ __forceinline__ void wg_load_x(const TcGemm& p, u32& v, int m, int k, bool in) {
-    v = in ? __ldg((const u32*)((const u8*)p.x + (long long)m * p.K + k)) : 0u;
+__device__ __forceinline__ void wg_load_x(const TcGemm& p, WgX<TC_E4M3>& x, int j, int i, int m, int k, bool in) {
+    x.c[j][i] = in ? __ldg((const u32*)((const u8*)p.x + (long long)m * p.K + k)) : 0u;
 }
-__device__ __forceinline__ u32 wg_narrow(float2 v) { return r4d_bf16x2(v.x, v.y); }
-__device__ __forceinline__ u32 wg_narrow(u32 v) { return v; }
 
-template <int KIND> struct WgLoaded { typedef float2 T; };
-template <> struct WgLoaded<TC_E4M3> { typedef u32 T; };
-
-// every load issued before the first is narrowed: one round trip, not 16
 template <int KIND>
-__device__ __forceinline__ void wg_fetch_x(const TcGemm& p, WgX& x, int t, int r0) {
+__device__ __forceinline__ void wg_fetch_x(const TcGemm& p, WgX<KIND>& x, int t, int r0) {
     int lane = threadIdx.x % 32, tq = lane % 4;
-    typename WgLoaded<KIND>::T loaded[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             int m = r0 + (i & 1) * 8;
             int k = KIND == TC_BF16 ? t * 64 + j * 16 + 2 * tq + (i >> 1) * 8 : t * 128 + j * 32 + 4 * tq + (i >> 1) * 16;
-            wg_load_x(p, loaded[j][i], m, k, m < p.M && k < p.K);
+            wg_load_x(p, x, j, i, m, k, m < p.M && k < p.K);
         }
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) x.c[j][i] = wg_narrow(loaded[j][i]);
 }
 
 template <int KIND>
@@ -157,7 +143,7 @@ __device__ void wg_gemm(const TcGemm& p) {
         r4d_cp_commit();
     }
     R4D_CHAIN_PROLOGUE();
-    WgX x;
+    WgX<KIND> x;
     if (count > 0) wg_fetch_x<KIND>(p, x, t0, r0);
     for (int i = 0; i < count; ++i) {
         r4d_cp_wait<WG_STAGES - 2>();  // tile i's group has landed
@@ -166,16 +152,21 @@ __device__ void wg_gemm(const TcGemm& p) {
         int next = i + WG_STAGES - 1;
         if (next < count) wg_load_w<KIND>(p, stages + (next % WG_STAGES) * WG_STAGE_BYTES, t0 + next, n0);
         r4d_cp_commit();
-        WgX a = x;  // the wgmmas read these registers until wg_wait0; the next tile's go to x
+        u32 a[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                a[j][q] = wg_a(x, j, q);
+        if (i + 1 < count) wg_fetch_x<KIND>(p, x, t0 + i + 1, r0);  // in flight under this tile's products
         u64 desc = wg_desc(stages + (i % WG_STAGES) * WG_STAGE_BYTES);
         wg_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            if (KIND == TC_BF16) wg_mma_bf16(d, a.c[j], desc + 2 * j);  // +32 bytes of K a step
-            else wg_mma_e4m3(d, a.c[j], desc + 2 * j);
+            if (KIND == TC_BF16) wg_mma_bf16(d, a[j], desc + 2 * j);  // +32 bytes of K a step
+            else wg_mma_e4m3(d, a[j], desc + 2 * j);
         }
         wg_commit();
-        if (i + 1 < count) wg_fetch_x<KIND>(p, x, t0 + i + 1, r0);  // loaded and narrowed under this tile's products
         wg_wait0();
     }
     bool split = gridDim.z > 1;
@@ -200,8 +191,8 @@ __device__ void wg_gemm(const TcGemm& p) {
     }
 }
 
-#define WG_GEMM_ENTRY(KIND, NAME, BLOCKS)                                                                        \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, BLOCKS) NAME(                                      \
+#define WG_GEMM_ENTRY(KIND, NAME)                                                                                \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) NAME(                                           \
         const void* x, const float* x_scale, const u8* w, const float* w_scale, int w_stride, float* y,           \
         float* partial, u32* counters, int M, int N, int K, int tiles_per_split) {                               \
         TcGemm p = {x, x_scale, w, w_scale, w_stride, y, partial, counters, M, N, K, tiles_per_split};           \
@@ -213,8 +204,8 @@ __device__ void wg_gemm(const TcGemm& p) {
 #define R4D_WG_ONLY 0
 #endif
 #if R4D_WG_ONLY == 0 || R4D_WG_ONLY == 1
-WG_GEMM_ENTRY(TC_BF16, r4d_wgmma_gemm_bf16, WG_BLOCKS_BF16)
+WG_GEMM_ENTRY(TC_BF16, r4d_wgmma_gemm_bf16)
 #endif
 #if R4D_WG_ONLY == 0 || R4D_WG_ONLY == 2
-WG_GEMM_ENTRY(TC_E4M3, r4d_wgmma_gemm_e4m3, WG_BLOCKS_E4M3)
+WG_GEMM_ENTRY(TC_E4M3, r4d_wgmma_gemm_e4m3)
 #endif
