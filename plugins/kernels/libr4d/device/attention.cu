@@ -298,6 +298,8 @@ __device__ void attend(const Attend& p) {
                 vr[i] = slice < SLICES && t < ATT_TILE && next + t < j1
                             ? r4d_chunk_of<D, FRESH>(p, keys, p.v_cache, p.v, next + t, vc) : zero;
             }
+        // the next tile's scores overwrite s_score and s_keep: every warp must be done reading them
+        __syncthreads();
     }
     if (slice < SLICES)
 #pragma unroll
