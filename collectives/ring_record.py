@@ -81,9 +81,10 @@ class RecordCodec:
 
 # A result's figures travel as one f64 array (no JSON a step): rank 0's seconds in the step and in
 # collectives, its link-gate holds so far (count, seconds), when it had the plan and when it
-# answered, how long it waited for the plan after its last answer, and the micro-batches the step
-# was cut into (generation/micro_batches.py).
-FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at", "waited", "parts")
+# answered, how long it waited for the plan after its last answer, the micro-batches the step
+# was cut into (generation/micro_batches.py), and the plan's delivery (ranks/session.py).
+FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at", "waited", "parts",
+           "delivery")
 
 
 def figures_array(figures: dict) -> np.ndarray:
