@@ -202,6 +202,7 @@ class RingWriter(_Ring):
         super().__init__(segment, secret, what)
         self._written = int(self.published[0])  # records written (only this process writes them)
         self._room = 0  # the least of the readers' consumed, as last read
+        self._consumed_at = [(READERS_OFF + i * LINE) // 8 for i in range(self.readers)]  # among the u64 words
         # every reader's sleeping word in one unpack (they are a line apart)
         self._sleepers = struct.Struct("<" + f"{LINE - 8}x".join(["Q"] * self.readers))
 
@@ -214,7 +215,8 @@ class RingWriter(_Ring):
             raise RingError(f"{self.what}: a {length}-byte record does not fit its {self.capacity}-byte slots")
         k = self._written + 1
         if k > self.slots and self._room < k - self.slots:  # the readers' progress as last seen first
-            self._room = int(self.consumed.min())
+            words = self._words
+            self._room = min([words[i] for i in self._consumed_at])
             if self._room < k - self.slots:
                 self._wait_for_room(k - self.slots, timeout, check)
                 self._room = k - self.slots

@@ -115,6 +115,7 @@ class Worker:
             nodes = stage_nodes(nodes, buffers, self.cut, self.stage)
             buffers = used_buffers(nodes, buffers)
         self.buffer_names = set(buffers)  # a stage holds only those its nodes touch
+        self.returned_names = [name for name in self.config.returned_buffers if name in self.buffer_names]
         self.extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}  # read every step
         if device is not None:
             leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
@@ -205,7 +206,9 @@ class Worker:
     def returned(self, tokens: int, seqs: int) -> dict:
         """The rows of config.return_buffer's buffers after a step of `tokens` tokens and `seqs`
         sampled rows: a buffer's rows follow its extent (a step run in parts: the parts' rows put together)."""
-        names = [name for name in self.config.returned_buffers if name in self.buffer_names]
+        names = self.returned_names
+        if not names:
+            return {}
         rows = {name: tokens if self.extents.get(name) == RAD_EXTENT_TOKENS else seqs for name in names}
         if self.shown is not None:
             return {name: self.shown[name][:rows[name]].copy() for name in names}
