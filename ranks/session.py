@@ -148,7 +148,8 @@ class RankSession:
         answered = None
         while True:
             ready = time.perf_counter()
-            plan = reader.decode(plans.read()) if remote else reader.take(plans)  # sleeps between steps; SIGTERM ends it
+            # sleeps between steps; SIGTERM ends it
+            plan = reader.decode(plans.read()) if remote else reader.take(plans)
             if plan.kind == "stop":
                 return
             received = time.perf_counter()

@@ -14,8 +14,8 @@ from radiance.generation.plan_record import PlanReader, PlanRecordError
 def _arrays(tokens: int, seqs: int, blocks: int, seed: int = 0) -> dict:
     """Plan arrays of every step input, filled with distinct values."""
     generator = np.random.default_rng(seed)
-    return {name: generator.integers(1, 1 << 20, STEP_INPUTS[name].shape(tokens, seqs, blocks)).astype(STEP_INPUTS[name].dtype)
-            for name in PLANNED}
+    return {name: generator.integers(1, 1 << 20, spec.shape(tokens, seqs, blocks)).astype(spec.dtype)
+            for name, spec in ((name, STEP_INPUTS[name]) for name in PLANNED)}
 
 
 def test_a_plan_goes_into_the_step_inputs_as_planned():
@@ -46,7 +46,8 @@ def test_a_narrower_block_table_is_written_row_by_row():
 def test_a_record_that_does_not_fit_is_refused_in_one_line():
     reader = PlanReader(StepInputs(16, 4, 8))
     payload = plan_record.encode(_arrays(4, 2, 8), Feed.of([(0, 0)]))
-    with pytest.raises(PlanRecordError, match=r"plan record: \d+ bytes where its header \(4 tokens, 2 sequences, 1 fed\)"):
+    with pytest.raises(PlanRecordError,
+                       match=r"plan record: \d+ bytes where its header \(4 tokens, 2 sequences, 1 fed\)"):
         reader.decode(payload[:-1])
     with pytest.raises(PlanRecordError, match="step.ids of a step of 17 tokens, 2 sequences and 8 blocks"):
         reader.write(reader.decode(plan_record.encode(_arrays(17, 2, 8))))

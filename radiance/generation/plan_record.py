@@ -24,7 +24,8 @@ from radiance.collectives.ring import SLOT_HEADER
 from .feed import Feed
 
 HEADER = struct.Struct("<4sIIII4xd")
-_SHAPE, _SENT = struct.Struct("<4sIIII"), struct.Struct("<d")  # the header's shape (a record's layout follows from it alone), its sent
+# the header's shape (a record's layout follows from it alone) and its `sent`
+_SHAPE, _SENT = struct.Struct("<4sIIII"), struct.Struct("<d")
 STEP, STOP = b"step", b"stop"
 _PAD = bytes(8)
 _LAYOUTS = 64  # shapes a reader keeps
@@ -64,7 +65,8 @@ def stop() -> bytes:
 
 def size(tokens: int, seqs: int, blocks: int, pairs: int) -> int:
     """A record's bytes."""
-    arrays = sum(_padded(np.dtype(STEP_INPUTS[name].dtype).itemsize * int(np.prod(STEP_INPUTS[name].shape(tokens, seqs, blocks))))
+    spec = STEP_INPUTS
+    arrays = sum(_padded(np.dtype(spec[name].dtype).itemsize * int(np.prod(spec[name].shape(tokens, seqs, blocks))))
                  for name in PLANNED)
     return HEADER.size + arrays + 8 * pairs
 
@@ -180,5 +182,8 @@ class PlanReader:
         """The plan's arrays as read-only numpy arrays of a copy of the record (a step cut into parts
         needs them)."""
         record = bytes(self._payload[:plan.feed_at])
-        return {name: np.frombuffer(record, STEP_INPUTS[name].dtype, nbytes // np.dtype(STEP_INPUTS[name].dtype).itemsize,
-                                    offset).reshape(shape) for name, offset, nbytes, shape in plan.entries}
+        arrays = {}
+        for name, offset, nbytes, shape in plan.entries:
+            dtype = np.dtype(STEP_INPUTS[name].dtype)
+            arrays[name] = np.frombuffer(record, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
+        return arrays
