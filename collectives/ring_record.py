@@ -1,10 +1,11 @@
-"""What a broadcast-ring record holds: a kind ("step", "stop", "result"), a small JSON meta and
-named numpy arrays, laid out so the reader takes the arrays as views of the record, no copy:
+"""What a broadcast-ring record holds (rank 0's results; the plans are fixed binary records of their
+own, generation/plan_record.py): a kind ("result"), a small JSON meta and named numpy arrays, laid
+out so the reader takes the arrays as views of the record, no copy:
 
     [ header length: u32 ][ header: JSON {"kind", "meta", "arrays": [[name, dtype, shape], ...]} ]
     [ pad to 8 ][ array 0's bytes ][ pad to 8 ][ array 1's bytes ] ...
 
-A step plan has the same names, dtypes and often the same shapes step after step, so both ends keep
+A result has the same names, dtypes and often the same shapes step after step, so both ends keep
 the last few headers they made or read (a step then costs no JSON at all).
 """
 
