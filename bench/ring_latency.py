@@ -1,7 +1,8 @@
 """The broadcast ring's cost between real processes: a decode plan (generation/step_plan.py's arrays
-for one sequence) from this process to N reader processes through one ring, a result back from
-reader 0 through another, round trip after round trip; what the record's mac costs; and what one
-record costs in one process, warm and on caches a decode step has just flushed.
+for one sequence and a feed, as a generation/plan_record.py record) from this process to N reader
+processes through one ring, each reader taking it into step inputs as a rank does, a result back
+from reader 0 through another, round trip after round trip; what the record's mac costs; and what
+one record costs in one process, warm and on caches a decode step has just flushed.
 
     python bench/ring_latency.py [--readers 1 2 3] [--rounds 2000] [--gap-us 0] [--spin-us 1000]
 
@@ -19,7 +20,10 @@ import time
 import numpy as np
 
 
-def plan(max_blocks: int = 128) -> dict:
+MAX_BLOCKS = 128
+
+
+def plan(max_blocks: int = MAX_BLOCKS) -> dict:
     seqs, tokens = 1, 1
     return {"step.ids": np.zeros(tokens, np.int32), "step.positions": np.zeros(tokens, np.int32),
             "step.slots": np.zeros(tokens, np.int32), "step.cu_seqlens": np.zeros(seqs + 1, np.int32),
@@ -29,6 +33,23 @@ def plan(max_blocks: int = 128) -> dict:
             "step.top_p": np.ones(seqs, np.float32), "step.rng": np.zeros((seqs, 2), np.uint64)}
 
 
+def record_maker():
+    """What makes the decode plan's record each round, as the coordinator does (its arrays made once)."""
+    from radiance.generation import plan_record
+    from radiance.generation.feed import Feed
+
+    arrays, feed = plan(), Feed.of([(0, 0)])
+    return lambda: plan_record.encode(arrays, feed)
+
+
+def taker():
+    """A rank's end of the plans: a PlanReader over step inputs of a rank's size."""
+    from radiance.engine.running.step_inputs import StepInputs
+    from radiance.generation.plan_record import PlanReader
+
+    return PlanReader(StepInputs(512, 64, MAX_BLOCKS))
+
+
 def reader(run_id, secret, index, rounds, gap_s, spin_s, ready):
     from radiance.collectives.ring import RingReader, RingWriter
     from radiance.collectives.ring_record import RecordCodec
@@ -36,15 +57,15 @@ def reader(run_id, secret, index, rounds, gap_s, spin_s, ready):
     plans = RingReader.attach(run_id, "plans", index, secret, spin_s=spin_s)
     results = RingWriter.create(run_id, "results", 1, 2, 4096, secret) if index == 0 else None
     ready.put(index)
-    decoder, encoder = RecordCodec(), RecordCodec()
+    plans_in, encoder, tokens = taker(), RecordCodec(), np.zeros(1, np.int32)
     for _ in range(rounds):
-        kind, _, arrays = decoder.decode(plans.read(timeout=60))
+        plans_in.write(plans_in.take(plans, timeout=60))
         if gap_s:
             end = time.perf_counter() + gap_s
             while time.perf_counter() < end:
                 pass
         if results is not None:
-            results.publish(encoder.encode("result", {"compute": 0.0}, {"tokens": arrays["step.ids"]}))
+            results.publish(encoder.encode("result", None, {"tokens": tokens}))
     plans.close()
     if results is not None:
         time.sleep(0.5)
@@ -68,10 +89,10 @@ def measure(readers: int, rounds: int, gap_us: float, spin_s: float) -> dict:
         for _ in processes:
             ready.get(timeout=60)
         results = RingReader.attach(run_id, "results", 0, secret, spin_s=spin_s)
-        encoder, decoder, arrays, trips = RecordCodec(), RecordCodec(), plan(), []
+        decoder, trips, record = RecordCodec(), [], record_maker()
         for _ in range(rounds):
             start = time.perf_counter()
-            plans.publish(encoder.encode("step", None, arrays), timeout=10)
+            plans.publish(record(), timeout=10)
             decoder.decode(results.read(timeout=10))
             trips.append(time.perf_counter() - start - gap_us * 1e-6)
         results.close()
@@ -85,9 +106,7 @@ def measure(readers: int, rounds: int, gap_us: float, spin_s: float) -> dict:
 
 
 def mac_cost(rounds: int = 20000) -> float:
-    from radiance.collectives.ring_record import RecordCodec
-
-    payload = RecordCodec().encode("step", None, plan())
+    payload = record_maker()()
     secret = secrets.token_bytes(32)
     start = time.perf_counter()
     for _ in range(rounds):
@@ -96,17 +115,16 @@ def mac_cost(rounds: int = 20000) -> float:
 
 
 def cold_cost(rounds: int = 100, evict_bytes: int = 64 << 20) -> tuple[float, float]:
-    """One record through a ring in this process (encode, publish, read, decode), median seconds:
+    """One plan through a ring in this process (encode, publish, take, write into step inputs), median seconds:
     warm, and right after streaming `evict_bytes` through the caches, as a decode step streams the
     model's weights before the ranks touch the ring again."""
     from radiance.collectives.ring import RingReader, RingWriter
-    from radiance.collectives.ring_record import RecordCodec
     from radiance.collectives.shm import new_run_id, unlink_run
 
     run_id, secret = new_run_id(), secrets.token_bytes(32)
     writer = RingWriter.create(run_id, "plans", 1, 4, 65536, secret)
     reader = RingReader.attach(run_id, "plans", 0, secret)
-    encoder, decoder, arrays, evict = RecordCodec(), RecordCodec(), plan(), np.ones(evict_bytes, np.uint8)
+    plans_in, evict, record = taker(), np.ones(evict_bytes, np.uint8), record_maker()
     figures = []
     try:
         for cold in (False, True):
@@ -115,8 +133,8 @@ def cold_cost(rounds: int = 100, evict_bytes: int = 64 << 20) -> tuple[float, fl
                 if cold:
                     evict.sum()
                 start = time.perf_counter()
-                writer.publish(encoder.encode("step", None, arrays))
-                decoder.decode(reader.read())
+                writer.publish(record())
+                plans_in.write(plans_in.take(reader))
                 times.append(time.perf_counter() - start)
             figures.append(statistics.median(times))
     finally:

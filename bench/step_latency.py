@@ -8,7 +8,11 @@ engine plans step n + 1 while the ranks run step n and the token feeds it on the
 is left of `host` is rank 0's own turnaround. `waited`: what rank 0 itself reports waiting between
 its answer and the next plan in hand. Synchronously, `plan` (the coordinator starting to write the
 plan to rank 0 holding it) and `result` (rank 0 writing its result to the coordinator holding it),
-both on the machine's monotonic clock, split the delivery.
+both on the machine's monotonic clock, split the delivery. `deliv.` (launched, a median): the
+plan's delivery as rank 0 counts it, from the later of the coordinator starting to write the plan
+and rank 0 being ready for it, to the step's inputs written: synchronously the whole way out, run
+ahead (the plan is in the ring before rank 0 is done with the step before) what the delivery
+costs on the critical path: reading the record, checking its mac and copying it into the inputs.
 
     python bench/step_latency.py [--tp 1 2 3] [--tokens 64] [--layers 30] [--no-in-process]
                                  [--modes sync ahead] [--rounds 1] [--chains on off]
@@ -75,6 +79,7 @@ def measure(model: Path, tp: int, tokens: int, launched: bool = True, run_ahead:
     compute, collectives = mean("compute"), mean("collectives")
     return {"step": step, "host": step - compute, "waited": mean("waited"), "compute": compute - collectives,
             "collectives": collectives, "plan": mean("plan_s") if launched and not run_ahead else None,
+            "delivery": statistics.median(meta["delivery"] for _, meta in decode) if launched else None,
             "result": mean("result_s") if launched and not run_ahead else None}
 
 
@@ -121,13 +126,13 @@ def main() -> None:
             load = " ".join(f"{value:.2f}" for value in os.getloadavg())
             print(f"== round {round_number + 1} (load: {load}); decode step, mean of {args.tokens} steps, "
                   f"host ranks (ms)")
-            print(f"{'tp':>3}{'ranks':>12}{'chain':>6}{'mode':>7}{'step':>9}{'host':>8}{'waited':>8}{'plan':>8}{'result':>8}"
+            print(f"{'tp':>3}{'ranks':>12}{'chain':>6}{'mode':>7}{'step':>9}{'host':>8}{'waited':>8}{'deliv.':>8}{'plan':>8}{'result':>8}"
                   f"{'compute':>9}{'collect.':>10}{'tok/s':>8}")
             for tp, launched, chain in runs:
                 for mode in args.modes:
                     figures = measured(model, tp, args.tokens, launched, run_ahead=mode == "ahead", chain=chain)
                     split = "".join(f"{'-' if figures[key] is None else f'{1e3 * figures[key]:.3f}':>8}"
-                                    for key in ("plan", "result"))
+                                    for key in ("delivery", "plan", "result"))
                     print(f"{tp:3}{'launched' if launched else 'in process':>12}{'on' if chain else 'off':>6}{mode:>7}{1e3 * figures['step']:9.2f}"
                           f"{1e3 * figures['host']:8.3f}{1e3 * figures['waited']:8.3f}{split}"
                           f"{1e3 * figures['compute']:9.2f}{1e3 * figures['collectives']:10.2f}"

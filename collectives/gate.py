@@ -272,6 +272,11 @@ class LinkScheduler:
         stats.by_colour[record.colour] = (count + 1, total + record.duration_ns)
         return record
 
+    def hold_totals(self) -> tuple[int, float]:
+        """(holds, their total seconds) so far: what a rank's every result carries, without
+        hold_stats's dicts (it runs on rank 0's way from one step to the next)."""
+        return self._stats.holds, self._stats.total_ns / 1e9
+
     def hold_stats(self) -> dict:
         """Every hold so far: count, total and longest (seconds), and per colour count and total."""
         s = self._stats

@@ -79,6 +79,7 @@ MAX_READERS = (PAGE - READERS_OFF) // LINE
 CHECK_SECONDS = 0.01  # how often a waiting writer looks at its readers' processes
 SPIN_SECONDS = 1e-3  # what a rank waits for the next plan while the coordinator makes it
 SLICE_SECONDS = 0.02
+_PUBLISHED, _SIGNAL = PUBLISHED_OFF // 8, SIGNAL_OFF // 4  # their indices among the control page's u64 / u32 words
 
 
 class RingError(RuntimeError):
@@ -145,6 +146,10 @@ class _Ring:
         self._slots = [array[base + j * slot_bytes:base + (j + 1) * slot_bytes] for j in range(slots)]
         self._offsets = [base + j * slot_bytes for j in range(slots)]
         self._bytes = memoryview(array)  # the whole mapping, for the slots' copies
+        # The control page's words as a memoryview (u64 and u32): the hot paths read and store them
+        # without a numpy call (aligned, so each load and store is one instruction, as numpy's)
+        self._words = self._bytes[:PAGE].cast("Q")
+        self._words32 = self._bytes[:PAGE].cast("I")
         self._lock = threading.Lock()
 
     def _fence(self) -> None:
@@ -168,6 +173,8 @@ class _Ring:
     def close(self) -> None:
         self._slots, self.published, self.signal, self.consumed, self.pids, self.sleeping = [], None, None, None, \
             None, None
+        self._words.release()
+        self._words32.release()
         self._bytes.release()
         self.segment.close()
 
@@ -195,6 +202,7 @@ class RingWriter(_Ring):
         super().__init__(segment, secret, what)
         self._written = int(self.published[0])  # records written (only this process writes them)
         self._room = 0  # the least of the readers' consumed, as last read
+        self._consumed_at = [(READERS_OFF + i * LINE) // 8 for i in range(self.readers)]  # among the u64 words
         # every reader's sleeping word in one unpack (they are a line apart)
         self._sleepers = struct.Struct("<" + f"{LINE - 8}x".join(["Q"] * self.readers))
 
@@ -207,7 +215,8 @@ class RingWriter(_Ring):
             raise RingError(f"{self.what}: a {length}-byte record does not fit its {self.capacity}-byte slots")
         k = self._written + 1
         if k > self.slots and self._room < k - self.slots:  # the readers' progress as last seen first
-            self._room = int(self.consumed.min())
+            words = self._words
+            self._room = min([words[i] for i in self._consumed_at])
             if self._room < k - self.slots:
                 self._wait_for_room(k - self.slots, timeout, check)
                 self._room = k - self.slots
@@ -215,8 +224,8 @@ class RingWriter(_Ring):
         memory[start + SLOT_HEADER:start + SLOT_HEADER + length] = data
         _SEQ_LENGTH.pack_into(memory, start + MAC_BYTES, k, length)
         memory[start:start + MAC_BYTES] = self._mac(memory[start + MAC_BYTES:start + SLOT_HEADER + length])
-        self.published[0] = self._written = k
-        self.signal[0] = k & 0xFFFFFFFF
+        self._words[_PUBLISHED] = self._written = k
+        self._words32[_SIGNAL] = k & 0xFFFFFFFF
         self._fence()
         if any(self._sleepers.unpack_from(memory, READERS_OFF + 16)):
             futex.wake(self.signal_address)
@@ -263,6 +272,7 @@ class RingReader(_Ring):
         self.index, self.spin_ns, self.slice_s = index, int(spin_s * 1e9), slice_s
         self.next = int(self.consumed[index]) + 1
         self.pids[index] = os.getpid()
+        self._consumed = (READERS_OFF + index * LINE) // 8  # its consumed word among the u64 words
 
     @classmethod
     def attach(cls, run_id: str, kind: str, index: int, secret: bytes, directory=SHM_DIR, **waits) -> "RingReader":
@@ -278,29 +288,37 @@ class RingReader(_Ring):
         return cls(Segment.attach(run_id, kind, 0, directory), secret, f"the {kind} ring", index, **waits)
 
     def read(self, timeout: float | None = None, check: Callable[[], None] | None = None, *,
-             spin_s: float | None = None, expect_s: float = 0.0, poll_s: float = 0.0) -> memoryview:
+             spin_s: float | None = None, expect_s: float = 0.0, poll_s: float = 0.0,
+             into: memoryview | None = None) -> memoryview:
         """The next record's payload (a copy: the slot is free again once this returns).
         `spin_s`: how long to spin before sleeping (the reader's own by default); `expect_s`: the
         record is not expected before this long, so sleep until then first and spin after;
         `poll_s`: sleep in naps of this long instead of on the futex, for a reader that can take
         the record late: then the writer has no one to wake, which would cost it (not the reader)
-        about 270 us on this VM (docs/RUNTIME.md, "Run ahead")."""
+        about 270 us on this VM (docs/RUNTIME.md, "Run ahead"). `into`: a writable byte view of at
+        least `slot_bytes` to copy the record into, its payload then at SLOT_HEADER, valid until
+        the next read into it (a rank's plans: generation/plan_record.py); else a new copy."""
         k = self.next
-        if int(self.published[0]) < k:
+        if self._words[_PUBLISHED] < k:
             self._wait(k, timeout, check, self.spin_ns if spin_s is None else int(spin_s * 1e9), expect_s, poll_s)
         memory, start = self._bytes, self._offsets[(k - 1) % self.slots]
         _, length = _SEQ_LENGTH.unpack_from(memory, start + MAC_BYTES)
-        if length > self.capacity:
+        end = SLOT_HEADER + length
+        if end > self.slot_bytes:
             raise RingError(f"{self.what}: record {k} claims {length} bytes, over its {self.capacity}-byte slot")
-        record = bytes(memory[start:start + SLOT_HEADER + length])  # checked and used as copied
-        view = memoryview(record)
-        seq, copied = _SEQ_LENGTH.unpack_from(record, MAC_BYTES)
-        if not hmac.compare_digest(record[:MAC_BYTES], self._mac(view[MAC_BYTES:])) or copied != length:
+        if into is None:
+            view = memoryview(bytes(memory[start:start + end]))  # checked and used as copied
+        else:
+            into[:end] = memory[start:start + end]
+            view = into[:end]
+        seq, copied = _SEQ_LENGTH.unpack_from(view, MAC_BYTES)
+        mac = hashlib.blake2b(view[MAC_BYTES:], key=self.secret, digest_size=MAC_BYTES).digest()  # _mac, inline
+        if not hmac.compare_digest(view[:MAC_BYTES], mac) or copied != length:
             raise RingError(f"{self.what}: record {k} does not verify under the launch's secret (forged or torn)")
         if seq != k:
             raise RingError(f"{self.what}: slot of record {k} holds record {seq}")
         self.next = k + 1
-        self.consumed[self.index] = k
+        self._words[self._consumed] = k
         return view[SLOT_HEADER:]
 
     def _wait(self, k: int, timeout: float | None, check, spin_ns: int, expect_s: float, poll_s: float) -> None:
@@ -314,9 +332,9 @@ class RingReader(_Ring):
     def _spin(self, k: int, spin_ns: int) -> bool:
         """Whether record k came while spinning `spin_ns`, giving the core to any runnable process
         every few reads (a wake from sleep costs tens of microseconds on a VM; a spin costs a core)."""
-        published, until, spins = self.published, time.perf_counter_ns() + spin_ns, 0
+        words, until, spins = self._words, time.perf_counter_ns() + spin_ns, 0
         while time.perf_counter_ns() < until:
-            if int(published[0]) >= k:
+            if words[_PUBLISHED] >= k:
                 return True
             spins += 1
             if spins % 16 == 0:

@@ -1,10 +1,11 @@
-"""What a broadcast-ring record holds: a kind ("step", "stop", "result"), a small JSON meta and
-named numpy arrays, laid out so the reader takes the arrays as views of the record, no copy:
+"""What a broadcast-ring record holds (rank 0's results; the plans are fixed binary records of their
+own, generation/plan_record.py): a kind ("result"), a small JSON meta and named numpy arrays, laid
+out so the reader takes the arrays as views of the record, no copy:
 
     [ header length: u32 ][ header: JSON {"kind", "meta", "arrays": [[name, dtype, shape], ...]} ]
     [ pad to 8 ][ array 0's bytes ][ pad to 8 ][ array 1's bytes ] ...
 
-A step plan has the same names, dtypes and often the same shapes step after step, so both ends keep
+A result has the same names, dtypes and often the same shapes step after step, so both ends keep
 the last few headers they made or read (a step then costs no JSON at all).
 """
 
@@ -81,13 +82,22 @@ class RecordCodec:
 
 # A result's figures travel as one f64 array (no JSON a step): rank 0's seconds in the step and in
 # collectives, its link-gate holds so far (count, seconds), when it had the plan and when it
-# answered, how long it waited for the plan after its last answer, and the micro-batches the step
-# was cut into (generation/micro_batches.py).
-FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at", "waited", "parts")
+# answered, how long it waited for the plan after its last answer, the micro-batches the step
+# was cut into (generation/micro_batches.py), and the plan's delivery (ranks/session.py).
+FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at", "waited", "parts",
+           "delivery")
 
 
-def figures_array(figures: dict) -> np.ndarray:
-    return np.array([float(figures[name]) for name in FIGURES], np.float64)
+_FIGURES = struct.Struct(f"<{len(FIGURES)}d")
+
+
+def figures_array(figures: dict, into: np.ndarray | None = None) -> np.ndarray:
+    """The figures as FIGURES' f64 array; `into`: one made before (a rank's, reused every step:
+    packed with struct, no numpy call)."""
+    if into is None:
+        into = np.zeros(len(FIGURES), np.float64)
+    _FIGURES.pack_into(into, 0, *[figures[name] for name in FIGURES])
+    return into
 
 
 def figures_dict(array: np.ndarray) -> dict:

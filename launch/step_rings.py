@@ -12,18 +12,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
-
-from radiance.abi import PLANNED, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, STEP_INPUTS
+from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
 from radiance.collectives.ring import RingReader, RingTimeout, RingWriter
 from radiance.collectives.ring_record import RecordCodec, figures_dict, pop_ops
 from radiance.config import Config
+from radiance.generation import plan_record
 from radiance.generation.feed import Feed
 
 # Two steps (run ahead) and the stop after them fit with room to spare: the coordinator publishes
 # a plan only once it holds the result of the step two before it.
 PLAN_SLOTS = 4
-PLAN_HEADER_BYTES = 4096  # the record's JSON header (13 arrays' names, dtypes, shapes), generously
 # Waiting for rank 0's result: asleep until EXPECT_SHARE of the last step of this shape (less a
 # margin), then spinning at most SPIN_SHARE of it (and SPIN_MAX_S), then asleep in slices.
 EXPECT_SHARE, EXPECT_MARGIN_S = 0.85, 3e-4
@@ -33,13 +31,9 @@ POLL_SHARE, POLL_MIN_S, POLL_MAX_S = 0.05, 5e-5, 1e-3
 
 
 def plan_bytes(config: Config) -> int:
-    """The largest plan record of an engine: generation/step_plan.py's arrays at their largest
-    (radiance.abi's PLANNED step inputs), its feed (two int32 a sequence: a token of every one), and
-    its header; every array padded to 8 bytes."""
-    tokens, seqs, blocks = config.max_step_tokens, config.max_seqs, config.max_blocks
-    arrays = [np.dtype(STEP_INPUTS[name].dtype).itemsize * int(np.prod(STEP_INPUTS[name].shape(tokens, seqs, blocks)))
-              for name in PLANNED] + [seqs * 4, seqs * 4]
-    return PLAN_HEADER_BYTES + sum(-(-nbytes // 8) * 8 for nbytes in arrays)
+    """The largest plan record of an engine (generation/plan_record.py): every array at its largest
+    and a feed of a token for every sequence."""
+    return plan_record.size(config.max_step_tokens, config.max_seqs, config.max_blocks, config.max_seqs)
 
 
 class StepRings:
@@ -57,7 +51,7 @@ class StepRings:
         except BaseException:
             self.plans.close()
             raise
-        self.encoder, self.decoder = RecordCodec(), RecordCodec()
+        self.decoder = RecordCodec()  # rank 0's results
         self.seconds: dict[tuple[int, int], float] = {}  # the last step of each (tokens, seqs)
         self.sent: deque = deque()  # (when it was published, its shape) of each step not collected yet
         self.arrived = 0.0  # when the last result came
@@ -65,8 +59,7 @@ class StepRings:
     def publish(self, arrays: dict, feed: Feed | None, timeout: float, watch: Callable[[], None]) -> None:
         """The plan (and its feed) to every rank. `watch` raises for a failed rank."""
         start = time.perf_counter()
-        record = arrays if feed is None else {**arrays, **feed.arrays()}
-        payload = self.encoder.encode("step", None, record)
+        payload = plan_record.encode(arrays, feed, start)
         self.plans.publish(payload, timeout=timeout, check=watch)
         if self.remote:
             self.remote.publish(payload)
@@ -105,7 +98,7 @@ class StepRings:
 
     def stop(self) -> None:
         """The last record every rank reads: stop."""
-        payload = self.encoder.encode("stop")
+        payload = plan_record.stop()
         self.plans.publish(payload, timeout=2.0)
         if self.remote:
             self.remote.publish(payload)

@@ -11,13 +11,12 @@ import time
 
 import numpy as np
 
-from radiance.abi import RAD_STEP_IDS
 from radiance.collectives.ring import RingReader, RingWriter
-from radiance.collectives.ring_record import RecordCodec, figures_array, ops_arrays
+from radiance.collectives.ring_record import FIGURES, RecordCodec, figures_array, ops_arrays
 from radiance.collectives.shm import stage_run_id
 from radiance.config import Config
 from radiance.device.selection import backend_name
-from radiance.generation.feed import Feed
+from radiance.generation.plan_record import PlanReader
 from radiance.log import get_logger
 
 from .boundaries import Boundaries
@@ -142,31 +141,37 @@ class RankSession:
     def _serve(self) -> None:
         executor = self.worker.executor
         executor.profile = self.config.profile
-        decoder, encoder = RecordCodec(), RecordCodec()
+        # plans are taken into the reader's own buffer and copied from there into the step inputs
+        # (generation/plan_record.py); over the wire they come as bytes
+        reader, encoder, plans, remote = PlanReader(executor.inputs), RecordCodec(), self.plans, self.remote
+        figures = np.zeros(len(FIGURES), np.float64)  # rank 0's, packed anew every step
         answered = None
         while True:
-            kind, meta, arrays = decoder.decode(self.plans.read())  # sleeps between steps; SIGTERM ends it
-            if kind == "stop":
+            ready = time.perf_counter()
+            # sleeps between steps; SIGTERM ends it
+            plan = reader.decode(plans.read()) if remote else reader.take(plans)
+            if plan.kind == "stop":
                 return
-            if kind != "step":
-                raise RuntimeError(f"the plans ring holds a '{kind}' record where a step or stop was due")
             received = time.perf_counter()
-            feed = Feed.take(arrays)
-            step_tokens = len(arrays[RAD_STEP_IDS])
-            tokens = self.worker.execute(arrays, feed)
+            step_tokens = plan.tokens
+            tokens = self.worker.execute_record(plan, reader)
             if self.rank == self.layout.answering:
                 timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
                           "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_"))}
                 ops = dict(executor.op_seconds) if executor.profile else None
                 executor.op_seconds.clear()
-                holds = self.worker.link.hold_stats()  # cumulative, for a server's /metrics
+                holds, hold_s = self.worker.link.hold_totals()  # cumulative, for a server's /metrics
                 # when the plan was in hand and the result went out (perf_counter: CLOCK_MONOTONIC, the
                 # coordinator's clock too), so the step's delivery splits into plan out and result back
-                timing.update(gate_holds=holds["holds"], gate_hold_s=holds["total_s"], received_at=received,
-                              parts=self.worker.parts,
+                # the plan's delivery: from the later of its sending and this rank being ready for it
+                # to the step's inputs written (docs/RUNTIME.md, "What a step's delivery costs"); on
+                # another node than the coordinator's (another clock), from this rank being ready
+                since = ready if self.remote else max(ready, plan.sent)
+                timing.update(gate_holds=holds, gate_hold_s=hold_s, received_at=received,
+                              parts=self.worker.parts, delivery=self.worker.started - since,
                               waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())
                 answered = timing["answered_at"]  # from here to the next plan in hand (its result sent), rank 0 waits
-                arrays = {"tokens": tokens, "figures": figures_array(timing), **ops_arrays(ops)}
+                arrays = {"tokens": tokens, "figures": figures_array(timing, figures), **ops_arrays(ops)}
                 # what config.return_buffer names: a debugging aid, speculative decoding's logits
                 arrays.update(self.worker.returned(step_tokens, len(tokens)))
                 self.results.publish(encoder.encode("result", None, arrays))

@@ -2,7 +2,8 @@
 are shared memory on the coordinator's node, so there each record comes as a signed zmq message
 over the rank's own CURVE connection instead (kind "plan", the record's bytes as they would lie in
 the ring), and the answering rank's results go back the same way (kind "result"). The records are
-the rings' (collectives/ring_record.py), so a rank reads and writes them alike either way."""
+the rings' (generation/plan_record.py, collectives/ring_record.py), so a rank reads and writes them
+alike either way."""
 
 import numpy as np
 

@@ -2,6 +2,8 @@
 that runs it. The same class serves TP 1 in process and every rank process of a launch, on the host
 rows or, where the process was given a card, on the device rows (the device domain)."""
 
+import time
+
 import numpy as np
 from tqdm import tqdm
 
@@ -42,6 +44,7 @@ class Worker:
         self.config, self.shard, self.stage = config, shard, stage
         self.device, self._own_device = device, False
         self.last_seqs = 0  # tokens the last step sampled, which the next step's feed may read
+        self.started = 0.0  # when the last step's inputs were written and it began to run
         if device is None and config.device == "auto":
             from radiance.device.selection import open_device
 
@@ -113,6 +116,7 @@ class Worker:
         if self.stage.count > 1:
             buffers = used_buffers(nodes, buffers)
         self.buffer_names = set(buffers)  # a stage holds only those its nodes touch
+        self.returned_names = [name for name in self.config.returned_buffers if name in self.buffer_names]
         self.extents = {buffer.name: buffer.extent for buffer in self.model.graph.buffers}  # read every step
         if device is not None:
             leave_out_foreign_device_code(registry, device.vendor, device.target, log if self.shard.rank == 0 else None)
@@ -169,6 +173,18 @@ class Worker:
             self.shown = {name: np.concatenate([part[name] for part in shown]) for name in shown[0]}
         return tokens
 
+    def execute_record(self, plan, reader) -> np.ndarray:
+        """`execute` for a plan read from the plans ring (generation/plan_record.py's Plan, and the
+        PlanReader over this worker's step inputs that decoded it): in one part, its arrays are
+        copied straight from the record into the executor's step inputs, no numpy array made."""
+        if self.micro_batches == 1 and self.stage.count == 1:
+            self.shown, self.parts = None, 1
+            if plan.feed is not None:
+                plan.feed.check(plan.tokens, self.last_seqs)
+            reader.write(plan)
+            return self._step(plan.tokens, plan.seqs, plan.feed)
+        return self.execute(reader.arrays(plan), plan.feed)
+
     def _run(self, arrays: dict, feed: Feed | None) -> np.ndarray:
         inputs = self.executor.inputs
         tokens, seqs = len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS])
@@ -177,7 +193,13 @@ class Worker:
         for name, array in arrays.items():
             target = inputs[name]
             target[tuple(slice(0, extent) for extent in array.shape)] = array
+        return self._step(tokens, seqs, feed)
+
+    def _step(self, tokens: int, seqs: int, feed: Feed | None) -> np.ndarray:
+        """The step whose inputs are written; its sampled tokens."""
+        inputs = self.executor.inputs
         self.last_seqs = 0  # a step that fails leaves nothing to feed from
+        self.started = time.perf_counter()  # its inputs written: where a plan's delivery ends
         self.executor.run(tokens, seqs, feed)
         self.last_seqs = seqs
         return inputs[RAD_STEP_TOKENS][:seqs].copy()
@@ -185,7 +207,9 @@ class Worker:
     def returned(self, tokens: int, seqs: int) -> dict:
         """The rows of config.return_buffer's buffers after a step of `tokens` tokens and `seqs`
         sampled rows: a buffer's rows follow its extent (a step run in parts: the parts' rows put together)."""
-        names = [name for name in self.config.returned_buffers if name in self.buffer_names]
+        names = self.returned_names
+        if not names:
+            return {}
         rows = {name: tokens if self.extents.get(name) == RAD_EXTENT_TOKENS else seqs for name in names}
         if self.shown is not None:
             return {name: self.shown[name][:rows[name]].copy() for name in names}

@@ -79,7 +79,7 @@ def test_the_plans_ring_holds_the_largest_plan_an_engine_makes(tiny_model):
 
     import numpy as np
 
-    from radiance.collectives.ring_record import RecordCodec
+    from radiance.generation import plan_record
     from radiance.generation.engine import Engine
     from radiance.generation.feed import Feed
     from radiance.launch.step_rings import plan_bytes
@@ -97,5 +97,5 @@ def test_the_plans_ring_holds_the_largest_plan_an_engine_makes(tiny_model):
     engine.step()
     arrays = plans[0]
     assert (len(arrays["step.ids"]), len(arrays["step.context_lens"])) == (16, 4)  # the largest shape
-    fed = {**arrays, **Feed.of([(i, i) for i in range(4)]).arrays()}  # run ahead: a token of every sequence fed
-    assert len(RecordCodec().encode("step", None, fed)) <= plan_bytes(config)
+    fed = Feed.of([(i, i) for i in range(4)])  # run ahead: a token of every sequence fed
+    assert len(plan_record.encode(arrays, fed)) <= plan_bytes(config)

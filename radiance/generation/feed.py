@@ -15,17 +15,18 @@ from dataclasses import dataclass
 import numpy as np
 
 PLACEHOLDER = 0  # the id a plan carries where the feed writes one: a valid id, so a rank never indexes past the table
-TARGETS, SOURCES = "feed.targets", "feed.sources"  # their names in a plan record (not step inputs)
 
 
 class FeedError(ValueError):
     """A feed that does not fit the step it feeds or the step it takes from; one line."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Feed:
-    targets: np.ndarray  # int32: positions in this step's ids
-    sources: np.ndarray  # int32: indices into the previous step's sampled tokens (one token per sequence)
+    # Python ints, not numpy arrays, and a plain (not frozen) dataclass: a rank takes a feed out of
+    # every run-ahead plan, on caches a step has just flushed (docs/RUNTIME.md)
+    targets: tuple[int, ...]  # positions in this step's ids
+    sources: tuple[int, ...]  # indices into the previous step's sampled tokens (one token per sequence)
 
     @classmethod
     def of(cls, pairs: list[tuple[int, int]]) -> "Feed | None":
@@ -33,38 +34,30 @@ class Feed:
         if not pairs:
             return None
         targets, sources = zip(*pairs)
-        return cls(np.asarray(targets, np.int32), np.asarray(sources, np.int32))
+        return cls(tuple(int(t) for t in targets), tuple(int(s) for s in sources))
 
     def check(self, ids: int, tokens: int) -> None:
         """Refuse a feed that writes past this step's `ids` or reads past the previous step's `tokens`."""
         if len(self.targets) != len(self.sources):
             raise FeedError(f"a feed of {len(self.targets)} targets and {len(self.sources)} sources")
-        if len(self.targets) and not (0 <= self.targets.min() and self.targets.max() < ids):
-            raise FeedError(f"a feed writes id {int(self.targets.max())} of a step of {ids} tokens")
-        if len(self.sources) and not (0 <= self.sources.min() and self.sources.max() < tokens):
-            raise FeedError(f"a feed reads token {int(self.sources.max())} of a step that sampled {tokens}")
+        if self.targets and not (0 <= min(self.targets) and max(self.targets) < ids):
+            raise FeedError(f"a feed writes id {max(self.targets)} of a step of {ids} tokens")
+        if self.sources and not (0 <= min(self.sources) and max(self.sources) < tokens):
+            raise FeedError(f"a feed reads token {max(self.sources)} of a step that sampled {tokens}")
 
     def apply(self, ids: np.ndarray, tokens: np.ndarray) -> None:
-        """On the host: the ids from the tokens, both this process's memory."""
-        ids[self.targets] = tokens[self.sources]
+        """On the host: the ids from the tokens, both this process's memory (int32, contiguous)."""
+        into, out_of = memoryview(ids), memoryview(tokens)
+        for target, source in zip(self.targets, self.sources):
+            into[target] = out_of[source]
 
     def runs(self) -> list[tuple[int, int, int]]:
         """(target, source, count) runs where both advance by one: a decode batch whose sequences
         are the previous step's, in order, is one run, so one copy on a card."""
         out = []
-        for target, source in zip(self.targets.tolist(), self.sources.tolist()):
+        for target, source in zip(self.targets, self.sources):
             if out and out[-1][0] + out[-1][2] == target and out[-1][1] + out[-1][2] == source:
                 out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
             else:
                 out.append((target, source, 1))
         return out
-
-    def arrays(self) -> dict:
-        return {TARGETS: self.targets, SOURCES: self.sources}
-
-    @classmethod
-    def take(cls, arrays: dict) -> "Feed | None":
-        """The feed a plan record carries, taken out of its arrays (None when it carries none)."""
-        if TARGETS not in arrays:
-            return None
-        return cls(np.asarray(arrays.pop(TARGETS), np.int32), np.asarray(arrays.pop(SOURCES), np.int32))

@@ -69,9 +69,10 @@ def feed_part(batch: MicroBatch, feed, previous) -> None:
     """Write the ids of `feed` (generation/feed.py) that fall in this part into its ids;
     `previous(sources)` gives the previous step's tokens at those indices (it may wait for them)."""
     ids = batch.arrays[RAD_STEP_IDS]
-    inside = (feed.targets >= batch.start) & (feed.targets < batch.start + len(ids))
+    targets, sources = np.asarray(feed.targets, np.int64), np.asarray(feed.sources, np.int64)
+    inside = (targets >= batch.start) & (targets < batch.start + len(ids))
     if inside.any():
-        ids[feed.targets[inside] - batch.start] = previous(feed.sources[inside])
+        ids[targets[inside] - batch.start] = previous(sources[inside])
 
 
 def gather_tokens(batches: list[MicroBatch], sampled: list[np.ndarray], seqs: int) -> np.ndarray:

@@ -1,0 +1,189 @@
+"""A step plan as the plans ring carries it (launch/step_rings.py writes it, ranks/session.py reads
+it): a fixed binary record, so a rank takes a step's inputs with a handful of byte copies and no
+numpy call, JSON or per-step allocation of arrays (docs/RUNTIME.md, "What a step's delivery costs"):
+
+    [ kind: 4 B, b"step" or b"stop" ][ tokens: u32 ][ seqs: u32 ][ blocks: u32 ][ feed pairs: u32 ][ 4 B pad ]
+    [ sent: f64, when the coordinator began to write it (perf_counter: CLOCK_MONOTONIC, every rank's clock) ]
+    then generation/step_plan.py's arrays in radiance.abi's PLANNED order, each of its STEP_INPUTS
+    dtype and shape for (tokens, seqs, blocks) in C order, padded to 8 bytes;
+    then the feed (generation/feed.py): its targets, then its sources, int32 each.
+
+`blocks` is a block table's width (the engine's max_blocks, the ranks' too). The record's length
+follows from its header; one shorter than that, or a step larger than the rank's step inputs, is
+refused in one line."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from radiance.abi import PLANNED, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, STEP_INPUTS
+from radiance.collectives.ring import SLOT_HEADER
+
+from .feed import Feed
+
+HEADER = struct.Struct("<4sIIII4xd")
+# the header's shape (a record's layout follows from it alone) and its `sent`
+_SHAPE, _SENT = struct.Struct("<4sIIII"), struct.Struct("<d")
+STEP, STOP = b"step", b"stop"
+_PAD = bytes(8)
+_LAYOUTS = 64  # shapes a reader keeps
+
+
+class PlanRecordError(ValueError):
+    """A plan record that does not describe a step this rank can take; one line."""
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8
+
+
+def encode(arrays: dict, feed: Feed | None = None, sent: float = 0.0) -> bytes:
+    """The record of a step's plan arrays (generation/step_plan.py) and its feed; `sent`: when the
+    coordinator began to write it (rank 0 reports the plan's delivery from then)."""
+    tokens, seqs = len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS])
+    blocks = arrays[RAD_STEP_BLOCK_TABLES].shape[1]
+    pairs = 0 if feed is None else len(feed.targets)
+    parts = [HEADER.pack(STEP, tokens, seqs, blocks, pairs, sent)]
+    for name in PLANNED:
+        spec, array = STEP_INPUTS[name], arrays[name]
+        if array.dtype != spec.dtype or array.shape != spec.shape(tokens, seqs, blocks):
+            raise PlanRecordError(f"plan record: {name} is {array.dtype}{list(array.shape)}, expected "
+                                  f"{np.dtype(spec.dtype)}{list(spec.shape(tokens, seqs, blocks))}")
+        parts.append(array.tobytes())
+        parts.append(_PAD[:_padded(array.nbytes) - array.nbytes])
+    if pairs:
+        parts.append(struct.pack(f"<{2 * pairs}i", *feed.targets, *feed.sources))
+    return b"".join(parts)
+
+
+def stop() -> bytes:
+    """The last record every rank reads."""
+    return HEADER.pack(STOP, 0, 0, 0, 0, 0.0)
+
+
+def size(tokens: int, seqs: int, blocks: int, pairs: int) -> int:
+    """A record's bytes."""
+    spec = STEP_INPUTS
+    arrays = sum(_padded(np.dtype(spec[name].dtype).itemsize * int(np.prod(spec[name].shape(tokens, seqs, blocks))))
+                 for name in PLANNED)
+    return HEADER.size + arrays + 8 * pairs
+
+
+class Plan:
+    """A record's shape (kind, tokens, seqs, blocks, feed pairs) and all that follows from it: where
+    its arrays lie and the copies that write them into the step inputs ((target, source) byte
+    views, made once); and the last record of that shape read: its feed and when it was sent. A
+    reader keeps one Plan a shape and hands it out again for every record of the shape (a step
+    makes no object but its feed), so a Plan, and its arrays in the reader's buffer, are good
+    until the reader takes the next record."""
+
+    __slots__ = ("kind", "tokens", "seqs", "blocks", "pairs", "entries", "end", "feed_at", "feed_ints", "copies",
+                 "feed", "sent")
+
+    def __init__(self, kind: str, tokens: int, seqs: int, blocks: int, pairs: int):
+        self.kind, self.tokens, self.seqs, self.blocks, self.pairs = kind, tokens, seqs, blocks, pairs
+        self.entries, offset = [], HEADER.size  # (name, offset, nbytes, shape)
+        for name in PLANNED if kind == "step" else ():
+            spec = STEP_INPUTS[name]
+            shape = spec.shape(tokens, seqs, blocks)
+            nbytes = np.dtype(spec.dtype).itemsize * int(np.prod(shape))
+            self.entries.append((name, offset, nbytes, shape))
+            offset += _padded(nbytes)
+        self.feed_at, self.end = offset, offset + 8 * pairs
+        self.feed_ints = struct.Struct(f"<{2 * pairs}i")
+        self.copies, self.feed, self.sent = (), None, 0.0
+
+
+class PlanReader:
+    """A rank's end: takes records into a buffer of its own and writes their arrays into its step
+    inputs (`inputs`: name -> the executor's arrays at their largest, C-contiguous;
+    engine/running/step_inputs.py). What a record needs beyond its bytes is made once a shape."""
+
+    def __init__(self, inputs=None, capacity: int = 4096):
+        self._inputs = {name: inputs[name] for name in PLANNED} if inputs is not None else None
+        self._plans: dict[tuple, Plan] = {}
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        """A buffer of `capacity` payload bytes after the ring's slot header (ring.read(into=...)
+        puts the payload there); the plans' copies read the old one, so they go too."""
+        self._buffer = memoryview(bytearray(SLOT_HEADER + capacity))
+        self._payload = self._buffer[SLOT_HEADER:]
+        self._plans.clear()
+
+    def take(self, ring, **waits) -> Plan:
+        """The next record of `ring` (a RingReader)."""
+        if len(self._buffer) < ring.slot_bytes:
+            self._grow(ring.slot_bytes - SLOT_HEADER)
+        return self._decode(len(ring.read(into=self._buffer, **waits)))
+
+    def decode(self, payload) -> Plan:
+        """The Plan of a record given as bytes (copied into the reader's buffer)."""
+        if len(payload) > len(self._payload):
+            self._grow(len(payload))
+        self._payload[:len(payload)] = payload
+        return self._decode(len(payload))
+
+    def _decode(self, length: int) -> Plan:
+        payload = self._payload
+        shape = _SHAPE.unpack_from(payload)
+        plan = self._plans.get(shape) or self._plan(*shape)
+        if length < plan.end:
+            raise PlanRecordError(f"plan record: {length} bytes where its header ({plan.tokens} tokens, {plan.seqs} "
+                                  f"sequences, {plan.pairs} fed) describes {plan.end}")
+        plan.sent = _SENT.unpack_from(payload, _SHAPE.size + 4)[0]
+        if plan.pairs:
+            ints = plan.feed_ints.unpack_from(payload, plan.feed_at)
+            plan.feed = Feed(ints[:plan.pairs], ints[plan.pairs:])
+        return plan
+
+    def _plan(self, kind: bytes, tokens: int, seqs: int, blocks: int, pairs: int) -> Plan:
+        """The Plan of a shape not seen yet (kept, up to _LAYOUTS of them)."""
+        if kind not in (STEP, STOP):
+            raise PlanRecordError(f"plan record: kind {kind!r}, not a step or a stop")
+        plan = Plan(kind.decode(), tokens, seqs, blocks, pairs)
+        if plan.end > len(self._payload):
+            raise PlanRecordError(f"plan record: a step of {tokens} tokens, {seqs} sequences and {blocks} blocks a "
+                                  f"table takes {plan.end} bytes, over the {len(self._payload)} of its ring's slots")
+        if self._inputs is not None:
+            plan.copies = self._copies(plan)
+        if len(self._plans) < _LAYOUTS:
+            self._plans[(kind, tokens, seqs, blocks, pairs)] = plan
+        return plan
+
+    def _copies(self, plan: Plan) -> list | str:
+        """(target, source) byte views that write the plan's arrays into the step inputs, or why they
+        cannot (one line, raised by write)."""
+        copies = []
+        for name, start, nbytes, shape in plan.entries:
+            target = self._inputs[name]
+            if shape[0] > len(target) or (len(shape) == 2 and shape[1] > target.shape[1]):
+                return (f"plan record: {name} of a step of {plan.tokens} tokens, {plan.seqs} sequences and "
+                        f"{plan.blocks} blocks a table does not fit this rank's step inputs")
+            whole = memoryview(target).cast("B")
+            rows = [(0, start, nbytes)]
+            if len(shape) == 2 and shape[1] != target.shape[1]:  # a narrower block table: row by row
+                row = nbytes // shape[0] if shape[0] else 0
+                rows = [(r * target.strides[0], start + r * row, row) for r in range(shape[0])]
+            copies += [(whole[at:at + size], self._payload[source:source + size]) for at, source, size in rows]
+        return copies
+
+    def write(self, plan: Plan) -> None:
+        """The plan's arrays into the step inputs' first rows: byte copies, no numpy call."""
+        copies = plan.copies
+        if copies.__class__ is str:
+            raise PlanRecordError(copies)
+        for target, source in copies:
+            target[:] = source
+
+    def arrays(self, plan: Plan) -> dict:
+        """The plan's arrays as read-only numpy arrays of a copy of the record (a step cut into parts
+        needs them)."""
+        record = bytes(self._payload[:plan.feed_at])
+        arrays = {}
+        for name, offset, nbytes, shape in plan.entries:
+            dtype = np.dtype(STEP_INPUTS[name].dtype)
+            arrays[name] = np.frombuffer(record, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
+        return arrays

@@ -1,0 +1,64 @@
+"""The plans ring's record (generation/plan_record.py): a step's arrays and feed round trip into a
+rank's step inputs, byte for byte, and a record that does not fit is refused in one line."""
+
+import numpy as np
+import pytest
+
+from radiance.abi import PLANNED, STEP_INPUTS
+from radiance.engine.running.step_inputs import StepInputs
+from radiance.generation import plan_record
+from radiance.generation.feed import Feed
+from radiance.generation.plan_record import PlanReader, PlanRecordError
+
+
+def _arrays(tokens: int, seqs: int, blocks: int, seed: int = 0) -> dict:
+    """Plan arrays of every step input, filled with distinct values."""
+    generator = np.random.default_rng(seed)
+    return {name: generator.integers(1, 1 << 20, spec.shape(tokens, seqs, blocks)).astype(spec.dtype)
+            for name, spec in ((name, STEP_INPUTS[name]) for name in PLANNED)}
+
+
+def test_a_plan_goes_into_the_step_inputs_as_planned():
+    inputs = StepInputs(16, 4, 8)
+    reader = PlanReader(inputs)
+    for tokens, seqs, feed in [(9, 3, None), (2, 2, Feed.of([(1, 0), (0, 1)])), (9, 3, Feed.of([(8, 2)]))]:
+        arrays = _arrays(tokens, seqs, 8, seed=tokens + seqs)
+        plan = reader.decode(plan_record.encode(arrays, feed))
+        assert (plan.kind, plan.tokens, plan.seqs, plan.blocks, plan.feed) == ("step", tokens, seqs, 8, feed)
+        reader.write(plan)
+        viewed = reader.arrays(plan)
+        for name in PLANNED:
+            rows = len(arrays[name])
+            assert np.array_equal(inputs[name][:rows], arrays[name]), name
+            assert np.array_equal(viewed[name], arrays[name]) and viewed[name].dtype == arrays[name].dtype, name
+    assert reader.decode(plan_record.stop()).kind == "stop"
+
+
+def test_a_narrower_block_table_is_written_row_by_row():
+    inputs = StepInputs(16, 4, 8)
+    inputs["step.block_tables"][:] = -1
+    arrays = _arrays(3, 3, 5)
+    PlanReader(inputs).write(PlanReader(inputs).decode(plan_record.encode(arrays)))
+    assert np.array_equal(inputs["step.block_tables"][:3, :5], arrays["step.block_tables"])
+    assert (inputs["step.block_tables"][:3, 5:] == -1).all()
+
+
+def test_a_record_that_does_not_fit_is_refused_in_one_line():
+    reader = PlanReader(StepInputs(16, 4, 8))
+    payload = plan_record.encode(_arrays(4, 2, 8), Feed.of([(0, 0)]))
+    with pytest.raises(PlanRecordError,
+                       match=r"plan record: \d+ bytes where its header \(4 tokens, 2 sequences, 1 fed\)"):
+        reader.decode(payload[:-1])
+    with pytest.raises(PlanRecordError, match="step.ids of a step of 17 tokens, 2 sequences and 8 blocks"):
+        reader.write(reader.decode(plan_record.encode(_arrays(17, 2, 8))))
+    with pytest.raises(PlanRecordError, match="kind b'what'"):
+        reader.decode(b"what" + payload[4:])
+    arrays = _arrays(4, 2, 8)
+    arrays["step.top_p"] = arrays["step.top_p"].astype(np.float64)
+    with pytest.raises(PlanRecordError, match=r"plan record: step.top_p is float64\[2\], expected float32\[2\]"):
+        plan_record.encode(arrays)
+
+
+def test_the_largest_record_is_its_size():
+    arrays, feed = _arrays(16, 4, 8), Feed.of([(i, i) for i in range(4)])
+    assert len(plan_record.encode(arrays, feed)) == plan_record.size(16, 4, 8, 4)
