@@ -19,7 +19,6 @@ import struct
 import numpy as np
 
 from radiance.abi import PLANNED, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, STEP_INPUTS
-from radiance.collectives.ring import SLOT_HEADER
 
 from .feed import Feed
 
@@ -104,25 +103,28 @@ class PlanReader:
     def __init__(self, inputs=None, capacity: int = 4096):
         self._inputs = {name: inputs[name] for name in PLANNED} if inputs is not None else None
         self._plans: dict[tuple, Plan] = {}
-        self._grow(capacity)
+        self._header = 0  # the bytes before a payload in the buffer: a ring slot's header once one is read
+        self._grow(capacity, 0)
 
-    def _grow(self, capacity: int) -> None:
-        """A buffer of `capacity` payload bytes after the ring's slot header (ring.read(into=...)
-        puts the payload there); the plans' copies read the old one, so they go too."""
-        self._buffer = memoryview(bytearray(SLOT_HEADER + capacity))
-        self._payload = self._buffer[SLOT_HEADER:]
+    def _grow(self, capacity: int, header: int) -> None:
+        """A buffer of `capacity` payload bytes after `header` bytes (ring.read(into=...) puts the
+        payload after the ring's slot header); the plans' copies read the old one, so they go too."""
+        self._buffer = memoryview(bytearray(header + capacity))
+        self._payload = self._buffer[header:]
+        self._header = header
         self._plans.clear()
 
     def take(self, ring, **waits) -> Plan:
-        """The next record of `ring` (a RingReader)."""
-        if len(self._buffer) < ring.slot_bytes:
-            self._grow(ring.slot_bytes - SLOT_HEADER)
+        """The next record of `ring` (a RingReader: its slots are slot_bytes, of which capacity payload)."""
+        header = ring.slot_bytes - ring.capacity
+        if header != self._header or len(self._buffer) < ring.slot_bytes:
+            self._grow(ring.capacity, header)
         return self._decode(len(ring.read(into=self._buffer, **waits)))
 
     def decode(self, payload) -> Plan:
         """The Plan of a record given as bytes (copied into the reader's buffer)."""
         if len(payload) > len(self._payload):
-            self._grow(len(payload))
+            self._grow(len(payload), self._header)
         self._payload[:len(payload)] = payload
         return self._decode(len(payload))
 
