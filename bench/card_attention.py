@@ -36,8 +36,7 @@ import numpy as np  # noqa: E402
 
 from device_ops import Timer, copies_for  # noqa: E402
 from radiance.abi import RadArgs  # noqa: E402
-from radiance.engine.loading.registry import Registry  # noqa: E402
-from test_device_rows_support import Card, card  # noqa: E402
+from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import launch, rel_err, row_of  # noqa: E402
 
 HBM = 4.8e12
@@ -143,12 +142,7 @@ def main():
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args()
-    device, stream, why = card()
-    if device is None:
-        print(f"no card: {why}")
-        return 1
-    registry = Registry(radiance_home="")
-    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    device, stream, registry, lib = libr4d_on_card()
     row = next(r for r in lib.rows if r.name == ROW)
     dk = importlib.import_module(f"{row.plugin.module.__name__}.device_kernels")
     on_card = Card(device, stream)

@@ -29,8 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 
 from device_ops import HBM, Timer, copies_for, copy_ceiling, gemv_args  # noqa: E402
-from radiance.engine.loading.registry import Registry  # noqa: E402
-from test_device_rows_support import Card, card  # noqa: E402
+from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_kquants import TYPES, gguf_weight  # noqa: E402
 from test_libr4d_support import launch, make_weight, rel_err, row_of  # noqa: E402
 
@@ -62,12 +61,7 @@ def main():
     parser.add_argument("--formats", default=",".join(FORMATS), help="GGUF types, comma-separated")
     parser.add_argument("--cuts", default="", help="warps x rows cuts to time besides the default, e.g. 8x1,4x4")
     args = parser.parse_args()
-    device, stream, why = card()
-    if device is None:
-        print(f"no card: {why}")
-        return 1
-    registry = Registry(radiance_home="")
-    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    device, stream, registry, lib = libr4d_on_card()
     rows = {row.name: row for row in lib.rows}
     gguf_rows = importlib.import_module(f"{lib.module.__name__}.device_gguf_rows")
     default_cut = (gguf_rows.WARPS, gguf_rows.ROWS)

@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 
 from radiance.abi import RadArgs  # noqa: E402
-from radiance.engine.loading.registry import Registry  # noqa: E402
-from test_device_rows_support import Card, card  # noqa: E402
+from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import activations, launch, make_weight, rel_err, row_of  # noqa: E402
 
 HBM = 4.8e12
@@ -258,12 +257,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="bf16 only, M = 1 and 8")
     parser.add_argument("--both", action="store_true", help="time gemv_stream.cu beside gemv.cu where both serve")
     args = parser.parse_args()
-    device, stream, why = card()
-    if device is None:
-        print(f"no card: {why}")
-        return 1
-    registry = Registry(radiance_home="")
-    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    device, stream, registry, lib = libr4d_on_card()
     rows = {row.name: row for row in lib.rows}
     DEVICE_ROWS.append(importlib.import_module(f"{rows['r4dchain_gemv_plain_dev'].plugin.module.__name__}.device_rows"))
     on_card, started = Card(device, stream), time.perf_counter()

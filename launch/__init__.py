@@ -29,7 +29,7 @@ def open_ranks(config: Config):
             if config.draft_model is not None or config.mtp:  # asked for by name: loud
                 raise
             log.warning("%s carries MTP heads, but they cannot draft here: %s; decoding without them", config.model,
-                        str(error).removeprefix("MTP heads: ").split(" (the speculative ops")[0])
+                        error.reason)
     if config.world > 1 or config.launched:
         from .launched import LaunchedRanks
 

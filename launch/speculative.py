@@ -39,7 +39,11 @@ def sampler(graph, path: str) -> tuple[str, int]:
 
 class DraftOpsUnavailable(ConfigError):
     """No row may serve the draft's propose/verify ops here (none declared for this domain, or only
-    reference rows without --debug-accept-reference-kernels)."""
+    reference rows without --debug-accept-reference-kernels); `reason`: the selection's own words."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class SpeculativeRanks(Ranks):
@@ -101,7 +105,8 @@ class SpeculativeRanks(Ranks):
         except SelectionError as error:
             raise DraftOpsUnavailable(f"{self.flag}: {error} (the speculative ops come from a kernel library such as "
                               f"plugins/spechub, built with cmake: docs/PLUGINS.md)"
-                              + ("" if self.heads is None else "; --no-mtp decodes without the heads")) from None
+                              + ("" if self.heads is None else "; --no-mtp decodes without the heads"),
+                                      str(error)) from None
         self.vocab = vocab
         rows_used = ", ".join(f"{r.op} by {r.row(1).plugin.name}:{r.row(1).name}" for r in self.runners)
         drafter = config.draft_model if self.heads is None else f"its own MTP heads ({self.heads})"

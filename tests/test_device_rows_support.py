@@ -31,6 +31,19 @@ def card():
     return device, EngineStream(device), None
 
 
+def libr4d_on_card():
+    """A card bench's start: (device, stream, registry, libr4d's library) on the card `card()` finds;
+    where there is none, "no card: why" printed and exit status 1."""
+    device, stream, why = card()
+    if device is None:
+        print(f"no card: {why}")
+        raise SystemExit(1)
+    from radiance.engine.loading.registry import Registry
+
+    registry = Registry(radiance_home="")
+    return device, stream, registry, next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+
+
 class Card:
     """Uploads and launches on one device; keeps every allocation until `close`."""
 
