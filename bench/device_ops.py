@@ -256,6 +256,9 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="time other cuts of the GEMV's work first")
     parser.add_argument("--quick", action="store_true", help="bf16 only, M = 1 and 8")
     parser.add_argument("--both", action="store_true", help="time gemv_stream.cu beside gemv.cu where both serve")
+    parser.add_argument("--formats", nargs="+", choices=("bf16", "q8_0", "q4_1"),
+                        help="the GEMVs' weight formats (default bf16 q8_0 q4_1; --quick: bf16)")
+    parser.add_argument("--ms", nargs="+", type=int, help="activation rows M (default 1 2 4 8; --quick: 1 8)")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     rows = {row.name: row for row in lib.rows}
@@ -272,9 +275,11 @@ def main():
             DEVICE_ROWS[0].dk.STREAM = DEVICE_ROWS[0].dk.StreamShape.parse(results["best_cut"])
     # what the row picks (gemv.cu unless R4D_GEMV_STREAM asks for gemv_stream.cu), or both
     kernels = ["stream", "split"] if args.both or args.sweep else ["stream" if DEVICE_ROWS[0].dk.STREAM else "split"]
-    for fmt in ("bf16",) if args.quick else ("bf16", "q8_0", "q4_1"):
+    formats = args.formats or (("bf16",) if args.quick else ("bf16", "q8_0", "q4_1"))
+    ms = args.ms or ((1, 8) if args.quick else (1, 2, 4, 8))
+    for fmt in formats:
         for label, n, k in SHAPES if fmt == "bf16" else SHAPES[:-1]:  # the quantised lm heads: slow to make here
-            for m in (1, 8) if args.quick else (1, 2, 4, 8):  # gemv.cu where the stream kernel does not serve
+            for m in ms:  # gemv.cu where the stream kernel does not serve
                 served = len(results["gemv"])
                 bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, kernels)
                 if len(results["gemv"]) == served:

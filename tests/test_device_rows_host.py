@@ -238,11 +238,15 @@ def test_every_chained_kernel_waits_in_its_prologue():
             body = source[source.index("{", kernel.end()) + 1:].lstrip()
             assert body.startswith("R4D_CHAIN_PROLOGUE();"), (name, source[kernel.start():kernel.start() + 80])
     gemv = (folder / "gemv.cu").read_text()
-    body = gemv[gemv.index("__device__ void gemv("):gemv.index("#define GEMV_ENTRY")]
-    wait = body.index("R4D_CHAIN_PROLOGUE();")
-    before = body[:wait]
-    assert "r4d_stream16(rows[r].codes" in before and "x[" not in before and "gemv_x(" not in before
-    assert wait < body.index("gemv_norm<MT>(") < body.index("consume<FMT, MT, GEMV_ROWS>(")
+    # both paths of gemv.cu: the FMA one and the tensor cores' (whose activations are read by __ldg)
+    for path, load, use in (("gemv_fma", "r4d_stream16(rows[r].codes", "consume<FMT, MT, GEMV_ROWS>("),
+                            ("gemv_tc", "r4d_stream16(rows[i].codes", "gemv_mma(")):
+        start = gemv.index(f"__device__ __forceinline__ void {path}(")
+        body = gemv[start:gemv.index("\n}\n", start)]
+        wait = body.index("R4D_CHAIN_PROLOGUE();")
+        before = body[:wait]
+        assert load in before and "x[" not in before and "gemv_x(" not in before and "__ldg" not in before, path
+        assert wait < body.index("gemv_norm<MT>(") < body.index(use), path
     stream = (folder / "gemv_stream.cu").read_text()
     body = stream[stream.index("__device__ void gemv_stream("):stream.index("#define GEMV_STREAM_ENTRY")]
     wait = body.index("R4D_CHAIN_PROLOGUE();")
@@ -356,12 +360,15 @@ def test_the_stream_gemv_serves_shapes_that_keep_its_warps_busy(registry):
     assert dk.argmax_groups(128256) == 8016 and dk.argmax_groups(64) == 32  # gemv.cu's groups, or blocks
 
 
-def test_another_gemv_cut_is_three_integers_and_reaches_the_compiler(registry):
+def test_another_gemv_cut_is_three_or_four_integers_and_reaches_the_compiler(registry):
     dk = module(registry, "device_kernels")
     shape = dk.GemvShape.parse("8,2,4")
-    assert shape == dk.GemvShape(8, 2, 4) and shape.group == 16
-    assert dk.gemv_options("bf16", shape=shape)[-3:] == ("-DGEMV_WARPS=8", "-DGEMV_ROWS=2", "-DGEMV_PIPE=4")
-    for text, fault in (("4,4", "three integers"), ("4,3,2", "an even"), ("64,4,2", "warps 1..32")):
+    assert shape == dk.GemvShape(8, 2, 4) and shape.group == 16 and shape.tensor_cores_from == 8
+    assert dk.gemv_options("bf16", shape=shape)[-4:] == ("-DGEMV_WARPS=8", "-DGEMV_ROWS=2", "-DGEMV_PIPE=4",
+                                                         "-DGEMV_TC_FROM=8")
+    assert dk.GemvShape.parse("4,4,2,2").defines()[-1] == "-DGEMV_TC_FROM=2"
+    for text, fault in (("4,4", "three or four integers"), ("4,3,2", "an even"), ("64,4,2", "warps 1..32"),
+                        ("4,4,2,3", "tensor_cores_from")):
         with pytest.raises(ValueError, match=fault):
             dk.GemvShape.parse(text)
 

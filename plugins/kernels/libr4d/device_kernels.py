@@ -23,31 +23,41 @@ GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 registe
 @dataclass(frozen=True)
 class GemvShape:
     """How gemv.cu cuts the work: warps a block, output rows a warp (even: mode 2 pairs rows),
-    16-byte steps a lane keeps in flight. bench/device_ops.py --sweep times others."""
+    16-byte steps a lane keeps in flight, and the fewest register rows (MT) whose products run on
+    tensor cores (bf16 and e4m3 weights on NVIDIA sm_80 and later; 16: never). bench/device_ops.py
+    --sweep times other cuts."""
     warps: int = 4
     rows: int = 4
     pipe: int = 2
+    tensor_cores_from: int = 8
 
     @property
     def group(self) -> int:
         return self.warps * self.rows
 
     def defines(self) -> tuple:
-        return (f"-DGEMV_WARPS={self.warps}", f"-DGEMV_ROWS={self.rows}", f"-DGEMV_PIPE={self.pipe}")
+        return (f"-DGEMV_WARPS={self.warps}", f"-DGEMV_ROWS={self.rows}", f"-DGEMV_PIPE={self.pipe}",
+                f"-DGEMV_TC_FROM={self.tensor_cores_from}")
 
     @classmethod
     def parse(cls, text: str) -> "GemvShape":
-        """'warps,rows,pipe' (R4D_GEMV_SHAPE): ValueError naming what is wrong."""
+        """'warps,rows,pipe[,tensor_cores_from]' (R4D_GEMV_SHAPE): ValueError naming what is wrong."""
         try:
-            warps, rows, pipe = (int(part) for part in text.split(","))
+            parts = [int(part) for part in text.split(",")]
+            if len(parts) not in (3, 4):
+                raise ValueError
         except ValueError:
-            raise ValueError(f"R4D_GEMV_SHAPE={text!r}: expected 'warps,rows,pipe', three integers") from None
-        if not (1 <= warps <= 32 and 2 <= rows <= 16 and rows % 2 == 0 and 1 <= pipe <= 8):
-            raise ValueError(f"R4D_GEMV_SHAPE={text!r}: warps 1..32, rows an even 2..16, pipe 1..8")
-        return cls(warps, rows, pipe)
+            raise ValueError(f"R4D_GEMV_SHAPE={text!r}: expected 'warps,rows,pipe[,tensor_cores_from]', "
+                             "three or four integers") from None
+        shape = cls(*parts)
+        if not (1 <= shape.warps <= 32 and 2 <= shape.rows <= 16 and shape.rows % 2 == 0 and 1 <= shape.pipe <= 8
+                and shape.tensor_cores_from in (2, 4, 8, 16)):
+            raise ValueError(f"R4D_GEMV_SHAPE={text!r}: warps 1..32, rows an even 2..16, pipe 1..8, "
+                             "tensor_cores_from 2, 4, 8 or 16 (never)")
+        return shape
 
 
-# R4D_GEMV_SHAPE="warps,rows,pipe" cuts gemv.cu's work otherwise for a process (read at load, as every
+# R4D_GEMV_SHAPE="warps,rows,pipe[,tensor_cores_from]" cuts gemv.cu's work otherwise for a process (read at load, as every
 # launch geometry below binds it): how bench/card_generate.py tries other cuts in a whole decode step.
 GEMV = GemvShape.parse(os.environ["R4D_GEMV_SHAPE"]) if os.environ.get("R4D_GEMV_SHAPE") else GemvShape()
 GEMV_GROUP = GEMV.group  # a block's row group

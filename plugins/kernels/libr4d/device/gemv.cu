@@ -14,6 +14,8 @@
 // rows. f32 accumulation with fused multiply-adds (agreement with libref, not its order: per-lane
 // partial sums, the warp's tree, split chunks added in order by the row group's last block), the
 // same order whatever the mode, so a fused row computes bit for bit what the unfused rows compute.
+// From GEMV_TC_FROM activation rows (bf16 and e4m3 weights, NVIDIA sm_80 and later) the products
+// run on tensor cores instead (gemv_tc below): the same bytes streamed, an eighth of the instructions.
 #ifndef GEMV_WARPS
 #define GEMV_WARPS 4
 #endif
@@ -36,15 +38,42 @@ __device__ bool gemv_last_split(u32* counters) {
     return last;
 }
 
+#ifndef GEMV_TC_FROM
+#define GEMV_TC_FROM 8  // the fewest register rows (MT) the tensor-core path serves
+#endif
+#ifndef GEMV_TC_PIPE
+#define GEMV_TC_PIPE 4  // tensor-core path: steps a lane keeps in flight (each 16 bytes of every tile)
+#endif
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIP_PLATFORM_AMD__)) || defined(R4D_GEMV_TC_ON_HOST)
+#define GEMV_TC 1
+#else
+#define GEMV_TC 0
+#endif
+#if GEMV_TC && !defined(R4D_GEMV_TC_ON_HOST)
+// d += a . b, mma.m16n8k16, bf16 in, f32 accumulation (fragments: tensor_core.cu's header)
+__device__ __forceinline__ void gemv_mma(float* d, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// two floats as bf16 rounded to nearest even, `lo` in the low half
+__device__ __forceinline__ u32 gemv_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#endif
+
+// The FMA path: the warp's GEMV_ROWS rows (from `first`), lanes over K, its sums in `totals` (every lane).
 template <int FMT, int MT>
-__device__ void gemv(const GemvWeights& w, const float* x, const u8* norm, int norm_fmt, const GemvOut& out, int M, int K,
-                     int k_chunk, float* partial, u32* counters, float* normed, float* gathered, const int* index,
-                     int x_rows, float eps) {
+__device__ __forceinline__ void gemv_fma(const GemvWeights& w, GemvInput<MT>& in, const float* x, int M, int K, int k_begin,
+                         int k_end, float* normed, float* gathered, const int* index, int x_rows, float eps,
+                         float (*totals)[MT]) {
     const int E = Chunk<FMT>::E, S = R4D_WARP * E;
     const int N = gemv_rows(w);
     int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
     long long first = ((long long)blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
-    int k_begin = (int)blockIdx.y * k_chunk, k_end = min(K, k_begin + k_chunk);
     GemvRow rows[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = gemv_row(w, min(first + r, (long long)N - 1));  // past N: row N-1, stored nowhere
@@ -58,11 +87,6 @@ __device__ void gemv(const GemvWeights& w, const float* x, const u8* norm, int n
         for (int r = 0; r < GEMV_ROWS; ++r)
             if (mine && e + p * S < k_end) v[p][r] = r4d_stream16(rows[r].codes + chunk_byte<FMT>(rows[r].row, K, e + p * S));
     R4D_CHAIN_PROLOGUE();
-    GemvInput<MT> in;
-    in.norm = norm;
-    in.norm_fmt = norm_fmt;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
     if (R4D_GEMV_NORM) {  // this block's slice of its K chunk of the normed (and gathered) rows, in whole float4s
         long long quads = (k_end - k_begin) / 4;
         int lo = k_begin + 4 * (int)(blockIdx.x * quads / gridDim.x);
@@ -92,17 +116,169 @@ __device__ void gemv(const GemvWeights& w, const float* x, const u8* norm, int n
             consume<FMT, MT, GEMV_ROWS>(now, sc, at, in, acc);
         }
     }
-    bool split = gridDim.y > 1;
-    __shared__ float s_total[GEMV_GROUP][8];  // mode 3: the row group's outputs, for its argmax
-    float totals[GEMV_ROWS][MT];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) totals[r][m] = r4d_warp_sum(acc[r][m]);
+}
+
+template <int FMT, int MT>
+struct GemvTc {
+    enum { on = GEMV_TC && R4D_WARP == 32 && MT >= GEMV_TC_FROM && (FMT == FMT_BF16 || R4D_FP8(FMT)) &&
+                GEMV_GROUP % 8 == 0 };
+};
+
+#if GEMV_TC
+// Activation row m's four elements from e, as [bf16 hi of (0, 1), hi of (2, 3)] and the remainders
+// x - hi likewise: hi + lo carries 16 significant bits of each f32, so the products agree with f32
+// arithmetic to about 2^-17 of each term.
+__device__ __forceinline__ void gemv_tc_split(float4 a, u32* hi, u32* lo) {
+    hi[0] = gemv_bf16x2(a.x, a.y);
+    hi[1] = gemv_bf16x2(a.z, a.w);
+    lo[0] = gemv_bf16x2(a.x - __uint_as_float(hi[0] << 16), a.y - __uint_as_float(hi[0] & 0xffff0000u));
+    lo[1] = gemv_bf16x2(a.z - __uint_as_float(hi[1] << 16), a.w - __uint_as_float(hi[1] & 0xffff0000u));
+}
+
+// The block's GEMV_GROUP rows on tensor cores: y^T = [x_hi; x_lo] . w^T as mma.m16n8k16, A's rows
+// 0..7 the activation rows as bf16 and rows 8..15 their remainders, B eight weight rows (a tile).
+// Every warp takes all GEMV_GROUP / 8 tiles and every GEMV_WARPS-th step of the block's K chunk; a
+// step is 4 E elements of each row. Lane (group g, thread t) streams 16 bytes of each tile's row g at
+// element step + t E: a dot product may add its k in any order, so those E elements fill the lane's
+// k slots of E / 4 MMAs, and the lane's activation row g (the last row past MT) gives the same
+// elements. The warps' parts meet in shared memory and are added in warp order; `totals` gets the
+// rows the FMA path's warp would own (warp w: rows w * GEMV_ROWS ...), in every lane.
+template <int FMT, int MT>
+__device__ __forceinline__ void gemv_tc(const GemvWeights& w, GemvInput<MT>& in, const float* x, int M, int K, int k_begin,
+                        int k_end, float* normed, float* gathered, const int* index, int x_rows, float eps,
+                        float (*totals)[MT]) {
+    const int E = Chunk<FMT>::E, STEP = 4 * E, TILES = GEMV_GROUP / 8;
+    const int N = gemv_rows(w);
+    int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP, g = lane / 4, t = lane % 4;
+    long long base = (long long)blockIdx.x * GEMV_GROUP;
+    GemvRow rows[TILES];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) rows[i] = gemv_row(w, min(base + 8 * i + g, (long long)N - 1));
+    int steps = (k_end - k_begin + STEP - 1) / STEP;
+    uint4 v[GEMV_TC_PIPE][TILES];
+#pragma unroll
+    for (int q = 0; q < GEMV_TC_PIPE; ++q) {
+        int e = k_begin + (warp + q * GEMV_WARPS) * STEP + t * E;
+#pragma unroll
+        for (int i = 0; i < TILES; ++i)
+            v[q][i] = e < k_end ? r4d_stream16(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, e)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    R4D_CHAIN_PROLOGUE();
+    if (R4D_GEMV_NORM) {
+        long long quads = (k_end - k_begin) / 4;
+        int lo = k_begin + 4 * (int)(blockIdx.x * quads / gridDim.x);
+        int hi = blockIdx.x + 1 == gridDim.x ? k_end : k_begin + 4 * (int)((blockIdx.x + 1ll) * quads / gridDim.x);
+        gemv_norm<MT>(in, x, M, K, lo, hi, eps, index, x_rows, normed, gathered);
+    }
+    // this lane's activation row, its scale and whether it is a NaN row (constant indices only)
+    const float* xr = in.row[0];
+    float xs = in.scale[0];
+    bool bad = in.bad[0];
+#pragma unroll
+    for (int m = 1; m < MT; ++m)
+        if (min(g, MT - 1) == m) { xr = in.row[m]; xs = in.scale[m]; bad = in.bad[m]; }
+    float d[TILES][4];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
+    for (int s0 = warp; s0 < steps; s0 += GEMV_TC_PIPE * GEMV_WARPS) {
+#pragma unroll
+        for (int q = 0; q < GEMV_TC_PIPE; ++q) {
+            int s = s0 + q * GEMV_WARPS;
+            if (s >= steps) break;  // the same for the whole warp: every lane reaches each MMA
+            int e = k_begin + s * STEP + t * E, ahead = e + GEMV_TC_PIPE * GEMV_WARPS * STEP;
+            uint4 now[TILES];
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) {
+                now[i] = v[q][i];
+                if (ahead < k_end) v[q][i] = r4d_stream16(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, ahead));
+            }
+            bool here = e < k_end;  // past the chunk: zeros, still at the MMA
+#pragma unroll
+            for (int j = 0; j < E / 4; ++j) {
+                u32 a[4] = {0u, 0u, 0u, 0u};
+                if (here) {
+                    float4 xv = __ldg((const float4*)(xr + e + 4 * j));
+                    if (R4D_GEMV_NORM) {
+                        float4 nw = gemv_norm4(in.norm, in.norm_fmt, e + 4 * j);
+                        xv.x = (xv.x * xs) * nw.x; xv.y = (xv.y * xs) * nw.y; xv.z = (xv.z * xs) * nw.z; xv.w = (xv.w * xs) * nw.w;
+                        if (bad) xv.x = xv.y = xv.z = xv.w = __uint_as_float(0x7fc00000u);
+                    }
+                    u32 hi[2], lo[2];
+                    gemv_tc_split(xv, hi, lo);
+                    a[0] = hi[0]; a[1] = lo[0]; a[2] = hi[1]; a[3] = lo[1];
+                }
+#pragma unroll
+                for (int i = 0; i < TILES; ++i) {
+                    u32 b0, b1;
+                    if (FMT == FMT_BF16) {
+                        u32 word[4] = {now[i].x, now[i].y, now[i].z, now[i].w};
+                        b0 = word[2 * j]; b1 = word[2 * j + 1];
+                    } else {  // e4m3 codes: exact in bf16, whose bits are the f32's upper half
+                        float c[4];
+                        decode4<FMT>(now[i], j, c);
+                        b0 = (__float_as_uint(c[0]) >> 16) | (__float_as_uint(c[1]) & 0xffff0000u);
+                        b1 = (__float_as_uint(c[2]) >> 16) | (__float_as_uint(c[3]) & 0xffff0000u);
+                    }
+                    gemv_mma(d[i], a, b0, b1);
+                }
+            }
+        }
+    }
+    // C: lane (g, t) holds (activation row g, tile rows 2t and 2t + 1) and the remainders' same
+    __shared__ float s_part[GEMV_WARPS][GEMV_GROUP][8];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            float y = d[i][c] + d[i][c + 2];
+            if (R4D_FP8(FMT)) y *= __uint_as_float(gemv_scales<FMT>(gemv_row(w, min(base + 8 * i + 2 * t + c, (long long)N - 1)), K, 0));
+            s_part[warp][8 * i + 2 * t + c][g] = y;
+        }
+    __syncthreads();
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r)
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            totals[r][m] = r4d_warp_sum(acc[r][m]);
-            if (split && lane == 0 && m < M && first + r < N)
-                partial[((long long)blockIdx.y * M + m) * N + first + r] = totals[r][m];
+            float total = 0.0f;
+#pragma unroll
+            for (int p = 0; p < GEMV_WARPS; ++p) total += s_part[p][warp * GEMV_ROWS + r][m];
+            totals[r][m] = total;
         }
+}
+#endif
+
+template <int FMT, int MT>
+__device__ void gemv(const GemvWeights& w, const float* x, const u8* norm, int norm_fmt, const GemvOut& out, int M, int K,
+                     int k_chunk, float* partial, u32* counters, float* normed, float* gathered, const int* index,
+                     int x_rows, float eps) {
+    const int N = gemv_rows(w);
+    int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
+    long long first = ((long long)blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
+    int k_begin = (int)blockIdx.y * k_chunk, k_end = min(K, k_begin + k_chunk);
+    GemvInput<MT> in;
+    in.norm = norm;
+    in.norm_fmt = norm_fmt;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
+    float totals[GEMV_ROWS][MT];
+#if GEMV_TC
+    if constexpr (GemvTc<FMT, MT>::on)
+        gemv_tc<FMT, MT>(w, in, x, M, K, k_begin, k_end, normed, gathered, index, x_rows, eps, totals);
+    else
+#endif
+        gemv_fma<FMT, MT>(w, in, x, M, K, k_begin, k_end, normed, gathered, index, x_rows, eps, totals);
+    bool split = gridDim.y > 1;
+    __shared__ float s_total[GEMV_GROUP][8];  // mode 3: the row group's outputs, for its argmax
+    if (split && lane == 0)
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+                if (m < M && first + r < N) partial[((long long)blockIdx.y * M + m) * N + first + r] = totals[r][m];
     if (!split) {
         if (lane == 0) {
 #pragma unroll

@@ -27,7 +27,7 @@ template <> struct Chunk<FMT_FP8_TENSOR> { enum { E = 16 }; };
 // streamed once: no L1 allocation, a 256-byte L2 fetch
 __device__ __forceinline__ uint4 r4d_stream16(const u8* p) {
     uint4 v;
-#if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
+#if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__) || !defined(__CUDA_ARCH__)  // (a host build: a load)
     v = *(const uint4*)p;
 #else
     asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -234,7 +234,7 @@ __device__ void gemv_norm(GemvInput<MT>& in, const float* x, int M, int K, int k
     __shared__ float s_scale[8];
     __shared__ int s_row[8];
     int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
-#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__)
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__)
     // every thread asks for some of the rows' lines first: the warp summing a row in the canonical
     // order then finds them in L1 instead of waiting on one L2 round trip after another
     for (int i = threadIdx.x; i < M * (K / 32); i += blockDim.x) {

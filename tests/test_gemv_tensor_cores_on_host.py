@@ -1,0 +1,141 @@
+"""gemv.cu's tensor-core path (M >= GEMV_TC_FROM activation rows, bf16 and e4m3 weights) run on the
+host: its real text built with g++ behind tests/fixtures/cuda_on_host.h, with the host forms of
+mma.m16n8k16 bf16 and cvt.rn.bf16x2 (tests/fixtures/tensor_core_on_host.h), its entry called with
+numpy arrays as a card's launch would pass them. What a card's run cannot show in CI: the fragments'
+owners, the permuted k slots a lane's 16 bytes fill, the activation remainders, the rows past N, the
+warps' K parts met in shared memory, split K, the folded rmsnorm and the epilogues. Against a float64
+reference within the GEMV's tolerance, and against the FMA path (the same source with the tensor-core
+path turned off). Skipped, saying so, where g++ is missing."""
+
+import ctypes
+import importlib
+import importlib.util
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from test_libr4d_support import activations
+
+FIXTURES = Path(__file__).parent / "fixtures"
+_spec = importlib.util.spec_from_file_location("_fixture_cuda_on_host_tc", FIXTURES / "cuda_on_host.py")
+ON_HOST = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ON_HOST)
+pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
+
+dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")
+FMT = {"bf16": 2, "fp8_channel": 5}
+F32 = 0
+WARPS, ROWS = 4, 4
+GROUP = WARPS * ROWS
+
+
+def library(fmt, mode, norm, tensor_cores=True):
+    """gemv.cu for the host: the host tensor-core forms between common.cu and the GEMV's parts."""
+    common = (dk.FOLDER / "common.cu").read_text()
+    text = dk.source("gemv")
+    assert text.startswith(common)
+    forms = (FIXTURES / "tensor_core_on_host.h").read_text()
+    source = "#define R4D_GEMV_TC_ON_HOST 1\n" + common + "\n" + forms + text[len(common):]
+    options = (f"-DR4D_GEMV_FMT={FMT[fmt]}", f"-DR4D_GEMV_MODE={mode}", f"-DR4D_GEMV_NORM={norm}",
+               f"-DGEMV_WARPS={WARPS}", f"-DGEMV_ROWS={ROWS}", "-DGEMV_PIPE=2",
+               f"-DGEMV_TC_FROM={8 if tensor_cores else 16}")
+    return ON_HOST.build(source, options)
+
+
+def encode(fmt, w):
+    """(codes as stored, the row scales as f32 or None, the values the kernel reads)"""
+    if fmt == "bf16":
+        codes = w.astype(ml_dtypes.bfloat16)
+        return codes.view(np.uint8), None, codes.astype(np.float64)
+    scale = (np.abs(w).max(axis=1) / 448.0).astype(np.float32)
+    codes = (w / scale[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    return codes.view(np.uint8), scale, codes.astype(np.float64) * scale[:, None]
+
+
+def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, eps=1e-5):
+    """r4d_gemv_m8 over one row group per GROUP rows; `weights` [(codes, scale)] and `outputs` [y]
+    per segment (up to three); returns the lanes that took part in an MMA."""
+    keep = []
+
+    def ptr(a):
+        if a is None:
+            return ctypes.c_void_p(0)
+        keep.append(a)
+        return ctypes.c_void_p(a.ctypes.data)
+
+    n_total = sum(c.shape[0] for c, _ in weights)
+    chunk = -(-k // splits)
+    partial = np.zeros(splits * m * n_total, np.float32) if splits > 1 else None
+    counters = np.zeros(-(-n_total // GROUP), np.uint32)
+    normed = np.zeros((m, k), np.float32)
+    args = [ptr(x), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(chunk), ptr(partial), ptr(counters)]
+    for seg in range(3):
+        if seg < len(weights):
+            codes, scale = weights[seg]
+            args += [ptr(codes), ptr(scale), ctypes.c_void_p(0), ptr(outputs[seg]), ctypes.c_int(codes.shape[0])]
+        else:
+            args += [ctypes.c_void_p(0)] * 4 + [ctypes.c_int(0)]
+    args += [ptr(norm), ctypes.c_int(F32), ctypes.c_float(eps), ptr(normed), ctypes.c_void_p(0), ctypes.c_void_p(0),
+             ctypes.c_int(m), ptr(residual), ctypes.c_void_p(0), ctypes.c_void_p(0)]
+    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+    lanes = ctypes.c_longlong.in_dll(lib, "r4d_mma16_lanes")
+    before = lanes.value
+    assert lib.r4d_host_launch(b"r4d_gemv_m8", -(-n_total // GROUP), splits, 1, WARPS * 32, 1, 1, params) == 0
+    assert not counters.any(), "the last block of each row group leaves its counter zero"
+    return lanes.value - before
+
+
+def rel(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_channel"])
+@pytest.mark.parametrize("m,n,k,splits", [(8, 40, 576, 1), (5, 16, 1024, 1), (6, 72, 2048, 2)])
+def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, splits):
+    rng = np.random.default_rng(n + k)
+    w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+    codes, scale, values = encode(fmt, w)
+    x = activations(m, k, m + n)
+    want = x.astype(np.float64) @ values.T
+    results = {}
+    for tensor_cores in (True, False):
+        y = np.full((m, n), np.nan, np.float32)
+        lanes = launch(library(fmt, 0, 0, tensor_cores), x, m, k, [(codes, scale)], [y], splits=splits)
+        assert (lanes > 0) == tensor_cores, lanes
+        assert np.isfinite(y).all() and rel(y, want) <= dk.TOLERANCE["gemv"], (tensor_cores, rel(y, want))
+        results[tensor_cores] = y
+    # the two paths add in different orders: close, not the same bits
+    assert rel(results[True], results[False]) <= dk.TOLERANCE["gemv"]
+
+
+def test_the_tensor_core_gemv_folds_the_norm_and_pairs_gate_with_up():
+    """rmsnorm(x) * g, then gate and up in one launch with silu(gate) * up in the epilogue (mode 2)."""
+    m, ffn, k = 7, 48, 512
+    rng = np.random.default_rng(3)
+    x = activations(m, k, 11)
+    g = (1.0 + 0.1 * rng.standard_normal(k)).astype(np.float32)
+    gate, up = ((rng.standard_normal((ffn, k)) * 0.02).astype(np.float32) for _ in range(2))
+    (gc, _, gv), (uc, _, uv) = encode("bf16", gate), encode("bf16", up)
+    out, partner = np.full((m, ffn), np.nan, np.float32), np.full((m, ffn), np.nan, np.float32)
+    lanes = launch(library("bf16", 2, 1), x, m, k, [(gc, None), (uc, None)], [out, partner], norm=g)
+    assert lanes > 0
+    x64 = x.astype(np.float64)
+    normed = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-5) * g
+    a, b = normed @ gv.T, normed @ uv.T
+    assert rel(partner, b) <= dk.TOLERANCE["gemv"]
+    assert rel(out, a / (1 + np.exp(-a)) * b) <= dk.TOLERANCE["gemv"]
+
+
+def test_the_tensor_core_gemv_adds_into_the_residual():
+    m, n, k = 8, 32, 256
+    w = (np.random.default_rng(5).standard_normal((n, k)) * 0.02).astype(np.float32)
+    codes, _, values = encode("bf16", w)
+    x, residual = activations(m, k, 6), activations(m, n, 7)
+    y = np.full((m, n), np.nan, np.float32)
+    start = residual.copy()
+    assert launch(library("bf16", 1, 0), x, m, k, [(codes, None)], [y], residual=residual) > 0
+    want = x.astype(np.float64) @ values.T
+    assert rel(y, want) <= dk.TOLERANCE["gemv"]
+    np.testing.assert_array_equal(residual, start + y)
