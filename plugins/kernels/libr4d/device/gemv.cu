@@ -42,7 +42,7 @@ __device__ bool gemv_last_split(u32* counters) {
 #define GEMV_TC_FROM 8  // the fewest register rows (MT) the tensor-core path serves
 #endif
 #ifndef GEMV_TC_PIPE
-#define GEMV_TC_PIPE 4  // tensor-core path: steps a lane keeps in flight (each 16 bytes of every tile)
+#define GEMV_TC_PIPE (2 * GEMV_PIPE)  // tensor-core path: steps a lane keeps in flight (16 bytes of each tile a step)
 #endif
 #if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIP_PLATFORM_AMD__)) || defined(R4D_GEMV_TC_ON_HOST)
 #define GEMV_TC 1
@@ -67,7 +67,7 @@ __device__ __forceinline__ u32 gemv_bf16x2(float lo, float hi) {
 
 // The FMA path: the warp's GEMV_ROWS rows (from `first`), lanes over K, its sums in `totals` (every lane).
 template <int FMT, int MT>
-__device__ __forceinline__ void gemv_fma(const GemvWeights& w, GemvInput<MT>& in, const float* x, int M, int K, int k_begin,
+__device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, int norm_fmt, const float* x, int M, int K, int k_begin,
                          int k_end, float* normed, float* gathered, const int* index, int x_rows, float eps,
                          float (*totals)[MT]) {
     const int E = Chunk<FMT>::E, S = R4D_WARP * E;
@@ -87,6 +87,11 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, GemvInput<MT>& in
         for (int r = 0; r < GEMV_ROWS; ++r)
             if (mine && e + p * S < k_end) v[p][r] = r4d_stream16(rows[r].codes + chunk_byte<FMT>(rows[r].row, K, e + p * S));
     R4D_CHAIN_PROLOGUE();
+    GemvInput<MT> in;
+    in.norm = norm;
+    in.norm_fmt = norm_fmt;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
     if (R4D_GEMV_NORM) {  // this block's slice of its K chunk of the normed (and gathered) rows, in whole float4s
         long long quads = (k_end - k_begin) / 4;
         int lo = k_begin + 4 * (int)(blockIdx.x * quads / gridDim.x);
@@ -148,7 +153,7 @@ __device__ __forceinline__ void gemv_tc_split(float4 a, u32* hi, u32* lo) {
 // elements. The warps' parts meet in shared memory and are added in warp order; `totals` gets the
 // rows the FMA path's warp would own (warp w: rows w * GEMV_ROWS ...), in every lane.
 template <int FMT, int MT>
-__device__ __forceinline__ void gemv_tc(const GemvWeights& w, GemvInput<MT>& in, const float* x, int M, int K, int k_begin,
+__device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, int norm_fmt, const float* x, int M, int K, int k_begin,
                         int k_end, float* normed, float* gathered, const int* index, int x_rows, float eps,
                         float (*totals)[MT]) {
     const int E = Chunk<FMT>::E, STEP = 4 * E, TILES = GEMV_GROUP / 8;
@@ -168,6 +173,11 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, GemvInput<MT>& in,
             v[q][i] = e < k_end ? r4d_stream16(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, e)) : make_uint4(0u, 0u, 0u, 0u);
     }
     R4D_CHAIN_PROLOGUE();
+    GemvInput<MT> in;
+    in.norm = norm;
+    in.norm_fmt = norm_fmt;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
     if (R4D_GEMV_NORM) {
         long long quads = (k_end - k_begin) / 4;
         int lo = k_begin + 4 * (int)(blockIdx.x * quads / gridDim.x);
@@ -259,18 +269,13 @@ __device__ void gemv(const GemvWeights& w, const float* x, const u8* norm, int n
     int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP;
     long long first = ((long long)blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
     int k_begin = (int)blockIdx.y * k_chunk, k_end = min(K, k_begin + k_chunk);
-    GemvInput<MT> in;
-    in.norm = norm;
-    in.norm_fmt = norm_fmt;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
     float totals[GEMV_ROWS][MT];
 #if GEMV_TC
     if constexpr (GemvTc<FMT, MT>::on)
-        gemv_tc<FMT, MT>(w, in, x, M, K, k_begin, k_end, normed, gathered, index, x_rows, eps, totals);
+        gemv_tc<FMT, MT>(w, norm, norm_fmt, x, M, K, k_begin, k_end, normed, gathered, index, x_rows, eps, totals);
     else
 #endif
-        gemv_fma<FMT, MT>(w, in, x, M, K, k_begin, k_end, normed, gathered, index, x_rows, eps, totals);
+        gemv_fma<FMT, MT>(w, norm, norm_fmt, x, M, K, k_begin, k_end, normed, gathered, index, x_rows, eps, totals);
     bool split = gridDim.y > 1;
     __shared__ float s_total[GEMV_GROUP][8];  // mode 3: the row group's outputs, for its argmax
     if (split && lane == 0)
