@@ -27,11 +27,10 @@ pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.wh
 dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")
 FMT = {"bf16": 2, "fp8_channel": 5}
 F32 = 0
-WARPS, ROWS = 4, 4
-GROUP = WARPS * ROWS
+DEFAULT = (4, 4)  # GemvShape's warps and rows
 
 
-def library(fmt, mode, norm, tensor_cores=True):
+def library(fmt, mode, norm, tensor_cores=True, shape=DEFAULT):
     """gemv.cu for the host: the host tensor-core forms between common.cu and the GEMV's parts."""
     common = (dk.FOLDER / "common.cu").read_text()
     text = dk.source("gemv")
@@ -39,7 +38,7 @@ def library(fmt, mode, norm, tensor_cores=True):
     forms = (FIXTURES / "tensor_core_on_host.h").read_text()
     source = "#define R4D_GEMV_TC_ON_HOST 1\n" + common + "\n" + forms + text[len(common):]
     options = (f"-DR4D_GEMV_FMT={FMT[fmt]}", f"-DR4D_GEMV_MODE={mode}", f"-DR4D_GEMV_NORM={norm}",
-               f"-DGEMV_WARPS={WARPS}", f"-DGEMV_ROWS={ROWS}", "-DGEMV_PIPE=2",
+               f"-DGEMV_WARPS={shape[0]}", f"-DGEMV_ROWS={shape[1]}", "-DGEMV_PIPE=2",
                f"-DGEMV_TC_FROM={8 if tensor_cores else 16}")
     return ON_HOST.build(source, options)
 
@@ -54,8 +53,8 @@ def encode(fmt, w):
     return codes.view(np.uint8), scale, codes.astype(np.float64) * scale[:, None]
 
 
-def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, eps=1e-5):
-    """r4d_gemv_m8 over one row group per GROUP rows; `weights` [(codes, scale)] and `outputs` [y]
+def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, eps=1e-5, shape=DEFAULT):
+    """r4d_gemv_m8 over one row group per warps x rows rows; `weights` [(codes, scale)] and `outputs` [y]
     per segment (up to three); returns the lanes that took part in an MMA."""
     keep = []
 
@@ -66,9 +65,10 @@ def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, e
         return ctypes.c_void_p(a.ctypes.data)
 
     n_total = sum(c.shape[0] for c, _ in weights)
+    warps, group = shape[0], shape[0] * shape[1]
     chunk = -(-k // splits)
     partial = np.zeros(splits * m * n_total, np.float32) if splits > 1 else None
-    counters = np.zeros(-(-n_total // GROUP), np.uint32)
+    counters = np.zeros(-(-n_total // group), np.uint32)
     normed = np.zeros((m, k), np.float32)
     args = [ptr(x), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(chunk), ptr(partial), ptr(counters)]
     for seg in range(3):
@@ -82,7 +82,7 @@ def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, e
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
     lanes = ctypes.c_longlong.in_dll(lib, "r4d_mma16_lanes")
     before = lanes.value
-    assert lib.r4d_host_launch(b"r4d_gemv_m8", -(-n_total // GROUP), splits, 1, WARPS * 32, 1, 1, params) == 0
+    assert lib.r4d_host_launch(b"r4d_gemv_m8", -(-n_total // group), splits, 1, warps * 32, 1, 1, params) == 0
     assert not counters.any(), "the last block of each row group leaves its counter zero"
     return lanes.value - before
 
@@ -92,8 +92,11 @@ def rel(got, want):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_channel"])
-@pytest.mark.parametrize("m,n,k,splits", [(8, 40, 576, 1), (5, 16, 1024, 1), (6, 72, 2048, 2)])
-def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, splits):
+@pytest.mark.parametrize("m,n,k,splits,shape", [(8, 40, 576, 1, DEFAULT), (5, 16, 1024, 1, DEFAULT),
+                                                (6, 72, 2048, 2, DEFAULT), (7, 72, 512, 2, (4, 8))])
+def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, splits, shape):
+    """Rows past N in the last group, K not a whole number of a warp's steps, split K, and a cut of
+    32-row groups (four tiles a warp)."""
     rng = np.random.default_rng(n + k)
     w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
     codes, scale, values = encode(fmt, w)
@@ -102,7 +105,8 @@ def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, spl
     results = {}
     for tensor_cores in (True, False):
         y = np.full((m, n), np.nan, np.float32)
-        lanes = launch(library(fmt, 0, 0, tensor_cores), x, m, k, [(codes, scale)], [y], splits=splits)
+        lanes = launch(library(fmt, 0, 0, tensor_cores, shape), x, m, k, [(codes, scale)], [y], splits=splits,
+                       shape=shape)
         assert (lanes > 0) == tensor_cores, lanes
         assert np.isfinite(y).all() and rel(y, want) <= dk.TOLERANCE["gemv"], (tensor_cores, rel(y, want))
         results[tensor_cores] = y
