@@ -246,12 +246,12 @@ def test_every_chained_kernel_waits_in_its_prologue():
         wait = body.index("R4D_CHAIN_PROLOGUE();")
         before = body[:wait]
         assert load in before and "x[" not in before and "gemv_x(" not in before and "__ldg" not in before, path
-        assert wait < body.index("gemv_norm<MT>(") < body.index(use), path
+        assert wait < body.index("gemv_input<MT>(") < body.index(use), path
     stream = (folder / "gemv_stream.cu").read_text()
     body = stream[stream.index("__device__ void gemv_stream("):stream.index("#define GEMV_STREAM_ENTRY")]
     wait = body.index("R4D_CHAIN_PROLOGUE();")
     assert "loader.next()" in body[:wait] and "x[" not in body[:wait] and "gemv_x(" not in body[:wait]
-    assert wait < body.index("gemv_norm<MT>(") < body.index("consume<FMT, MT, GS_UNIT>(")
+    assert wait < body.index("gemv_input<MT>(") < body.index("consume<FMT, MT, GS_UNIT>(")
 
 
 def test_narrow_gemvs_split_k_into_whole_pipelined_steps(registry):

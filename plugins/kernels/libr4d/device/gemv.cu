@@ -87,17 +87,7 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, i
         for (int r = 0; r < GEMV_ROWS; ++r)
             if (mine && e + p * S < k_end) v[p][r] = r4d_stream16(rows[r].codes + chunk_byte<FMT>(rows[r].row, K, e + p * S));
     R4D_CHAIN_PROLOGUE();
-    GemvInput<MT> in;
-    in.norm = norm;
-    in.norm_fmt = norm_fmt;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
-    if (R4D_GEMV_NORM) {  // this block's slice of its K chunk of the normed (and gathered) rows, in whole float4s
-        long long quads = (k_end - k_begin) / 4;
-        int lo = k_begin + 4 * (int)(blockIdx.x * quads / gridDim.x);
-        int hi = blockIdx.x + 1 == gridDim.x ? k_end : k_begin + 4 * (int)((blockIdx.x + 1ll) * quads / gridDim.x);
-        gemv_norm<MT>(in, x, M, K, lo, hi, eps, index, x_rows, normed, gathered);
-    }
+    GemvInput<MT> in = gemv_input<MT>(x, norm, norm_fmt, M, K, k_begin, k_end, eps, index, x_rows, normed, gathered);
     float acc[GEMV_ROWS][MT];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r)
@@ -173,17 +163,7 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
             v[q][i] = e < k_end ? r4d_stream16(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, e)) : make_uint4(0u, 0u, 0u, 0u);
     }
     R4D_CHAIN_PROLOGUE();
-    GemvInput<MT> in;
-    in.norm = norm;
-    in.norm_fmt = norm_fmt;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
-    if (R4D_GEMV_NORM) {
-        long long quads = (k_end - k_begin) / 4;
-        int lo = k_begin + 4 * (int)(blockIdx.x * quads / gridDim.x);
-        int hi = blockIdx.x + 1 == gridDim.x ? k_end : k_begin + 4 * (int)((blockIdx.x + 1ll) * quads / gridDim.x);
-        gemv_norm<MT>(in, x, M, K, lo, hi, eps, index, x_rows, normed, gathered);
-    }
+    GemvInput<MT> in = gemv_input<MT>(x, norm, norm_fmt, M, K, k_begin, k_end, eps, index, x_rows, normed, gathered);
     // this lane's activation row, its scale and whether it is a NaN row (constant indices only)
     const float* xr = in.row[0];
     float xs = in.scale[0];

@@ -269,6 +269,27 @@ __device__ void gemv_norm(GemvInput<MT>& in, const float* x, int M, int K, int k
     }
 }
 
+// What a GEMV reads after its chain prologue's wait: x's rows as they are, or (R4D_GEMV_NORM) with the
+// folded norm's per-row scales, the block writing its share of [k_begin, k_end) of the normed (and
+// gathered) rows, in whole float4s, so that no block works longer than the others.
+template <int MT>
+__device__ __forceinline__ GemvInput<MT> gemv_input(const float* x, const u8* norm, int norm_fmt, int M, int K,
+                                                    int k_begin, int k_end, float eps, const int* index, int x_rows,
+                                                    float* normed, float* gathered) {
+    GemvInput<MT> in;
+    in.norm = norm;
+    in.norm_fmt = norm_fmt;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
+    if (R4D_GEMV_NORM) {
+        long long quads = (k_end - k_begin) / 4;
+        int lo = k_begin + 4 * (int)(blockIdx.x * quads / gridDim.x);
+        int hi = blockIdx.x + 1 == gridDim.x ? k_end : k_begin + 4 * (int)((blockIdx.x + 1ll) * quads / gridDim.x);
+        gemv_norm<MT>(in, x, M, K, lo, hi, eps, index, x_rows, normed, gathered);
+    }
+    return in;
+}
+
 // The arguments both GEMVs' entries take after their own (x, M, K and gemv.cu's split-K part): the
 // weights of the launch, the folded norm's, the epilogue's. GEMV_BIND makes their structs.
 #define GEMV_ARGUMENTS                                                                                            \

@@ -155,14 +155,7 @@ __device__ void gemv_stream(const GemvWeights& w, const float* x, const u8* norm
     for (int p = 0; p < GS_DEPTH; ++p)
         if (p < T) ring[p] = loader.next();
     R4D_CHAIN_PROLOGUE();
-    GemvInput<MT> in;
-    in.norm = norm;
-    in.norm_fmt = norm_fmt;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) { in.row[m] = x + (long long)min(m, M - 1) * K; in.scale[m] = 1.0f; in.bad[m] = false; }
-    if (R4D_GEMV_NORM)  // this block's slice of the normed (and gathered) rows, in whole float4s
-        gemv_norm<MT>(in, x, M, K, 4 * (int)(blockIdx.x * (K / 4ll) / gridDim.x),
-                      4 * (int)((blockIdx.x + 1ll) * (K / 4ll) / gridDim.x), eps, index, x_rows, normed, gathered);
+    GemvInput<MT> in = gemv_input<MT>(x, norm, norm_fmt, M, K, 0, K, eps, index, x_rows, normed, gathered);
     float acc[GS_UNIT][MT];
 #pragma unroll
     for (int r = 0; r < GS_UNIT; ++r)
