@@ -1,11 +1,11 @@
-"""gemv.cu's tensor-core path (M >= GEMV_TC_FROM activation rows, bf16 and e4m3 weights) run on the
-host: its real text built with g++ behind tests/fixtures/cuda_on_host.h, with the host forms of
+"""gemv.cu's tensor-core path (M >= GEMV_TC_FROM activation rows; bf16, q8_0 and e4m3 weights) run on
+the host: its real text built with g++ behind tests/fixtures/cuda_on_host.h, with the host forms of
 mma.m16n8k16 bf16 and cvt.rn.bf16x2 (tests/fixtures/tensor_core_on_host.h), its entry called with
 numpy arrays as a card's launch would pass them. What a card's run cannot show in CI: the fragments'
-owners, the permuted k slots a lane's 16 bytes fill, the activation remainders, the rows past N, the
-warps' K parts met in shared memory, split K, the folded rmsnorm and the epilogues. Against a float64
-reference within the GEMV's tolerance, and against the FMA path (the same source with the tensor-core
-path turned off). Skipped, saying so, where g++ is missing."""
+owners, the permuted k slots a lane's bytes fill, the activation remainders, q8_0's block scales, the
+rows past N, the warps' K parts met in shared memory, split K, the folded rmsnorm and the epilogues.
+Against a float64 reference within the GEMV's tolerance, and against the FMA path (the same source
+with the tensor-core path turned off). Skipped, saying so, where g++ is missing."""
 
 import ctypes
 import importlib
@@ -25,7 +25,7 @@ _spec.loader.exec_module(ON_HOST)
 pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
 
 dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")
-FMT = {"bf16": 2, "fp8_channel": 5}
+FMT = {"bf16": 2, "q8_0": 3, "fp8_channel": 5}
 F32 = 0
 DEFAULT = (4, 4)  # GemvShape's warps and rows
 
@@ -44,7 +44,13 @@ def library(fmt, mode, norm, tensor_cores=True, shape=DEFAULT):
 
 
 def encode(fmt, w):
-    """(codes as stored, the row scales as f32 or None, the values the kernel reads)"""
+    """(codes as stored, the scales as stored or None, the values the kernel reads)"""
+    if fmt == "q8_0":  # a f16 scale a block of 32, int8 codes
+        blocks = w.reshape(w.shape[0], -1, 32)
+        scale = (np.abs(blocks).max(axis=2) / 127.0).astype(np.float16)
+        codes = np.round(blocks / np.maximum(scale[..., None].astype(np.float32), 1e-30)).astype(np.int8)
+        values = codes.astype(np.float64) * scale[..., None].astype(np.float64)
+        return codes.reshape(w.shape).view(np.uint8), scale, values.reshape(w.shape)
     if fmt == "bf16":
         codes = w.astype(ml_dtypes.bfloat16)
         return codes.view(np.uint8), None, codes.astype(np.float64)
@@ -91,7 +97,7 @@ def rel(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8_channel"])
+@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "fp8_channel"])
 @pytest.mark.parametrize("m,n,k,splits,shape", [(8, 40, 576, 1, DEFAULT), (5, 16, 1024, 1, DEFAULT),
                                                 (6, 72, 2048, 2, DEFAULT), (7, 72, 512, 2, (4, 8))])
 def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, splits, shape):

@@ -119,8 +119,8 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, i
 
 template <int FMT, int MT>
 struct GemvTc {
-    enum { on = GEMV_TC && R4D_WARP == 32 && MT >= GEMV_TC_FROM && (FMT == FMT_BF16 || R4D_FP8(FMT)) &&
-                GEMV_GROUP % 8 == 0 };
+    enum { on = GEMV_TC && R4D_WARP == 32 && MT >= GEMV_TC_FROM &&
+                (FMT == FMT_BF16 || FMT == FMT_Q8_0 || R4D_FP8(FMT)) && GEMV_GROUP % 8 == 0 };
 };
 
 #if GEMV_TC
@@ -134,33 +134,57 @@ __device__ __forceinline__ void gemv_tc_split(float4 a, u32* hi, u32* lo) {
     lo[1] = gemv_bf16x2(a.z - __uint_as_float(hi[1] << 16), a.w - __uint_as_float(hi[1] & 0xffff0000u));
 }
 
+// A lane's chunk of a weight row on the tensor-core path: 16 bytes, but 8 q8_0 codes, so that the four
+// lanes of a row cover one block of 32 and an MMA's k never spans two blocks' scales
+template <int FMT>
+__device__ __forceinline__ uint4 gemv_tc_load(const u8* p) {
+    if (FMT != FMT_Q8_0) return r4d_stream16(p);
+    uint2 v;
+#if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__) || !defined(__CUDA_ARCH__)
+    v = *(const uint2*)p;
+#else
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+#endif
+    return make_uint4(v.x, v.y, 0u, 0u);
+}
+
 // The block's GEMV_GROUP rows on tensor cores: y^T = [x_hi; x_lo] . w^T as mma.m16n8k16, A's rows
 // 0..7 the activation rows as bf16 and rows 8..15 their remainders, B eight weight rows (a tile).
 // Every warp takes all GEMV_GROUP / 8 tiles and every GEMV_WARPS-th step of the block's K chunk; a
 // step is 4 E elements of each row. Lane (group g, thread t) streams 16 bytes of each tile's row g at
 // element step + t E: a dot product may add its k in any order, so those E elements fill the lane's
 // k slots of E / 4 MMAs, and the lane's activation row g (the last row past MT) gives the same
-// elements. The warps' parts meet in shared memory and are added in warp order; `totals` gets the
-// rows the FMA path's warp would own (warp w: rows w * GEMV_ROWS ...), in every lane.
+// elements. q8_0: a lane streams 8 codes (a step is one block), the block's MMAs go to a fresh
+// accumulator, and its sums join the lane's outputs times their rows' block scales, as the FMA path
+// scales each block's sum. The warps' parts meet in shared memory and are added in warp order;
+// `totals` gets the rows the FMA path's warp would own (warp w: rows w * GEMV_ROWS ...), in every lane.
 template <int FMT, int MT>
 __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, int norm_fmt, const float* x, int M, int K, int k_begin,
                         int k_end, float* normed, float* gathered, const int* index, int x_rows, float eps,
                         float (*totals)[MT]) {
-    const int E = Chunk<FMT>::E, STEP = 4 * E, TILES = GEMV_GROUP / 8;
+    const bool Q8 = FMT == FMT_Q8_0;
+    const int E = Q8 ? 8 : Chunk<FMT>::E, STEP = 4 * E, TILES = GEMV_GROUP / 8;
     const int N = gemv_rows(w);
     int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP, g = lane / 4, t = lane % 4;
     long long base = (long long)blockIdx.x * GEMV_GROUP;
-    GemvRow rows[TILES];
+    GemvRow rows[TILES], out_rows[TILES][2];  // the row a lane streams; the rows of its outputs (their scales)
 #pragma unroll
-    for (int i = 0; i < TILES; ++i) rows[i] = gemv_row(w, min(base + 8 * i + g, (long long)N - 1));
+    for (int i = 0; i < TILES; ++i) {
+        rows[i] = gemv_row(w, min(base + 8 * i + g, (long long)N - 1));
+        out_rows[i][0] = gemv_row(w, min(base + 8 * i + 2 * t, (long long)N - 1));
+        out_rows[i][1] = gemv_row(w, min(base + 8 * i + 2 * t + 1, (long long)N - 1));
+    }
     int steps = (k_end - k_begin + STEP - 1) / STEP;
     uint4 v[GEMV_TC_PIPE][TILES];
+    u32 sv[GEMV_TC_PIPE][TILES];  // q8_0: the step's block scales of the lane's two output rows (f16 bits)
 #pragma unroll
     for (int q = 0; q < GEMV_TC_PIPE; ++q) {
-        int e = k_begin + (warp + q * GEMV_WARPS) * STEP + t * E;
+        int at = k_begin + (warp + q * GEMV_WARPS) * STEP, e = at + t * E;
 #pragma unroll
-        for (int i = 0; i < TILES; ++i)
-            v[q][i] = e < k_end ? r4d_stream16(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, e)) : make_uint4(0u, 0u, 0u, 0u);
+        for (int i = 0; i < TILES; ++i) {
+            v[q][i] = e < k_end ? gemv_tc_load<FMT>(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, e)) : make_uint4(0u, 0u, 0u, 0u);
+            if (Q8) sv[q][i] = at < k_end ? gemv_scales<FMT>(out_rows[i][0], K, at) | gemv_scales<FMT>(out_rows[i][1], K, at) << 16 : 0u;
+        }
     }
     R4D_CHAIN_PROLOGUE();
     GemvInput<MT> in = gemv_input<MT>(x, norm, norm_fmt, M, K, k_begin, k_end, eps, index, x_rows, normed, gathered);
@@ -179,13 +203,20 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
         for (int q = 0; q < GEMV_TC_PIPE; ++q) {
             int s = s0 + q * GEMV_WARPS;
             if (s >= steps) break;  // the same for the whole warp: every lane reaches each MMA
-            int e = k_begin + s * STEP + t * E, ahead = e + GEMV_TC_PIPE * GEMV_WARPS * STEP;
+            int at = k_begin + s * STEP, e = at + t * E, ahead = GEMV_TC_PIPE * GEMV_WARPS * STEP;
             uint4 now[TILES];
+            u32 scales[TILES];
 #pragma unroll
             for (int i = 0; i < TILES; ++i) {
                 now[i] = v[q][i];
-                if (ahead < k_end) v[q][i] = r4d_stream16(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, ahead));
+                scales[i] = sv[q][i];
+                if (e + ahead < k_end) v[q][i] = gemv_tc_load<FMT>(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, e + ahead));
+                if (Q8 && at + ahead < k_end)
+                    sv[q][i] = gemv_scales<FMT>(out_rows[i][0], K, at + ahead) | gemv_scales<FMT>(out_rows[i][1], K, at + ahead) << 16;
             }
+            float block[TILES][4];  // q8_0: this block's sums, before its scales
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) block[i][0] = block[i][1] = block[i][2] = block[i][3] = 0.0f;
             bool here = e < k_end;  // past the chunk: zeros, still at the MMA
 #pragma unroll
             for (int j = 0; j < E / 4; ++j) {
@@ -207,14 +238,21 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
                     if (FMT == FMT_BF16) {
                         u32 word[4] = {now[i].x, now[i].y, now[i].z, now[i].w};
                         b0 = word[2 * j]; b1 = word[2 * j + 1];
-                    } else {  // e4m3 codes: exact in bf16, whose bits are the f32's upper half
+                    } else {  // e4m3 and q8_0 codes: exact in bf16, whose bits are the f32's upper half
                         float c[4];
                         decode4<FMT>(now[i], j, c);
                         b0 = (__float_as_uint(c[0]) >> 16) | (__float_as_uint(c[1]) & 0xffff0000u);
                         b1 = (__float_as_uint(c[2]) >> 16) | (__float_as_uint(c[3]) & 0xffff0000u);
                     }
-                    gemv_mma(d[i], a, b0, b1);
+                    gemv_mma(Q8 ? block[i] : d[i], a, b0, b1);
                 }
+            }
+            if (Q8) {
+#pragma unroll
+                for (int i = 0; i < TILES; ++i)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+                        d[i][c] = __fmaf_rn(r4d_f16((scales[i] >> (16 * c)) & 0xffffu), block[i][c] + block[i][c + 2], d[i][c]);
             }
         }
     }
@@ -224,8 +262,8 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
     for (int i = 0; i < TILES; ++i)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-            float y = d[i][c] + d[i][c + 2];
-            if (R4D_FP8(FMT)) y *= __uint_as_float(gemv_scales<FMT>(gemv_row(w, min(base + 8 * i + 2 * t + c, (long long)N - 1)), K, 0));
+            float y = Q8 ? d[i][c] : d[i][c] + d[i][c + 2];  // (q8_0 added each block's two halves already)
+            if (R4D_FP8(FMT)) y *= __uint_as_float(gemv_scales<FMT>(out_rows[i][c], K, 0));
             s_part[warp][8 * i + 2 * t + c][g] = y;
         }
     __syncthreads();
