@@ -240,7 +240,7 @@ def test_every_chained_kernel_waits_in_its_prologue():
     gemv = (folder / "gemv.cu").read_text()
     # both paths of gemv.cu: the FMA one and the tensor cores' (whose activations are read by __ldg)
     for path, load, use in (("gemv_fma", "r4d_stream16(rows[r].codes", "consume<FMT, MT, GEMV_ROWS>("),
-                            ("gemv_tc", "r4d_stream16(rows[i].codes", "gemv_mma(")):
+                            ("gemv_tc", "gemv_tc_load<FMT>(rows[i].codes", "gemv_mma(")):
         start = gemv.index(f"__device__ __forceinline__ void {path}(")
         body = gemv[start:gemv.index("\n}\n", start)]
         wait = body.index("R4D_CHAIN_PROLOGUE();")
