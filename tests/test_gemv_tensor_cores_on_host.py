@@ -1,5 +1,5 @@
-"""gemv.cu's tensor-core path (M >= GEMV_TC_FROM activation rows; bf16, q8_0 and e4m3 weights) run on
-the host: its real text built with g++ behind tests/fixtures/cuda_on_host.h, with the host forms of
+"""gemv.cu's tensor-core path (M >= GEMV_TC_FROM activation rows; bf16, q8_0, q4_1 and e4m3 weights)
+run on the host: its real text built with g++ behind tests/fixtures/cuda_on_host.h, with the host forms of
 mma.m16n8k16 bf16 and cvt.rn.bf16x2 (tests/fixtures/tensor_core_on_host.h), its entry called with
 numpy arrays as a card's launch would pass them. What a card's run cannot show in CI: the fragments'
 owners, the permuted k slots a lane's bytes fill, the activation remainders, q8_0's block scales, the
@@ -25,7 +25,7 @@ _spec.loader.exec_module(ON_HOST)
 pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
 
 dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")
-FMT = {"bf16": 2, "q8_0": 3, "fp8_channel": 5}
+FMT = {"bf16": 2, "q8_0": 3, "q4_1": 4, "fp8_channel": 5}
 F32 = 0
 DEFAULT = (4, 4)  # GemvShape's warps and rows
 
@@ -44,7 +44,18 @@ def library(fmt, mode, norm, tensor_cores=True, shape=DEFAULT):
 
 
 def encode(fmt, w):
-    """(codes as stored, the scales as stored or None, the values the kernel reads)"""
+    """(codes as stored, the scales as stored or None, the values the kernel reads), and q4_1's minimum
+    plane (stored negated: value = code * scale - minimum) after them"""
+    if fmt == "q4_1":  # f16 scale and minimum a block of 32, codes of 4 bits two a byte, the lower element low
+        blocks = w.reshape(w.shape[0], -1, 32)
+        low = blocks.min(axis=2).astype(np.float16)
+        scale = ((blocks.max(axis=2) - low) / 15).astype(np.float16)
+        inverse = 1 / np.maximum(scale.astype(np.float32), 1e-30)
+        codes = np.clip(np.rint((blocks - low[..., None].astype(np.float32)) * inverse[..., None]), 0, 15).astype(np.uint8)
+        values = codes.astype(np.float64) * scale[..., None].astype(np.float64) + low[..., None].astype(np.float64)
+        flat = codes.reshape(w.shape[0], -1)
+        packed = flat[:, 0::2] | flat[:, 1::2] << 4
+        return np.ascontiguousarray(packed), scale, values.reshape(w.shape), (-low).astype(np.float16)
     if fmt == "q8_0":  # a f16 scale a block of 32, int8 codes
         blocks = w.reshape(w.shape[0], -1, 32)
         scale = (np.abs(blocks).max(axis=2) / 127.0).astype(np.float16)
@@ -70,7 +81,7 @@ def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, e
         keep.append(a)
         return ctypes.c_void_p(a.ctypes.data)
 
-    n_total = sum(c.shape[0] for c, _ in weights)
+    n_total = sum(weight[0].shape[0] for weight in weights)
     warps, group = shape[0], shape[0] * shape[1]
     chunk = -(-k // splits)
     partial = np.zeros(splits * m * n_total, np.float32) if splits > 1 else None
@@ -79,8 +90,9 @@ def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, e
     args = [ptr(x), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(chunk), ptr(partial), ptr(counters)]
     for seg in range(3):
         if seg < len(weights):
-            codes, scale = weights[seg]
-            args += [ptr(codes), ptr(scale), ctypes.c_void_p(0), ptr(outputs[seg]), ctypes.c_int(codes.shape[0])]
+            codes, scale, *minimum = weights[seg]
+            args += [ptr(codes), ptr(scale), ptr(minimum[0] if minimum else None), ptr(outputs[seg]),
+                     ctypes.c_int(codes.shape[0])]
         else:
             args += [ctypes.c_void_p(0)] * 4 + [ctypes.c_int(0)]
     args += [ptr(norm), ctypes.c_int(F32), ctypes.c_float(eps), ptr(normed), ctypes.c_void_p(0), ctypes.c_void_p(0),
@@ -97,7 +109,7 @@ def rel(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "fp8_channel"])
+@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_1", "fp8_channel"])
 @pytest.mark.parametrize("m,n,k,splits,shape", [(8, 40, 576, 1, DEFAULT), (5, 16, 1024, 1, DEFAULT),
                                                 (6, 72, 2048, 2, DEFAULT), (7, 72, 512, 2, (4, 8))])
 def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, splits, shape):
@@ -105,13 +117,13 @@ def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, spl
     32-row groups (four tiles a warp)."""
     rng = np.random.default_rng(n + k)
     w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
-    codes, scale, values = encode(fmt, w)
+    codes, scale, values, *minimum = encode(fmt, w)
     x = activations(m, k, m + n)
     want = x.astype(np.float64) @ values.T
     results = {}
     for tensor_cores in (True, False):
         y = np.full((m, n), np.nan, np.float32)
-        lanes = launch(library(fmt, 0, 0, tensor_cores, shape), x, m, k, [(codes, scale)], [y], splits=splits,
+        lanes = launch(library(fmt, 0, 0, tensor_cores, shape), x, m, k, [(codes, scale, *minimum)], [y], splits=splits,
                        shape=shape)
         assert (lanes > 0) == tensor_cores, lanes
         assert np.isfinite(y).all() and rel(y, want) <= dk.TOLERANCE["gemv"], (tensor_cores, rel(y, want))

@@ -120,7 +120,7 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, i
 template <int FMT, int MT>
 struct GemvTc {
     enum { on = GEMV_TC && R4D_WARP == 32 && MT >= GEMV_TC_FROM &&
-                (FMT == FMT_BF16 || FMT == FMT_Q8_0 || R4D_FP8(FMT)) && GEMV_GROUP % 8 == 0 };
+                (FMT == FMT_BF16 || FMT == FMT_Q8_0 || FMT == FMT_Q4_1 || R4D_FP8(FMT)) && GEMV_GROUP % 8 == 0 };
 };
 
 #if GEMV_TC
@@ -134,16 +134,19 @@ __device__ __forceinline__ void gemv_tc_split(float4 a, u32* hi, u32* lo) {
     lo[1] = gemv_bf16x2(a.z - __uint_as_float(hi[1] << 16), a.w - __uint_as_float(hi[1] & 0xffff0000u));
 }
 
-// A lane's chunk of a weight row on the tensor-core path: 16 bytes, but 8 q8_0 codes, so that the four
-// lanes of a row cover one block of 32 and an MMA's k never spans two blocks' scales
+// A lane's chunk of a weight row on the tensor-core path: 16 bytes, but 8 codes of a block format (8
+// bytes of q8_0, 4 of q4_1), so that the four lanes of a row cover one block of 32 and an MMA's k
+// never spans two blocks' scales
 template <int FMT>
 __device__ __forceinline__ uint4 gemv_tc_load(const u8* p) {
-    if (FMT != FMT_Q8_0) return r4d_stream16(p);
-    uint2 v;
+    if (FMT != FMT_Q8_0 && FMT != FMT_Q4_1) return r4d_stream16(p);
+    uint2 v = {0u, 0u};
 #if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__) || !defined(__CUDA_ARCH__)
-    v = *(const uint2*)p;
+    if (FMT == FMT_Q8_0) v = *(const uint2*)p;
+    else v.x = *(const u32*)p;
 #else
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    if (FMT == FMT_Q8_0) asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    else asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v.x) : "l"(p));
 #endif
     return make_uint4(v.x, v.y, 0u, 0u);
 }
@@ -154,16 +157,16 @@ __device__ __forceinline__ uint4 gemv_tc_load(const u8* p) {
 // step is 4 E elements of each row. Lane (group g, thread t) streams 16 bytes of each tile's row g at
 // element step + t E: a dot product may add its k in any order, so those E elements fill the lane's
 // k slots of E / 4 MMAs, and the lane's activation row g (the last row past MT) gives the same
-// elements. q8_0: a lane streams 8 codes (a step is one block), the block's MMAs go to a fresh
-// accumulator, and its sums join the lane's outputs times their rows' block scales, as the FMA path
-// scales each block's sum. The warps' parts meet in shared memory and are added in warp order;
+// elements. q8_0 and q4_1: a lane streams 8 codes (a step is one block), the block's MMAs go to a
+// fresh accumulator, and its sums join the lane's outputs times their rows' block scales (q4_1: less
+// the minimum times the block's activation sum), as the FMA path scales each block's sum. The warps' parts meet in shared memory and are added in warp order;
 // `totals` gets the rows the FMA path's warp would own (warp w: rows w * GEMV_ROWS ...), in every lane.
 template <int FMT, int MT>
 __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, int norm_fmt, const float* x, int M, int K, int k_begin,
                         int k_end, float* normed, float* gathered, const int* index, int x_rows, float eps,
                         float (*totals)[MT]) {
-    const bool Q8 = FMT == FMT_Q8_0;
-    const int E = Q8 ? 8 : Chunk<FMT>::E, STEP = 4 * E, TILES = GEMV_GROUP / 8;
+    const bool BLOCKS = FMT == FMT_Q8_0 || FMT == FMT_Q4_1;  // a scale (and a minimum) a block of 32
+    const int E = BLOCKS ? 8 : Chunk<FMT>::E, STEP = 4 * E, TILES = GEMV_GROUP / 8;
     const int N = gemv_rows(w);
     int lane = threadIdx.x % R4D_WARP, warp = threadIdx.x / R4D_WARP, g = lane / 4, t = lane % 4;
     long long base = (long long)blockIdx.x * GEMV_GROUP;
@@ -176,14 +179,15 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
     }
     int steps = (k_end - k_begin + STEP - 1) / STEP;
     uint4 v[GEMV_TC_PIPE][TILES];
-    u32 sv[GEMV_TC_PIPE][TILES];  // q8_0: the step's block scales of the lane's two output rows (f16 bits)
+    u32 sv[GEMV_TC_PIPE][TILES][2];  // blocks: the step's block scales of the lane's two output rows
 #pragma unroll
     for (int q = 0; q < GEMV_TC_PIPE; ++q) {
         int at = k_begin + (warp + q * GEMV_WARPS) * STEP, e = at + t * E;
 #pragma unroll
         for (int i = 0; i < TILES; ++i) {
             v[q][i] = e < k_end ? gemv_tc_load<FMT>(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, e)) : make_uint4(0u, 0u, 0u, 0u);
-            if (Q8) sv[q][i] = at < k_end ? gemv_scales<FMT>(out_rows[i][0], K, at) | gemv_scales<FMT>(out_rows[i][1], K, at) << 16 : 0u;
+#pragma unroll
+            for (int c = 0; c < 2; ++c) sv[q][i][c] = BLOCKS && at < k_end ? gemv_scales<FMT>(out_rows[i][c], K, at) : 0u;
         }
     }
     R4D_CHAIN_PROLOGUE();
@@ -205,16 +209,18 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
             if (s >= steps) break;  // the same for the whole warp: every lane reaches each MMA
             int at = k_begin + s * STEP, e = at + t * E, ahead = GEMV_TC_PIPE * GEMV_WARPS * STEP;
             uint4 now[TILES];
-            u32 scales[TILES];
+            u32 scales[TILES][2];
 #pragma unroll
             for (int i = 0; i < TILES; ++i) {
                 now[i] = v[q][i];
-                scales[i] = sv[q][i];
+                scales[i][0] = sv[q][i][0];
+                scales[i][1] = sv[q][i][1];
                 if (e + ahead < k_end) v[q][i] = gemv_tc_load<FMT>(rows[i].codes + chunk_byte<FMT>(rows[i].row, K, e + ahead));
-                if (Q8 && at + ahead < k_end)
-                    sv[q][i] = gemv_scales<FMT>(out_rows[i][0], K, at + ahead) | gemv_scales<FMT>(out_rows[i][1], K, at + ahead) << 16;
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    if (BLOCKS && at + ahead < k_end) sv[q][i][c] = gemv_scales<FMT>(out_rows[i][c], K, at + ahead);
             }
-            float block[TILES][4];  // q8_0: this block's sums, before its scales
+            float block[TILES][4], sum = 0.0f;  // blocks: this block's sums before its scales; q4_1: x's sum
 #pragma unroll
             for (int i = 0; i < TILES; ++i) block[i][0] = block[i][1] = block[i][2] = block[i][3] = 0.0f;
             bool here = e < k_end;  // past the chunk: zeros, still at the MMA
@@ -228,6 +234,7 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
                         xv.x = (xv.x * xs) * nw.x; xv.y = (xv.y * xs) * nw.y; xv.z = (xv.z * xs) * nw.z; xv.w = (xv.w * xs) * nw.w;
                         if (bad) xv.x = xv.y = xv.z = xv.w = __uint_as_float(0x7fc00000u);
                     }
+                    if (FMT == FMT_Q4_1) sum += (xv.x + xv.y) + (xv.z + xv.w);
                     u32 hi[2], lo[2];
                     gemv_tc_split(xv, hi, lo);
                     a[0] = hi[0]; a[1] = lo[0]; a[2] = hi[1]; a[3] = lo[1];
@@ -238,21 +245,28 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
                     if (FMT == FMT_BF16) {
                         u32 word[4] = {now[i].x, now[i].y, now[i].z, now[i].w};
                         b0 = word[2 * j]; b1 = word[2 * j + 1];
-                    } else {  // e4m3 and q8_0 codes: exact in bf16, whose bits are the f32's upper half
+                    } else {  // e4m3, q8_0 and q4_1 codes: exact in bf16, whose bits are the f32's upper half
                         float c[4];
                         decode4<FMT>(now[i], j, c);
                         b0 = (__float_as_uint(c[0]) >> 16) | (__float_as_uint(c[1]) & 0xffff0000u);
                         b1 = (__float_as_uint(c[2]) >> 16) | (__float_as_uint(c[3]) & 0xffff0000u);
                     }
-                    gemv_mma(Q8 ? block[i] : d[i], a, b0, b1);
+                    gemv_mma(BLOCKS ? block[i] : d[i], a, b0, b1);
                 }
             }
-            if (Q8) {
+            if (BLOCKS) {
+                if (FMT == FMT_Q4_1) {  // the block's sum of activation row g: the lane's and its group's three others
+                    sum += R4D_SHFL_XOR(sum, 1);
+                    sum += R4D_SHFL_XOR(sum, 2);
+                }
 #pragma unroll
                 for (int i = 0; i < TILES; ++i)
 #pragma unroll
-                    for (int c = 0; c < 2; ++c)
-                        d[i][c] = __fmaf_rn(r4d_f16((scales[i] >> (16 * c)) & 0xffffu), block[i][c] + block[i][c + 2], d[i][c]);
+                    for (int c = 0; c < 2; ++c) {
+                        float s = r4d_f16(scales[i][c] & 0xffffu), y = block[i][c] + block[i][c + 2];
+                        d[i][c] = FMT == FMT_Q4_1 ? __fmaf_rn(s, y, __fmaf_rn(-r4d_f16(scales[i][c] >> 16), sum, d[i][c]))
+                                                  : __fmaf_rn(s, y, d[i][c]);
+                    }
             }
         }
     }
@@ -262,7 +276,7 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
     for (int i = 0; i < TILES; ++i)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-            float y = Q8 ? d[i][c] : d[i][c] + d[i][c + 2];  // (q8_0 added each block's two halves already)
+            float y = BLOCKS ? d[i][c] : d[i][c] + d[i][c + 2];  // (blocks: each block's halves added already)
             if (R4D_FP8(FMT)) y *= __uint_as_float(gemv_scales<FMT>(out_rows[i][c], K, 0));
             s_part[warp][8 * i + 2 * t + c][g] = y;
         }
