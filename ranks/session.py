@@ -28,6 +28,12 @@ from .worker import Worker
 
 log = get_logger("radiance.rank")
 RESULT_SLOTS = 2
+# Waiting for the next plan: asleep through EXPECT_SHARE of the coordinator's last turnaround (from
+# this rank ready to the plan's sending), less EXPECT_MARGIN_S, then spinning (the ring's spin_s).
+# Synchronously the coordinator needs a core for that turnaround (the result's decode, the engine's
+# bookkeeping and planning, the plan's encode): ranks spinning all through it on 2 cores took it
+# from the coordinator. Run ahead the plan is there already: no sleep.
+EXPECT_SHARE, EXPECT_MARGIN_S = 0.8, 2e-4
 RESULT_META_BYTES = 16384  # a result record's header: its arrays' names, every op's name when profiling
 
 
@@ -143,16 +149,19 @@ class RankSession:
         executor.profile = self.config.profile
         # plans are taken into the reader's own buffer and copied from there into the step inputs
         # (generation/plan_record.py); over the wire they come as bytes
-        reader, encoder, plans, remote = PlanReader(executor.inputs), RecordCodec(), self.plans, self.remote
+        reader = PlanReader(executor.inputs, whole=self.worker.takes_whole_plans)
+        encoder, plans, remote = RecordCodec(), self.plans, self.remote
         figures = np.zeros(len(FIGURES), np.float64)  # rank 0's, packed anew every step
-        answered = None
+        answered, expect = None, 0.0
         while True:
             ready = time.perf_counter()
             # sleeps between steps; SIGTERM ends it
-            plan = reader.decode(plans.read()) if remote else reader.take(plans)
+            plan = reader.decode(plans.read()) if remote else reader.take(plans, expect_s=expect)
             if plan.kind == "stop":
                 return
             received = time.perf_counter()
+            if not remote:  # the coordinator's turnaround, when it came after this rank was ready
+                expect = max(0.0, EXPECT_SHARE * (plan.sent - ready) - EXPECT_MARGIN_S)
             step_tokens = plan.tokens
             tokens = self.worker.execute_record(plan, reader)
             if self.rank == self.layout.answering:
