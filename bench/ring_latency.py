@@ -52,13 +52,14 @@ def taker():
 
 
 def reader(run_id, secret, index, rounds, gap_s, spin_s, ready):
+    from radiance.collectives.result_record import FIGURES, ResultWriter
     from radiance.collectives.ring import RingReader, RingWriter
-    from radiance.collectives.ring_record import RecordCodec
 
     plans = RingReader.attach(run_id, "plans", index, secret, spin_s=spin_s)
     results = RingWriter.create(run_id, "results", 1, 2, 4096, secret) if index == 0 else None
     ready.put(index)
-    plans_in, encoder, tokens = taker(), RecordCodec(), np.zeros(1, np.int32)
+    plans_in, encoder, tokens = taker(), ResultWriter(), np.zeros(1, np.int32)
+    figures = dict.fromkeys(FIGURES, 0.0)
     for _ in range(rounds):
         plans_in.write(plans_in.take(plans, timeout=60))
         if gap_s:
@@ -66,7 +67,7 @@ def reader(run_id, secret, index, rounds, gap_s, spin_s, ready):
             while time.perf_counter() < end:
                 pass
         if results is not None:
-            results.publish(encoder.encode("result", None, {"tokens": tokens}))
+            results.publish(encoder.encode(tokens, figures))
     plans.close()
     if results is not None:
         time.sleep(0.5)
@@ -74,8 +75,8 @@ def reader(run_id, secret, index, rounds, gap_s, spin_s, ready):
 
 
 def measure(readers: int, rounds: int, gap_us: float, spin_s: float) -> dict:
+    from radiance.collectives.result_record import ResultReader
     from radiance.collectives.ring import RingReader, RingWriter
-    from radiance.collectives.ring_record import RecordCodec
     from radiance.collectives.shm import new_run_id, unlink_run
 
     run_id, secret = new_run_id(), secrets.token_bytes(32)
@@ -90,7 +91,7 @@ def measure(readers: int, rounds: int, gap_us: float, spin_s: float) -> dict:
         for _ in processes:
             ready.get(timeout=60)
         results = RingReader.attach(run_id, "results", 0, secret, spin_s=spin_s)
-        decoder, trips, record = RecordCodec(), [], record_maker()
+        decoder, trips, record = ResultReader(), [], record_maker()
         for _ in range(rounds):
             start = time.perf_counter()
             plans.publish(record(), timeout=10)
@@ -149,7 +150,7 @@ def take_cost(way: str, rounds: int = 200, evict_bytes: int = 64 << 20) -> tuple
     """A rank's side alone: the plan taken out of the ring (copy, mac, seq) and written into the
     step inputs, median seconds, warm and after `evict_bytes` streamed; `way`: the slot copied and
     checked in Python or in one call of libr4d's r4d_ring.c ("native")."""
-    from radiance.collectives import ring
+    from radiance.abi import host_helpers
     from radiance.collectives.ring import RingReader, RingWriter
     from radiance.collectives.shm import new_run_id, unlink_run
 
@@ -157,7 +158,8 @@ def take_cost(way: str, rounds: int = 200, evict_bytes: int = 64 << 20) -> tuple
         from radiance.plugins.kernels.libr4d import native
 
         lib = native.load().lib
-        ring.use_native(lib.r4d_ring_take_p, lib.r4d_ring_put)
+        host_helpers.offer("ring_take", lib.r4d_ring_take_p)
+        host_helpers.offer("ring_put", lib.r4d_ring_put)
     run_id, secret = new_run_id(), secrets.token_bytes(32)
     writer = RingWriter.create(run_id, "plans", 1, 4, 65536, secret)
     reader = RingReader.attach(run_id, "plans", 0, secret)
@@ -175,7 +177,8 @@ def take_cost(way: str, rounds: int = 200, evict_bytes: int = 64 << 20) -> tuple
                 times.append(time.perf_counter() - start)
             figures.append(statistics.median(times))
     finally:
-        ring.use_native(None, None)
+        host_helpers.offer("ring_take", None)
+        host_helpers.offer("ring_put", None)
         reader.close()
         writer.close()
         unlink_run(run_id)

@@ -29,7 +29,10 @@ uncontended lock), and one of the two always sees the other: the reader its reco
 its sleeper.
 
 The slots are copied through a memoryview of the mapping, not numpy: on caches a decode step has
-flushed, each numpy call costs some 50 us here, a memoryview slice 20 (bench/ring_latency.py).
+flushed, each numpy call costs some 50 us here, a memoryview slice 20 (bench/ring_latency.py). Where
+libr4d has offered its r4d_ring.c (abi/host_helpers.py), a ring made after that copies and signs a
+slot in one C call instead, the same bytes and the same mac, and a reader given a table of copies
+makes them in that call too (a rank's plan into its step inputs: generation/plan_record.py).
 
 The mac: keyed BLAKE2b (BLAKE2's own MAC mode, 32 bytes) under the launch's secret over everything
 after it (seq, length, payload). The segment is already the owner's alone (0600, in sticky
@@ -64,7 +67,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from radiance.abi import rad_backoff
+from radiance.abi import host_helpers, rad_backoff
 
 from . import futex
 from .shm import PAGE, SHM_DIR, Segment, round_up, segment_name
@@ -81,18 +84,6 @@ CHECK_SECONDS = 0.01  # how often a waiting writer looks at its readers' process
 SPIN_SECONDS = 1e-3  # what a rank waits for the next plan while the coordinator makes it
 SLICE_SECONDS = 0.02
 _PUBLISHED, _SIGNAL = PUBLISHED_OFF // 8, SIGNAL_OFF // 4  # their indices among the control page's u64 / u32 words
-
-
-# libr4d's r4d_ring.c (take, put) once its plugin has opened in this process (use_native), else None:
-# the Python paths below do the same copies and the same mac
-_native = None
-
-
-def use_native(take, put) -> None:
-    """Take r4d_ring.c's slot copy and mac: `take` (r4d_ring_take_p: its arguments packed, see there)
-    and `put(slot, payload, length, seq, key, key_bytes) -> 0` (ctypes functions); None: Python's again."""
-    global _native
-    _native = None if take is None else (take, put)
 
 
 class RingError(RuntimeError):
@@ -160,6 +151,9 @@ class _Ring:
         self._offsets = [base + j * slot_bytes for j in range(slots)]
         self._bytes = memoryview(array)  # the whole mapping, for the slots' copies
         self._base = array.ctypes.data  # its address, for r4d_ring.c's
+        # libr4d's r4d_ring.c where its plugin has offered it (abi/host_helpers.py), else None: the
+        # Python paths below make the same copies and the same mac
+        self._take_native, self._put_native = host_helpers.offered("ring_take"), host_helpers.offered("ring_put")
         # The control page's words as a memoryview (u64 and u32): the hot paths read and store them
         # without a numpy call (aligned, so each load and store is one instruction, as numpy's)
         self._words = self._bytes[:PAGE].cast("Q")
@@ -235,8 +229,8 @@ class RingWriter(_Ring):
                 self._wait_for_room(k - self.slots, timeout, check)
                 self._room = k - self.slots
         memory, start = self._bytes, self._offsets[(k - 1) % self.slots]
-        if _native is not None and payload.__class__ is bytes:  # one C call: copy, seq, length, mac
-            if _native[1](self._base + start, payload, length, k, self.secret, len(self.secret)):
+        if self._put_native is not None and payload.__class__ is bytes:  # one C call: copy, seq, length, mac
+            if self._put_native(self._base + start, payload, length, k, self.secret, len(self.secret)):
                 raise RingError(f"{self.what}: a {len(self.secret)}-byte secret, not 1 to 64 (keyed BLAKE2b)")
         else:
             memory[start + SLOT_HEADER:start + SLOT_HEADER + length] = data
@@ -332,7 +326,7 @@ class RingReader(_Ring):
         if self._words[_PUBLISHED] < k:
             self._wait(k, timeout, check, self.spin_ns if spin_s is None else int(spin_s * 1e9), expect_s, poll_s)
         memory, start = self._bytes, self._offsets[(k - 1) % self.slots]
-        if _native is not None and into is not None:
+        if self._take_native is not None and into is not None:
             return self._take(k, start, into, copies)
         self.copied = False
         _, length = _SEQ_LENGTH.unpack_from(memory, start + MAC_BYTES)
@@ -363,7 +357,7 @@ class RingReader(_Ring):
             self._arguments[1] = ctypes.addressof(ctypes.c_char.from_buffer(into))
         arguments = self._arguments
         arguments[0], arguments[3], arguments[8] = self._base + start, k, copies
-        length = _native[0](self._arguments_pointer)
+        length = self._take_native(self._arguments_pointer)
         if length < 0:
             raise RingError(self._refusal(k, length))
         self.copied = arguments[7] == 1

@@ -71,7 +71,7 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
     whether its shape repeats the last one's, differs, or has a narrower block table; a stop ends."""
     import secrets
 
-    from radiance.collectives import ring
+    from radiance.abi import host_helpers
     from radiance.collectives.ring import RingReader, RingWriter
     from radiance.collectives.shm import new_run_id, unlink_run
 
@@ -82,7 +82,8 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
             lib = native.load().lib
         except native.NativeUnavailable as why:
             pytest.skip(f"libr4d does not build here: {why}")
-        ring.use_native(lib.r4d_ring_take_p, lib.r4d_ring_put)
+        host_helpers.offer("ring_take", lib.r4d_ring_take_p)
+        host_helpers.offer("ring_put", lib.r4d_ring_put)
     run_id, secret = new_run_id(), secrets.token_bytes(32)
     writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
     reader = RingReader.attach(run_id, "plans", 0, secret)
@@ -104,7 +105,8 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
         writer.publish(plan_record.stop())
         assert taker.take(reader, timeout=5).kind == "stop"
     finally:
-        ring.use_native(None, None)
+        host_helpers.offer("ring_take", None)
+        host_helpers.offer("ring_put", None)
         reader.close()
         writer.close()
         unlink_run(run_id)

@@ -14,7 +14,7 @@ import traceback
 import numpy as np
 import pytest
 
-from radiance.collectives import ring
+from radiance.abi import host_helpers
 from radiance.collectives.ring import SLOT_HEADER, PeerGone, RingError, RingReader, RingTimeout, RingWriter
 from radiance.collectives.ring_record import RecordCodec, ops_arrays, pop_ops
 from radiance.collectives.shm import list_run, new_run_id, unlink_run
@@ -29,17 +29,19 @@ def _record(k: int) -> bytes:
 
 
 def _use(way: str) -> None:
-    """This process's rings copy and sign slots in Python ("python") or with r4d_ring.c ("native")."""
-    if way == "python":
-        ring.use_native(None, None)
-        return
-    from radiance.plugins.kernels.libr4d import native
+    """The rings this process makes from now on copy and sign slots in Python ("python") or with
+    r4d_ring.c ("native"), as a rank's do once libr4d has offered it (abi/host_helpers.py)."""
+    take = put = None
+    if way == "native":
+        from radiance.plugins.kernels.libr4d import native
 
-    try:
-        loaded = native.load()
-    except native.NativeUnavailable as why:
-        pytest.skip(f"libr4d does not build here: {why}")
-    ring.use_native(loaded.lib.r4d_ring_take_p, loaded.lib.r4d_ring_put)
+        try:
+            loaded = native.load()
+        except native.NativeUnavailable as why:
+            pytest.skip(f"libr4d does not build here: {why}")
+        take, put = loaded.lib.r4d_ring_take_p, loaded.lib.r4d_ring_put
+    host_helpers.offer("ring_take", take)
+    host_helpers.offer("ring_put", put)
 
 
 @pytest.fixture(params=[("python", "python"), ("native", "native"), ("native", "python"), ("python", "native")],
@@ -50,13 +52,10 @@ def ways(request):
     _use("python")
 
 
-def _read(reader, way: str, buffer, timeout=1):
-    """The next record's bytes, the way `way` reads (native: into a buffer, as a rank's plans)."""
-    _use(way)
-    try:
-        return bytes(reader.read(timeout=timeout, into=buffer if way == "native" else None))
-    finally:
-        _use("python")
+def _read(reader, buffer, timeout=1):
+    """The next record's bytes (into `buffer`, as a rank takes its plans: r4d_ring.c's way where the
+    reader was made with it)."""
+    return bytes(reader.read(timeout=timeout, into=buffer))
 
 
 def _reader(run_id, secret, index, count, queue, die_after=None, hold=0.0, way="python"):
@@ -243,18 +242,19 @@ def test_a_record_that_does_not_verify_is_refused(run_id, ways):
     write, read = ways
     _use(write)
     writer = RingWriter.create(run_id, "plans", 2, 2, 4096, SECRET)
+    _use(read)
     honest = RingReader.attach(run_id, "plans", 0, SECRET)
     stranger = RingReader.attach(run_id, "plans", 1, secrets.token_bytes(32))
     buffer = memoryview(bytearray(writer.slot_bytes))
     try:
         writer.publish(b"step")
         with pytest.raises(RingError, match="record 1 does not verify under the launch's secret"):
-            _read(stranger, read, buffer)
+            _read(stranger, buffer)
         writer.publish(b"step two")
         writer.slot(2)[64] ^= 1  # a byte changed after the mac was made
-        assert _read(honest, read, buffer) == b"step"
+        assert _read(honest, buffer) == b"step"
         with pytest.raises(RingError, match="record 2 does not verify"):
-            _read(honest, read, buffer)
+            _read(honest, buffer)
     finally:
         honest.close(), stranger.close()
         writer.close()
@@ -267,21 +267,22 @@ def test_an_unsigned_stale_or_overlong_slot_is_refused(run_id, ways):
     write, read = ways
     _use(write)
     writer = RingWriter.create(run_id, "plans", 1, 2, 100, SECRET)
+    _use(read)
     reader = RingReader.attach(run_id, "plans", 0, SECRET)
     buffer = memoryview(bytearray(writer.slot_bytes))
     try:
         writer.publish(b"one"), writer.publish(b"two")
         writer.slot(1)[:32] = 0  # record 1 unsigned
         with pytest.raises(RingError, match="record 1 does not verify under the launch's secret"):
-            _read(reader, read, buffer)
+            _read(reader, buffer)
         assert int(reader.consumed[0]) == 0
         writer.slot(1)[:] = writer.slot(2)  # record 2's signed slot where record 1 is read
         with pytest.raises(RingError, match="slot of record 1 holds record 2"):
-            _read(reader, read, buffer)
+            _read(reader, buffer)
         writer.slot(1)[40:48] = np.frombuffer((writer.capacity + 1).to_bytes(8, "little"), np.uint8)
         with pytest.raises(RingError, match=rf"record 1 claims {writer.capacity + 1} bytes, over its "
                                             rf"{writer.capacity}-byte slot"):
-            _read(reader, read, buffer)
+            _read(reader, buffer)
         assert int(reader.consumed[0]) == 0
     finally:
         reader.close()
@@ -314,10 +315,10 @@ def test_r4d_ring_signs_as_hashlib_does():
 def test_a_native_read_lands_in_the_buffer_it_is_given(run_id):
     """Read natively into a rank's buffer: the payload is a view of it at SLOT_HEADER; a buffer
     shorter than a slot is refused by name."""
+    _use("native")
     writer = RingWriter.create(run_id, "plans", 1, 2, 100, SECRET)
     reader = RingReader.attach(run_id, "plans", 0, SECRET)
     try:
-        _use("native")
         buffer = memoryview(bytearray(writer.slot_bytes))
         writer.publish(b"plan")
         view = reader.read(timeout=1, into=buffer)

@@ -51,16 +51,33 @@ def encode(arrays: dict, feed: Feed | None = None, sent: float = 0.0) -> bytes:
     blocks = arrays[RAD_STEP_BLOCK_TABLES].shape[1]
     pairs = 0 if feed is None else len(feed.targets)
     parts = [HEADER.pack(STEP, tokens, seqs, blocks, pairs, sent)]
-    for name in PLANNED:
-        spec, array = STEP_INPUTS[name], arrays[name]
-        if array.dtype != spec.dtype or array.shape != spec.shape(tokens, seqs, blocks):
+    for name, dtype, shape, pad in _EXPECTED.get((tokens, seqs, blocks)) or _expected(tokens, seqs, blocks):
+        array = arrays[name]
+        if (array.dtype is not dtype and array.dtype != dtype) or array.shape != shape:
             raise PlanRecordError(f"plan record: {name} is {array.dtype}{list(array.shape)}, expected "
-                                  f"{np.dtype(spec.dtype)}{list(spec.shape(tokens, seqs, blocks))}")
+                                  f"{dtype}{list(shape)}")
         parts.append(array.tobytes())
-        parts.append(_PAD[:_padded(array.nbytes) - array.nbytes])
+        if pad:
+            parts.append(pad)
     if pairs:
         parts.append(struct.pack(f"<{2 * pairs}i", *feed.targets, *feed.sources))
     return b"".join(parts)
+
+
+# (tokens, seqs, blocks) -> each planned array's (name, dtype, shape, padding bytes), made once a shape
+_EXPECTED: dict[tuple, tuple] = {}
+
+
+def _expected(tokens: int, seqs: int, blocks: int) -> tuple:
+    expected = []
+    for name in PLANNED:
+        spec = STEP_INPUTS[name]
+        dtype, shape = np.dtype(spec.dtype), spec.shape(tokens, seqs, blocks)
+        nbytes = dtype.itemsize * int(np.prod(shape))
+        expected.append((name, dtype, shape, _PAD[:_padded(nbytes) - nbytes]))
+    if len(_EXPECTED) < _LAYOUTS:
+        _EXPECTED[(tokens, seqs, blocks)] = tuple(expected)
+    return tuple(expected)
 
 
 def stop() -> bytes:

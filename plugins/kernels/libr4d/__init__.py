@@ -27,6 +27,8 @@ from radiance.abi import (
     RAD_ABI_VERSION, RAD_E_UNSUPPORTED, RAD_OK, RAD_PLUGIN_KERNEL, SIZED_OPS, RadPluginInfo, vocabulary_opd_shape,
 )
 
+from radiance.abi import host_helpers
+
 from . import native, rows, rows_gemma, rows_kquants
 
 log = logging.getLogger("radiance.libr4d")
@@ -89,8 +91,9 @@ def _open() -> None:
     _STATE["native"] = loaded
     if loaded is not None:
         log.debug("libr4d: %s", loaded.describe())
-        from radiance.collectives import ring  # its slots copied and signed in one C call (r4d_ring.c)
-        ring.use_native(loaded.lib.r4d_ring_take_p, loaded.lib.r4d_ring_put)
+        # the broadcast rings' slots copied and signed in one C call (r4d_ring.c; collectives/ring.py)
+        host_helpers.offer("ring_take", loaded.lib.r4d_ring_take_p)
+        host_helpers.offer("ring_put", loaded.lib.r4d_ring_put)
     collective = _collective_rows(loaded)
     _STATE["rows"] = (rows.build_rows(loaded) + rows_kquants.build_rows(loaded) + rows_gemma.build_rows(loaded)
                       + [info for info, _ in collective] + _device_rows())
