@@ -2,8 +2,7 @@
 functions the runtime's own modules would otherwise run in Python, and those modules take them
 from here, neither importing the other (docs/LAYOUT.md: plugins and collectives both stand on abi).
 
-    ring_take   collectives/ring.py's slot copy and check, r4d_ring_take_p's packed form
-    ring_put    collectives/ring.py's slot write and mac (libr4d's r4d_ring.c, both)
+    ring_take   collectives/ring.py's slot copy and check: libr4d's r4d_ring_take_p (r4d_ring.c)
 
 A module takes what is offered when it makes the object that uses it (a ring, when it is created
 or attached), so what a plugin offers after that changes nothing already made."""

@@ -44,11 +44,12 @@ def record_maker():
 
 
 def taker():
-    """A rank's end of the plans: a PlanReader over step inputs of a rank's size."""
+    """A rank's end of the plans: a PlanReader over step inputs of a rank's size, writing whole plans
+    (as a rank without micro-batches or stages does)."""
     from radiance.engine.running.step_inputs import StepInputs
     from radiance.generation.plan_record import PlanReader
 
-    return PlanReader(StepInputs(512, 64, MAX_BLOCKS))
+    return PlanReader(StepInputs(512, 64, MAX_BLOCKS), whole=True)
 
 
 def reader(run_id, secret, index, rounds, gap_s, spin_s, ready):
@@ -159,7 +160,6 @@ def take_cost(way: str, rounds: int = 200, evict_bytes: int = 64 << 20) -> tuple
 
         lib = native.load().lib
         host_helpers.offer("ring_take", lib.r4d_ring_take_p)
-        host_helpers.offer("ring_put", lib.r4d_ring_put)
     run_id, secret = new_run_id(), secrets.token_bytes(32)
     writer = RingWriter.create(run_id, "plans", 1, 4, 65536, secret)
     reader = RingReader.attach(run_id, "plans", 0, secret)
@@ -178,7 +178,6 @@ def take_cost(way: str, rounds: int = 200, evict_bytes: int = 64 << 20) -> tuple
             figures.append(statistics.median(times))
     finally:
         host_helpers.offer("ring_take", None)
-        host_helpers.offer("ring_put", None)
         reader.close()
         writer.close()
         unlink_run(run_id)

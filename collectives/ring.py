@@ -30,9 +30,9 @@ its sleeper.
 
 The slots are copied through a memoryview of the mapping, not numpy: on caches a decode step has
 flushed, each numpy call costs some 50 us here, a memoryview slice 20 (bench/ring_latency.py). Where
-libr4d has offered its r4d_ring.c (abi/host_helpers.py), a ring made after that copies and signs a
-slot in one C call instead, the same bytes and the same mac, and a reader given a table of copies
-makes them in that call too (a rank's plan into its step inputs: generation/plan_record.py).
+libr4d has offered its r4d_ring.c (abi/host_helpers.py), a reader made after that copies and checks
+a slot in one C call instead, the same copy and the same checks, and given a table of copies makes
+them in that call too (a rank's plan into its step inputs: generation/plan_record.py).
 
 The mac: keyed BLAKE2b (BLAKE2's own MAC mode, 32 bytes) under the launch's secret over everything
 after it (seq, length, payload). The segment is already the owner's alone (0600, in sticky
@@ -152,8 +152,8 @@ class _Ring:
         self._bytes = memoryview(array)  # the whole mapping, for the slots' copies
         self._base = array.ctypes.data  # its address, for r4d_ring.c's
         # libr4d's r4d_ring.c where its plugin has offered it (abi/host_helpers.py), else None: the
-        # Python paths below make the same copies and the same mac
-        self._take_native, self._put_native = host_helpers.offered("ring_take"), host_helpers.offered("ring_put")
+        # Python way below makes the same copy and the same checks
+        self._take_native = host_helpers.offered("ring_take")
         # The control page's words as a memoryview (u64 and u32): the hot paths read and store them
         # without a numpy call (aligned, so each load and store is one instruction, as numpy's)
         self._words = self._bytes[:PAGE].cast("Q")
@@ -229,13 +229,9 @@ class RingWriter(_Ring):
                 self._wait_for_room(k - self.slots, timeout, check)
                 self._room = k - self.slots
         memory, start = self._bytes, self._offsets[(k - 1) % self.slots]
-        if self._put_native is not None and payload.__class__ is bytes:  # one C call: copy, seq, length, mac
-            if self._put_native(self._base + start, payload, length, k, self.secret, len(self.secret)):
-                raise RingError(f"{self.what}: a {len(self.secret)}-byte secret, not 1 to 64 (keyed BLAKE2b)")
-        else:
-            memory[start + SLOT_HEADER:start + SLOT_HEADER + length] = data
-            _SEQ_LENGTH.pack_into(memory, start + MAC_BYTES, k, length)
-            memory[start:start + MAC_BYTES] = self._mac(memory[start + MAC_BYTES:start + SLOT_HEADER + length])
+        memory[start + SLOT_HEADER:start + SLOT_HEADER + length] = data
+        _SEQ_LENGTH.pack_into(memory, start + MAC_BYTES, k, length)
+        memory[start:start + MAC_BYTES] = self._mac(memory[start + MAC_BYTES:start + SLOT_HEADER + length])
         self._words[_PUBLISHED] = self._written = k
         self._words32[_SIGNAL] = k & 0xFFFFFFFF
         self._fence()

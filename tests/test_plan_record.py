@@ -83,7 +83,6 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
         except native.NativeUnavailable as why:
             pytest.skip(f"libr4d does not build here: {why}")
         host_helpers.offer("ring_take", lib.r4d_ring_take_p)
-        host_helpers.offer("ring_put", lib.r4d_ring_put)
     run_id, secret = new_run_id(), secrets.token_bytes(32)
     writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
     reader = RingReader.attach(run_id, "plans", 0, secret)
@@ -106,7 +105,6 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
         assert taker.take(reader, timeout=5).kind == "stop"
     finally:
         host_helpers.offer("ring_take", None)
-        host_helpers.offer("ring_put", None)
         reader.close()
         writer.close()
         unlink_run(run_id)

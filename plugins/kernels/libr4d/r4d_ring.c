@@ -1,5 +1,5 @@
-/* A broadcast-ring slot's copy and keyed BLAKE2b in one C call (collectives/ring.py, which takes
- * them from here when libr4d is built and does the same in Python otherwise).
+/* A broadcast-ring slot's copy and keyed BLAKE2b check in one C call (collectives/ring.py, which
+ * takes it from here when libr4d is built and does the same in Python otherwise).
  *
  * A slot: [ mac: 32 B ][ seq: u64 ][ length: u64 ][ 16 B pad ][ payload: length bytes ], the mac being
  * keyed BLAKE2b-256 (RFC 7693, BLAKE2's own MAC mode: hashlib.blake2b(key=..., digest_size=32)) of
@@ -9,7 +9,8 @@
  *
  * r4d_ring_take copies the slot out and checks the copy (the writer never touches a slot a reader has
  * not consumed, so a record that fails on the copy was torn or forged, and the copy is what the
- * reader uses); r4d_ring_put writes a record and its mac into a slot. */
+ * reader uses). The writer stays Python's (hashlib): a C write measured no faster through ctypes
+ * (bench/results/step_latency_host_2026-12-03.md). */
 
 #include <stdint.h>
 #include <string.h>
@@ -120,19 +121,6 @@ int64_t r4d_ring_take(const uint8_t *slot, uint8_t *into, int64_t capacity, uint
     *found = copied_seq;
     if (copied_seq != seq) return -3;
     return (int64_t)length;
-}
-
-/* `length` payload bytes -> the slot (at least RING_HEADER + length bytes) as record `seq`, with its
- * mac; 0, or -4 for a key out of 1..64 bytes. The caller publishes it after (a store the readers see
- * after the slot's: x86-64 keeps stores in order). */
-int r4d_ring_put(uint8_t *slot, const uint8_t *payload, int64_t length, uint64_t seq, const uint8_t *key,
-                 int64_t key_bytes) {
-    if (key_bytes < 1 || key_bytes > 64) return -4;
-    uint64_t words[2] = {seq, (uint64_t)length};
-    memcpy(slot + RING_HEADER, payload, (size_t)length);
-    memcpy(slot + RING_MAC, words, 16);
-    blake2b_keyed(slot, RING_MAC, key, (int)key_bytes, slot + RING_MAC, RING_HEADER - RING_MAC + (uint64_t)length);
-    return 0;
 }
 
 /* r4d_ring_take with its arguments packed as u64 words, a call of one pointer argument (the cheapest
