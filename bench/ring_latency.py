@@ -5,6 +5,7 @@ from reader 0 through another, round trip after round trip; what the record's ma
 one record costs in one process, warm and on caches a decode step has just flushed.
 
     python bench/ring_latency.py [--readers 1 2 3] [--rounds 2000] [--gap-us 0] [--spin-us 1000]
+                                 [--ways python native] [--take-rounds 3]
 
 `--gap-us` makes the reader hold each record that long before answering (a stand-in for a step's
 compute, so the writer's wait ends in a sleep and a wake, as it does in a launch)."""
@@ -43,21 +44,23 @@ def record_maker():
 
 
 def taker():
-    """A rank's end of the plans: a PlanReader over step inputs of a rank's size."""
+    """A rank's end of the plans: a PlanReader over step inputs of a rank's size, writing whole plans
+    (as a rank without micro-batches or stages does)."""
     from radiance.engine.running.step_inputs import StepInputs
     from radiance.generation.plan_record import PlanReader
 
-    return PlanReader(StepInputs(512, 64, MAX_BLOCKS))
+    return PlanReader(StepInputs(512, 64, MAX_BLOCKS), whole=True)
 
 
 def reader(run_id, secret, index, rounds, gap_s, spin_s, ready):
+    from radiance.collectives.result_record import FIGURES, ResultWriter
     from radiance.collectives.ring import RingReader, RingWriter
-    from radiance.collectives.ring_record import RecordCodec
 
     plans = RingReader.attach(run_id, "plans", index, secret, spin_s=spin_s)
     results = RingWriter.create(run_id, "results", 1, 2, 4096, secret) if index == 0 else None
     ready.put(index)
-    plans_in, encoder, tokens = taker(), RecordCodec(), np.zeros(1, np.int32)
+    plans_in, encoder, tokens = taker(), ResultWriter(), np.zeros(1, np.int32)
+    figures = dict.fromkeys(FIGURES, 0.0)
     for _ in range(rounds):
         plans_in.write(plans_in.take(plans, timeout=60))
         if gap_s:
@@ -65,7 +68,7 @@ def reader(run_id, secret, index, rounds, gap_s, spin_s, ready):
             while time.perf_counter() < end:
                 pass
         if results is not None:
-            results.publish(encoder.encode("result", None, {"tokens": tokens}))
+            results.publish(encoder.encode(tokens, figures))
     plans.close()
     if results is not None:
         time.sleep(0.5)
@@ -73,8 +76,8 @@ def reader(run_id, secret, index, rounds, gap_s, spin_s, ready):
 
 
 def measure(readers: int, rounds: int, gap_us: float, spin_s: float) -> dict:
+    from radiance.collectives.result_record import ResultReader
     from radiance.collectives.ring import RingReader, RingWriter
-    from radiance.collectives.ring_record import RecordCodec
     from radiance.collectives.shm import new_run_id, unlink_run
 
     run_id, secret = new_run_id(), secrets.token_bytes(32)
@@ -89,7 +92,7 @@ def measure(readers: int, rounds: int, gap_us: float, spin_s: float) -> dict:
         for _ in processes:
             ready.get(timeout=60)
         results = RingReader.attach(run_id, "results", 0, secret, spin_s=spin_s)
-        decoder, trips, record = RecordCodec(), [], record_maker()
+        decoder, trips, record = ResultReader(), [], record_maker()
         for _ in range(rounds):
             start = time.perf_counter()
             plans.publish(record(), timeout=10)
@@ -144,13 +147,58 @@ def cold_cost(rounds: int = 100, evict_bytes: int = 64 << 20) -> tuple[float, fl
     return figures[0], figures[1]
 
 
+def take_cost(way: str, rounds: int = 200, evict_bytes: int = 64 << 20) -> tuple[float, float]:
+    """A rank's side alone: the plan taken out of the ring (copy, mac, seq) and written into the
+    step inputs, median seconds, warm and after `evict_bytes` streamed; `way`: the slot copied and
+    checked in Python or in one call of libr4d's r4d_ring.c ("native")."""
+    from radiance.abi import host_helpers
+    from radiance.collectives.ring import RingReader, RingWriter
+    from radiance.collectives.shm import new_run_id, unlink_run
+
+    if way == "native":
+        from radiance.plugins.kernels.libr4d import native
+
+        lib = native.load().lib
+        host_helpers.offer("ring_take", lib.r4d_ring_take_p)
+    run_id, secret = new_run_id(), secrets.token_bytes(32)
+    writer = RingWriter.create(run_id, "plans", 1, 4, 65536, secret)
+    reader = RingReader.attach(run_id, "plans", 0, secret)
+    plans_in, evict, record = taker(), np.ones(evict_bytes, np.uint8), record_maker()
+    figures = []
+    try:
+        for cold in (False, True):
+            times = []
+            for _ in range(rounds):
+                writer.publish(record())
+                if cold:
+                    evict.sum()
+                start = time.perf_counter()
+                plans_in.write(plans_in.take(reader))
+                times.append(time.perf_counter() - start)
+            figures.append(statistics.median(times))
+    finally:
+        host_helpers.offer("ring_take", None)
+        reader.close()
+        writer.close()
+        unlink_run(run_id)
+    return figures[0], figures[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--readers", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--gap-us", type=float, default=0.0)
     parser.add_argument("--spin-us", type=float, default=1000.0, help="how long each side spins before sleeping")
+    parser.add_argument("--ways", nargs="+", choices=["python", "native"], default=["python", "native"],
+                        help="a rank's take alone (below) with the slot copied and checked in Python, in C, or both")
+    parser.add_argument("--take-rounds", type=int, default=3, help="times over the --ways, alternated")
     args = parser.parse_args()
+    print("a rank's take alone (copy out of the slot, mac, seq; written into step inputs), median us, warm / cold:")
+    for _ in range(args.take_rounds):
+        for way in args.ways:
+            warm, cold = take_cost(way)
+            print(f"  {way:>7}: {1e6 * warm:6.1f} / {1e6 * cold:6.1f}", flush=True)
     seconds, size = mac_cost()
     print(f"the record's mac (keyed BLAKE2b) over a {size}-byte decode plan record: {1e6 * seconds:.2f} us")
     warm, cold = cold_cost()

@@ -29,7 +29,10 @@ uncontended lock), and one of the two always sees the other: the reader its reco
 its sleeper.
 
 The slots are copied through a memoryview of the mapping, not numpy: on caches a decode step has
-flushed, each numpy call costs some 50 us here, a memoryview slice 20 (bench/ring_latency.py).
+flushed, each numpy call costs some 50 us here, a memoryview slice 20 (bench/ring_latency.py). Where
+libr4d has offered its r4d_ring.c (abi/host_helpers.py), a reader made after that copies and checks
+a slot in one C call instead, the same copy and the same checks, and given a table of copies makes
+them in that call too (a rank's plan into its step inputs: generation/plan_record.py).
 
 The mac: keyed BLAKE2b (BLAKE2's own MAC mode, 32 bytes) under the launch's secret over everything
 after it (seq, length, payload). The segment is already the owner's alone (0600, in sticky
@@ -52,6 +55,7 @@ whose process is gone ends the wait at once.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import hmac
 import os
@@ -63,7 +67,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from radiance.abi import rad_backoff
+from radiance.abi import host_helpers, rad_backoff
 
 from . import futex
 from .shm import PAGE, SHM_DIR, Segment, round_up, segment_name
@@ -146,6 +150,10 @@ class _Ring:
         self._slots = [array[base + j * slot_bytes:base + (j + 1) * slot_bytes] for j in range(slots)]
         self._offsets = [base + j * slot_bytes for j in range(slots)]
         self._bytes = memoryview(array)  # the whole mapping, for the slots' copies
+        self._base = array.ctypes.data  # its address, for r4d_ring.c's
+        # libr4d's r4d_ring.c where its plugin has offered it (abi/host_helpers.py), else None: the
+        # Python way below makes the same copy and the same checks
+        self._take_native = host_helpers.offered("ring_take")
         # The control page's words as a memoryview (u64 and u32): the hot paths read and store them
         # without a numpy call (aligned, so each load and store is one instruction, as numpy's)
         self._words = self._bytes[:PAGE].cast("Q")
@@ -273,6 +281,15 @@ class RingReader(_Ring):
         self.next = int(self.consumed[index]) + 1
         self.pids[index] = os.getpid()
         self._consumed = (READERS_OFF + index * LINE) // 8  # its consumed word among the u64 words
+        self._into = None  # the last `into` read into (r4d_ring.c)
+        # r4d_ring_take_p's arguments, as u64 words: slot, into, capacity, seq, key, key_bytes, then
+        # out: the seq found and whether it made the copies, then the copies' table
+        self._arguments = memoryview(bytearray(9 * 8)).cast("Q")
+        self.copied = False  # whether the last read made the copies it was given (r4d_ring.c only)
+        self._arguments_pointer = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(self._arguments)))
+        self._key = ctypes.create_string_buffer(self.secret, len(self.secret))
+        self._arguments[2], self._arguments[4], self._arguments[5] = self.capacity, ctypes.addressof(self._key), \
+            len(self.secret)
 
     @classmethod
     def attach(cls, run_id: str, kind: str, index: int, secret: bytes, directory=SHM_DIR, **waits) -> "RingReader":
@@ -289,7 +306,7 @@ class RingReader(_Ring):
 
     def read(self, timeout: float | None = None, check: Callable[[], None] | None = None, *,
              spin_s: float | None = None, expect_s: float = 0.0, poll_s: float = 0.0,
-             into: memoryview | None = None) -> memoryview:
+             into: memoryview | None = None, copies: int = 0) -> memoryview:
         """The next record's payload (a copy: the slot is free again once this returns).
         `spin_s`: how long to spin before sleeping (the reader's own by default); `expect_s`: the
         record is not expected before this long, so sleep until then first and spin after;
@@ -297,11 +314,17 @@ class RingReader(_Ring):
         the record late: then the writer has no one to wake, which would cost it (not the reader)
         about 270 us on this VM (docs/RUNTIME.md, "Run ahead"). `into`: a writable byte view of at
         least `slot_bytes` to copy the record into, its payload then at SLOT_HEADER, valid until
-        the next read into it (a rank's plans: generation/plan_record.py); else a new copy."""
+        the next read into it (a rank's plans: generation/plan_record.py); else a new copy. `copies`:
+        the address of a table of copies out of the payload that r4d_ring.c makes in the same call
+        once it verifies, if the payload begins as the table says (r4d_ring_take_p); `copied` says
+        whether it did (never without r4d_ring.c, nor without `into`)."""
         k = self.next
         if self._words[_PUBLISHED] < k:
             self._wait(k, timeout, check, self.spin_ns if spin_s is None else int(spin_s * 1e9), expect_s, poll_s)
         memory, start = self._bytes, self._offsets[(k - 1) % self.slots]
+        if self._take_native is not None and into is not None:
+            return self._take(k, start, into, copies)
+        self.copied = False
         _, length = _SEQ_LENGTH.unpack_from(memory, start + MAC_BYTES)
         end = SLOT_HEADER + length
         if end > self.slot_bytes:
@@ -320,6 +343,34 @@ class RingReader(_Ring):
         self.next = k + 1
         self._words[self._consumed] = k
         return view[SLOT_HEADER:]
+
+    def _take(self, k: int, start: int, into: memoryview, copies: int) -> memoryview:
+        """read()'s copy and checks in one call of r4d_ring.c's (the same refusals, the same view)."""
+        if into is not self._into:
+            if len(into) < self.slot_bytes:
+                raise RingError(f"{self.what}: a {len(into)}-byte buffer to read {self.slot_bytes}-byte slots into")
+            self._into = into
+            self._arguments[1] = ctypes.addressof(ctypes.c_char.from_buffer(into))
+        arguments = self._arguments
+        arguments[0], arguments[3], arguments[8] = self._base + start, k, copies
+        length = self._take_native(self._arguments_pointer)
+        if length < 0:
+            raise RingError(self._refusal(k, length))
+        self.copied = arguments[7] == 1
+        self.next = k + 1
+        self._words[self._consumed] = k
+        return into[SLOT_HEADER:SLOT_HEADER + length]
+
+    def _refusal(self, k: int, code: int) -> str:
+        """What r4d_ring_take's `code` says about record k, in read()'s words."""
+        if code == -1:
+            length = _SEQ_LENGTH.unpack_from(self._bytes, self._offsets[(k - 1) % self.slots] + MAC_BYTES)[1]
+            return f"{self.what}: record {k} claims {length} bytes, over its {self.capacity}-byte slot"
+        if code == -2:
+            return f"{self.what}: record {k} does not verify under the launch's secret (forged or torn)"
+        if code == -3:
+            return f"{self.what}: slot of record {k} holds record {self._arguments[6]}"
+        return f"{self.what}: a {len(self.secret)}-byte secret, not 1 to 64 (keyed BLAKE2b)"
 
     def _wait(self, k: int, timeout: float | None, check, spin_ns: int, expect_s: float, poll_s: float) -> None:
         start = time.monotonic()

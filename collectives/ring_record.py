@@ -1,12 +1,13 @@
-"""What a broadcast-ring record holds (rank 0's results; the plans are fixed binary records of their
-own, generation/plan_record.py): a kind ("result"), a small JSON meta and named numpy arrays, laid
-out so the reader takes the arrays as views of the record, no copy:
+"""A broadcast-ring record of named arrays: a kind, a small JSON meta and named numpy arrays, laid
+out so the reader takes the arrays as views of the record, no copy (the tail of rank 0's result:
+its seconds by op, returned buffers; the plans and the results themselves are fixed binary records,
+generation/plan_record.py and result_record.py):
 
     [ header length: u32 ][ header: JSON {"kind", "meta", "arrays": [[name, dtype, shape], ...]} ]
     [ pad to 8 ][ array 0's bytes ][ pad to 8 ][ array 1's bytes ] ...
 
-A result has the same names, dtypes and often the same shapes step after step, so both ends keep
-the last few headers they made or read (a step then costs no JSON at all).
+A result's tail has the same names, dtypes and often the same shapes step after step, so both ends
+keep the last few headers they made or read (a step then costs no JSON at all).
 """
 
 from __future__ import annotations
@@ -78,32 +79,6 @@ class RecordCodec:
             array = np.frombuffer(payload, dtype, count, offset)
             arrays[name] = array if shape is None else array.reshape(shape)
         return kind, dict(meta), arrays
-
-
-# A result's figures travel as one f64 array (no JSON a step): rank 0's seconds in the step and in
-# collectives, its link-gate holds so far (count, seconds), when it had the plan and when it
-# answered, how long it waited for the plan after its last answer, the micro-batches the step
-# was cut into (generation/micro_batches.py), and the plan's delivery (ranks/session.py).
-FIGURES = ("compute", "collectives", "gate_holds", "gate_hold_s", "received_at", "answered_at", "waited", "parts",
-           "delivery")
-
-
-_FIGURES = struct.Struct(f"<{len(FIGURES)}d")
-
-
-def figures_array(figures: dict, into: np.ndarray | None = None) -> np.ndarray:
-    """The figures as FIGURES' f64 array; `into`: one made before (a rank's, reused every step:
-    packed with struct, no numpy call)."""
-    if into is None:
-        into = np.zeros(len(FIGURES), np.float64)
-    _FIGURES.pack_into(into, 0, *[figures[name] for name in FIGURES])
-    return into
-
-
-def figures_dict(array: np.ndarray) -> dict:
-    figures = dict(zip(FIGURES, array.tolist()))
-    figures["gate_holds"], figures["parts"] = int(figures["gate_holds"]), int(figures["parts"])
-    return figures
 
 
 # A profiled rank's seconds by op travel as one f64 array whose name carries the ops' names (they

@@ -11,6 +11,7 @@ import time
 
 import zmq
 
+from radiance.collectives.result_record import ResultRecordError
 from radiance.collectives.ring import PeerGone
 from radiance.collectives.wire import Wire
 from radiance.config import Config
@@ -193,14 +194,14 @@ class Coordinator:
     def collect(self):
         """The tokens rank 0 sampled in the oldest step submitted and not collected."""
         try:
-            kind, meta, result = self.rings.result(self.step_timeout, self.look_after)
+            meta, result = self.rings.result(self.step_timeout, self.look_after)
         except PeerGone:  # the answering rank ended before its result; the supervisor names how
             self.check(settle=1.0)
             raise self.failed(self.layout.answering, "gone before its result") from None
         except TimeoutError as error:
             raise LaunchError(str(error)) from None
-        if kind != "result":
-            raise LaunchError(f"step: rank 0 wrote '{kind}' where its result was due")
+        except ResultRecordError as error:
+            raise LaunchError(f"step: rank {self.layout.answering}'s {error}") from None
         self.last_step, self.last_result = meta, result
         return result["tokens"]
 

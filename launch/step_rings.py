@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from radiance.abi import RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS
 from radiance.collectives.ring import RingReader, RingTimeout, RingWriter
-from radiance.collectives.ring_record import RecordCodec, figures_dict, pop_ops
+from radiance.collectives.result_record import ResultReader
+from radiance.collectives.ring_record import pop_ops
 from radiance.config import Config
 from radiance.generation import plan_record
 from radiance.generation.feed import Feed
@@ -51,7 +52,7 @@ class StepRings:
         except BaseException:
             self.plans.close()
             raise
-        self.decoder = RecordCodec()  # rank 0's results
+        self.decoder = ResultReader()  # rank 0's results
         self.seconds: dict[tuple[int, int], float] = {}  # the last step of each (tokens, seqs)
         self.sent: deque = deque()  # (when it was published, its shape) of each step not collected yet
         self.arrived = 0.0  # when the last result came
@@ -65,8 +66,9 @@ class StepRings:
             self.remote.publish(payload)
         self.sent.append((start, (len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS]))))
 
-    def result(self, timeout: float, watch: Callable[[], None]) -> tuple[str, dict, dict]:
-        """Rank 0's (kind, meta, arrays) of the oldest step published and not collected. The wait
+    def result(self, timeout: float, watch: Callable[[], None]) -> tuple[dict, dict]:
+        """Rank 0's (meta, arrays) of the oldest step published and not collected (collectives/
+        result_record.py: meta its figures, arrays its tokens and what it returned). The wait
         sleeps through most of a step as long as the last one of the same shape, then spins (a wake
         from sleep would cost more than the plan's delivery), then sleeps again."""
         start, shape = self.sent.popleft()
@@ -84,17 +86,16 @@ class StepRings:
             payload = self.results.read(timeout=timeout, check=watch, spin_s=spin, expect_s=expect, poll_s=poll)
         except RingTimeout:
             raise TimeoutError(f"step: rank 0's result did not come within {timeout:g} s") from None
-        kind, meta, result = self.decoder.decode(payload)
+        meta, tokens, result = self.decoder.decode(payload)  # rank 0's figures, its tokens, the rest
         ops = pop_ops(result)
         if ops is not None:
             meta["ops"] = ops
         now = self.arrived = time.perf_counter()
         self.seconds[shape] = now - begun
-        if "figures" in result:  # rank 0's; the step's delivery split into plan out and result back
-            figures = figures_dict(result.pop("figures"))
-            figures["plan_s"], figures["result_s"] = figures.pop("received_at") - start, now - figures.pop("answered_at")
-            meta.update(figures)
-        return kind, meta, result
+        # the step's delivery split into plan out and result back
+        meta["plan_s"], meta["result_s"] = meta.pop("received_at") - start, now - meta.pop("answered_at")
+        result["tokens"] = tokens
+        return meta, result
 
     def stop(self) -> None:
         """The last record every rank reads: stop."""

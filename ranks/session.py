@@ -12,7 +12,8 @@ import time
 import numpy as np
 
 from radiance.collectives.ring import RingReader, RingWriter
-from radiance.collectives.ring_record import FIGURES, RecordCodec, figures_array, ops_arrays
+from radiance.collectives.result_record import ResultWriter
+from radiance.collectives.ring_record import ops_arrays
 from radiance.collectives.shm import stage_run_id
 from radiance.config import Config
 from radiance.device.selection import backend_name
@@ -28,7 +29,7 @@ from .worker import Worker
 
 log = get_logger("radiance.rank")
 RESULT_SLOTS = 2
-RESULT_META_BYTES = 16384  # a result record's header: its arrays' names, every op's name when profiling
+RESULT_META_BYTES = 16384  # a result record's head and its tail's header: every op's name when profiling
 
 
 class RankSession:
@@ -143,8 +144,8 @@ class RankSession:
         executor.profile = self.config.profile
         # plans are taken into the reader's own buffer and copied from there into the step inputs
         # (generation/plan_record.py); over the wire they come as bytes
-        reader, encoder, plans, remote = PlanReader(executor.inputs), RecordCodec(), self.plans, self.remote
-        figures = np.zeros(len(FIGURES), np.float64)  # rank 0's, packed anew every step
+        reader = PlanReader(executor.inputs, whole=self.worker.takes_whole_plans)
+        encoder, plans, remote = ResultWriter(), self.plans, self.remote
         answered = None
         while True:
             ready = time.perf_counter()
@@ -171,10 +172,10 @@ class RankSession:
                               parts=self.worker.parts, delivery=self.worker.started - since,
                               waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())
                 answered = timing["answered_at"]  # from here to the next plan in hand (its result sent), rank 0 waits
-                arrays = {"tokens": tokens, "figures": figures_array(timing, figures), **ops_arrays(ops)}
+                extra = ops_arrays(ops)
                 # what config.return_buffer names: a debugging aid, speculative decoding's logits
-                arrays.update(self.worker.returned(step_tokens, len(tokens)))
-                self.results.publish(encoder.encode("result", None, arrays))
+                extra.update(self.worker.returned(step_tokens, len(tokens)))
+                self.results.publish(encoder.encode(tokens, timing, extra))
 
     def close(self) -> None:
         """Shared memory first: whatever fails after, nothing of this rank stays in /dev/shm."""

@@ -173,11 +173,17 @@ class Worker:
             self.shown = {name: np.concatenate([part[name] for part in shown]) for name in shown[0]}
         return tokens
 
+    @property
+    def takes_whole_plans(self) -> bool:
+        """Whether execute_record writes every plan whole into the step inputs (no micro-batches, no
+        stages), so the plans' reader may have the ring's read make the copies (PlanReader)."""
+        return self.micro_batches == 1 and self.stage.count == 1
+
     def execute_record(self, plan, reader) -> np.ndarray:
         """`execute` for a plan read from the plans ring (generation/plan_record.py's Plan, and the
         PlanReader over this worker's step inputs that decoded it): in one part, its arrays are
         copied straight from the record into the executor's step inputs, no numpy array made."""
-        if self.micro_batches == 1 and self.stage.count == 1:
+        if self.takes_whole_plans:
             self.shown, self.parts = None, 1
             if plan.feed is not None:
                 plan.feed.check(plan.tokens, self.last_seqs)

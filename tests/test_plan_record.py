@@ -62,3 +62,51 @@ def test_a_record_that_does_not_fit_is_refused_in_one_line():
 def test_the_largest_record_is_its_size():
     arrays, feed = _arrays(16, 4, 8), Feed.of([(i, i) for i in range(4)])
     assert len(plan_record.encode(arrays, feed)) == plan_record.size(16, 4, 8, 4)
+
+
+@pytest.mark.parametrize("way", ["python", "native"])
+def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
+    """Through a real ring, as a rank takes them (whole: the ring's read makes the copies of a plan
+    of the last plan's shape in C, where libr4d builds): every plan's arrays land in the step inputs,
+    whether its shape repeats the last one's, differs, or has a narrower block table; a stop ends."""
+    import secrets
+
+    from radiance.abi import host_helpers
+    from radiance.collectives.ring import RingReader, RingWriter
+    from radiance.collectives.shm import new_run_id, unlink_run
+
+    if way == "native":
+        from radiance.plugins.kernels.libr4d import native
+
+        try:
+            lib = native.load().lib
+        except native.NativeUnavailable as why:
+            pytest.skip(f"libr4d does not build here: {why}")
+        host_helpers.offer("ring_take", lib.r4d_ring_take_p)
+    run_id, secret = new_run_id(), secrets.token_bytes(32)
+    writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
+    reader = RingReader.attach(run_id, "plans", 0, secret)
+    inputs = StepInputs(16, 4, 8)
+    taker, copied = PlanReader(inputs, whole=True), []
+    try:
+        steps = [(2, 2, 8), (2, 2, 8), (2, 2, 8), (9, 3, 8), (9, 3, 8), (3, 3, 5), (3, 3, 5), (2, 2, 8)]
+        for seed, (tokens, seqs, blocks) in enumerate(steps):
+            arrays, feed = _arrays(tokens, seqs, blocks, seed), Feed.of([(0, seqs - 1)])
+            writer.publish(plan_record.encode(arrays, feed, sent=seed + 0.5))
+            plan = taker.take(reader, timeout=5)
+            copied.append(reader.copied)
+            taker.write(plan)
+            assert (plan.tokens, plan.seqs, plan.blocks, plan.feed, plan.sent) == (tokens, seqs, blocks, feed, seed + 0.5)
+            for name in PLANNED:
+                rows = arrays[name]
+                got = inputs[name][:len(rows), :rows.shape[1]] if rows.ndim == 2 else inputs[name][:len(rows)]
+                assert np.array_equal(got, rows), (seed, name)
+        writer.publish(plan_record.stop())
+        assert taker.take(reader, timeout=5).kind == "stop"
+    finally:
+        host_helpers.offer("ring_take", None)
+        reader.close()
+        writer.close()
+        unlink_run(run_id)
+    # a repeated shape is copied in the ring's read, natively; a new shape, and anything in Python, is not
+    assert copied == ([False, True, True, False, True, False, True, False] if way == "native" else [False] * 8)

@@ -1,7 +1,9 @@
 """The broadcast ring between real processes over real shared memory: every reader gets every
 record in order, across many wrap-arounds of a few slots; a reader that dies ends the writer's wait
 naming it, and so does a writer that dies for its readers; a waiting reader sleeps; a record that
-does not verify, one too large and a segment others may open are refused; nothing stays in /dev/shm."""
+does not verify, one too large and a segment others may open are refused; nothing stays in /dev/shm.
+Readers each way a slot is copied and checked: in Python (hashlib) and in one call of libr4d's
+r4d_ring.c (`native`), reading what the writer signed with hashlib."""
 
 import multiprocessing as mp
 import os
@@ -12,7 +14,8 @@ import traceback
 import numpy as np
 import pytest
 
-from radiance.collectives.ring import PeerGone, RingError, RingReader, RingTimeout, RingWriter
+from radiance.abi import host_helpers
+from radiance.collectives.ring import SLOT_HEADER, PeerGone, RingError, RingReader, RingTimeout, RingWriter
 from radiance.collectives.ring_record import RecordCodec, ops_arrays, pop_ops
 from radiance.collectives.shm import list_run, new_run_id, unlink_run
 
@@ -25,16 +28,46 @@ def _record(k: int) -> bytes:
     return k.to_bytes(8, "little") + bytes((k + i) % 251 for i in range(size))
 
 
-def _reader(run_id, secret, index, count, queue, die_after=None, hold=0.0):
+def _use(way: str) -> None:
+    """The readers this process makes from now on copy and check slots in Python ("python") or with
+    r4d_ring.c ("native"), as a rank's do once libr4d has offered it (abi/host_helpers.py)."""
+    take = None
+    if way == "native":
+        from radiance.plugins.kernels.libr4d import native
+
+        try:
+            take = native.load().lib.r4d_ring_take_p
+        except native.NativeUnavailable as why:
+            pytest.skip(f"libr4d does not build here: {why}")
+    host_helpers.offer("ring_take", take)
+
+
+@pytest.fixture(params=["python", "native"], ids=lambda way: f"{way}-readers")
+def way(request):
+    """How the readers copy and check (the writer signs with hashlib either way, so a native
+    reader reads what Python wrote); this process back to Python after."""
+    yield request.param
+    _use("python")
+
+
+def _read(reader, buffer, timeout=1):
+    """The next record's bytes (into `buffer`, as a rank takes its plans: r4d_ring.c's way where the
+    reader was made with it)."""
+    return bytes(reader.read(timeout=timeout, into=buffer))
+
+
+def _reader(run_id, secret, index, count, queue, die_after=None, hold=0.0, way="python"):
     report = {"index": index}
     try:
+        _use(way)
         reader = RingReader.attach(run_id, "plans", index, secret)
+        buffer = memoryview(bytearray(reader.slot_bytes)) if way == "native" else None
         queue.put({"index": index, "attached": True})
         got = []
         for n in range(count):
             if die_after is not None and n == die_after:
                 os._exit(3)
-            payload = bytes(reader.read(timeout=30))
+            payload = bytes(reader.read(timeout=30, into=buffer))
             got.append(payload == _record(n + 1))
             if hold:
                 time.sleep(hold)
@@ -53,12 +86,13 @@ def run_id():
     assert left == [], f"the test left segments behind: {left}"
 
 
-def _start(run_id, readers, count, options=None):
-    """Reader processes, attached; `options[i]`: reader i's keyword arguments."""
+def _start(run_id, readers, count, options=None, way="python"):
+    """Reader processes, attached; `options[i]`: reader i's keyword arguments; `way`: how they read."""
     options = options or {}
     context = mp.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=_reader, args=(run_id, SECRET, i, count, queue), kwargs=options.get(i, {}))
+    processes = [context.Process(target=_reader, args=(run_id, SECRET, i, count, queue),
+                                 kwargs={"way": way, **options.get(i, {})})
                  for i in range(readers)]
     for process in processes:
         process.start()
@@ -67,10 +101,10 @@ def _start(run_id, readers, count, options=None):
     return processes, queue
 
 
-def test_every_reader_reads_every_record_in_order_across_wrap_arounds(run_id):
+def test_every_reader_reads_every_record_in_order_across_wrap_arounds(run_id, way):
     readers, slots, count = 3, 4, 200  # 50 times round the ring
     writer = RingWriter.create(run_id, "plans", readers, slots, 4096, SECRET)
-    processes, queue = _start(run_id, readers, count, {2: {"hold": 0.001}})  # one slow reader
+    processes, queue = _start(run_id, readers, count, {2: {"hold": 0.001}}, way)  # one slow reader
     try:
         for k in range(1, count + 1):
             assert writer.publish(_record(k), timeout=30) == k
@@ -83,9 +117,9 @@ def test_every_reader_reads_every_record_in_order_across_wrap_arounds(run_id):
         assert report.get("ok"), report
 
 
-def test_a_reader_that_dies_ends_the_writers_wait_naming_it(run_id):
+def test_a_reader_that_dies_ends_the_writers_wait_naming_it(run_id, way):
     writer = RingWriter.create(run_id, "plans", 2, 2, 4096, SECRET)
-    processes, queue = _start(run_id, 2, 50, {1: {"die_after": 3}})
+    processes, queue = _start(run_id, 2, 50, {1: {"die_after": 3}}, way)
     try:
         started = time.monotonic()
         with pytest.raises(PeerGone, match=r"the plans ring: reader 1 \(pid \d+\) is gone before reading record 4"):
@@ -198,21 +232,93 @@ def test_a_writer_wakes_only_a_reader_that_sleeps(run_id):
         writer.close()
 
 
-def test_a_record_that_does_not_verify_is_refused(run_id):
+def test_a_record_that_does_not_verify_is_refused(run_id, way):
     writer = RingWriter.create(run_id, "plans", 2, 2, 4096, SECRET)
+    _use(way)
     honest = RingReader.attach(run_id, "plans", 0, SECRET)
     stranger = RingReader.attach(run_id, "plans", 1, secrets.token_bytes(32))
+    buffer = memoryview(bytearray(writer.slot_bytes))
     try:
         writer.publish(b"step")
         with pytest.raises(RingError, match="record 1 does not verify under the launch's secret"):
-            stranger.read(timeout=1)
+            _read(stranger, buffer)
         writer.publish(b"step two")
         writer.slot(2)[64] ^= 1  # a byte changed after the mac was made
-        assert bytes(honest.read(timeout=1)) == b"step"
+        assert _read(honest, buffer) == b"step"
         with pytest.raises(RingError, match="record 2 does not verify"):
-            honest.read(timeout=1)
+            _read(honest, buffer)
     finally:
         honest.close(), stranger.close()
+        writer.close()
+
+
+def test_an_unsigned_stale_or_overlong_slot_is_refused(run_id, way):
+    """A slot whose mac is zeros (written by anything but the writer), one that holds a record
+    signed for another place in the sequence, one that claims more than a slot: each refused, in
+    one line, before the reader counts the record consumed."""
+    writer = RingWriter.create(run_id, "plans", 1, 2, 100, SECRET)
+    _use(way)
+    reader = RingReader.attach(run_id, "plans", 0, SECRET)
+    buffer = memoryview(bytearray(writer.slot_bytes))
+    try:
+        writer.publish(b"one"), writer.publish(b"two")
+        writer.slot(1)[:32] = 0  # record 1 unsigned
+        with pytest.raises(RingError, match="record 1 does not verify under the launch's secret"):
+            _read(reader, buffer)
+        assert int(reader.consumed[0]) == 0
+        writer.slot(1)[:] = writer.slot(2)  # record 2's signed slot where record 1 is read
+        with pytest.raises(RingError, match="slot of record 1 holds record 2"):
+            _read(reader, buffer)
+        writer.slot(1)[40:48] = np.frombuffer((writer.capacity + 1).to_bytes(8, "little"), np.uint8)
+        with pytest.raises(RingError, match=rf"record 1 claims {writer.capacity + 1} bytes, over its "
+                                            rf"{writer.capacity}-byte slot"):
+            _read(reader, buffer)
+        assert int(reader.consumed[0]) == 0
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_r4d_ring_signs_as_hashlib_does():
+    """r4d_ring.c's keyed BLAKE2b against hashlib's, across the block boundaries (128 bytes) and key
+    lengths; a key it cannot take is refused, not hashed."""
+    import ctypes
+    import hashlib
+
+    from radiance.plugins.kernels.libr4d import native
+
+    try:
+        lib = native.load().lib
+    except native.NativeUnavailable as why:
+        pytest.skip(f"libr4d does not build here: {why}")
+    generator = np.random.default_rng(5)
+    out = ctypes.create_string_buffer(32)
+    for size in (0, 1, 32, 127, 128, 129, 256, 257, 3001):
+        for key_bytes in (1, 32, 64):
+            key, data = generator.bytes(key_bytes), generator.bytes(size)
+            assert lib.r4d_blake2b_keyed(out, key, key_bytes, data, size) == 0
+            assert out.raw == hashlib.blake2b(data, key=key, digest_size=32).digest(), (size, key_bytes)
+    assert lib.r4d_blake2b_keyed(out, bytes(65), 65, b"x", 1) == -1
+    assert lib.r4d_blake2b_keyed(out, b"", 0, b"x", 1) == -1
+
+
+def test_a_native_read_lands_in_the_buffer_it_is_given(run_id):
+    """Read natively into a rank's buffer: the payload is a view of it at SLOT_HEADER; a buffer
+    shorter than a slot is refused by name."""
+    _use("native")
+    writer = RingWriter.create(run_id, "plans", 1, 2, 100, SECRET)
+    reader = RingReader.attach(run_id, "plans", 0, SECRET)
+    try:
+        buffer = memoryview(bytearray(writer.slot_bytes))
+        writer.publish(b"plan")
+        view = reader.read(timeout=1, into=buffer)
+        assert bytes(view) == b"plan" and bytes(buffer[SLOT_HEADER:SLOT_HEADER + 4]) == b"plan"
+        writer.publish(b"next")
+        with pytest.raises(RingError, match=rf"a 10-byte buffer to read {writer.slot_bytes}-byte slots into"):
+            reader.read(timeout=1, into=memoryview(bytearray(10)))
+    finally:
+        _use("python")
+        reader.close()
         writer.close()
 
 

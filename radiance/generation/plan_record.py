@@ -14,6 +14,7 @@ refused in one line."""
 
 from __future__ import annotations
 
+import ctypes
 import struct
 
 import numpy as np
@@ -28,6 +29,11 @@ _SHAPE, _SENT = struct.Struct("<4sIIII"), struct.Struct("<d")
 STEP, STOP = b"step", b"stop"
 _PAD = bytes(8)
 _LAYOUTS = 64  # shapes a reader keeps
+
+
+def _address(view: memoryview) -> int:
+    """Where a writable byte view's first byte lies."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
 class PlanRecordError(ValueError):
@@ -45,16 +51,33 @@ def encode(arrays: dict, feed: Feed | None = None, sent: float = 0.0) -> bytes:
     blocks = arrays[RAD_STEP_BLOCK_TABLES].shape[1]
     pairs = 0 if feed is None else len(feed.targets)
     parts = [HEADER.pack(STEP, tokens, seqs, blocks, pairs, sent)]
-    for name in PLANNED:
-        spec, array = STEP_INPUTS[name], arrays[name]
-        if array.dtype != spec.dtype or array.shape != spec.shape(tokens, seqs, blocks):
+    for name, dtype, shape, pad in _EXPECTED.get((tokens, seqs, blocks)) or _expected(tokens, seqs, blocks):
+        array = arrays[name]
+        if (array.dtype is not dtype and array.dtype != dtype) or array.shape != shape:
             raise PlanRecordError(f"plan record: {name} is {array.dtype}{list(array.shape)}, expected "
-                                  f"{np.dtype(spec.dtype)}{list(spec.shape(tokens, seqs, blocks))}")
+                                  f"{dtype}{list(shape)}")
         parts.append(array.tobytes())
-        parts.append(_PAD[:_padded(array.nbytes) - array.nbytes])
+        if pad:
+            parts.append(pad)
     if pairs:
         parts.append(struct.pack(f"<{2 * pairs}i", *feed.targets, *feed.sources))
     return b"".join(parts)
+
+
+# (tokens, seqs, blocks) -> each planned array's (name, dtype, shape, padding bytes), made once a shape
+_EXPECTED: dict[tuple, tuple] = {}
+
+
+def _expected(tokens: int, seqs: int, blocks: int) -> tuple:
+    expected = []
+    for name in PLANNED:
+        spec = STEP_INPUTS[name]
+        dtype, shape = np.dtype(spec.dtype), spec.shape(tokens, seqs, blocks)
+        nbytes = dtype.itemsize * int(np.prod(shape))
+        expected.append((name, dtype, shape, _PAD[:_padded(nbytes) - nbytes]))
+    if len(_EXPECTED) < _LAYOUTS:
+        _EXPECTED[(tokens, seqs, blocks)] = tuple(expected)
+    return tuple(expected)
 
 
 def stop() -> bytes:
@@ -79,7 +102,7 @@ class Plan:
     until the reader takes the next record."""
 
     __slots__ = ("kind", "tokens", "seqs", "blocks", "pairs", "entries", "end", "feed_at", "feed_ints", "copies",
-                 "feed", "sent")
+                 "table", "feed", "sent")
 
     def __init__(self, kind: str, tokens: int, seqs: int, blocks: int, pairs: int):
         self.kind, self.tokens, self.seqs, self.blocks, self.pairs = kind, tokens, seqs, blocks, pairs
@@ -92,18 +115,25 @@ class Plan:
             offset += _padded(nbytes)
         self.feed_at, self.end = offset, offset + 8 * pairs
         self.feed_ints = struct.Struct(f"<{2 * pairs}i")
-        self.copies, self.feed, self.sent = (), None, 0.0
+        self.copies, self.table, self.feed, self.sent = (), None, None, 0.0
 
 
 class PlanReader:
     """A rank's end: takes records into a buffer of its own and writes their arrays into its step
     inputs (`inputs`: name -> the executor's arrays at their largest, C-contiguous;
-    engine/running/step_inputs.py). What a record needs beyond its bytes is made once a shape."""
+    engine/running/step_inputs.py). What a record needs beyond its bytes is made once a shape.
 
-    def __init__(self, inputs=None, capacity: int = 4096):
+    `whole`: every plan taken is then written whole (write, not arrays: a rank that does not cut
+    steps into parts), so where the ring copies in C (collectives/ring.py, r4d_ring.c) the take
+    hands it the last plan's copies (`Plan.table`), which it makes in the same call when the next
+    record has the same shape: a decode step's plan then costs one C call and no copy in Python."""
+
+    def __init__(self, inputs=None, capacity: int = 4096, whole: bool = False):
         self._inputs = {name: inputs[name] for name in PLANNED} if inputs is not None else None
         self._plans: dict[tuple, Plan] = {}
         self._header = 0  # the bytes before a payload in the buffer: a ring slot's header once one is read
+        self._whole = whole and inputs is not None
+        self._last = self._written = None  # the last plan taken, and it if the ring's read wrote it
         self._grow(capacity, 0)
 
     def _grow(self, capacity: int, header: int) -> None:
@@ -113,13 +143,27 @@ class PlanReader:
         self._payload = self._buffer[header:]
         self._header = header
         self._plans.clear()
+        self._last = None
 
     def take(self, ring, **waits) -> Plan:
         """The next record of `ring` (a RingReader: its slots are slot_bytes, of which capacity payload)."""
         header = ring.slot_bytes - ring.capacity
         if header != self._header or len(self._buffer) < ring.slot_bytes:
             self._grow(ring.capacity, header)
-        return self._decode(len(ring.read(into=self._buffer, **waits)))
+        last = self._last
+        table = last.table if last is not None else None
+        length = len(ring.read(into=self._buffer, copies=table[1] if table else 0, **waits))
+        if ring.copied:  # the same shape as the last, its arrays already in the step inputs
+            if length < last.end:
+                raise PlanRecordError(f"plan record: {length} bytes where its header ({last.tokens} tokens, "
+                                      f"{last.seqs} sequences, {last.pairs} fed) describes {last.end}")
+            self._written = last
+            return self._details(last)
+        self._written = None
+        plan = self._decode(length)
+        if self._whole:
+            self._last = plan
+        return plan
 
     def decode(self, payload) -> Plan:
         """The Plan of a record given as bytes (copied into the reader's buffer)."""
@@ -135,6 +179,11 @@ class PlanReader:
         if length < plan.end:
             raise PlanRecordError(f"plan record: {length} bytes where its header ({plan.tokens} tokens, {plan.seqs} "
                                   f"sequences, {plan.pairs} fed) describes {plan.end}")
+        return self._details(plan)
+
+    def _details(self, plan: Plan) -> Plan:
+        """The record's own: when it was sent, and its feed."""
+        payload = self._payload
         plan.sent = _SENT.unpack_from(payload, _SHAPE.size + 4)[0]
         if plan.pairs:
             ints = plan.feed_ints.unpack_from(payload, plan.feed_at)
@@ -151,6 +200,8 @@ class PlanReader:
                                   f"table takes {plan.end} bytes, over the {len(self._payload)} of its ring's slots")
         if self._inputs is not None:
             plan.copies = self._copies(plan)
+            if self._whole and plan.copies.__class__ is not str:
+                plan.table = self._table(plan)
         if len(self._plans) < _LAYOUTS:
             self._plans[(kind, tokens, seqs, blocks, pairs)] = plan
         return plan
@@ -172,8 +223,28 @@ class PlanReader:
             copies += [(whole[at:at + size], self._payload[source:source + size]) for at, source, size in rows]
         return copies
 
+    def _table(self, plan: Plan) -> tuple:
+        """(the table, its address): the plan's copies as r4d_ring_take_p takes them, u64 words
+        [ 20 ][ the record's first 20 bytes (kind and shape) in 3 words ][ count ]
+        [ (target address, payload offset, bytes) x count ], for records of this shape only."""
+        prefix = _SHAPE.pack(plan.kind.encode(), plan.tokens, plan.seqs, plan.blocks, plan.pairs)
+        payload_at = _address(self._payload)
+        rows = [(_address(target), _address(source) - payload_at, len(source)) for target, source in plan.copies
+                if len(source)]
+        table = np.zeros(5 + 3 * len(rows), np.uint64)
+        table[0] = len(prefix)
+        table[1:4].view(np.uint8)[:len(prefix)] = np.frombuffer(prefix, np.uint8)
+        table[4] = len(rows)
+        if rows:
+            table[5:] = np.array(rows, np.uint64).reshape(-1)
+        return table, table.ctypes.data
+
     def write(self, plan: Plan) -> None:
-        """The plan's arrays into the step inputs' first rows: byte copies, no numpy call."""
+        """The plan's arrays into the step inputs' first rows: byte copies, no numpy call (none at
+        all where the ring's read made them)."""
+        if plan is self._written:
+            self._written = None
+            return
         copies = plan.copies
         if copies.__class__ is str:
             raise PlanRecordError(copies)

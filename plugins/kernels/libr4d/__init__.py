@@ -7,7 +7,8 @@ The kernels are C (r4d.c and the r4d_*.h it includes), compiled at first load wi
 -march=native -pthread, cached on disk by a hash of the sources, and called through ctypes
 (native.py); they run on r4d_pool.h's thread pool, whose threads follow RADIANCE_THREADS (else
 OMP_NUM_THREADS, else the CPUs this process may use). The host collectives wait on their peers'
-flags with r4d.c's futex wait when it is built. Where no compiler can build it, every row
+flags with r4d.c's futex wait when it is built, and the broadcast rings' readers copy and check their
+slots with r4d_ring.c's keyed BLAKE2b. Where no compiler can build it, every row
 runs a numpy body instead and the plugin says so once. docs/LIBR4D.md has the rows, their bands,
 tolerances against libref and measured speed.
 
@@ -25,6 +26,8 @@ import logging
 from radiance.abi import (
     RAD_ABI_VERSION, RAD_E_UNSUPPORTED, RAD_OK, RAD_PLUGIN_KERNEL, SIZED_OPS, RadPluginInfo, vocabulary_opd_shape,
 )
+
+from radiance.abi import host_helpers
 
 from . import native, rows, rows_gemma, rows_kquants
 
@@ -88,6 +91,8 @@ def _open() -> None:
     _STATE["native"] = loaded
     if loaded is not None:
         log.debug("libr4d: %s", loaded.describe())
+        # the broadcast rings' slots copied and checked in one C call (r4d_ring.c; collectives/ring.py)
+        host_helpers.offer("ring_take", loaded.lib.r4d_ring_take_p)
     collective = _collective_rows(loaded)
     _STATE["rows"] = (rows.build_rows(loaded) + rows_kquants.build_rows(loaded) + rows_gemma.build_rows(loaded)
                       + [info for info, _ in collective] + _device_rows())

@@ -38,8 +38,9 @@ import numpy as np
 
 SOURCE = Path(__file__).with_name("r4d.c")
 # r4d.c (which includes its r4d_*.h headers), the GGUF block types' rows (r4d_kquants.c) and Gemma 3's
-# ops (r4d_gemma.c) build into one library
-SOURCES = (SOURCE, SOURCE.with_name("r4d_kquants.c"), SOURCE.with_name("r4d_gemma.c"))
+# ops (r4d_gemma.c) build into one library, with the broadcast ring's slot copy and mac check
+SOURCES = (SOURCE, SOURCE.with_name("r4d_kquants.c"), SOURCE.with_name("r4d_gemma.c"),
+           SOURCE.with_name("r4d_ring.c"))  # r4d_ring.c: a broadcast-ring slot's copy and mac (collectives/ring.py)
 HEADERS = sorted(Path(__file__).parent.glob("r4d_*.h"))  # part of the build's key
 log = logging.getLogger("radiance.libr4d")
 
@@ -78,6 +79,8 @@ SIGNATURES = {
     "r4d_add_rmsnorm": ([_P, _P, _P, _P, _I64, _I64, _D], _I),
     "r4d_wait_word": ([_P, ctypes.c_uint64, _I64, _I64, _I64], _I),
     "r4d_wake_word": ([_P], None),
+    "r4d_ring_take_p": ([_P], _I64),
+    "r4d_blake2b_keyed": ([_P, ctypes.c_char_p, _I64, ctypes.c_char_p, _I64], _I),
 }
 
 

@@ -1,0 +1,147 @@
+/* A broadcast-ring slot's copy and keyed BLAKE2b check in one C call (collectives/ring.py, which
+ * takes it from here when libr4d is built and does the same in Python otherwise).
+ *
+ * A slot: [ mac: 32 B ][ seq: u64 ][ length: u64 ][ 16 B pad ][ payload: length bytes ], the mac being
+ * keyed BLAKE2b-256 (RFC 7693, BLAKE2's own MAC mode: hashlib.blake2b(key=..., digest_size=32)) of
+ * everything after it. Why C: in Python the read is a slice copy, a hashlib object, compare_digest and
+ * two struct unpacks, each a CPython call paying the cache misses a decode step leaves (~28 us of a
+ * plan's ~50 us delivery, docs/RUNTIME.md); here it is one call.
+ *
+ * r4d_ring_take copies the slot out and checks the copy (the writer never touches a slot a reader has
+ * not consumed, so a record that fails on the copy was torn or forged, and the copy is what the
+ * reader uses). The writer stays Python's (hashlib): a C write measured no faster through ctypes
+ * (bench/results/step_latency_host_2026-12-03.md). */
+
+#include <stdint.h>
+#include <string.h>
+
+#define RING_MAC 32
+#define RING_HEADER 64
+
+static const uint64_t blake2b_iv[8] = {
+    0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL, 0xa54ff53a5f1d36f1ULL,
+    0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL, 0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+
+/* the message words' order in each of the 12 rounds (rounds 10 and 11 repeat 0 and 1) */
+static const uint8_t blake2b_sigma[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+static inline uint64_t rotr64(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
+
+#define G(a, b, c, d, x, y)                  \
+    do {                                     \
+        a = a + b + (x); d = rotr64(d ^ a, 32); \
+        c = c + d; b = rotr64(b ^ c, 24);       \
+        a = a + b + (y); d = rotr64(d ^ a, 16); \
+        c = c + d; b = rotr64(b ^ c, 63);       \
+    } while (0)
+
+/* one 128-byte block into the state h; `counted`: the bytes hashed so far, this block's included */
+static void blake2b_compress(uint64_t h[8], const uint8_t block[128], uint64_t counted, int last) {
+    uint64_t m[16], v[16];
+    memcpy(m, block, 128); /* little-endian words: x86-64 and aarch64 as built here */
+    for (int i = 0; i < 8; i++) {
+        v[i] = h[i];
+        v[i + 8] = blake2b_iv[i];
+    }
+    v[12] ^= counted; /* the counter's high word stays 0: no record is 2**64 bytes */
+    if (last) v[14] = ~v[14];
+    for (int r = 0; r < 12; r++) {
+        const uint8_t *s = blake2b_sigma[r];
+        G(v[0], v[4], v[8], v[12], m[s[0]], m[s[1]]);
+        G(v[1], v[5], v[9], v[13], m[s[2]], m[s[3]]);
+        G(v[2], v[6], v[10], v[14], m[s[4]], m[s[5]]);
+        G(v[3], v[7], v[11], v[15], m[s[6]], m[s[7]]);
+        G(v[0], v[5], v[10], v[15], m[s[8]], m[s[9]]);
+        G(v[1], v[6], v[11], v[12], m[s[10]], m[s[11]]);
+        G(v[2], v[7], v[8], v[13], m[s[12]], m[s[13]]);
+        G(v[3], v[4], v[9], v[14], m[s[14]], m[s[15]]);
+    }
+    for (int i = 0; i < 8; i++) h[i] ^= v[i] ^ v[i + 8];
+}
+
+/* keyed BLAKE2b of `n` bytes at `data` (key 1..64 bytes), its first `out_bytes` (<= 64) into out */
+static void blake2b_keyed(uint8_t *out, int out_bytes, const uint8_t *key, int key_bytes, const uint8_t *data,
+                          uint64_t n) {
+    uint64_t h[8];
+    uint8_t block[128];
+    memcpy(h, blake2b_iv, sizeof h);
+    h[0] ^= 0x01010000ULL ^ ((uint64_t)key_bytes << 8) ^ (uint64_t)out_bytes;
+    uint64_t counted = 0;
+    memset(block, 0, sizeof block); /* the key, zero-padded, is the first block */
+    memcpy(block, key, (size_t)key_bytes);
+    counted = 128;
+    blake2b_compress(h, block, counted, n == 0);
+    while (n > 128) { /* every block but the last (which may be whole) */
+        counted += 128;
+        blake2b_compress(h, data, counted, 0);
+        data += 128;
+        n -= 128;
+    }
+    if (n > 0) {
+        memset(block, 0, sizeof block);
+        memcpy(block, data, (size_t)n);
+        counted += n;
+        blake2b_compress(h, block, counted, 1);
+    }
+    memcpy(out, h, (size_t)out_bytes);
+}
+
+/* The keyed BLAKE2b-256 of `n` bytes, for tests against hashlib; 0, or -1 for a key out of 1..64. */
+int r4d_blake2b_keyed(uint8_t *out, const uint8_t *key, int64_t key_bytes, const uint8_t *data, int64_t n) {
+    if (key_bytes < 1 || key_bytes > 64 || n < 0) return -1;
+    blake2b_keyed(out, RING_MAC, key, (int)key_bytes, data, (uint64_t)n);
+    return 0;
+}
+
+/* Slot -> into (at least RING_HEADER + capacity bytes), checked on the copy. Returns the payload's
+ * length, or -1: the slot claims more than `capacity`, -2: the mac or the copied length does not
+ * verify (forged or torn), -3: it verifies but holds another record than `seq` (*found: its seq),
+ * -4: a key out of 1..64 bytes. */
+int64_t r4d_ring_take(const uint8_t *slot, uint8_t *into, int64_t capacity, uint64_t seq, const uint8_t *key,
+                      int64_t key_bytes, uint64_t *found) {
+    if (key_bytes < 1 || key_bytes > 64) return -4;
+    uint64_t length;
+    memcpy(&length, slot + RING_MAC + 8, 8);
+    if (length > (uint64_t)capacity) return -1;
+    memcpy(into, slot, RING_HEADER + length);
+    uint64_t copied_seq, copied_length;
+    memcpy(&copied_seq, into + RING_MAC, 8);
+    memcpy(&copied_length, into + RING_MAC + 8, 8);
+    uint8_t mac[RING_MAC];
+    blake2b_keyed(mac, RING_MAC, key, (int)key_bytes, into + RING_MAC, RING_HEADER - RING_MAC + length);
+    uint8_t differ = 0;
+    for (int i = 0; i < RING_MAC; i++) differ |= mac[i] ^ into[i];
+    if (differ || copied_length != length) return -2;
+    *found = copied_seq;
+    if (copied_seq != seq) return -3;
+    return (int64_t)length;
+}
+
+/* r4d_ring_take with its arguments packed as u64 words, a call of one pointer argument (the cheapest
+ * ctypes makes): slot, into, capacity, seq, key, key_bytes; then out: the seq found, whether `copies`
+ * were made; then `copies`: 0, or a table of copies to make from the payload once it verifies, if the
+ * payload begins as the table says (a plan of the shape the table was made for: ranks take step after
+ * step of one shape, generation/plan_record.py), each within the payload:
+ *     [ prefix bytes (<= 24) ][ prefix: 3 words ][ count ][ (target address, payload offset, bytes) x count ] */
+int64_t r4d_ring_take_p(uint64_t *a) {
+    int64_t length = r4d_ring_take((const uint8_t *)a[0], (uint8_t *)a[1], (int64_t)a[2], a[3], (const uint8_t *)a[4],
+                                   (int64_t)a[5], &a[6]);
+    a[7] = 0;
+    const uint64_t *table = (const uint64_t *)a[8];
+    if (length < 0 || table == 0) return length;
+    const uint8_t *payload = (const uint8_t *)a[1] + RING_HEADER;
+    uint64_t prefix = table[0], count = table[4];
+    if (prefix > 24 || prefix > (uint64_t)length || memcmp(payload, table + 1, prefix) != 0) return length;
+    const uint64_t *copy = table + 5;
+    for (uint64_t i = 0; i < count; i++)
+        if (copy[3 * i + 1] + copy[3 * i + 2] > (uint64_t)length) return length; /* not all within: none */
+    for (uint64_t i = 0; i < count; i++) memcpy((void *)copy[3 * i], payload + copy[3 * i + 1], copy[3 * i + 2]);
+    a[7] = 1;
+    return length;
+}
