@@ -42,7 +42,7 @@ __device__ bool gemv_last_split(u32* counters) {
 #define GEMV_TC_FROM 8  // the fewest register rows (MT) the tensor-core path serves
 #endif
 #ifndef GEMV_TC_PIPE
-#define GEMV_TC_PIPE (2 * GEMV_PIPE)  // tensor-core path: steps a lane keeps in flight (16 bytes of each tile a step)
+#define GEMV_TC_PIPE (2 * GEMV_PIPE)  // tensor-core path: steps a lane keeps in flight (a chunk of each tile a step)
 #endif
 #if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(__HIP_PLATFORM_AMD__)) || defined(R4D_GEMV_TC_ON_HOST)
 #define GEMV_TC 1
@@ -50,7 +50,8 @@ __device__ bool gemv_last_split(u32* counters) {
 #define GEMV_TC 0
 #endif
 #if GEMV_TC && !defined(R4D_GEMV_TC_ON_HOST)
-// d += a . b, mma.m16n8k16, bf16 in, f32 accumulation (fragments: tensor_core.cu's header)
+// d += a . b, mma.m16n8k16, bf16 in, f32 accumulation (fragments: tensor_core.cu's header). tensor_core.cu's
+// r4d_mma_bf16 is the same instruction; that file is NVIDIA's alone, and this one is built for AMD too.
 __device__ __forceinline__ void gemv_mma(float* d, const u32* a, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};\n"
@@ -124,7 +125,7 @@ struct GemvTc {
 };
 
 #if GEMV_TC
-// Activation row m's four elements from e, as [bf16 hi of (0, 1), hi of (2, 3)] and the remainders
+// Four activation elements as [bf16 hi of (0, 1), hi of (2, 3)] and the remainders
 // x - hi likewise: hi + lo carries 16 significant bits of each f32, so the products agree with f32
 // arithmetic to about 2^-17 of each term.
 __device__ __forceinline__ void gemv_tc_split(float4 a, u32* hi, u32* lo) {
