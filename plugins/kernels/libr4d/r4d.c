@@ -1120,6 +1120,28 @@ static void q80_gemm16_task(const void *context, int64_t lo, int64_t hi) {
 static int r4d_amx_usable(void) { return 0; }
 #endif
 
+/* y = x W^T on AMX int8 tiles for another file's weights (r4d_kquants.c): `row(weight, n, codes,
+ * scales, mins)` gives weight row n as K int8 codes and K / 32 f32 scales (and mins where `mins`),
+ * w = code x scale - min per block of 32; the activations are the GEMV's int16 ones. R4D_E_INVALID
+ * where AMX is not built or not granted: the caller keeps its own path. */
+int r4d_amx_gemm(const Arr *x, int64_t M, int64_t N, int64_t K,
+                 void (*row)(const void *, int64_t, int8_t *, float *, float *), const void *weight, int mins,
+                 Arr *y) {
+#ifdef R4D_AMX
+    Mat X, Y;
+    int rc;
+    if (!r4d_amx_usable() || K % QK || K <= 0) return R4D_E_INVALID;
+    if ((rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
+    if (M <= 0) return R4D_OK;
+    const Act *A = prepared(&X, M, K, 16, 0);
+    if (!A) return R4D_E_NOMEM;
+    return amx_gemm(row, weight, mins, N, K, A, &Y, M);
+#else
+    (void)x, (void)M, (void)N, (void)K, (void)row, (void)weight, (void)mins, (void)y;
+    return R4D_E_INVALID;
+#endif
+}
+
 int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
              int64_t N, int64_t K, int aq) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};
@@ -1132,7 +1154,7 @@ int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const 
     if (aq == 16 && fmt == F_Q8_0 && M > 0 && r4d_amx_usable()) {
         const Act *A = prepared(&X, M, K, 16, 0);
         if (!A) return R4D_E_NOMEM;
-        return amx_gemm_q8_0(&w, A, &Y, M);
+        return amx_gemm(amx_row_q8_0, &w, 0, N, K, A, &Y, M);
     }
 #endif
 #if defined(R4D_AVX2) && !defined(R4D_AVX512)

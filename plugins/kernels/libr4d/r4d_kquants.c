@@ -577,6 +577,58 @@ static const int32_t *kq_zero_starts(const int16_t *xw, int64_t M, int64_t K, in
 }
 #endif
 
+/* r4d.c: y = x W^T on AMX int8 tiles against the GEMV's int16 activations, W's rows as `row` gives
+ * them (K int8 codes, K / 32 scales and mins); -4 (KQ_E_INVALID) where AMX is not built or granted */
+int r4d_amx_gemm(const Arr *x, int64_t M, int64_t N, int64_t K,
+                 void (*row)(const void *, int64_t, int8_t *, float *, float *), const void *weight, int mins,
+                 Arr *y);
+
+#ifdef KQ_VBMI
+/* the formats of one scale (and min) per 32, which the AMX tiles take: q4_0, q5_0, q5_1, q4_k, q5_k */
+static int kq_amx_format(int fmt) {
+    return fmt == KQ_Q4_0 || fmt == KQ_Q5_0 || fmt == KQ_Q5_1 || fmt == KQ_Q4_K || fmt == KQ_Q5_K;
+}
+
+static int kq_has_mins(int fmt) { return fmt == KQ_Q5_1 || fmt == KQ_Q4_K || fmt == KQ_Q5_K; }
+
+/* weight row n as r4d_amx_gemm takes it: the codes less the zero as int8 (b <= 5 bits: they fit),
+ * the GEMV's scales and mins (kq_row_scales) */
+static void kq_amx_row(const void *weight, int64_t n, int8_t *codes, float *scales, float *mins) {
+    const KW *w = (const KW *)weight;
+    const int fmt = w->fmt, b = code_bits(fmt);
+    const int64_t K = w->cols, nb = K / 32;
+    const uint8_t *c = w->codes + n * (K * b / 8);
+    const __m512i zero = _mm512_set1_epi16((short)kq_zero(fmt));
+    for (int64_t j = 0; j < nb; j++)
+        _mm256_storeu_si256((__m256i *)(codes + 32 * j), _mm512_cvtepi16_epi8(_mm512_sub_epi16(kq_unpack(c + j * 4 * b, b), zero)));
+    float ws[2 * nb + 32], wm[nb + 32];
+    switch (fmt) {
+    case KQ_Q4_0: kq_row_scales(w, KQ_Q4_0, n, ws, wm); break;
+    case KQ_Q5_0: kq_row_scales(w, KQ_Q5_0, n, ws, wm); break;
+    case KQ_Q5_1: kq_row_scales(w, KQ_Q5_1, n, ws, wm); break;
+    case KQ_Q4_K: kq_row_scales(w, KQ_Q4_K, n, ws, wm); break;
+    default: kq_row_scales(w, KQ_Q5_K, n, ws, wm); break;
+    }
+    memcpy(scales, ws, (size_t)nb * sizeof(float));
+    if (kq_has_mins(fmt)) memcpy(mins, wm, (size_t)nb * sizeof(float));
+}
+#endif
+
+/* The prefill band: at aq 16 the AMX int8 tiles where they serve (an AMX build and kernel, a format
+ * of one scale per 32), else (and at aq 0) r4d_kq_gemm's decoded f32 panels */
+int r4d_kq_gemm_aq(const Arr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
+                   const void *min1, Arr *y, int64_t M, int64_t N, int64_t K, int aq) {
+    if (aq != 0 && aq != 16) return KQ_E_INVALID;
+#ifdef KQ_VBMI
+    const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
+    if (aq == 16 && !kw_check(&w) && kq_amx_format(fmt) && M > 0) {
+        const int rc = r4d_amx_gemm(x, M, N, K, kq_amx_row, &w, kq_has_mins(fmt), y);
+        if (rc != KQ_E_INVALID) return rc;
+    }
+#endif
+    return r4d_kq_gemm(x, fmt, codes, scale, scale1, min, min1, y, M, N, K);
+}
+
 /* The decode band: the integer GEMV where it serves (aq 16, an AVX2 build (AVX-512 VBMI's above,
  * r4d_kqgemv_avx2.h's otherwise), not q2_k), else r4d_kq_gemm's decoded f32 panels (aq 0) */
 int r4d_kq_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
@@ -638,7 +690,7 @@ int r4d_kq_embedding(const Arr *ids, int fmt, const void *codes, const void *sca
 #define KV(i) ((const void *)(intptr_t)a[i])
 
 int r4d_kq_gemm_p(const int64_t *a) {
-    return r4d_kq_gemm(KA(0), (int)a[1], KV(2), KV(3), KV(4), KV(5), KV(6), KA(7), a[8], a[9], a[10]);
+    return r4d_kq_gemm_aq(KA(0), (int)a[1], KV(2), KV(3), KV(4), KV(5), KV(6), KA(7), a[8], a[9], a[10], (int)a[11]);
 }
 
 int r4d_kq_gemv_p(const int64_t *a) {
