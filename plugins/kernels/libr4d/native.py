@@ -3,10 +3,10 @@
 Build: `$CC` (default gcc) with `-O3 -march=native -pthread -ffp-contract=off`; when that fails (an
 old compiler, a machine where -march=native means nothing) a portable `-O2` build (plain C loops, no
 intrinsics) is tried. `-march=native` is how the CPU in hand chooses its paths: the AVX-512 (VNNI)
-GEMVs where it reports AVX-512 F/BW/VL, the AVX2/FMA ones otherwise; the q8_0 prefill GEMM on AMX
-int8 tiles where it also reports AMX and the kernel grants the tile state (r4d_gemm_amx.h). The
-library is cached under `$XDG_CACHE_HOME/radiance/libr4d` (else `~/.cache/radiance/libr4d`) by a hash of the sources (r4d.c
-and the r4d_*.h it includes), the flags, the compiler's version and, for a native build, this CPU's
+GEMVs where it reports AVX-512 F/BW/VL, the AVX2/FMA ones otherwise; the prefill GEMMs (q8_0, and
+the k-quants of one scale per 32) on AMX int8 tiles where it also reports AMX and the kernel grants
+the tile state (r4d_gemm_amx.h). The library is cached under `$XDG_CACHE_HOME/radiance/libr4d`
+(else `~/.cache/radiance/libr4d`) by a hash of the sources (r4d.c and the r4d_*.h it includes), the flags, the compiler's version and, for a native build, this CPU's
 model and flags, so a cache folder shared between machines never hands one CPU another's code. A build writes a temporary file and
 renames it, so ranks starting together at most compile twice and never see half a file.
 

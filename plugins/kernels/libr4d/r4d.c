@@ -36,7 +36,8 @@
 /* the decode GEMVs' 512-bit paths: AVX-512 F, BW and VL, with VNNI's vpdpwssd where present */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define R4D_AVX512 1
-/* the q8_0 prefill GEMM's AMX int8 tiles (r4d_gemm_amx.h), where the kernel grants the tile state */
+/* the prefill GEMMs' AMX int8 tiles (r4d_gemm_amx.h: q8_0, and r4d_kquants.c's formats through
+ * r4d_amx_gemm), used where the kernel grants the tile state */
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 #define R4D_AMX 1
 #endif
