@@ -3,7 +3,9 @@ rows, measured in the same run on the same shape: µs per launch (the best of --
 weights: on a shared machine the best pass is the one least disturbed) and the GGUF bytes read per
 second, at M = 1 (the decode GEMV band) and M = --prefill (the GEMM band). "M=1 aq=0" is the same GEMV
 row with f32 activations (each weight row decoded to f32 first: what the k-quant rows did before
-their integer path), so the integer path's gain is read off the same run.
+their integer path), so the integer path's gain is read off the same run; likewise "M=P aq=0" is the
+GEMM band on its f32 panels, against its default (aq=16: AMX int8 tiles where the build and kernel
+have them, for the formats of one scale per 32; the panels otherwise).
 
     python bench/libr4d_kquants.py [--threads 2] [--rows 640] [--cols 2048] [--prefill 64] [--repeats 30]
 
@@ -78,8 +80,9 @@ def main():
     libr4d = next(lib for lib in registry.hierarchy if lib.name == "libr4d").module
     libr4d.set_threads(args.threads)
     print(f"libr4d: {libr4d.backend()}; weight {args.rows} x {args.cols}, {args.weights} copies cycled")
-    print(f"{'format':7} {'row (M=1)':18} {'M=1 µs':>8} {'GB/s':>6} {'M=1 aq=0':>10} {'M=' + str(args.prefill) + ' µs':>9} "
-          f"{'vs q4_1 (M=1, M=' + str(args.prefill) + ')':>24}")
+    prefill = f"M={args.prefill}"
+    print(f"{'format':7} {'row (M=1)':18} {'M=1 µs':>8} {'GB/s':>6} {'M=1 aq=0':>10} {prefill + ' µs':>9} "
+          f"{prefill + ' aq=0':>11} {'aq=0 / aq=16':>12} {'vs q4_1 (M=1, ' + prefill + ')':>24}")
     rng = np.random.default_rng(0)
     peer = {}
     try:
@@ -87,17 +90,18 @@ def main():
             made = [weight(qtype, args.rows, args.cols, rng) for _ in range(args.weights)]
             weights, nbytes = [w for w, _ in made], made[0][1]
             found = {}
-            for m, extra in ((1, {}), (args.prefill, {}), ("f32", {"aq": 0})):
-                rows = 1 if m == "f32" else m
+            for m, extra in ((1, {}), (args.prefill, {}), ("f32", {"aq": 0}), ("panels", {"aq": 0})):
+                rows = 1 if m == "f32" else args.prefill if m == "panels" else m
                 geometry = {"M": rows, "N": args.rows, "K": args.cols, "wdtype": qtype.name.lower(), "dtype": "f32",
                             "split_k": 1, **extra}
                 row = row_for(registry, geometry)
                 found[m] = (row.name, time_row(row, weights, rows, args.cols, args.rows, geometry, args.repeats))
             if qtype == Q.Q4_1:
                 peer = {m: seconds for m, (_, seconds) in found.items()}
-            (name, one), (_, many), (_, f32) = found[1], found[args.prefill], found["f32"]
+            (name, one), (_, many), (_, f32), (_, panels) = found[1], found[args.prefill], found["f32"], found["panels"]
             print(f"{qtype.name:7} {name:18} {one * 1e6:8.1f} {nbytes / one / 1e9:6.1f} {f32 * 1e6:10.1f} "
-                  f"{many * 1e6:9.1f} {one / peer[1]:11.2f}x {many / peer[args.prefill]:6.2f}x")
+                  f"{many * 1e6:9.1f} {panels * 1e6:11.1f} {panels / many:11.2f}x "
+                  f"{one / peer[1]:11.2f}x {many / peer[args.prefill]:6.2f}x")
     finally:
         registry.close()
 

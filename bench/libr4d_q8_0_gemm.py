@@ -1,11 +1,12 @@
 """The q8_0 prefill GEMM's two paths on SmolLM2-135M's shapes, in the same run: r4d.c's f32 panels
-(aq=0) against its int16 activations and integer products (aq=16, AVX2 builds), µs per launch, the
+(aq=0) against its int16 activations and integer products (aq=16: AMX int8 tiles where built and
+granted, else AVX2 builds' register tiles), µs per launch, the
 best of --repeats alternated launches, a fresh x every launch (its activations quantised each time,
 as the first GEMM of a set of rows pays in a step).
 
     python bench/libr4d_q8_0_gemm.py [--threads 2] [--m 128] [--repeats 40]
 
-On an AVX-512 or portable build both paths are the f32 panels (docs/LIBR4D.md).
+On an AVX-512 build without AMX, or a portable one, both paths are the f32 panels (docs/LIBR4D.md).
 """
 
 import argparse

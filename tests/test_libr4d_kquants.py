@@ -1,7 +1,7 @@
 """libr4d's rows for the GGUF block types (rows_kquants.py, r4d_kquants.c): q4_0, q5_0, q5_1 and the
 k-quants q2_k..q6_k, imported from GGUF blocks as the converter imports them, against libref: the
-decode GEMV rows within the int16 activations' tolerance of docs/LIBR4D.md (the f32 one at aq=0), the
-prefill GEMM rows within the f32 one, the embedding bit for bit; on a rank's slice of columns; in the native, portable-C and numpy builds."""
+decode GEMV and prefill GEMM rows within the int16 activations' tolerance of docs/LIBR4D.md (the f32
+one at aq=0), the embedding bit for bit; on a rank's slice of columns; in the native, portable-C and numpy builds."""
 
 import numpy as np
 import pytest
@@ -62,8 +62,9 @@ def gemm_both(reg, reference, qtype, weight, m, seed, **params):
 
 
 def tolerance(m):
-    """The decode GEMV's int16 activations (aq=16, the default), the GEMM's f32"""
-    return TOL_A16 if m <= 16 else TOL_F32
+    """Both bands at aq=16, the default: the decode GEMV's int16 activations, and the GEMM's where
+    AMX serves it (f32 panels otherwise, held to the same bound)"""
+    return TOL_A16
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
@@ -92,6 +93,30 @@ def test_the_decode_gemv_at_aq_0_is_f32_and_at_aq_16_integer(registry, qtype, m)
     _, a16, _ = gemm_both(registry, registry, qtype, weight, m, seed=m + 1, aq=16)
     assert rel_err(a16, ref) <= TOL_A16, rel_err(a16, ref)
     assert np.array_equal(a16, f32) == (qtype == Q.Q2_K or not _cpu_has("avx2"))
+
+
+def _amx_granted():
+    """libr4d's native build runs AMX tiles here (built for them, and the kernel granted their state)"""
+    from plugins.kernels.libr4d import native
+    try:
+        return bool(native.load().isa & native.ISA_AMX)
+    except native.NativeUnavailable:
+        return False
+
+
+AMX_TYPES = (Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K)  # one scale per 32: r4d_kquants.c's kq_amx_format
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_the_prefill_gemm_at_aq_0_is_f32_and_at_aq_16_amx_where_it_serves(registry, qtype):
+    """aq=0: f32 panels (f32's tolerance); aq=16: AMX int8 tiles on int16 activations where the build
+    and kernel have them and the format has one scale per 32 (the int16 tolerance), else the panels."""
+    weight, _ = gguf_weight(qtype, 50, columns_for(qtype), seed=3)
+    _, f32, ref = gemm_both(registry, registry, qtype, weight, PREFILL_M, seed=4, aq=0)
+    assert rel_err(f32, ref) <= TOL_F32, rel_err(f32, ref)
+    _, a16, _ = gemm_both(registry, registry, qtype, weight, PREFILL_M, seed=4, aq=16)
+    assert rel_err(a16, ref) <= TOL_A16, rel_err(a16, ref)
+    assert np.array_equal(a16, f32) == (qtype not in AMX_TYPES or not _amx_granted())
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)

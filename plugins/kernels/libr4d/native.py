@@ -3,9 +3,10 @@
 Build: `$CC` (default gcc) with `-O3 -march=native -pthread -ffp-contract=off`; when that fails (an
 old compiler, a machine where -march=native means nothing) a portable `-O2` build (plain C loops, no
 intrinsics) is tried. `-march=native` is how the CPU in hand chooses its paths: the AVX-512 (VNNI)
-GEMVs where it reports AVX-512 F/BW/VL, the AVX2/FMA ones otherwise. The library is cached under
-`$XDG_CACHE_HOME/radiance/libr4d` (else `~/.cache/radiance/libr4d`) by a hash of the sources (r4d.c
-and the r4d_*.h it includes), the flags, the compiler's version and, for a native build, this CPU's
+GEMVs where it reports AVX-512 F/BW/VL, the AVX2/FMA ones otherwise; the prefill GEMMs (q8_0, and
+the k-quants of one scale per 32) on AMX int8 tiles where it also reports AMX and the kernel grants
+the tile state (r4d_gemm_amx.h). The library is cached under `$XDG_CACHE_HOME/radiance/libr4d`
+(else `~/.cache/radiance/libr4d`) by a hash of the sources (r4d.c and the r4d_*.h it includes), the flags, the compiler's version and, for a native build, this CPU's
 model and flags, so a cache folder shared between machines never hands one CPU another's code. A build writes a temporary file and
 renames it, so ranks starting together at most compile twice and never see half a file.
 
@@ -58,8 +59,8 @@ def prefetch_flags() -> list[str]:
     return ["-DR4D_PF_HINT=_MM_HINT_NTA"] if "AuthenticAMD" in _cpu_signature() else []
 
 
-# r4d_isa() bits
-ISA_AVX2, ISA_VNNI, ISA_AVX512 = 1, 2, 4
+# r4d_isa() bits (AMX: its int8 tiles built in and granted to this process by the kernel)
+ISA_AVX2, ISA_VNNI, ISA_AVX512, ISA_AMX = 1, 2, 4, 8
 
 _P, _I64, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 SIGNATURES = {
@@ -207,8 +208,8 @@ class Native:
         return self.threads
 
     def describe(self) -> str:
-        isa = [name for bit, name in ((ISA_AVX2, "avx2+fma"), (ISA_AVX512, "avx512"), (ISA_VNNI, "vnni"))
-               if self.isa & bit]
+        names = ((ISA_AVX2, "avx2+fma"), (ISA_AVX512, "avx512"), (ISA_VNNI, "vnni"), (ISA_AMX, "amx"))
+        isa = [name for bit, name in names if self.isa & bit]
         if not self.isa & ISA_AVX2:
             isa.insert(0, "portable C")
         return f"{self.variant} build ({', '.join(isa)}), {self.threads} thread(s), {self.path}"

@@ -36,6 +36,11 @@
 /* the decode GEMVs' 512-bit paths: AVX-512 F, BW and VL, with VNNI's vpdpwssd where present */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define R4D_AVX512 1
+/* the prefill GEMMs' AMX int8 tiles (r4d_gemm_amx.h: q8_0, and r4d_kquants.c's formats through
+ * r4d_amx_gemm), used where the kernel grants the tile state */
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define R4D_AMX 1
+#endif
 #endif
 #endif
 
@@ -77,7 +82,10 @@ void r4d_parallel(void (*fn)(const void *, int64_t, int64_t), const void *ctx, i
     pool_run(fn, ctx, items, unit, threads);
 }
 
-/* bit 0: AVX2+FMA+F16C paths, bit 1: VNNI integer dot products, bit 2: AVX-512 paths */
+static int r4d_amx_usable(void);
+
+/* bit 0: AVX2+FMA+F16C paths, bit 1: VNNI integer dot products, bit 2: AVX-512 paths, bit 3: AMX
+ * int8 tiles (built, and granted to this process) */
 int r4d_isa(void) {
     int isa = 0;
 #ifdef R4D_AVX2
@@ -89,6 +97,7 @@ int r4d_isa(void) {
 #ifdef R4D_AVX512
     isa |= 4;
 #endif
+    if (r4d_amx_usable()) isa |= 8;
     return isa;
 }
 
@@ -1106,6 +1115,34 @@ static void q80_gemm16_task(const void *context, int64_t lo, int64_t hi) {
 }
 #endif
 
+#ifdef R4D_AMX
+#include "r4d_gemm_amx.h"
+#else
+static int r4d_amx_usable(void) { return 0; }
+#endif
+
+/* y = x W^T on AMX int8 tiles for another file's weights (r4d_kquants.c): `row(weight, n, codes,
+ * scales, mins)` gives weight row n as K int8 codes and K / 32 f32 scales (and mins where `mins`),
+ * w = code x scale - min per block of 32; the activations are the GEMV's int16 ones. R4D_E_INVALID
+ * where AMX is not built or not granted: the caller keeps its own path. */
+int r4d_amx_gemm(const Arr *x, int64_t M, int64_t N, int64_t K,
+                 void (*row)(const void *, int64_t, int8_t *, float *, float *), const void *weight, int mins,
+                 Arr *y) {
+#ifdef R4D_AMX
+    Mat X, Y;
+    int rc;
+    if (!r4d_amx_usable() || K % QK || K <= 0) return R4D_E_INVALID;
+    if ((rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
+    if (M <= 0) return R4D_OK;
+    const Act *A = prepared(&X, M, K, 16, 0);
+    if (!A) return R4D_E_NOMEM;
+    return amx_gemm(row, weight, mins, N, K, A, &Y, M);
+#else
+    (void)x, (void)M, (void)N, (void)K, (void)row, (void)weight, (void)mins, (void)y;
+    return R4D_E_INVALID;
+#endif
+}
+
 int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const void *min, Arr *y, int64_t M,
              int64_t N, int64_t K, int aq) {
     Weight w = {fmt, (const uint8_t *)codes, (const uint16_t *)scale, (const uint16_t *)min, N, K};
@@ -1114,6 +1151,13 @@ int r4d_gemm(const Arr *x, int fmt, const void *codes, const void *scale, const 
     if ((rc = weight_check(&w)) || (rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
     if (X.pitch % 4 || Y.pitch % 4) return R4D_E_SHAPE;
     if (aq != 0 && aq != 16) return R4D_E_INVALID;
+#ifdef R4D_AMX
+    if (aq == 16 && fmt == F_Q8_0 && M > 0 && r4d_amx_usable()) {
+        const Act *A = prepared(&X, M, K, 16, 0);
+        if (!A) return R4D_E_NOMEM;
+        return amx_gemm(amx_row_q8_0, &w, 0, N, K, A, &Y, M);
+    }
+#endif
 #if defined(R4D_AVX2) && !defined(R4D_AVX512)
     if (aq == 16 && fmt == F_Q8_0 && M > 0) {
         const Act *A = prepared(&X, M, K, 16, 0);

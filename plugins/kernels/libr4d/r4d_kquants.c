@@ -338,6 +338,7 @@ typedef struct {
     const KW *w;
     const int16_t *xw;
     const float *xd, *xs;
+    const int32_t *xz; /* [M][nb] -zero x the block's int16 activations summed (q4_0, q5_0 on AVX-512) */
     const Mat *Y;
     int64_t M;
 } KGemvTask;
@@ -400,17 +401,16 @@ static inline void kq_f16_f32(const uint8_t *p, int64_t count, float *out) {
 }
 
 /* One weight row's scales: ws[j] (per 32, or per 16 where `halves`) and wm[b] (per 32, the min
- * subtracted; `mins` 0 where the format has none), the core decoder's factors multiplied in f32 */
-static void kq_row_scales(const KW *w, int64_t n, float *ws, float *wm, int *halves, int *mins) {
+ * subtracted; formats without one leave it), the core decoder's factors multiplied in f32. Called with a constant fmt (kq_gemv_rows' instances), so the switch folds away. */
+static inline __attribute__((always_inline)) void kq_row_scales(const KW *w, const int fmt, int64_t n, float *ws,
+                                                               float *wm) {
     const int64_t K = w->cols, nb = K / 32;
-    *halves = w->fmt == KQ_Q3_K || w->fmt == KQ_Q6_K;
-    *mins = w->fmt == KQ_Q5_1 || w->fmt == KQ_Q4_K || w->fmt == KQ_Q5_K;
-    switch (w->fmt) {
+    switch (fmt) {
     case KQ_Q4_0:
     case KQ_Q5_0:
     case KQ_Q5_1:
         kq_f16_f32(w->scale + n * nb * 2, nb, ws);
-        if (w->fmt == KQ_Q5_1) kq_f16_f32(w->min + n * nb * 2, nb, wm);
+        if (fmt == KQ_Q5_1) kq_f16_f32(w->min + n * nb * 2, nb, wm);
         return;
     case KQ_Q4_K:
     case KQ_Q5_K: {
@@ -440,33 +440,31 @@ static void kq_row_scales(const KW *w, int64_t n, float *ws, float *wm, int *hal
     }
 }
 
-/* one block's int32 dot products (16 lanes) scaled into acc */
-#define KQ_BLOCK(blk, ACC)                                                                                  \
-    do {                                                                                                    \
-        const __m512i q = _mm512_sub_epi16(kq_unpack(c + (blk) * 4 * b, b), zero);                      \
-        for (int i = 0; i < mt; i++) {                                                                      \
-            const __m512i x = _mm512_loadu_si512(t->xw + (m0 + i) * K + 32 * (blk));                        \
-            const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, x);                          \
-            const __m512 scale = halves ? kq_pair(ds + i * 2 * nb + 2 * (blk)) : _mm512_set1_ps(ds[i * nb + (blk)]); \
-            ACC[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, ACC[i]);                               \
-        }                                                                                                   \
-    } while (0)
-
-/* rows [n0, n1) of y[m, n] for m in [m0, m0 + mt) */
-static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *t, int64_t m0, const int mt, int64_t n0,
-                                                              int64_t n1) {
+/* rows [n0, n1) of y[m, n] for m in [m0, m0 + mt), weights of format fmt (a constant: one instance
+ * per format, its bit width, scale grouping and zero folded in; 1.1-1.2x the one loop for every
+ * format on this Xeon, bench/results/host_avx512_2026-12-03.md) */
+static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *t, const int fmt, int64_t m0,
+                                                              const int mt, int64_t n0, int64_t n1) {
     const KW *w = t->w;
     const int64_t K = w->cols, nb = K / 32;
-    const int b = code_bits(w->fmt);
+    const int b = code_bits(fmt);
+    const int halves = fmt == KQ_Q3_K || fmt == KQ_Q6_K;
+    const int mins = fmt == KQ_Q5_1 || fmt == KQ_Q4_K || fmt == KQ_Q5_K;
+    /* the zero: per 32 (q4_0, q5_0) it starts the block's int32 dot product as -zero x (the sum of
+     * the block's int16 activations), t->xz, so the codes go in unshifted (exactly (q - z) . x);
+     * per 16 (q3_k, q6_k) it is subtracted from the codes in int16 */
+    const int zero_first = !halves && kq_zero(fmt);
     const int64_t row_bytes = K * b / 8;
-    const __m512i zero = _mm512_set1_epi16((short)kq_zero(w->fmt));
+    const __m512i zero = _mm512_set1_epi16((short)kq_zero(fmt));
+    const __m512i pick = _mm512_loadu_si512(kq_pick[b]), shift = _mm512_loadu_si512(kq_shift[b]);
+    const __m512i mask = _mm512_set1_epi16((short)((1 << b) - 1));
+    const __mmask64 bytes = (__mmask64)((1ULL << (4 * b)) - 1);
     float ws[2 * nb + 32], wm[nb + 32], ds[KQ_MT * 2 * nb + 16];
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *c = w->codes + n * row_bytes;
         if (n + 4 < n1)
             for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)(c + 4 * row_bytes + o), _MM_HINT_T0);
-        int halves, mins;
-        kq_row_scales(w, n, ws, wm, &halves, &mins);
+        kq_row_scales(w, fmt, n, ws, wm);
         for (int i = 0; i < mt; i++) { /* ds: each scale times its block's activation step */
             const float *xd = t->xd + (m0 + i) * nb;
             float *di = ds + i * (halves ? 2 : 1) * nb;
@@ -484,12 +482,28 @@ static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *
         }
         __m512 a0[KQ_MT], a1[KQ_MT];
         for (int i = 0; i < mt; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+/* one block's int32 dot products (16 lanes) scaled into ACC */
+#define KQ_BLOCK(blk, ACC)                                                                                  \
+    do {                                                                                                    \
+        __m512i q_ = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8((__mmask32)bytes, c + (blk) * 4 * b));  \
+        q_ = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi8(pick, q_), shift), mask);            \
+        if (halves && kq_zero(fmt)) q_ = _mm512_sub_epi16(q_, zero);                                      \
+        for (int i = 0; i < mt; i++) {                                                                      \
+            const __m512i x_ = _mm512_loadu_si512(t->xw + (m0 + i) * K + 32 * (blk));                       \
+            const __m512i start_ = zero_first ? _mm512_castsi128_si512(_mm_cvtsi32_si128(t->xz[(m0 + i) * nb + (blk)])) \
+                                              : _mm512_setzero_si512();                                     \
+            const __m512i dot_ = _mm512_dpwssd_epi32(start_, q_, x_);                                        \
+            const __m512 scale_ = halves ? kq_pair(ds + i * 2 * nb + 2 * (blk)) : _mm512_set1_ps(ds[i * nb + (blk)]); \
+            ACC[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_), scale_, ACC[i]);                             \
+        }                                                                                                   \
+    } while (0)
         int64_t blk = 0;
         for (; blk + 2 <= nb; blk += 2) { /* two accumulator sets: the FMAs' latency overlaps */
             KQ_BLOCK(blk, a0);
             KQ_BLOCK(blk + 1, a1);
         }
         if (blk < nb) KQ_BLOCK(blk, a0);
+#undef KQ_BLOCK
         for (int i = 0; i < mt; i++) {
             float minimum = 0.0f;
             if (mins) {
@@ -505,20 +519,115 @@ static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *
     }
 }
 
+/* kq_gemv_rows for a constant format, mt = 1..KQ_MT */
+#define KQ_ROWS_OF(FMT)                                                                                     \
+    static void kq_rows_##FMT(const KGemvTask *t, int64_t lo, int64_t hi) {                                 \
+        for (int64_t m0 = 0; m0 < t->M; m0 += KQ_MT) {                                                      \
+            switch (t->M - m0 < KQ_MT ? t->M - m0 : KQ_MT) {                                                \
+            case 1: kq_gemv_rows(t, FMT, m0, 1, lo, hi); break;                                             \
+            case 2: kq_gemv_rows(t, FMT, m0, 2, lo, hi); break;                                             \
+            case 3: kq_gemv_rows(t, FMT, m0, 3, lo, hi); break;                                             \
+            default: kq_gemv_rows(t, FMT, m0, 4, lo, hi); break;                                            \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+KQ_ROWS_OF(KQ_Q4_0)
+KQ_ROWS_OF(KQ_Q5_0)
+KQ_ROWS_OF(KQ_Q5_1)
+KQ_ROWS_OF(KQ_Q3_K)
+KQ_ROWS_OF(KQ_Q4_K)
+KQ_ROWS_OF(KQ_Q5_K)
+KQ_ROWS_OF(KQ_Q6_K)
+#undef KQ_ROWS_OF
+
 static void kq_gemv_task(const void *context, int64_t lo, int64_t hi) {
     const KGemvTask *t = (const KGemvTask *)context;
-    for (int64_t m0 = 0; m0 < t->M; m0 += KQ_MT) {
-        switch (t->M - m0 < KQ_MT ? t->M - m0 : KQ_MT) {
-        case 1: kq_gemv_rows(t, m0, 1, lo, hi); break;
-        case 2: kq_gemv_rows(t, m0, 2, lo, hi); break;
-        case 3: kq_gemv_rows(t, m0, 3, lo, hi); break;
-        default: kq_gemv_rows(t, m0, 4, lo, hi); break;
-        }
+    switch (t->w->fmt) {
+    case KQ_Q4_0: kq_rows_KQ_Q4_0(t, lo, hi); break;
+    case KQ_Q5_0: kq_rows_KQ_Q5_0(t, lo, hi); break;
+    case KQ_Q5_1: kq_rows_KQ_Q5_1(t, lo, hi); break;
+    case KQ_Q3_K: kq_rows_KQ_Q3_K(t, lo, hi); break;
+    case KQ_Q4_K: kq_rows_KQ_Q4_K(t, lo, hi); break;
+    case KQ_Q5_K: kq_rows_KQ_Q5_K(t, lo, hi); break;
+    case KQ_Q6_K: kq_rows_KQ_Q6_K(t, lo, hi); break;
     }
 }
 #elif defined(KQ_AVX2)
 #include "r4d_kqgemv_avx2.h" /* kq_gemv_task on AVX2's vpmaddwd */
 #endif
+
+#ifdef KQ_VBMI
+/* -zero x (the sum of each block's 32 int16 activations), [M][K / 32] int32, in a buffer of the
+ * launching thread kept for its next launch; NULL when memory runs out */
+static const int32_t *kq_zero_starts(const int16_t *xw, int64_t M, int64_t K, int zero) {
+    static __thread int32_t *buffer;
+    static __thread size_t have;
+    const int64_t nb = K / 32;
+    const size_t need = (size_t)(M * nb) * sizeof(int32_t);
+    if (need > have) {
+        free(buffer);
+        have = (need + 63) & ~(size_t)63;
+        if (!(buffer = aligned_alloc(64, have))) return have = 0, NULL;
+    }
+    const __m512i ones = _mm512_set1_epi16(1);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < nb; j++) /* pairs summed in int32 (exact), then the 16 lanes */
+            buffer[m * nb + j] = -zero * _mm512_reduce_add_epi32(_mm512_madd_epi16(_mm512_loadu_si512(xw + m * K + 32 * j), ones));
+    return buffer;
+}
+#endif
+
+/* r4d.c: y = x W^T on AMX int8 tiles against the GEMV's int16 activations, W's rows as `row` gives
+ * them (K int8 codes, K / 32 scales and mins); -4 (KQ_E_INVALID) where AMX is not built or granted */
+int r4d_amx_gemm(const Arr *x, int64_t M, int64_t N, int64_t K,
+                 void (*row)(const void *, int64_t, int8_t *, float *, float *), const void *weight, int mins,
+                 Arr *y);
+
+#ifdef KQ_VBMI
+/* the formats of one scale (and min) per 32, which the AMX tiles take: q4_0, q5_0, q5_1, q4_k, q5_k */
+static int kq_amx_format(int fmt) {
+    return fmt == KQ_Q4_0 || fmt == KQ_Q5_0 || fmt == KQ_Q5_1 || fmt == KQ_Q4_K || fmt == KQ_Q5_K;
+}
+
+static int kq_has_mins(int fmt) { return fmt == KQ_Q5_1 || fmt == KQ_Q4_K || fmt == KQ_Q5_K; }
+
+/* weight row n as r4d_amx_gemm takes it: the codes less the zero as int8 (b <= 5 bits: they fit),
+ * the GEMV's scales and mins (kq_row_scales) */
+static void kq_amx_row(const void *weight, int64_t n, int8_t *codes, float *scales, float *mins) {
+    const KW *w = (const KW *)weight;
+    const int fmt = w->fmt, b = code_bits(fmt);
+    const int64_t K = w->cols, nb = K / 32;
+    const uint8_t *c = w->codes + n * (K * b / 8);
+    const __m512i zero = _mm512_set1_epi16((short)kq_zero(fmt));
+    for (int64_t j = 0; j < nb; j++)
+        _mm256_storeu_si256((__m256i *)(codes + 32 * j), _mm512_cvtepi16_epi8(_mm512_sub_epi16(kq_unpack(c + j * 4 * b, b), zero)));
+    float ws[2 * nb + 32], wm[nb + 32];
+    switch (fmt) {
+    case KQ_Q4_0: kq_row_scales(w, KQ_Q4_0, n, ws, wm); break;
+    case KQ_Q5_0: kq_row_scales(w, KQ_Q5_0, n, ws, wm); break;
+    case KQ_Q5_1: kq_row_scales(w, KQ_Q5_1, n, ws, wm); break;
+    case KQ_Q4_K: kq_row_scales(w, KQ_Q4_K, n, ws, wm); break;
+    default: kq_row_scales(w, KQ_Q5_K, n, ws, wm); break;
+    }
+    memcpy(scales, ws, (size_t)nb * sizeof(float));
+    if (kq_has_mins(fmt)) memcpy(mins, wm, (size_t)nb * sizeof(float));
+}
+#endif
+
+/* The prefill band: at aq 16 the AMX int8 tiles where they serve (an AMX build and kernel, a format
+ * of one scale per 32), else (and at aq 0) r4d_kq_gemm's decoded f32 panels */
+int r4d_kq_gemm_aq(const Arr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
+                   const void *min1, Arr *y, int64_t M, int64_t N, int64_t K, int aq) {
+    if (aq != 0 && aq != 16) return KQ_E_INVALID;
+#ifdef KQ_VBMI
+    const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
+    if (aq == 16 && !kw_check(&w) && kq_amx_format(fmt) && M > 0) {
+        const int rc = r4d_amx_gemm(x, M, N, K, kq_amx_row, &w, kq_has_mins(fmt), y);
+        if (rc != KQ_E_INVALID) return rc;
+    }
+#endif
+    return r4d_kq_gemm(x, fmt, codes, scale, scale1, min, min1, y, M, N, K);
+}
 
 /* The decode band: the integer GEMV where it serves (aq 16, an AVX2 build (AVX-512 VBMI's above,
  * r4d_kqgemv_avx2.h's otherwise), not q2_k), else r4d_kq_gemm's decoded f32 panels (aq 0) */
@@ -534,7 +643,11 @@ int r4d_kq_gemv(const Arr *x, int fmt, const void *codes, const void *scale, con
         const int16_t *xw;
         const float *xd, *xs;
         if ((rc = r4d_act16(x, M, K, &xw, &xd, &xs))) return rc;
-        const KGemvTask task = {&w, xw, xd, xs, &Y, M};
+        KGemvTask task = {&w, xw, xd, xs, NULL, &Y, M};
+#ifdef KQ_VBMI
+        if (kq_zero(fmt) && fmt != KQ_Q3_K && fmt != KQ_Q6_K && !(task.xz = kq_zero_starts(xw, M, K, kq_zero(fmt))))
+            return KQ_E_NOMEM;
+#endif
         r4d_parallel(kq_gemv_task, &task, N, 16, kq_threads_for(N * K * code_bits(fmt) / 8, 1 << 15));
         return KQ_OK;
     }
@@ -577,7 +690,7 @@ int r4d_kq_embedding(const Arr *ids, int fmt, const void *codes, const void *sca
 #define KV(i) ((const void *)(intptr_t)a[i])
 
 int r4d_kq_gemm_p(const int64_t *a) {
-    return r4d_kq_gemm(KA(0), (int)a[1], KV(2), KV(3), KV(4), KV(5), KV(6), KA(7), a[8], a[9], a[10]);
+    return r4d_kq_gemm_aq(KA(0), (int)a[1], KV(2), KV(3), KV(4), KV(5), KV(6), KA(7), a[8], a[9], a[10], (int)a[11]);
 }
 
 int r4d_kq_gemv_p(const int64_t *a) {

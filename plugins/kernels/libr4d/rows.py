@@ -36,8 +36,9 @@ GEMV_MAX_M = 16
 # about 1% off), 0 = f32. RADIANCE_R4D_AQ overrides the default.
 AQ_CHOICES = (0, 8, 16)
 # The q8_0 prefill GEMM's (tunable `aq`, docs/LIBR4D.md): 16 = the GEMV's int16 activations and
-# integer products (the default on AVX2 builds), 0 = f32 panels (what AVX-512 and portable builds
-# run either way). RADIANCE_R4D_AQ=0 makes 0 the default here too.
+# integer products (the default: AMX int8 tiles where built and granted, AVX2 register tiles on AVX2
+# builds; an AVX-512 build without AMX, and a portable one, run the f32 panels either way), 0 = f32
+# panels. RADIANCE_R4D_AQ=0 makes 0 the default here too.
 GEMM_AQ_CHOICES = (0, 16)
 
 
@@ -399,8 +400,8 @@ def build_rows(native) -> list[RadKernelInfo]:
             layout=layout, tunables=tunable if quantised else []))
         gemm_rows.append(row(
             f"r4d_gemm_{label}", "gemm", "gemm", [RAD_CGE("M", GEMV_MAX_M + 1), *common],
-            "prefill GEMM: int16 activations and products, 4x2 register tiles (aq=16, AVX2), or 24-row weight "
-            "panels dequantised to f32, 4x3 FMA register tiles (aq=0)" if label == "q8_0" else
+            "prefill GEMM: int16 activations and products, AMX int8 tiles or 4x2 register tiles (aq=16, AMX "
+            "or AVX2), or 24-row weight panels dequantised to f32, 4x3 FMA register tiles (aq=0)" if label == "q8_0" else
             "prefill GEMM: 24-row weight panels dequantised to f32, 4x3 FMA register tiles",
             f"M>={GEMV_MAX_M + 1}" + (", K%32==0" if quantised else ""), f"f32 x {fmt}", layout=layout,
             tunables=gemm_tunable if label == "q8_0" else []))

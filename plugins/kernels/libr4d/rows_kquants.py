@@ -154,7 +154,7 @@ def build_rows(native) -> list[RadKernelInfo]:
     aq = 0 if aq_default() == 0 else 16
     if native is not None:
         gemv = _planned(native, "r4d_kq_gemv_p", lambda op, a: _pack_gemv(op, a, aq))
-        gemm = _planned(native, "r4d_kq_gemm_p", _pack_gemm)
+        gemm = _planned(native, "r4d_kq_gemm_p", lambda op, a: _pack_gemv(op, a, aq))
         embedding = _planned(native, "r4d_kq_embedding_p", _pack_embedding)
         body = "r4d_kquants.c"
     else:
@@ -177,8 +177,10 @@ def build_rows(native) -> list[RadKernelInfo]:
                          "(aq=16; AVX-512 VBMI, not q2_k), else panels decoded to f32 (aq=0)",
                          f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable))
         found.append(row(f"r4d_gemm_{fmt}", "gemm", gemm, [RAD_CGE("M", GEMV_MAX_M + 1), *common],
-                         "prefill GEMM: 4 weight rows decoded exactly per panel, reused by every row of x",
-                         f"M>={GEMV_MAX_M + 1}, K%{block}==0", f"f32 x {fmt}", _layout(fmt)))
+                         "prefill GEMM: AMX int8 tiles against the int16 activations (aq=16; an AMX build, "
+                         "one scale per 32: q4_0, q5_0, q5_1, q4_k, q5_k), else 24 weight rows decoded exactly "
+                         "per panel, reused by every row of x (aq=0)",
+                         f"M>={GEMV_MAX_M + 1}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable))
     formats = " ".join(FORMATS)
     found.append(row("r4d_embedding_gguf", "embedding", embedding, [RAD_CIN("wdtype", formats), F32_ACTIVATIONS],
                      "table rows decoded to f32 exactly", "n a whole number of blocks", f"{formats} table",
