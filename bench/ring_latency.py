@@ -117,40 +117,13 @@ def mac_cost(rounds: int = 20000) -> float:
     return (time.perf_counter() - start) / rounds, len(payload)
 
 
-def cold_cost(rounds: int = 100, evict_bytes: int = 64 << 20) -> tuple[float, float]:
-    """One plan through a ring in this process (encode, publish, take, write into step inputs), median seconds:
-    warm, and right after streaming `evict_bytes` through the caches, as a decode step streams the
-    model's weights before the ranks touch the ring again."""
-    from radiance.collectives.ring import RingReader, RingWriter
-    from radiance.collectives.shm import new_run_id, unlink_run
-
-    run_id, secret = new_run_id(), secrets.token_bytes(32)
-    writer = RingWriter.create(run_id, "plans", 1, 4, 65536, secret)
-    reader = RingReader.attach(run_id, "plans", 0, secret)
-    plans_in, evict, record = taker(), np.ones(evict_bytes, np.uint8), record_maker()
-    figures = []
-    try:
-        for cold in (False, True):
-            times = []
-            for _ in range(rounds):
-                if cold:
-                    evict.sum()
-                start = time.perf_counter()
-                writer.publish(record())
-                plans_in.write(plans_in.take(reader))
-                times.append(time.perf_counter() - start)
-            figures.append(statistics.median(times))
-    finally:
-        reader.close()
-        writer.close()
-        unlink_run(run_id)
-    return figures[0], figures[1]
-
-
-def take_cost(way: str, rounds: int = 200, evict_bytes: int = 64 << 20) -> tuple[float, float]:
-    """A rank's side alone: the plan taken out of the ring (copy, mac, seq) and written into the
-    step inputs, median seconds, warm and after `evict_bytes` streamed; `way`: the slot copied and
-    checked in Python or in one call of libr4d's r4d_ring.c ("native")."""
+def ring_cost(way: str = "python", whole: bool = True, rounds: int = 100,
+              evict_bytes: int = 64 << 20) -> tuple[float, float]:
+    """Median seconds of one plan through a ring in this process, warm and right after streaming
+    `evict_bytes` through the caches (as a decode step streams the model's weights before the ranks
+    touch the ring again). `whole`: encode, publish, take and write into the step inputs; else a
+    rank's side alone (the plan taken out of the slot: copy, mac, seq; written into the step inputs).
+    `way`: the slot copied and checked in Python or in one call of libr4d's r4d_ring.c ("native")."""
     from radiance.abi import host_helpers
     from radiance.collectives.ring import RingReader, RingWriter
     from radiance.collectives.shm import new_run_id, unlink_run
@@ -158,8 +131,7 @@ def take_cost(way: str, rounds: int = 200, evict_bytes: int = 64 << 20) -> tuple
     if way == "native":
         from radiance.plugins.kernels.libr4d import native
 
-        lib = native.load().lib
-        host_helpers.offer("ring_take", lib.r4d_ring_take_p)
+        host_helpers.offer("ring_take", native.load().lib.r4d_ring_take_p)
     run_id, secret = new_run_id(), secrets.token_bytes(32)
     writer = RingWriter.create(run_id, "plans", 1, 4, 65536, secret)
     reader = RingReader.attach(run_id, "plans", 0, secret)
@@ -169,10 +141,13 @@ def take_cost(way: str, rounds: int = 200, evict_bytes: int = 64 << 20) -> tuple
         for cold in (False, True):
             times = []
             for _ in range(rounds):
-                writer.publish(record())
+                if not whole:
+                    writer.publish(record())
                 if cold:
                     evict.sum()
                 start = time.perf_counter()
+                if whole:
+                    writer.publish(record())
                 plans_in.write(plans_in.take(reader))
                 times.append(time.perf_counter() - start)
             figures.append(statistics.median(times))
@@ -197,11 +172,11 @@ def main() -> None:
     print("a rank's take alone (copy out of the slot, mac, seq; written into step inputs), median us, warm / cold:")
     for _ in range(args.take_rounds):
         for way in args.ways:
-            warm, cold = take_cost(way)
+            warm, cold = ring_cost(way, whole=False, rounds=200)
             print(f"  {way:>7}: {1e6 * warm:6.1f} / {1e6 * cold:6.1f}", flush=True)
     seconds, size = mac_cost()
     print(f"the record's mac (keyed BLAKE2b) over a {size}-byte decode plan record: {1e6 * seconds:.2f} us")
-    warm, cold = cold_cost()
+    warm, cold = ring_cost()
     print(f"one plan through a ring in one process: {1e6 * warm:.1f} us warm, {1e6 * cold:.1f} us after 64 MiB "
           f"streamed through the caches")
     print(f"plan out, result back, {args.rounds} round trips less {args.gap_us:g} us held (us)")
