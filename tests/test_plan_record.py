@@ -9,6 +9,7 @@ from radiance.engine.running.step_inputs import StepInputs
 from radiance.generation import plan_record
 from radiance.generation.feed import Feed
 from radiance.generation.plan_record import PlanReader, PlanRecordError
+from test_ring import use_ring_take
 
 
 def _arrays(tokens: int, seqs: int, blocks: int, seed: int = 0) -> dict:
@@ -71,19 +72,10 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
     whether its shape repeats the last one's, differs, or has a narrower block table; a stop ends."""
     import secrets
 
-    from radiance.abi import host_helpers
     from radiance.collectives.ring import RingReader, RingWriter
     from radiance.collectives.shm import new_run_id, unlink_run
 
-    take = None  # python: withdrawn, though libr4d offers it once any test of this process has loaded it
-    if way == "native":
-        from radiance.plugins.kernels.libr4d import native
-
-        try:
-            take = native.load().lib.r4d_ring_take_p
-        except native.NativeUnavailable as why:
-            pytest.skip(f"libr4d does not build here: {why}")
-    host_helpers.offer("ring_take", take)
+    use_ring_take(way)
     run_id, secret = new_run_id(), secrets.token_bytes(32)
     writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
     reader = RingReader.attach(run_id, "plans", 0, secret)
@@ -105,7 +97,7 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
         writer.publish(plan_record.stop())
         assert taker.take(reader, timeout=5).kind == "stop"
     finally:
-        host_helpers.offer("ring_take", None)
+        use_ring_take("python")
         reader.close()
         writer.close()
         unlink_run(run_id)

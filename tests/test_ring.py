@@ -28,9 +28,11 @@ def _record(k: int) -> bytes:
     return k.to_bytes(8, "little") + bytes((k + i) % 251 for i in range(size))
 
 
-def _use(way: str) -> None:
+def use_ring_take(way: str) -> None:
     """The readers this process makes from now on copy and check slots in Python ("python") or with
-    r4d_ring.c ("native"), as a rank's do once libr4d has offered it (abi/host_helpers.py)."""
+    r4d_ring.c ("native"), as a rank's do once libr4d has offered it (abi/host_helpers.py; loading
+    libr4d anywhere in the process offers it, so a test of the Python way withdraws it). Skips where
+    libr4d does not build. test_plan_record.py takes its readers the same way."""
     take = None
     if way == "native":
         from radiance.plugins.kernels.libr4d import native
@@ -47,7 +49,7 @@ def way(request):
     """How the readers copy and check (the writer signs with hashlib either way, so a native
     reader reads what Python wrote); this process back to Python after."""
     yield request.param
-    _use("python")
+    use_ring_take("python")
 
 
 def _read(reader, buffer, timeout=1):
@@ -59,7 +61,7 @@ def _read(reader, buffer, timeout=1):
 def _reader(run_id, secret, index, count, queue, die_after=None, hold=0.0, way="python"):
     report = {"index": index}
     try:
-        _use(way)
+        use_ring_take(way)
         reader = RingReader.attach(run_id, "plans", index, secret)
         buffer = memoryview(bytearray(reader.slot_bytes)) if way == "native" else None
         queue.put({"index": index, "attached": True})
@@ -234,7 +236,7 @@ def test_a_writer_wakes_only_a_reader_that_sleeps(run_id):
 
 def test_a_record_that_does_not_verify_is_refused(run_id, way):
     writer = RingWriter.create(run_id, "plans", 2, 2, 4096, SECRET)
-    _use(way)
+    use_ring_take(way)
     honest = RingReader.attach(run_id, "plans", 0, SECRET)
     stranger = RingReader.attach(run_id, "plans", 1, secrets.token_bytes(32))
     buffer = memoryview(bytearray(writer.slot_bytes))
@@ -257,7 +259,7 @@ def test_an_unsigned_stale_or_overlong_slot_is_refused(run_id, way):
     signed for another place in the sequence, one that claims more than a slot: each refused, in
     one line, before the reader counts the record consumed."""
     writer = RingWriter.create(run_id, "plans", 1, 2, 100, SECRET)
-    _use(way)
+    use_ring_take(way)
     reader = RingReader.attach(run_id, "plans", 0, SECRET)
     buffer = memoryview(bytearray(writer.slot_bytes))
     try:
@@ -305,7 +307,7 @@ def test_r4d_ring_signs_as_hashlib_does():
 def test_a_native_read_lands_in_the_buffer_it_is_given(run_id):
     """Read natively into a rank's buffer: the payload is a view of it at SLOT_HEADER; a buffer
     shorter than a slot is refused by name."""
-    _use("native")
+    use_ring_take("native")
     writer = RingWriter.create(run_id, "plans", 1, 2, 100, SECRET)
     reader = RingReader.attach(run_id, "plans", 0, SECRET)
     try:
@@ -317,7 +319,7 @@ def test_a_native_read_lands_in_the_buffer_it_is_given(run_id):
         with pytest.raises(RingError, match=rf"a 10-byte buffer to read {writer.slot_bytes}-byte slots into"):
             reader.read(timeout=1, into=memoryview(bytearray(10)))
     finally:
-        _use("python")
+        use_ring_take("python")
         reader.close()
         writer.close()
 
