@@ -152,3 +152,20 @@ def test_the_avx2_paths_without_vnni_agree_with_libref(fresh, tmp_path):
                 assert rel_err(y, ref) <= TOLERANCE[aq], (fmt, aq, rel_err(y, ref))
     finally:
         reference.close()
+
+
+def test_an_avx512_build_without_dq_compiles(tmp_path):
+    """AVX-512 F/BW/VL/VNNI without DQ (a VM may mask it): the 512-bit paths use F's extracts and
+    inserts only. A compile only, which needs gcc but not such a CPU (x86-64 hosts)."""
+    import platform
+
+    from plugins.kernels.libr4d import native
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"an x86-64 build ({platform.machine()} here)")
+    try:
+        cc, version = native._compiler()
+    except native.NativeUnavailable as error:
+        pytest.skip(str(error))
+    flags = ["-O3", "-march=icelake-server", "-mno-avx512dq"]
+    assert native._build("native", flags, cc, version, tmp_path).exists()

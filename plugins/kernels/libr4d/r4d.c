@@ -44,6 +44,12 @@
 #endif
 #endif
 
+#ifdef R4D_AVX512
+/* the high 8 floats of a zmm by AVX-512 F's 64-bit-lane extract: extractf32x8 is DQ's, which an
+ * AVX-512 CPU need not have (a build for avx512f/bw/vl/vnni alone) */
+static inline __m256 high8_ps(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
+#endif
+
 #define R4D_OK 0
 #define R4D_E_SHAPE (-3)
 #define R4D_E_INVALID (-4)
@@ -1551,7 +1557,7 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
                 for (int u = 0; u < 8; u++) w[u] = _mm512_fmadd_ps(q16, _mm512_loadu_ps(rows_k[j + u] + d), w[u]);
             }
             __m256 a[8];
-            for (int u = 0; u < 8; u++) a[u] = _mm256_add_ps(_mm512_castps512_ps256(w[u]), _mm512_extractf32x8_ps(w[u], 1));
+            for (int u = 0; u < 8; u++) a[u] = _mm256_add_ps(_mm512_castps512_ps256(w[u]), high8_ps(w[u]));
             const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
             const __m256 t2 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
             const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(t0, t2, 0x20), _mm256_permute2f128_ps(t0, t2, 0x31));

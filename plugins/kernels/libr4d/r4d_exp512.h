@@ -33,9 +33,10 @@ static inline __m512d exp_pd512(__m512d x) {
     return _mm512_mask_blend_pd(nan, y, x);
 }
 
-/* 16 floats -> (float)exp((double)x) */
+/* 16 floats -> (float)exp((double)x); the halves moved as 64-bit lanes (AVX-512 F's insert: the
+ * f32x8 form is DQ's, which an AVX-512 CPU need not have) */
 static inline __m512 exp_f64_ps16(__m512 x) {
     const __m256 a = _mm512_cvtpd_ps(exp_pd512(_mm512_cvtps_pd(_mm512_castps512_ps256(x))));
-    const __m256 b = _mm512_cvtpd_ps(exp_pd512(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1))));
-    return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+    const __m256 b = _mm512_cvtpd_ps(exp_pd512(_mm512_cvtps_pd(high8_ps(x))));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
 }

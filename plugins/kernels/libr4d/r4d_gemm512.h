@@ -8,10 +8,10 @@
 
 /* [sum(a), sum(b), sum(c), sum(d)] */
 static inline __m128 hsum4x16(__m512 a, __m512 b, __m512 c, __m512 d) {
-    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-    const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
-    const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
-    const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), high8_ps(a));
+    const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), high8_ps(b));
+    const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), high8_ps(c));
+    const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), high8_ps(d));
     const __m256 all = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
     return _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
 }
