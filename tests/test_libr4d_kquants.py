@@ -77,6 +77,17 @@ def test_gemm_rows_agree_with_libref(registry, qtype, m):
     assert np.isfinite(y).all() and rel_err(y, ref) <= tolerance(m), (name, rel_err(y, ref))
 
 
+@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q5_0, Q.Q5_1), ids=lambda q: q.name)
+@pytest.mark.parametrize("cols", [32, 608])
+def test_the_decode_gemv_of_an_odd_block_count_agrees_with_libref(registry, qtype, cols):
+    """The AVX-512 GEMV takes its blocks of 32 in pairs (KQ_TWO); one block, or 19, leave one alone."""
+    weight, _ = gguf_weight(qtype, 50, cols, seed=cols)
+    for m in (1, 5):
+        name, y, ref = gemm_both(registry, registry, qtype, weight, m, seed=m)
+        assert name == f"r4d_gemv_{qtype.name.lower()}"
+        assert np.isfinite(y).all() and rel_err(y, ref) <= TOL_A16, (m, rel_err(y, ref))
+
+
 def _cpu_has(flag):
     with open("/proc/cpuinfo") as f:
         return any(line.startswith("flags") and f" {flag}" in line for line in f)

@@ -341,6 +341,8 @@ typedef struct {
     const int32_t *xz; /* [M][nb] -zero x the block's int16 activations summed (q4_0, q5_0 on AVX-512) */
     const Mat *Y;
     int64_t M;
+    const int16_t *xp; /* [M][nb / 2][64] the activations of block pairs, interleaved (kq_pair_rows) */
+    const int32_t *xzp; /* [M][nb / 2][16] the pairs' xz in lanes 0 and 8 (q4_0, q5_0) */
 } KGemvTask;
 #endif
 
@@ -349,6 +351,11 @@ typedef struct {
 
 static uint8_t kq_pick[9][64];   /* [b]: the two source bytes of each int16 lane (element i: bits b*i) */
 static uint16_t kq_shift[9][32]; /* [b]: each lane's bit offset in its two bytes */
+/* [b][half]: a pair of blocks (8b bytes), lane j of half h holding element 16h + j % 16 of block
+ * j / 16: [block 0's elements 0-15 | block 1's 0-15], then the same of 16-31. The bit offsets
+ * within their bytes are kq_shift's first 16 lanes twice (16b bits are whole bytes). */
+static uint8_t kq_pick_pair[9][2][64];
+static uint16_t kq_shift_pair[9][32];
 
 __attribute__((constructor)) static void kq_tables(void) {
     for (int b = 1; b <= 8; b++)
@@ -356,6 +363,12 @@ __attribute__((constructor)) static void kq_tables(void) {
             kq_pick[b][2 * i] = (uint8_t)((b * i) >> 3);
             kq_pick[b][2 * i + 1] = (uint8_t)(((b * i) >> 3) + 1);
             kq_shift[b][i] = (uint16_t)((b * i) & 7);
+            kq_shift_pair[b][i] = (uint16_t)((b * (i % 16)) & 7);
+            for (int h = 0; h < 2; h++) {
+                const int bit = 32 * b * (i / 16) + b * (16 * h + i % 16);
+                kq_pick_pair[b][h][2 * i] = (uint8_t)(bit >> 3);
+                kq_pick_pair[b][h][2 * i + 1] = (uint8_t)((bit >> 3) + 1);
+            }
         }
 }
 
@@ -390,13 +403,15 @@ static inline __m512 kq_pair(const float *ds) {
                                  _mm512_castpd_ps(_mm512_set1_pd(both)));
 }
 
-/* out[j] = the f16 at p + 2j as f32, j < count */
+/* out[j] = the f16 at p + 2j as f32, j < count; out holds count rounded up to 16 (the last store is
+ * whole: a masked store does not forward to the loads that soon read it, a stall measured as 18 % of
+ * the q5_0 GEMV's samples at SmolLM2's K = 576) */
 static inline void kq_f16_f32(const uint8_t *p, int64_t count, float *out) {
     int64_t j = 0;
     for (; j + 16 <= count; j += 16) _mm512_storeu_ps(out + j, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * j))));
-    if (j < count) { /* the last few: a masked load reads only their bytes */
+    if (j < count) { /* the last few: a masked load reads only their bytes, zeros past them */
         const __mmask16 last = (__mmask16)((1u << (count - j)) - 1);
-        _mm512_mask_storeu_ps(out + j, last, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(last, p + 2 * j)));
+        _mm512_storeu_ps(out + j, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(last, p + 2 * j)));
     }
 }
 
@@ -458,7 +473,9 @@ static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *
     const __m512i zero = _mm512_set1_epi16((short)kq_zero(fmt));
     const __m512i pick = _mm512_loadu_si512(kq_pick[b]), shift = _mm512_loadu_si512(kq_shift[b]);
     const __m512i mask = _mm512_set1_epi16((short)((1 << b) - 1));
-    const __mmask64 bytes = (__mmask64)((1ULL << (4 * b)) - 1);
+    const __mmask64 bytes = (__mmask64)((1ULL << (4 * b)) - 1), pair_bytes = (__mmask64)((1ULL << (8 * b)) - 1);
+    const __m512i pick0 = _mm512_loadu_si512(kq_pick_pair[b][0]), pick1 = _mm512_loadu_si512(kq_pick_pair[b][1]);
+    const __m512i pair_shift = _mm512_loadu_si512(kq_shift_pair[b]);
     float ws[2 * nb + 32], wm[nb + 32], ds[KQ_MT * 2 * nb + 16];
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *c = w->codes + n * row_bytes;
@@ -475,9 +492,11 @@ static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *
                     _mm512_storeu_ps(di + 2 * j, _mm512_mul_ps(_mm512_loadu_ps(ws + 2 * j),
                                                                _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_loadu_ps(xd + j)))));
                 for (; j < nb; j++) di[2 * j] = ws[2 * j] * xd[j], di[2 * j + 1] = ws[2 * j + 1] * xd[j];
-            } else {
-                for (; j + 16 <= nb; j += 16) _mm512_storeu_ps(di + j, _mm512_mul_ps(_mm512_loadu_ps(ws + j), _mm512_loadu_ps(xd + j)));
-                for (; j < nb; j++) di[j] = ws[j] * xd[j];
+            } else { /* 16 at a time, the last few by a masked load of xd (ws and ds hold nb rounded up to 16) */
+                for (; j < nb; j += 16) {
+                    const __mmask16 in = nb - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - j)) - 1);
+                    _mm512_storeu_ps(di + j, _mm512_mul_ps(_mm512_loadu_ps(ws + j), _mm512_maskz_loadu_ps(in, xd + j)));
+                }
             }
         }
         __m512 a0[KQ_MT], a1[KQ_MT];
@@ -497,13 +516,42 @@ static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *
             ACC[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_), scale_, ACC[i]);                             \
         }                                                                                                   \
     } while (0)
+/* KQ_TWO: blocks 2p, 2p + 1 at once (a scale per 32): their codes spread by kq_pick_pair, two vpdpwssd
+ * against the interleaved activations (t->xp) leave block 2p's dot product in lanes 0-7 and 2p + 1's
+ * in 8-15, so one conversion and one FMA with [ds_2p x 8 | ds_2p+1 x 8] scale both (as the q4_1
+ * GEMV's pairs: 5.5 vector operations a block instead of 7) */
+#define KQ_TWO(p, ACC)                                                                                     \
+    do {                                                                                                    \
+        const __m512i raw_ = _mm512_maskz_loadu_epi8(pair_bytes, c + (p) * 8 * b);                          \
+        const __m512i q0_ = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi8(pick0, raw_), pair_shift), mask); \
+        const __m512i q1_ = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi8(pick1, raw_), pair_shift), mask); \
+        for (int i = 0; i < mt; i++) {                                                                      \
+            const int16_t *x_ = t->xp + ((m0 + i) * (nb / 2) + (p)) * 64;                                    \
+            const __m512i start_ = zero_first ? _mm512_loadu_si512(t->xzp + ((m0 + i) * (nb / 2) + (p)) * 16) \
+                                              : _mm512_setzero_si512();                                     \
+            const __m512i dot_ = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(start_, q0_, _mm512_loadu_si512(x_)), \
+                                                     q1_, _mm512_loadu_si512(x_ + 32));                      \
+            ACC[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_), kq_pair(ds + i * nb + 2 * (p)), ACC[i]);     \
+        }                                                                                                   \
+    } while (0)
         int64_t blk = 0;
+        if (!halves) {
+            for (; blk + 4 <= nb; blk += 4) { /* two accumulator sets: the FMAs' latency overlaps */
+                KQ_TWO(blk / 2, a0);
+                KQ_TWO(blk / 2 + 1, a1);
+            }
+            if (blk + 2 <= nb) {
+                KQ_TWO(blk / 2, a0);
+                blk += 2;
+            }
+        }
         for (; blk + 2 <= nb; blk += 2) { /* two accumulator sets: the FMAs' latency overlaps */
             KQ_BLOCK(blk, a0);
             KQ_BLOCK(blk + 1, a1);
         }
         if (blk < nb) KQ_BLOCK(blk, a0);
 #undef KQ_BLOCK
+#undef KQ_TWO
         for (int i = 0; i < mt; i++) {
             float minimum = 0.0f;
             if (mins) {
@@ -577,6 +625,47 @@ static const int32_t *kq_zero_starts(const int16_t *xw, int64_t M, int64_t K, in
 }
 #endif
 
+#ifdef KQ_VBMI
+/* the activations of block pairs as KQ_TWO reads them: per row m and pair p, 64 int16
+ * [x 0-15 | x 32-47 | x 16-31 | x 48-63] of the pair's 64 (*xp: KQ_TWO's halves), and where zero_starts is given the
+ * pair's two zero starts in lanes 0 and 8 of 16 int32 (*xzp); buffers of the launching thread kept
+ * for its next launch. -5 (KQ_E_NOMEM) when memory runs out. */
+static int kq_pair_rows(const int16_t *xw, const int32_t *zero_starts, int64_t M, int64_t K, const int16_t **xp,
+                        const int32_t **xzp) {
+    static __thread int16_t *pairs;
+    static __thread int32_t *starts;
+    static __thread size_t have_pairs, have_starts;
+    const int64_t np = K / 64;
+    const size_t need = (size_t)(M * np) * 64 * sizeof(int16_t), need_starts = (size_t)(M * np) * 16 * sizeof(int32_t);
+    if (need > have_pairs) {
+        free(pairs);
+        have_pairs = (need + 63) & ~(size_t)63;
+        if (!(pairs = aligned_alloc(64, have_pairs))) return have_pairs = 0, KQ_E_NOMEM;
+    }
+    if (zero_starts && need_starts > have_starts) {
+        free(starts);
+        have_starts = (need_starts + 63) & ~(size_t)63;
+        if (!(starts = aligned_alloc(64, have_starts))) return have_starts = 0, KQ_E_NOMEM;
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t p = 0; p < np; p++) {
+            const int16_t *x = xw + m * K + 64 * p;
+            int16_t *out = pairs + (m * np + p) * 64;
+            const __m512i a = _mm512_loadu_si512(x), c = _mm512_loadu_si512(x + 32); /* quarters 0 1 | 2 3 */
+            _mm512_storeu_si512(out, _mm512_shuffle_i64x2(a, c, 0x44));      /* 0 2 */
+            _mm512_storeu_si512(out + 32, _mm512_shuffle_i64x2(a, c, 0xee)); /* 1 3 */
+            if (zero_starts) {
+                const int32_t *z = zero_starts + m * (K / 32) + 2 * p;
+                int32_t *s = starts + (m * np + p) * 16;
+                memset(s, 0, 16 * sizeof(int32_t));
+                s[0] = z[0], s[8] = z[1];
+            }
+        }
+    *xp = pairs, *xzp = zero_starts ? starts : NULL;
+    return KQ_OK;
+}
+#endif
+
 /* r4d.c: y = x W^T on AMX int8 tiles against the GEMV's int16 activations, W's rows as `row` gives
  * them (K int8 codes, K / 32 scales and mins); -4 (KQ_E_INVALID) where AMX is not built or granted */
 int r4d_amx_gemm(const Arr *x, int64_t M, int64_t N, int64_t K,
@@ -643,10 +732,12 @@ int r4d_kq_gemv(const Arr *x, int fmt, const void *codes, const void *scale, con
         const int16_t *xw;
         const float *xd, *xs;
         if ((rc = r4d_act16(x, M, K, &xw, &xd, &xs))) return rc;
-        KGemvTask task = {&w, xw, xd, xs, NULL, &Y, M};
+        KGemvTask task = {&w, xw, xd, xs, NULL, &Y, M, NULL, NULL};
 #ifdef KQ_VBMI
-        if (kq_zero(fmt) && fmt != KQ_Q3_K && fmt != KQ_Q6_K && !(task.xz = kq_zero_starts(xw, M, K, kq_zero(fmt))))
+        const int halves = fmt == KQ_Q3_K || fmt == KQ_Q6_K;
+        if (kq_zero(fmt) && !halves && !(task.xz = kq_zero_starts(xw, M, K, kq_zero(fmt))))
             return KQ_E_NOMEM;
+        if (!halves && K >= 64 && (rc = kq_pair_rows(xw, task.xz, M, K, &task.xp, &task.xzp))) return rc;
 #endif
         r4d_parallel(kq_gemv_task, &task, N, 16, kq_threads_for(N * K * code_bits(fmt) / 8, 1 << 15));
         return KQ_OK;
