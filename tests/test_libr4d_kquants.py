@@ -115,13 +115,15 @@ def _amx_granted():
         return False
 
 
-AMX_TYPES = (Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K)  # one scale per 32: r4d_kquants.c's kq_amx_format
+# r4d_kquants.c's AMX formats: one scale per 32 (kq_amx_format, r4d_gemm_amx.h) and, with activations
+# quantised per 256, q6_k's integer scales per 16 (r4d_gemm_amx256.h)
+AMX_TYPES = (Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_the_prefill_gemm_at_aq_0_is_f32_and_at_aq_16_amx_where_it_serves(registry, qtype):
     """aq=0: f32 panels (f32's tolerance); aq=16: AMX int8 tiles on int16 activations where the build
-    and kernel have them and the format has one scale per 32 (the int16 tolerance), else the panels."""
+    and kernel have them and the format is one of AMX_TYPES (the int16 tolerance), else the panels."""
     weight, _ = gguf_weight(qtype, 50, columns_for(qtype), seed=3)
     _, f32, ref = gemm_both(registry, registry, qtype, weight, PREFILL_M, seed=4, aq=0)
     assert rel_err(f32, ref) <= TOL_F32, rel_err(f32, ref)

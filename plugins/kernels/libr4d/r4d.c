@@ -1123,6 +1123,7 @@ static void q80_gemm16_task(const void *context, int64_t lo, int64_t hi) {
 
 #ifdef R4D_AMX
 #include "r4d_gemm_amx.h"
+#include "r4d_gemm_amx256.h"
 #else
 static int r4d_amx_usable(void) { return 0; }
 #endif
@@ -1145,6 +1146,25 @@ int r4d_amx_gemm(const Arr *x, int64_t M, int64_t N, int64_t K,
     return amx_gemm(row, weight, mins, N, K, A, &Y, M);
 #else
     (void)x, (void)M, (void)N, (void)K, (void)row, (void)weight, (void)mins, (void)y;
+    return R4D_E_INVALID;
+#endif
+}
+
+/* y = x W^T on AMX int8 tiles for weights of one scale per 256 (r4d_kquants.c's q6_k):
+ * `row(weight, n, values, scales)` gives weight row n as K int16 values (|v| < 2^14) and K / 256
+ * f32 scales; the activations are quantised per 256 (r4d_gemm_amx256.h). R4D_E_INVALID where AMX
+ * is not built or not granted, or K is not a multiple of 256: the caller keeps its own path. */
+int r4d_amx_gemm256(const Arr *x, int64_t M, int64_t N, int64_t K, void (*row)(const void *, int64_t, int16_t *, float *),
+                    const void *weight, Arr *y) {
+#ifdef R4D_AMX
+    Mat X, Y;
+    int rc;
+    if (!r4d_amx_usable() || K % AMX_SUPER || K <= 0) return R4D_E_INVALID;
+    if ((rc = mat(x, K, 4, M, &X)) || (rc = mat(y, N, 4, M, &Y))) return rc;
+    if (M <= 0) return R4D_OK;
+    return amx_gemm256(row, weight, N, K, &X, &Y, M);
+#else
+    (void)x, (void)M, (void)N, (void)K, (void)row, (void)weight, (void)y;
     return R4D_E_INVALID;
 #endif
 }

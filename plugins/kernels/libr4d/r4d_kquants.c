@@ -672,6 +672,10 @@ int r4d_amx_gemm(const Arr *x, int64_t M, int64_t N, int64_t K,
                  void (*row)(const void *, int64_t, int8_t *, float *, float *), const void *weight, int mins,
                  Arr *y);
 
+/* r4d.c: the same for weights of int16 values with one scale per 256 (K / 256 of them) */
+int r4d_amx_gemm256(const Arr *x, int64_t M, int64_t N, int64_t K, void (*row)(const void *, int64_t, int16_t *, float *),
+                    const void *weight, Arr *y);
+
 #ifdef KQ_VBMI
 /* the formats of one scale (and min) per 32, which the AMX tiles take: q4_0, q5_0, q5_1, q4_k, q5_k */
 static int kq_amx_format(int fmt) {
@@ -701,10 +705,30 @@ static void kq_amx_row(const void *weight, int64_t n, int8_t *codes, float *scal
     memcpy(scales, ws, (size_t)nb * sizeof(float));
     if (kq_has_mins(fmt)) memcpy(mins, wm, (size_t)nb * sizeof(float));
 }
+
+/* weight row n of q6_k as r4d_amx_gemm256 takes it: (code - 32) x the int8 scale of each 16
+ * (|v| <= 32 x 128), and the f16 super-block scales d as f32. (q3_k would take the same form; its
+ * error against libref measured 0.9-1.3e-4 of the int16 tolerance's 2e-4, q6_k's 0.8-0.9e-4, so
+ * q3_k keeps its f32 panels.) */
+static void kq_amx_row256(const void *weight, int64_t n, int16_t *values, float *scales) {
+    const KW *w = (const KW *)weight;
+    const int b = code_bits(w->fmt);
+    const int64_t K = w->cols, nb = K / 32;
+    const uint8_t *c = w->codes + n * (K * b / 8);
+    const int8_t *sc = (const int8_t *)w->scale + n * (K / 16);
+    const __m512i zero = _mm512_set1_epi16((short)kq_zero(w->fmt));
+    for (int64_t j = 0; j < nb; j++) { /* the block's two scales, 16 lanes each */
+        const __m512i scale = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * j])),
+                                                 _mm256_set1_epi16(sc[2 * j + 1]), 1);
+        _mm512_storeu_si512(values + 32 * j, _mm512_mullo_epi16(_mm512_sub_epi16(kq_unpack(c + j * 4 * b, b), zero), scale));
+    }
+    kq_f16_f32(w->scale1 + n * (K / 256) * 2, K / 256, scales);
+}
 #endif
 
-/* The prefill band: at aq 16 the AMX int8 tiles where they serve (an AMX build and kernel, a format
- * of one scale per 32), else (and at aq 0) r4d_kq_gemm's decoded f32 panels */
+/* The prefill band: at aq 16 the AMX int8 tiles where they serve (an AMX build and kernel; formats
+ * of one scale per 32 through r4d_amx_gemm, q6_k through r4d_amx_gemm256), else (and at aq 0)
+ * r4d_kq_gemm's decoded f32 panels */
 int r4d_kq_gemm_aq(const Arr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
                    const void *min1, Arr *y, int64_t M, int64_t N, int64_t K, int aq) {
     if (aq != 0 && aq != 16) return KQ_E_INVALID;
@@ -712,6 +736,10 @@ int r4d_kq_gemm_aq(const Arr *x, int fmt, const void *codes, const void *scale, 
     const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
     if (aq == 16 && !kw_check(&w) && kq_amx_format(fmt) && M > 0) {
         const int rc = r4d_amx_gemm(x, M, N, K, kq_amx_row, &w, kq_has_mins(fmt), y);
+        if (rc != KQ_E_INVALID) return rc;
+    }
+    if (aq == 16 && !kw_check(&w) && fmt == KQ_Q6_K && M > 0) {
+        const int rc = r4d_amx_gemm256(x, M, N, K, kq_amx_row256, &w, y);
         if (rc != KQ_E_INVALID) return rc;
     }
 #endif
