@@ -5,7 +5,7 @@ second, at M = 1 (the decode GEMV band) and M = --prefill (the GEMM band). "M=1 
 row with f32 activations (each weight row decoded to f32 first: what the k-quant rows did before
 their integer path), so the integer path's gain is read off the same run; likewise "M=P aq=0" is the
 GEMM band on its f32 panels, against its default (aq=16: AMX int8 tiles where the build and kernel
-have them, for the formats of one scale per 32; the panels otherwise).
+have them, for the formats of one scale per 32 and q6_k; the panels otherwise).
 
     python bench/libr4d_kquants.py [--threads 2] [--rows 640] [--cols 2048] [--prefill 64] [--repeats 30]
 

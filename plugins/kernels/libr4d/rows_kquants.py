@@ -178,7 +178,8 @@ def build_rows(native) -> list[RadKernelInfo]:
                          f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable))
         found.append(row(f"r4d_gemm_{fmt}", "gemm", gemm, [RAD_CGE("M", GEMV_MAX_M + 1), *common],
                          "prefill GEMM: AMX int8 tiles against the int16 activations (aq=16; an AMX build, "
-                         "one scale per 32: q4_0, q5_0, q5_1, q4_k, q5_k), else 24 weight rows decoded exactly "
+                         "one scale per 32: q4_0, q5_0, q5_1, q4_k, q5_k; q6_k with activations quantised per 256), "
+                         "else 24 weight rows decoded exactly "
                          "per panel, reused by every row of x (aq=0)",
                          f"M>={GEMV_MAX_M + 1}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable))
     formats = " ".join(FORMATS)
