@@ -130,3 +130,20 @@ def test_attention_refuses_a_slot_outside_the_cache(registry):
     params = {"M": 3, "q_heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block_size": 16,
               "scale": 0.125, "dtype": "f32"}
     assert launch(row_of(registry, "attention", "libr4d"), operands, params) != 0
+
+
+def test_a_decode_token_s_items_by_kv_head_or_by_query_head_give_the_same_bits(registry):
+    """A decode token's items are its kv heads (each with its group's query heads) where there are at
+    least as many as threads, else its query heads one by one: the same arithmetic per head, so the
+    same bits either way, and every head's output written once."""
+    from test_libr4d_pool import Threads
+
+    step = paged_step([(300, 1)], num_blocks=40, seed=6)
+    outs = {}
+    for threads in (1, 2, KV_HEADS + 1):  # kv heads >= threads: grouped; fewer: head by head
+        with Threads(registry, threads):
+            outs[threads] = run_attention(registry, "libr4d", step)[0]
+    ref, _, _ = run_attention(registry, "libref", step)
+    assert rel_err(outs[1][:1], ref[:1]) <= TOL_ATTENTION
+    np.testing.assert_array_equal(outs[1], outs[2])
+    np.testing.assert_array_equal(outs[1], outs[KV_HEADS + 1])
