@@ -1774,7 +1774,7 @@ static int attend(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, co
      * leaves fewer items than threads (decode: one token, fewer kv heads than threads), (token,
      * query head) items, a kv head's rows read once per query head (from cache after the first).
      * SmolLM2's decode (3 kv heads, 2 threads) takes its kv heads, one thread two of them: attention
-     * 1.76-1.91 ms a token against 2.03-2.33 with its 9 query heads shared out (profiled decodes,
+     * 1.76-1.89 ms a token against 2.03-2.15 with its 9 query heads shared out (profiled decodes,
      * alternated; bench/results/host_avx512_2026-12-03b.md): the cached rows come from memory once. */
     const int nt = nthreads_for(M * H * maxlen * D, 1 << 14);
     const int per_head = nt > 1 && M * KVH < nt;
