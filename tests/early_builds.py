@@ -1,6 +1,7 @@
-"""Builds that take a minute (hipcc and nvcc compiles, cmake builds, a real model's conversion), begun
-on one background thread as soon as collection ends, so they run on the second core beside the tests
-collected before their own (holds no tests).
+"""Builds that take a minute (hipcc, nvcc and on-host g++ compiles, cmake builds, a real model's
+conversion, libref's greedy tokens of one), begun on one background thread as soon as collection
+ends, so they run on the second core beside the tests collected before their own (holds no tests);
+a build whose work is Python runs it in a process of its own (tests/in_subprocess.py).
 
 A test module lists its builds in `EARLY_BUILDS` ({key: a function of no arguments}); conftest.py's
 pytest_collection_finish starts the builds of every module collected, in collection order, and moves

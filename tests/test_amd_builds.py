@@ -45,10 +45,14 @@ def sources() -> dict:
 
 
 def hipcc(source: Path, out: Path):
-    """One bundle holding a code object for each target."""
+    """One bundle holding a code object for each target (hipcc's temporary folders, which it leaves
+    behind, beside it: the session removes them with the early builds' folder)."""
+    temporary = out.parent / "tmp"
+    temporary.mkdir(exist_ok=True)
     return subprocess.run(["hipcc", "--genco", *(f"--offload-arch={t}" for t in TARGETS), "-include",
                            "hip/hip_runtime.h", "-O3", "-DNDEBUG", "-o", str(out), str(source)],
-                          capture_output=True, text=True, env={**os.environ, "HIP_PLATFORM": "amd"})
+                          capture_output=True, text=True,
+                          env={**os.environ, "HIP_PLATFORM": "amd", "TMPDIR": str(temporary)})
 
 
 def compile_source(name: str):

@@ -1,7 +1,7 @@
 """The new device sources themselves, run without a card: gemv_gguf.cu, gemma.cu, elementwise.cu's add,
 silu_mul and rope, attention_tiles.cu (its tf32 MMAs and copies in tests/fixtures/tensor_core_on_host.h's
 host forms), and attention_window.cu (after attention.cu, whose fused rope + attention kernel is
-checked here too), their real text built with g++ behind tests/fixtures/cuda_on_host.h (threads for
+checked here too), their real text built with g++ behind tests/fixtures/cuda_on_host.h (fibers for
 a block's lanes, a warp's shuffles and barriers emulated) as the kernels of a fake NVIDIA card, the
 rows launched through their plans, against libref within each row's tolerance. What the numpy forms
 (test_device_gguf_rows.py, test_device_gemma_rows.py) cannot show: the kernels' own indexing, bit

