@@ -76,7 +76,9 @@ def test_every_kernel_name_is_defined_in_its_source(registry):
     assert dk.padded(49152) == 65536 and dk.padded(128256) == 131072 and dk.padded(1) == 1
     assert dk.sample_scratch_bytes(2, 1000) == 2 * (1024 * 8 + 4000)
     assert dk.gemm_grid(65, 4097) == ((65, 2, 1), (256, 1, 1))
-    assert dk.gemv_grid(14336) == ((896, 1, 1), (128, 1, 1))
+    assert dk.gemv_grid(14336, shape=dk.GemvShape(4, 4, 2)) == ((896, 1, 1), (128, 1, 1))
+    assert dk.gemv_grid(14336, shape=dk.GemvShape(8, 2, 1)) == ((896, 1, 1), (256, 1, 1))
+    assert dk.gemv_grid(14336) == ((-(-14336 // dk.GEMV.group), 1, 1), (32 * dk.GEMV.warps, 1, 1))
 
 
 class Recorder(RadStream):
@@ -136,7 +138,8 @@ def test_gemv_and_gemm_plans_pack_the_plane_addresses_and_are_cached(registry):
     assert [(name, options[:3]) for name, options in stream.compiled] == [
         ("r4d_gemv_m4", ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=0", "-DR4D_GEMV_NORM=0"))]
     kernel, grid, block, args = stream.launches[-1]
-    assert (kernel, grid, block) == ("r4d_gemv_m4", (12, 1, 1), (128, 1, 1))
+    group = module(registry, "device_kernels").GEMV.group  # a block's row group
+    assert (kernel, grid, block) == ("r4d_gemv_m4", (-(-192 // group), 1, 1), (128, 1, 1))
     assert pointers(args, [0, 6, 7, 8, 9]) == [0x1000, 0x7000000, 0x7100000, 0x7200000, 0x2000]
     assert pointers(args, [11, 16]) == [0, 0]  # no second or third weight
     gemm = device_row(registry, "r4dchain_gemm_q4_1_dev")
@@ -256,8 +259,10 @@ def test_every_chained_kernel_waits_in_its_prologue():
 
 def test_narrow_gemvs_split_k_into_whole_pipelined_steps(registry):
     dk = module(registry, "device_kernels")
-    assert dk.gemv_split(14336, 4096, "bf16") == (1, 4096)      # 896 blocks fill the card already
-    assert dk.gemv_split(512, 4096, "bf16") == (8, 512)         # 32 blocks: K in 8 chunks of 2 steps
+    cut = dk.GemvShape(4, 4, 2)  # row groups of 16
+    assert dk.gemv_split(14336, 4096, "bf16", shape=cut) == (1, 4096)  # 896 blocks fill the card already
+    assert dk.gemv_split(512, 4096, "bf16", shape=cut) == (8, 512)     # 32 blocks: K in 8 chunks of 2 steps
+    assert dk.gemv_split(14336, 4096, "bf16", shape=dk.GemvShape(4, 8, 1)) == (2, 2048)  # 448 blocks: 2 chunks
     for n, k, fmt in [(512, 4096, "bf16"), (2048, 4096, "bf16"), (4096, 2048, "bf16"), (4096, 14336, "q8_0"),
                       (1000, 4000, "q4_1"), (576, 1536, "q4_1")]:
         splits, chunk = dk.gemv_split(n, k, fmt)
@@ -281,7 +286,7 @@ def test_a_split_gemv_plans_its_partials_in_the_rows_scratch(registry):
     assert launch(row, [x, w, y], {**params, "M": 1}, stream, 0x9000000, need) == RAD_OK
     kernel, grid, block, args = stream.launches[-1]
     splits, chunk = module(registry, "device_kernels").gemv_split(256, 4096, "q8_0")
-    assert grid == (16, splits, 1) and splits > 1
+    assert grid == (-(-256 // module(registry, "device_kernels").GEMV.group), splits, 1) and splits > 1
     (k_chunk,) = ints(args, [3])
     partial, counters = pointers(args, [4, 5])
     assert k_chunk == chunk and counters == 0x9000000 and partial > counters
@@ -309,9 +314,9 @@ def test_fused_gemv_rows_pack_every_weight_the_norm_and_their_epilogue(registry,
     scratch = row.info.scratch(dict(params))
     assert launch(row, [x, norm, normed, wq, q, wk, k, wv, v], params, stream, 0x5000000, scratch) == RAD_OK
     kernel, grid, block, args = stream.launches[-1]
-    # gemv.cu: a block a row group of 16; gemv_stream.cu: a few blocks a multiprocessor, no more
+    # gemv.cu: a block a row group (dk.GEMV.group rows); gemv_stream.cu: a few blocks a multiprocessor, no more
     stream_blocks = min(MULTIPROCESSORS * dk.STREAM.blocks, 960 // dk.STREAM.unit)
-    assert kernel == f"{name}1" and grid[0] == (stream_blocks if shift == 0 else -(-960 // 16))
+    assert kernel == f"{name}1" and grid[0] == (stream_blocks if shift == 0 else -(-960 // dk.GEMV.group))
     assert stream.compiled[-1][1][:3] == ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=0", "-DR4D_GEMV_NORM=1")
     at = [i + shift for i in (3, 6, 8, 11, 13, 16, 18)]
     assert pointers(args, at) == [0x7000000, 0x2000, 0x8000000, 0x3000, 0x9000000, 0x4000, 0x6000000]
@@ -322,7 +327,7 @@ def test_fused_gemv_rows_pack_every_weight_the_norm_and_their_epilogue(registry,
     pair = {"M": 1, "n.0": 576, "eps": 1e-5, "K": 576, "N.1": 1536, "N.2": 1536, "wdtype": "q4_1", "dtype": "f32"}
     row = device_row(registry, "r4dchain_rmsnorm_gemm2_silu_mul_q4_1_dev")
     assert launch(row, [x, norm, normed, wg, gate, wu, up], pair, stream, 0x5000000, row.info.scratch(pair)) == RAD_OK
-    assert stream.launches[-1][1][0] == (min(MULTIPROCESSORS * dk.STREAM.blocks, 3072 // dk.STREAM.unit) if shift == 0 else 3072 // 16)
+    assert stream.launches[-1][1][0] == (min(MULTIPROCESSORS * dk.STREAM.blocks, 3072 // dk.STREAM.unit) if shift == 0 else 3072 // dk.GEMV.group)
     assert stream.compiled[-1][1][1] == "-DR4D_GEMV_MODE=2"
     w, y, residual = device_weight("q4_1", 576, 1536, 0x7000000), dev(0x2000, (1, 576)), dev(0x3000, (1, 576))
     plus = {"M": 1, "N": 576, "K": 1536, "n": 576, "wdtype": "q4_1", "dtype": "f32"}
@@ -357,7 +362,7 @@ def test_the_stream_gemv_serves_shapes_that_keep_its_warps_busy(registry):
     assert dk.stream_grid(28672, 132, shape) == ((528, 1, 1), (128, 1, 1))
     assert dk.stream_grid(600, 132, shape) == ((300, 1, 1), (128, 1, 1))
     assert dk.StreamShape.parse("8,2,4,3,1") == dk.StreamShape(8, 2, 4, 3, 1)
-    assert dk.argmax_groups(128256) == 8016 and dk.argmax_groups(64) == 32  # gemv.cu's groups, or blocks
+    assert dk.argmax_groups(128256) == -(-128256 // dk.GEMV.group) and dk.argmax_groups(64) == 32  # gemv.cu's groups, or blocks
 
 
 def test_another_gemv_cut_is_three_or_four_integers_and_reaches_the_compiler(registry):
@@ -392,4 +397,4 @@ def test_the_fused_lm_head_is_a_gemv_with_an_argmax_then_the_sampler(registry, s
     best, best_index = pointers(args, [26 + shift, 27 + shift])
     # the sampler reduces one maximum a row group (gemv.cu) or a block (gemv_stream.cu)
     assert pointers(sample_args, [9, 10]) == [best, best_index] and ints(sample_args, [11]) == [grid[0]]
-    assert grid[0] == (MULTIPROCESSORS * dk.STREAM.blocks if shift == 0 else 49152 // 16)
+    assert grid[0] == (MULTIPROCESSORS * dk.STREAM.blocks if shift == 0 else 49152 // dk.GEMV.group)

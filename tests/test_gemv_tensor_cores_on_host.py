@@ -29,7 +29,8 @@ pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.wh
 dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")
 FMT = {"bf16": 2, "q8_0": 3, "q4_1": 4, "fp8_channel": 5}
 F32 = 0
-DEFAULT = (4, 4)  # GemvShape's warps and rows
+DEFAULT = (4, 8, 1)  # GemvShape's default: warps, rows, steps in flight
+SIXTEEN = (4, 4, 2)  # the cut before it: row groups of 16
 
 
 def build(fmt, mode, norm, tensor_cores=True, shape=DEFAULT):
@@ -40,13 +41,13 @@ def build(fmt, mode, norm, tensor_cores=True, shape=DEFAULT):
     forms = (FIXTURES / "tensor_core_on_host.h").read_text()
     source = "#define R4D_GEMV_TC_ON_HOST 1\n" + common + "\n" + forms + text[len(common):]
     options = (f"-DR4D_GEMV_FMT={FMT[fmt]}", f"-DR4D_GEMV_MODE={mode}", f"-DR4D_GEMV_NORM={norm}",
-               f"-DGEMV_WARPS={shape[0]}", f"-DGEMV_ROWS={shape[1]}", "-DGEMV_PIPE=2",
+               f"-DGEMV_WARPS={shape[0]}", f"-DGEMV_ROWS={shape[1]}", f"-DGEMV_PIPE={shape[2]}",
                f"-DGEMV_TC_FROM={8 if tensor_cores else 16}")
     return ON_HOST.build(source, options)
 
 
 FORMATS = ["bf16", "q8_0", "q4_1", "fp8_channel"]
-CASES = [(8, 40, 576, 1, DEFAULT), (5, 16, 1024, 1, DEFAULT), (6, 72, 2048, 2, DEFAULT), (7, 72, 512, 2, (4, 8))]
+CASES = [(8, 40, 576, 1, DEFAULT), (5, 16, 1024, 1, DEFAULT), (6, 72, 2048, 2, DEFAULT), (7, 72, 512, 2, SIXTEEN)]
 # Every library the tests ask for, each an early build (tests/early_builds.py): g++ takes a second or
 # two a library, so the 18 begin beside the tests before this module's, in the order its tests ask.
 LIBRARIES = [(fmt, 0, 0, tensor_cores, shape) for shape in dict.fromkeys(case[4] for case in CASES)
@@ -55,7 +56,7 @@ LIBRARIES += [("bf16", 2, 1, True, DEFAULT), ("bf16", 1, 0, True, DEFAULT)]
 
 
 def build_name(fmt, mode, norm, tensor_cores, shape) -> str:
-    return f"g++:gemv_tc:{fmt}:mode{mode}:norm{norm}:{'tc' if tensor_cores else 'fma'}:{shape[0]}x{shape[1]}"
+    return f"g++:gemv_tc:{fmt}:mode{mode}:norm{norm}:{'tc' if tensor_cores else 'fma'}:{shape[0]}x{shape[1]}x{shape[2]}"
 
 
 EARLY_BUILDS = {} if ON_HOST.why() is not None else {build_name(*key): functools.partial(build, *key)

@@ -26,9 +26,12 @@ class GemvShape:
     16-byte steps a lane keeps in flight, and the fewest register rows (MT) whose products run on
     tensor cores (bf16 and e4m3 weights on NVIDIA sm_80 and later; 16: never). bench/device_ops.py
     --sweep times other cuts."""
+    # 4 warps of 8 rows, one step in flight: on an H200 (bench/results/h200_card_runs_2026-12-03c.md) the
+    # fastest cut at M = 1 and 8 in bench/device_ops.py and in a whole 8B decode step (4.80 against
+    # 5.20 ms captured for 4, 4, 2)
     warps: int = 4
-    rows: int = 4
-    pipe: int = 2
+    rows: int = 8
+    pipe: int = 1
     tensor_cores_from: int = 8
 
     @property

@@ -20,10 +20,10 @@
 #define GEMV_WARPS 4
 #endif
 #ifndef GEMV_ROWS
-#define GEMV_ROWS 4  // even: silu * mul pairs a gate row with its up row inside one warp
+#define GEMV_ROWS 8  // even: silu * mul pairs a gate row with its up row inside one warp
 #endif
 #ifndef GEMV_PIPE
-#define GEMV_PIPE 2
+#define GEMV_PIPE 1
 #endif
 #define GEMV_GROUP (GEMV_WARPS * GEMV_ROWS)
 
