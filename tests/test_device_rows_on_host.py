@@ -1,5 +1,5 @@
 """The new device sources themselves, run without a card: gemv_gguf.cu, gemma.cu, elementwise.cu's add,
-silu_mul and rope, attention_tiles.cu (its tf32 MMAs and copies in tests/fixtures/tensor_core_on_host.h's
+silu_mul and rope, attention_tiles.cu (its bf16 MMAs, ldmatrix and copies in tests/fixtures/tensor_core_on_host.h's
 host forms), and attention_window.cu (after attention.cu, whose fused rope + attention kernel is
 checked here too), their real text built with g++ behind tests/fixtures/cuda_on_host.h (fibers for
 a block's lanes, a warp's shuffles and barriers emulated) as the kernels of a fake NVIDIA card, the
@@ -17,6 +17,7 @@ from radiance.abi import RAD_DT_F32, RAD_OK, rad_device_tensor
 from radiance.engine.running.device_stream import EngineStream
 from device_batch_support import nvidia_fake
 from test_device_rows_support import Card
+from test_attention_tiles_on_host import host_source as attention_tiles_host_source
 from test_device_tensor_cores import attention_operands
 from test_libr4d_kquants import TYPES, gguf_weight
 from test_libr4d_support import activations, plain_weight, registry, rel_err, row_of  # noqa: F401 (registry)
@@ -41,19 +42,6 @@ def device_row(registry, name):
     return next(row for row in lib.rows if row.name == name)
 
 
-def attention_tiles_on_host(dk) -> str:
-    """attention_tiles.cu's text with tensor_core.cu's and its own inline PTX replaced by their host
-    forms (tests/fixtures/tensor_core_on_host.h), its dynamic shared memory a static array."""
-    tensor_core = (dk.FOLDER / "tensor_core.cu").read_text()
-    text = dk.source("attention_tiles")
-    assert tensor_core in text
-    text = text.replace(tensor_core, (FIXTURES / "tensor_core_on_host.h").read_text())
-    start, end = text.index("__device__ __forceinline__ u32 r4d_tf32("), text.index("template <int D, int G>")
-    dynamic = "extern __shared__ __align__(16) float at_shared[];"
-    assert "asm" not in text[end:] and dynamic in text
-    return text[:start] + text[end:].replace(dynamic, "static float at_shared[2 * 32 * (128 + 4)];")
-
-
 @pytest.fixture(scope="module")
 def on_host(registry):
     dk = module(registry, "device_kernels")
@@ -70,12 +58,12 @@ def on_host(registry):
         q_heads, kv_heads = (int.from_bytes(launch.args.data[launch.args.offsets[i]:launch.args.offsets[i] + 4],
                                             "little") for i in (12, 13))
         d = next(d for d in at.HEAD_DIMS if at.shared_bytes(d) == launch.shared_bytes)
-        return at.options(d, q_heads // kv_heads)
+        return at.options(d, q_heads // kv_heads, launch.block[0] // 32)
 
     kernels = {**ON_HOST.kernels(dk.source("gemv_gguf")), **ON_HOST.kernels(dk.source("gemma")),
                **ON_HOST.kernels(dk.source("elementwise")),
                **ON_HOST.kernels(dk.source("attention_window"), attention_options),
-               **ON_HOST.kernels(attention_tiles_on_host(dk), tiles_options)}
+               **ON_HOST.kernels(attention_tiles_host_source(), tiles_options)}
     device = nvidia_fake("sm_90", kernels)
     card = Card(device, EngineStream(device))
     yield card
@@ -223,7 +211,7 @@ def test_elementwise_cu_rope_agrees_with_libref(registry, on_host, heads, kv, d,
 
 def test_attention_tiles_cu_agrees_with_libref(registry, on_host):
     """attention_tiles.cu's own indexing, slot lookups, copies, rounding, barriers and split merges, its
-    tf32 MMAs in their host form: the row on the host against libref within its tolerance. One
+    bf16 MMAs and ldmatrix in their host form: the row on the host against libref within its tolerance. One
     sequence's chunk of 20 tokens after 1500 cached (its tiles taken last first; 16 splits of 3 key
     tiles each); 32 blocks, the host's threads being slow."""
     at = module(registry, "device_attention_tiles")

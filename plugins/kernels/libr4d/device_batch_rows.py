@@ -112,8 +112,9 @@ def _tc_attention(a):
     args.pointer(scratch + layout["partial"] if "partial" in layout else 0).pointer(scratch if "counters" in layout else 0)
     args.i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(p["block_size"]).f32(p["scale"])
     tiles, threads = at.grid(m, seqs, kv, group)
+    options = at.options(d, group, at.warps(m, seqs, group))
     return [Step("r4d_kv_store_dev", "attention", grid, block, store, 0, dk.attention_options(d, group)),
-            Step("r4d_attend_tiles", "attention_tiles", tiles, threads, args, at.shared_bytes(d), at.options(d, group))]
+            Step("r4d_attend_tiles", "attention_tiles", tiles, threads, args, at.shared_bytes(d), options)]
 
 
 def _tc_attention_scratch(geometry) -> int:
