@@ -5,7 +5,7 @@
 // r4d_kv_store_dev), so every key comes from the cache.
 //
 // Work: a block takes one query tile (R4D_AT_QT consecutive tokens of one sequence, times the
-// R4D_AT_G query heads sharing kv head blockIdx.y: at most AT_ROWS rows, 16 a warp, row r is token
+// R4D_AT_G query heads sharing one kv head: at most AT_ROWS rows, 16 a warp, row r is token
 // r / G, head r % G) and one split of the keys that tile sees (blockIdx.z). Tiles are numbered
 // sequence by sequence (gridDim.x bounds their count from the shapes; blocks past the last return).
 //
@@ -76,12 +76,16 @@ __device__ void attend_tiles(const AttTiles& p) {
     __shared__ long long s_slot[2][AT_KT];  // the cache slots of the next key tile's keys and of the one after
     __shared__ int s_last;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    int kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
-    // this block's tile: the sequence and its first token. One sequence (a prefill chunk) takes its
-    // tiles from the last back: the last sees the most keys, so the longest blocks go in the first
-    // wave and the grid ends on short ones (blocks start in blockIdx.x order). blockIdx.x still names
-    // the tile for its split counter.
-    int tile = blockIdx.x, s = 0;
+    // Blocks start in the order of x, then y: the kv head is taken from the faster-moving part of that
+    // order (block b of a split is tile b / kv_heads, kv head b % kv_heads), so that every kv head's
+    // tile of one index starts before the next index's. One sequence (a prefill chunk) takes its tiles
+    // from the last back: the last sees the most keys, so the longest blocks of every kv head go in
+    // the first waves and the grid ends on short ones. `named` (the tile before that reversal) and the
+    // kv head name the split counter.
+    int order = blockIdx.x + gridDim.x * blockIdx.y;
+    int named = order / gridDim.y, kvh = order % gridDim.y, split = blockIdx.z, splits = gridDim.z;
+    // this block's tile: the sequence and its first token
+    int tile = named, s = 0;
     if (p.seqs == 1) {
         int tiles = (p.cu_seqlens[1] - p.cu_seqlens[0] + QT - 1) / QT;
         if (tile >= tiles) return;  // past the last tile: nothing, and no counter of its own
@@ -280,7 +284,7 @@ __device__ void attend_tiles(const AttTiles& p) {
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        u32* counter = p.counters + (long long)blockIdx.x * K + kvh;
+        u32* counter = p.counters + (long long)named * K + kvh;
         s_last = atomicAdd(counter, 1u) == (u32)splits - 1;
         if (s_last) *counter = 0u;  // every split has counted: ready for the next launch
     }
