@@ -194,19 +194,28 @@ def test_elementwise_cu_add_and_silu_mul_agree_with_libref(registry, on_host, m,
             np.testing.assert_array_equal(got, want, err_msg=op)
 
 
-@pytest.mark.parametrize("heads,kv,d,interleaved,m", [(32, 8, 128, 0, 3), (9, 3, 64, 1, 2), (2, 1, 1024, 0, 1)])
+@pytest.mark.parametrize("heads,kv,d,interleaved,m", [(32, 8, 128, 0, 3), (9, 3, 64, 1, 2), (2, 1, 1024, 0, 1),
+                                                      (2, 1, 2048, 1, 2), (3, 1, 2056, 0, 1), (4, 2, 6, 0, 2)])
 def test_elementwise_cu_rope_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, m):
-    """A block a token: a pair's angle once, over every head (head_dim 1024: more pairs than threads)."""
+    """A block a token: its angles once into shared memory (head_dim 2048 and 2056: more pairs than a
+    chunk of 512), then every (head, pair): float4 steps where q and k are 16-byte aligned and d
+    allows (head_dim 6: its 3 pairs go one at a time), the same bits as the scalar loop, which q
+    placed 4 bytes past a 16-byte boundary takes."""
     q, k = activations(m, heads * d, 5), activations(m, kv * d, 6)
     positions = np.random.default_rng(7).integers(0, 8192, m).astype(np.int32)
     inv_freq = (1.0 / 500000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
     params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "interleaved": interleaved, "dtype": "f32"}
-    got = on_host.run(device_row(registry, "r4dchain_rope_dev"), [q, k, positions, inv_freq], params, read=(0, 1))
+    row = device_row(registry, "r4dchain_rope_dev")
+    got = on_host.run(row, [q, k, positions, inv_freq], params, read=(0, 1))
     want = [np.array(o, copy=True) for o in (q, k, positions, inv_freq)]
     assert host_launch(row_of(registry, "rope", "libref"), want, params) == RAD_OK
     tolerance = module(registry, "device_kernels").TOLERANCE["rope"]
     for i in (0, 1):
         assert rel_err(got[i], want[i]) <= tolerance, (i, rel_err(got[i], want[i]))
+    moved = shifted(on_host, q, 4)
+    scalar = on_host.run(row, [moved, k, positions, inv_freq], params, read=(1,))
+    np.testing.assert_array_equal(on_host.download(moved, q), got[0])
+    np.testing.assert_array_equal(scalar[1], got[1])
 
 
 def test_attention_tiles_cu_agrees_with_libref(registry, on_host):
