@@ -1,10 +1,11 @@
 """attention_tiles.cu (the tensor-core attention of batches and prefill chunks) run on the host: its
 real text built with g++ behind tests/fixtures/cuda_on_host.h, with the host forms of cp.async,
 ldmatrix (plain and transposed), mma.m16n8k16 bf16, cvt.rn.bf16x2 and ex2 (tests/fixtures/
-tensor_core_on_host.h), its entry called with numpy arrays as a card's launch would pass them. What
-a card's run cannot show in CI: the fragments' and ldmatrix rows' owners, the stage and bf16 tile
-indexing, the slots looked up ahead, the causal masks and the tiles a warp skips, the padding rows
-of short tiles, mixed sequences, the split merges and their counters. Against exact attention in
+tensor_core_on_host.h), its store and tiles entries called with numpy arrays as a card's launch would
+pass them. What a card's run cannot show in CI: the fragments' and ldmatrix rows' owners, the bf16
+tiles' indexing and double buffer, this step's keys from the bf16 rows against older keys from the
+cache, the slots looked up ahead, the causal masks and the tiles a warp skips, the padding rows of
+short tiles, mixed sequences, the split merges and their counters. Against exact attention in
 float64 and against libref's attention row, within device_attention_tiles.TOLERANCE; against a
 float64 reference of the kernel's own roundings (q * scale * log2(e), k and v to bf16) far tighter,
 which a wrong mask or a lost tile exceeds. Skipped, saying so, where g++ is missing."""
@@ -85,14 +86,16 @@ def library(d, group, warps):
     return early_builds.result(build_name(d, group, warps), functools.partial(build, d, group, warps))
 
 
-def launch(lib, operands, params, warps, splits):
-    """r4d_attend_tiles over the caches (the step's k, v stored at their slots first, as
-    r4d_kv_store_dev does); returns (out, the lanes that took part in an MMA)."""
+def launch(lib, operands, params, warps, splits, fresh=True):
+    """r4d_kv_store_bf16_dev (the step's k, v at their slots, and narrowed to bf16 rows), then
+    r4d_attend_tiles over the caches, with those rows (`fresh`) or without (every key from the f32
+    cache); returns (out, the lanes that took part in an MMA)."""
     q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, _ = operands
     k_cache, v_cache = k_cache.copy(), v_cache.copy()
-    k_cache[slots], v_cache[slots] = k, v
     m, seqs = len(positions), len(lengths)
     heads, kv, d, group = params["q_heads"], params["kv_heads"], params["head_dim"], params["q_heads"] // params["kv_heads"]
+    width = kv * d
+    fresh_k, fresh_v = np.zeros((m, width), np.uint16), np.zeros((m, width), np.uint16)
     tokens = warps * 16 // group
     tiles = sum(-(-int(cu[s + 1] - cu[s]) // tokens) for s in range(seqs))
     out = np.full((m, heads * d), np.nan, np.float32)
@@ -101,17 +104,28 @@ def launch(lib, operands, params, warps, splits):
     keep = []
 
     def ptr(a):
+        if a is None:
+            return ctypes.c_void_p(0)
         keep.append(a)
         return ctypes.c_void_p(a.ctypes.data)
 
+    def call(name, grid, block, args):
+        array = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+        assert lib.r4d_host_launch(name, *grid, *block, array) == 0
+
+    (gx, gy, gz), block = at.store_grid(m, width)
+    call(b"r4d_kv_store_bf16_dev", (gx, gy, gz), block, [ptr(k), ptr(v), ptr(k_cache), ptr(v_cache), ptr(slots),
+                                                          ctypes.c_int(width), ptr(fresh_k), ptr(fresh_v)])
+    np.testing.assert_array_equal(k_cache[slots], k)
+    np.testing.assert_array_equal(fresh_v, v.astype(ml_dtypes.bfloat16).view(np.uint16))
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(positions), ptr(cu), ptr(lengths), ptr(blocks), ptr(out),
             ptr(partial), ptr(counters), ctypes.c_int(seqs), ctypes.c_int(blocks.shape[1]), ctypes.c_int(heads),
-            ctypes.c_int(kv), ctypes.c_int(params["block_size"]), ctypes.c_float(params["scale"])]
-    params_array = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+            ctypes.c_int(kv), ctypes.c_int(params["block_size"]), ctypes.c_float(params["scale"]),
+            ptr(fresh_k if fresh else None), ptr(fresh_v if fresh else None)]
     lanes = ctypes.c_longlong.in_dll(lib, "r4d_mma16_lanes")
     before = lanes.value
     # one tile more than there are: the grid's bound may exceed the tiles, and those blocks return
-    assert lib.r4d_host_launch(b"r4d_attend_tiles", tiles + 1, kv, splits, 32 * warps, 1, 1, params_array) == 0
+    call(b"r4d_attend_tiles", (tiles + 1, kv, splits), (32 * warps, 1, 1), args)
     assert not counters.any(), "the last block of each tile leaves its counter zero"
     return out, lanes.value - before
 
@@ -178,3 +192,15 @@ def test_a_wrong_mask_would_show():
     shifted = [np.array(o, copy=True) for o in operands]
     shifted[6] = np.maximum(shifted[6] - 1, 0)
     assert rel_err(out, reference(shifted, params, rounded=False)) > 10 * at.TOLERANCE
+
+
+@pytest.mark.parametrize("case", ["prefill_g4_d128", "chunk_and_decode_g8_d64"])
+def test_this_steps_keys_from_the_bf16_rows_give_the_cache_s_bits(case):
+    """The step's keys by cp.async of the bf16 rows (all of a prompt from 0; a chunk's after its
+    cached context) or from the f32 cache narrowed in registers: the same bf16 tiles, the same bits."""
+    _, heads, kv, d, sequences, warps, splits = next(c for c in CASES if c[0] == case)
+    operands, params = attention_operands(heads, kv, d, sequences, seed=23)
+    lib = library(d, heads // kv, warps)
+    rows, _ = launch(lib, operands, params, warps, splits, fresh=True)
+    cache, _ = launch(lib, operands, params, warps, splits, fresh=False)
+    np.testing.assert_array_equal(rows, cache)

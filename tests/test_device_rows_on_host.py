@@ -55,6 +55,8 @@ def on_host(registry):
 
     def tiles_options(launch):  # head_dim from the launch's shared bytes, heads a kv head from its arguments
         at = module(registry, "device_attention_tiles")
+        if launch.name != "r4d_attend_tiles":  # the store: no option of the tiles' changes it
+            return ()
         q_heads, kv_heads = (int.from_bytes(launch.args.data[launch.args.offsets[i]:launch.args.offsets[i] + 4],
                                             "little") for i in (12, 13))
         d = next(d for d in at.HEAD_DIMS if at.shared_bytes(d) == launch.shared_bytes)

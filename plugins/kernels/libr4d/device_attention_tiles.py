@@ -15,6 +15,7 @@ import os
 KEYS = 32            # keys a tile of shared memory (AT_KT)
 PAD = 8              # bf16 of padding a shared row (AT_BPAD: 16 bytes)
 MAX_SPLITS = 16      # AT_MAX_SPLITS
+STORE_THREADS = 256
 TARGET_BLOCKS = 264  # split the context until about two blocks a multiprocessor of an H200
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 8
@@ -64,8 +65,13 @@ def grid(m: int, seqs: int, kv_heads: int, group: int) -> tuple:
 
 
 def shared_bytes(head_dim: int) -> int:
-    """The stage of f32 key and value rows as copied, and the bf16 key and value tiles, padded."""
-    return 2 * KEYS * head_dim * 4 + 2 * KEYS * (head_dim + PAD) * 2
+    """Two buffers of a bf16 key tile and a bf16 value tile, rows padded."""
+    return 2 * 2 * KEYS * (head_dim + PAD) * 2
+
+
+def store_grid(m: int, width: int) -> tuple:
+    """r4d_kv_store_bf16_dev: 4 values a thread, 256 threads a block, a row of blocks a token."""
+    return (-(-width // (4 * STORE_THREADS)), m, 1), (STORE_THREADS, 1, 1)
 
 
 def options(head_dim: int, group: int, warp_count: int = 4) -> tuple:
@@ -77,14 +83,17 @@ def _aligned(nbytes: int) -> int:
 
 
 def scratch_layout(m: int, seqs: int, kv_heads: int, group: int, head_dim: int) -> dict:
-    """Offsets where the context is split: a u32 counter a (tile, kv head), then per (token, kv head,
-    split, head) its max, sum and head_dim weighted values; and the total."""
+    """Offsets: the step's k and v rows narrowed to bf16 ([M, kv_heads * head_dim] each: the tiles
+    read this step's keys there), then where the context is split a u32 counter a (tile, kv head)
+    and per (token, kv head, split, head) its max, sum and head_dim weighted values; and the total."""
+    rows = _aligned(2 * m * kv_heads * head_dim)
+    layout = {"fresh_k": 0, "fresh_v": rows}
     count = splits(m, kv_heads, group, warps(m, seqs, group))
     if count == 1:
-        return {"total": 0}
+        return {**layout, "total": 2 * rows}
     counters = _aligned(4 * tiles_bound(m, seqs, group) * kv_heads)
-    return {"counters": 0, "partial": counters,
-            "total": counters + _aligned(4 * m * kv_heads * count * group * (head_dim + 2))}
+    return {**layout, "counters": 2 * rows, "partial": 2 * rows + counters,
+            "total": 2 * rows + counters + _aligned(4 * m * kv_heads * count * group * (head_dim + 2))}
 
 
 def scratch_bytes(max_m: int, kv_heads: int, group: int, head_dim: int) -> int:

@@ -1,19 +1,26 @@
 // libr4d device rows: attention over a paged KV cache for batches and prefill chunks on tensor cores
 // (NVIDIA, sm_80 and later): flash attention with bf16 mma.sync (m16n8k16, f32 accumulation), split
 // over the context where the tiles alone cannot fill the card (flash-decoding), the splits merged in
-// order by each tile's last block. The step's k, v rows are stored first (attention.cu's
-// r4d_kv_store_dev), so every key comes from the cache.
+// order by each tile's last block. The step's k, v rows are stored first by r4d_kv_store_bf16_dev
+// (below): at their cache slots in f32, as attention.cu's store does, and narrowed to bf16 into the
+// row's scratch ("fresh" rows, [M, kv_heads * D]), which the tiles read for this step's keys.
 //
 // Work: a block takes one query tile (R4D_AT_QT consecutive tokens of one sequence, times the
 // R4D_AT_G query heads sharing one kv head: at most AT_ROWS rows, 16 a warp, row r is token
 // r / G, head r % G) and one split of the keys that tile sees (blockIdx.z). Tiles are numbered
 // sequence by sequence (gridDim.x bounds their count from the shapes; blocks past the last return).
 //
-// Keys go AT_KT at a time: their f32 cache rows (looked up in the block table) are copied by
-// cp.async into a stage while the tensor cores work on the previous tile, then each thread narrows
-// the 16-byte chunks it copied itself to bf16 (its own cp.async writes are visible to it after the
-// wait) into the tile the MMAs read, rows padded by 16 bytes so that every ldmatrix is conflict-free.
-// Two barriers a key tile: the bf16 tile is written (all warps done with the last one) and read.
+// Keys go AT_KT at a time through two bf16 tiles of K and V in shared memory (rows padded by 16
+// bytes, so that every ldmatrix is conflict-free): the MMAs read one while the next key tile is
+// written into the other, one barrier a key tile. A key tile of this step's own keys (a sequence's
+// tokens in a step are its last positions, in order, as the scheduler lays them out: key j is step
+// row cu_seqlens[s] + j - (context - new tokens)) comes from the fresh bf16 rows by 16-byte
+// cp.async, issued before the products of the tile before and landing under them: a prefill from
+// position 0 takes every key that way, half the bytes of the f32 cache and no narrowing. A key tile
+// that holds older keys (a chunk after a cached context, decode tokens) comes from the f32 cache
+// through the block table (the slots looked up a tile ahead), loaded into registers by 16 bytes and
+// narrowed to bf16 by the thread that loaded them, after the products (the other blocks of the
+// multiprocessor cover the wait).
 // S = Q K^T on m16n8k16 with q pre-multiplied by scale * log2(e) before it is rounded, so the scores
 // are in log2 units and the online softmax takes exp2 (ex2.approx) with no multiply; P goes from S's
 // accumulators straight into the A fragment of O += P V (the m16n8k16 C and A layouts line up two
@@ -54,7 +61,38 @@ struct AttTiles {
     u32* counters;             // split: [gridDim.x * kv_heads], zero between launches
     int seqs, max_blocks, q_heads, kv_heads, block_size;
     float scale;
+    const u16* fresh_k;        // [M, kv_heads * D] bf16: this step's k, v rows narrowed (r4d_kv_store_bf16_dev)
+    const u16* fresh_v;
 };
+
+// k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m] (attention.cu's r4d_kv_store_dev), and the same
+// rows narrowed to bf16 (nearest even) at fresh_k[m], fresh_v[m]; grid (ceil(width / 4 / blockDim.x),
+// M): 4 values a thread, by 16 bytes where width % 4 == 0 and the six rows are 16-byte aligned
+extern "C" __global__ void r4d_kv_store_bf16_dev(const float* k, const float* v, float* k_cache, float* v_cache,
+                                                 const int* slots, int width, u16* fresh_k, u16* fresh_v) {
+    R4D_CHAIN_PROLOGUE();
+    int m = blockIdx.y, c = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= width) return;
+    long long slot = slots[m], row = (long long)m * width + c;
+    bool vector = width % 4 == 0 && ((((unsigned long long)k | (unsigned long long)v | (unsigned long long)k_cache |
+                                       (unsigned long long)v_cache) & 15) | (((unsigned long long)fresh_k |
+                                       (unsigned long long)fresh_v) & 7)) == 0;
+    if (vector) {
+        float4 a = *(const float4*)(k + row), b = *(const float4*)(v + row);
+        *(float4*)(k_cache + slot * width + c) = a;
+        *(float4*)(v_cache + slot * width + c) = b;
+        *(uint2*)(fresh_k + row) = make_uint2(r4d_bf16x2(a.x, a.y), r4d_bf16x2(a.z, a.w));
+        *(uint2*)(fresh_v + row) = make_uint2(r4d_bf16x2(b.x, b.y), r4d_bf16x2(b.z, b.w));
+        return;
+    }
+    for (int e = c; e < min(c + 4, width); ++e) {
+        float a = k[(long long)m * width + e], b = v[(long long)m * width + e];
+        k_cache[slot * width + e] = a;
+        v_cache[slot * width + e] = b;
+        fresh_k[(long long)m * width + e] = (u16)r4d_bf16x2(a, 0.0f);
+        fresh_v[(long long)m * width + e] = (u16)r4d_bf16x2(b, 0.0f);
+    }
+}
 
 // 2^x (ex2.approx: about 2 ulp; -inf gives +0)
 __device__ __forceinline__ float r4d_exp2(float x) {
@@ -67,13 +105,13 @@ template <int D, int G>
 __device__ void attend_tiles(const AttTiles& p) {
     const int QT = AT_ROWS / G, BROW = D + AT_BPAD;
     const int TILE4 = AT_KT * (D / 4);                  // 16-byte f32 chunks of a K (or V) tile
-    const int CHUNKS = 2 * TILE4 / AT_THREADS;          // a K and a V tile's chunks, over the block
-    static_assert(CHUNKS * AT_THREADS == 2 * TILE4 && D % 32 == 0 && AT_KT % 16 == 0, "attention_tiles.cu: shapes");
+    const int CHUNKS = 2 * TILE4 / AT_THREADS;          // a K and a V tile's f32 chunks, over the block
+    const int TILE8 = AT_KT * (D / 8);                  // 16-byte bf16 chunks of a K (or V) tile
+    const int CHUNKS8 = 2 * TILE8 / AT_THREADS;         // a K and a V tile's bf16 chunks, over the block
+    static_assert(CHUNKS8 * AT_THREADS == 2 * TILE8 && D % 32 == 0 && AT_KT % 16 == 0, "attention_tiles.cu: shapes");
     extern __shared__ __align__(16) float at_shared[];
-    float* stage = at_shared;                           // [2][AT_KT][D] f32, K then V, as copied
-    u16* kb = (u16*)(at_shared + 2 * AT_KT * D);        // [AT_KT][BROW] bf16
-    u16* vb = kb + AT_KT * BROW;                        // [AT_KT][BROW] bf16
-    __shared__ long long s_slot[2][AT_KT];  // the cache slots of the next key tile's keys and of the one after
+    u16* tiles = (u16*)at_shared;  // [2 buffers][K, V][AT_KT][BROW] bf16
+    __shared__ long long s_slot[2][AT_KT];  // the cache slots of a key tile's keys, by the tile's parity
     __shared__ int s_last;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     // Blocks start in the order of x, then y: the kv head is taken from the faster-moving part of that
@@ -140,24 +178,40 @@ __device__ void attend_tiles(const AttTiles& p) {
         for (int c = 0; c < 4; ++c) o[d][c] = 0.0f;
     const int width = p.kv_heads * D;
     const int* table = p.block_tables + (long long)s * p.max_blocks;
-    // key j's slot in the cache through the block table; -1 past this split's keys (zeros copied)
+    // key j's slot in the cache through the block table; -1 past this split's keys (zeros loaded)
     auto slot_of = [&](int j) -> long long {
         return j < k1 ? (long long)table[j / p.block_size] * p.block_size + j % p.block_size : -1;
     };
-    // the key tile whose slots are in `slots`, into the stage: 16 bytes a copy, CHUNKS a thread. Chunk
-    // c is (K or V, key i, floats 4 q4..4 q4 + 3); consecutive threads take consecutive 16 bytes of
-    // a key's row (whole 512-byte rows of the cache at D = 128)
-    auto copy = [&](const long long* slots) {
+    // this step's keys from `fresh` on: key j is fresh row fresh_row + j (none without fresh rows)
+    int fresh = p.fresh_k ? context - (p.cu_seqlens[s + 1] - p.cu_seqlens[s]) : 0x7fffffff;
+    long long fresh_row = (long long)p.cu_seqlens[s] - fresh;
+    // the key tile from kt, of this step's keys alone, into bf16 buffer `into` by cp.async: 16 bytes
+    // a copy, CHUNKS8 a thread; chunk c is (K or V, key i, bf16 8 q8..8 q8 + 7), consecutive threads
+    // on consecutive 16 bytes of a key's row; keys past k1 zero-filled
+    auto copy_fresh = [&](int kt, u16* into) {
+#pragma unroll
+        for (int u = 0; u < CHUNKS8; ++u) {
+            int c = threadIdx.x + u * AT_THREADS;
+            int which = c / TILE8, rest = c % TILE8, i = rest / (D / 8), q8 = rest % (D / 8);
+            const u16* rows = which ? p.fresh_v : p.fresh_k;
+            bool live = kt + i < k1;
+            const u16* src = live ? rows + (fresh_row + kt + i) * width + (long long)kvh * D + 8 * q8 : rows;
+            r4d_cp_async16(into + (which * AT_KT + i) * BROW + 8 * q8, src, live);
+        }
+        r4d_cp_commit();
+    };
+    // the key tile whose slots are in `slots` from the f32 cache into bf16 buffer `into`: 16 bytes a
+    // load, CHUNKS a thread, 4 in flight; chunk c is (K or V, key i, floats 4 q4..4 q4 + 3)
+    auto load_cache = [&](const long long* slots, u16* into) {
 #pragma unroll 4
         for (int u = 0; u < CHUNKS; ++u) {
             int c = threadIdx.x + u * AT_THREADS;
             int which = c / TILE4, rest = c % TILE4, i = rest / (D / 4), q4 = rest % (D / 4);
             long long slot = slots[i];
-            const float* cache = which ? p.v_cache : p.k_cache;
-            const float* src = slot >= 0 ? cache + slot * width + (long long)kvh * D + 4 * q4 : cache;
-            r4d_cp_async16(stage + c * 4, src, slot >= 0);
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (slot >= 0) v = *(const float4*)((which ? p.v_cache : p.k_cache) + slot * width + (long long)kvh * D + 4 * q4);
+            *(uint2*)(into + (which * AT_KT + i) * BROW + 4 * q4) = make_uint2(r4d_bf16x2(v.x, v.y), r4d_bf16x2(v.z, v.w));
         }
-        r4d_cp_commit();
     };
     if (k0 < k1) {
         if (threadIdx.x < AT_KT) {
@@ -165,23 +219,22 @@ __device__ void attend_tiles(const AttTiles& p) {
             s_slot[1][threadIdx.x] = slot_of(k0 + AT_KT + threadIdx.x);
         }
         __syncthreads();
-        copy(s_slot[0]);
+        if (k0 >= fresh) copy_fresh(k0, tiles);
+        else load_cache(s_slot[0], tiles);
     }
-    for (int kt = k0, buffer = 1; kt < k1; kt += AT_KT, buffer ^= 1) {
-        // this tile's copies (this thread's own) landed: narrow them to bf16 (4 chunks in flight)
+    for (int kt = k0, parity = 0; kt < k1; kt += AT_KT, parity ^= 1) {
+        const u16* kb = tiles + parity * 2 * AT_KT * BROW;
+        const u16* vb = kb + AT_KT * BROW;
+        u16* next = tiles + (parity ^ 1) * 2 * AT_KT * BROW;
+        // this tile is whole (this thread's copies landed; the barrier makes every thread's visible),
+        // and every warp is done with the other buffer (the last tile's products)
         r4d_cp_wait<0>();
-#pragma unroll 4
-        for (int u = 0; u < CHUNKS; ++u) {
-            int c = threadIdx.x + u * AT_THREADS;
-            int which = c / TILE4, rest = c % TILE4, i = rest / (D / 4), q4 = rest % (D / 4);
-            float4 v = *(const float4*)(stage + c * 4);
-            *(uint2*)((which ? vb : kb) + i * BROW + 4 * q4) = make_uint2(r4d_bf16x2(v.x, v.y), r4d_bf16x2(v.z, v.w));
-        }
-        __syncthreads();  // the bf16 tile is whole; the stage is free; s_slot[buffer] was written before
-        // the next tile's copies fly under this tile's products; then the slots of the one after
-        // (s_slot[buffer ^ 1] was last read by this tile's copies, all issued before the barrier)
-        if (kt + AT_KT < k1) copy(s_slot[buffer]);
-        if (threadIdx.x < AT_KT) s_slot[buffer ^ 1][threadIdx.x] = slot_of(kt + 2 * AT_KT + threadIdx.x);
+        __syncthreads();
+        // the next tile's copies fly under this tile's products where it is all this step's keys;
+        // the slots of the tile after it (s_slot[parity] was last read before the barrier)
+        bool next_fresh = kt + AT_KT >= fresh;
+        if (kt + AT_KT < k1 && next_fresh) copy_fresh(kt + AT_KT, next);
+        if (threadIdx.x < AT_KT) s_slot[parity][threadIdx.x] = slot_of(kt + 2 * AT_KT + threadIdx.x);
         if (active && kt <= highest) {
             float sc[AT_KT / 8][4];
 #pragma unroll
@@ -216,8 +269,8 @@ __device__ void attend_tiles(const AttTiles& p) {
                 for (int n = 0; n < AT_KT / 8; ++n) top = fmaxf(top, fmaxf(sc[n][2 * h], sc[n][2 * h + 1]));
                 top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
                 top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-                float next = fmaxf(run_max[h], top);
-                float base = next == minus_inf ? 0.0f : next;  // a row that has seen no key yet: every weight 0
+                float next_max = fmaxf(run_max[h], top);
+                float base = next_max == minus_inf ? 0.0f : next_max;  // a row that has seen no key yet: every weight 0
                 float keep = r4d_exp2(run_max[h] - base), sum = 0.0f;
 #pragma unroll
                 for (int n = 0; n < AT_KT / 8; ++n)
@@ -228,7 +281,7 @@ __device__ void attend_tiles(const AttTiles& p) {
                         sc[n][2 * h + c] = e;
                     }
                 run_sum[h] = run_sum[h] * keep + sum;
-                run_max[h] = next;
+                run_max[h] = next_max;
 #pragma unroll
                 for (int d = 0; d < D / 8; ++d) { o[d][2 * h] *= keep; o[d][2 * h + 1] *= keep; }
             }
@@ -249,7 +302,8 @@ __device__ void attend_tiles(const AttTiles& p) {
                 }
             }
         }
-        __syncthreads();  // every warp is done with this bf16 tile before the next is written
+        // a next tile with older keys: from the cache, after the products
+        if (kt + AT_KT < k1 && !next_fresh) load_cache(s_slot[parity ^ 1], next);
     }
     float total[2];
 #pragma unroll
@@ -325,8 +379,9 @@ __device__ void attend_tiles(const AttTiles& p) {
 extern "C" __global__ void __launch_bounds__(AT_THREADS, R4D_AT_WARPS == 8 ? 1 : 2) r4d_attend_tiles(
     const float* q, const float* k_cache, const float* v_cache, const int* positions, const int* cu_seqlens,
     const int* context_lens, const int* block_tables, float* out, float* partial, u32* counters, int seqs,
-    int max_blocks, int q_heads, int kv_heads, int block_size, float scale) { R4D_CHAIN_PROLOGUE();
+    int max_blocks, int q_heads, int kv_heads, int block_size, float scale, const u16* fresh_k, const u16* fresh_v) {
+    R4D_CHAIN_PROLOGUE();
     AttTiles p = {q, k_cache, v_cache, positions, cu_seqlens, context_lens, block_tables, out, partial, counters,
-                  seqs, max_blocks, q_heads, kv_heads, block_size, scale};
+                  seqs, max_blocks, q_heads, kv_heads, block_size, scale, fresh_k, fresh_v};
     attend_tiles<R4D_AT_D, R4D_AT_G>(p);
 }
