@@ -40,6 +40,9 @@
 #define AT_KT 32          // keys a tile (device_attention_tiles.KEYS)
 #define AT_BPAD 8         // bf16 padding a shared row (16 bytes)
 #define AT_MAX_SPLITS 16  // device_attention_tiles.MAX_SPLITS
+#ifndef R4D_AT_BATCH
+#define R4D_AT_BATCH 8    // 16-byte cache loads a thread keeps in flight (older keys)
+#endif
 #ifndef R4D_AT_D
 #define R4D_AT_D 128
 #endif
@@ -201,16 +204,26 @@ __device__ void attend_tiles(const AttTiles& p) {
         r4d_cp_commit();
     };
     // the key tile whose slots are in `slots` from the f32 cache into bf16 buffer `into`: 16 bytes a
-    // load, CHUNKS a thread, 4 in flight; chunk c is (K or V, key i, floats 4 q4..4 q4 + 3)
+    // load, CHUNKS a thread, R4D_AT_BATCH in flight; chunk c is (K or V, key i, floats 4 q4..4 q4 + 3)
     auto load_cache = [&](const long long* slots, u16* into) {
-#pragma unroll 4
-        for (int u = 0; u < CHUNKS; ++u) {
-            int c = threadIdx.x + u * AT_THREADS;
-            int which = c / TILE4, rest = c % TILE4, i = rest / (D / 4), q4 = rest % (D / 4);
-            long long slot = slots[i];
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (slot >= 0) v = *(const float4*)((which ? p.v_cache : p.k_cache) + slot * width + (long long)kvh * D + 4 * q4);
-            *(uint2*)(into + (which * AT_KT + i) * BROW + 4 * q4) = make_uint2(r4d_bf16x2(v.x, v.y), r4d_bf16x2(v.z, v.w));
+        const int BATCH = CHUNKS < R4D_AT_BATCH ? CHUNKS : R4D_AT_BATCH;
+#pragma unroll 1
+        for (int u0 = 0; u0 < CHUNKS; u0 += BATCH) {  // batch after batch (unrolled, the loads of all hoist and spill)
+            float4 v[BATCH];
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
+                int c = threadIdx.x + (u0 + u) * AT_THREADS;
+                int which = c / TILE4, rest = c % TILE4, i = rest / (D / 4), q4 = rest % (D / 4);
+                long long slot = slots[i];
+                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (slot >= 0) v[u] = *(const float4*)((which ? p.v_cache : p.k_cache) + slot * width + (long long)kvh * D + 4 * q4);
+            }
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
+                int c = threadIdx.x + (u0 + u) * AT_THREADS;
+                int which = c / TILE4, rest = c % TILE4, i = rest / (D / 4), q4 = rest % (D / 4);
+                *(uint2*)(into + (which * AT_KT + i) * BROW + 4 * q4) = make_uint2(r4d_bf16x2(v[u].x, v[u].y), r4d_bf16x2(v[u].z, v[u].w));
+            }
         }
     };
     if (k0 < k1) {
