@@ -18,7 +18,8 @@ from test_libr4d_support import make_weight, registry  # noqa: F401 (registry is
 
 
 GEMMA = {"scale", "rmsnorm_heads", "gelu_tanh_mul", "sliding_attention"}  # device_gemma_rows.py
-FUSED = {"rmsnorm_gemm3", "rmsnorm_gemm2_silu_mul", "gemm_add", "rope_attention", "take_rows_rmsnorm_gemm_sample"}
+FUSED = {"rmsnorm_gemm3", "rmsnorm_gemm2_silu_mul", "gemm_add", "rope_attention", "take_rows_rmsnorm_gemm_sample",
+         "add_rmsnorm"}
 
 
 def library(registry):

@@ -196,6 +196,35 @@ def test_elementwise_cu_add_and_silu_mul_agree_with_libref(registry, on_host, m,
             np.testing.assert_array_equal(got, want, err_msg=op)
 
 
+@pytest.mark.parametrize("m,n,offset", [(9, 1024, 0), (13, 1001, 0), (10, 640, 4)])
+def test_elementwise_cu_add_rmsnorm_is_the_device_chain_bit_for_bit(registry, on_host, m, n, offset):
+    """The fused residual add + rmsnorm above the decode band: the residual and the normed rows the
+    same bits as the device rows' add then rmsnorm (the residual libref's bits too; the norm within
+    rmsnorm's tolerance of libref's, its sum of squares in another order); float4 steps where
+    aligned, one at a time where n is odd or x sits 4 bytes past a 16-byte boundary; rows past M
+    untouched (the last norm block's warps past M)."""
+    rows = m + 2
+    residual, x = activations(rows, n, 21) * 3, activations(rows, n, 22)
+    weight = plain_weight((1.0 + 0.1 * np.random.default_rng(23).standard_normal((1, n))).astype(np.float32), "f32")
+    params = {"M": m, "n": n, "eps": 1e-5, "dtype": "f32"}
+    y = np.full((rows, n), 3.0, np.float32)
+    row = device_row(registry, "r4dchain_add_rmsnorm_dev")
+    got = on_host.run(row, [residual, shifted(on_host, x, offset), None, y], params, {2: weight}, read=(0, 3))
+    want = [residual.copy(), x, None, y.copy()]
+    assert host_launch(row_of(registry, "add_rmsnorm", "libref"), want, params, {2: weight}) == RAD_OK
+    np.testing.assert_array_equal(got[0], want[0])
+    tolerance = module(registry, "device_kernels").TOLERANCE["rmsnorm"]
+    assert rel_err(got[3][:m], want[3][:m]) <= tolerance, rel_err(got[3][:m], want[3][:m])
+    chain = on_host.run(device_row(registry, "r4dchain_add_dev"), [residual[:m], x[:m], np.zeros((m, n), np.float32)],
+                        {"M": m, "n": n, "dtype": "f32"}, read=(2,))[2]
+    normed = on_host.run(device_row(registry, "r4dchain_rmsnorm_dev"), [chain, None, np.zeros((m, n), np.float32)],
+                         params, {1: weight}, read=(2,))[2]
+    np.testing.assert_array_equal(got[0][:m], chain)
+    np.testing.assert_array_equal(got[3][:m], normed)
+    np.testing.assert_array_equal(got[0][m:], residual[m:])
+    assert (got[3][m:] == 3.0).all() and not np.array_equal(got[0][:m], residual[:m])
+
+
 @pytest.mark.parametrize("heads,kv,d,interleaved,m", [(32, 8, 128, 0, 3), (9, 3, 64, 1, 2), (2, 1, 1024, 0, 1),
                                                       (2, 1, 2048, 1, 2), (3, 1, 2056, 0, 1), (4, 2, 6, 0, 2)])
 def test_elementwise_cu_rope_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, m):

@@ -12,17 +12,14 @@ extern "C" __global__ void r4d_embedding_dev(const int* ids, const u8* codes, co
     y[(long long)m * n + c] = (id >= 0 && id < vocab) ? r4d_weight_at(w, id, c) : __uint_as_float(0x7fc00000u);
 }
 
-// y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, one warp per row of M (the sum in r4d_row_squares'
+// y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w over one row, by one warp (the sum in r4d_row_squares'
 // order, which the GEMVs with a folded norm share)
 // Each lane loads 8 values (8 float4 where rows are 16-byte aligned) before it stores any: y may be
 // x itself, and a store the compiler cannot prove apart from the next load would otherwise make
 // every load wait for the store before it (45 us for one 4096-row on an H200, now a few round trips).
-extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float* y, int M, int n, float eps) { R4D_CHAIN_PROLOGUE();
-    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP, lane = threadIdx.x % R4D_WARP;
-    if (m >= M) return;
-    const float* row = x + (long long)m * n;
+__device__ __forceinline__ void r4d_rmsnorm_row(const float* row, const float* w, float* out, int n, float eps) {
+    int lane = threadIdx.x % R4D_WARP;
     float scale = 1.0f / sqrtf(r4d_row_squares(row, n) / (float)n + eps);
-    float* out = y + (long long)m * n;
     if (n % 4 == 0 && (((unsigned long long)row | (unsigned long long)w | (unsigned long long)out) & 15) == 0) {
         int quads = n / 4;
         for (int base = lane; base < quads; base += 8 * R4D_WARP) {
@@ -56,13 +53,51 @@ extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float
     }
 }
 
+// rmsnorm: a warp per row of M (norm_grid)
+extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float* y, int M, int n, float eps) { R4D_CHAIN_PROLOGUE();
+    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP;
+    if (m >= M) return;
+    r4d_rmsnorm_row(x + (long long)m * n, w, y + (long long)m * n, n, eps);
+}
+
+// add then rmsnorm, fused (add(residual, x, residual) + rmsnorm(residual, w, y)): residual += x, then
+// y = rmsnorm(residual) * w, a warp per row of M (norm_grid), bit for bit r4d_add_dev then
+// r4d_rmsnorm_dev (the same sums; the norm is r4d_rmsnorm_row itself). The row's sums are written
+// before the norm reads them back (from L2: one pass over HBM fewer than the two launches, which
+// read the residual again); a block barrier between, so that every lane sees every lane's sums.
+extern "C" __global__ void r4d_add_rmsnorm_dev(float* residual, const float* x, const float* w, float* y, int M, int n,
+                                               float eps) { R4D_CHAIN_PROLOGUE();
+    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP, lane = threadIdx.x % R4D_WARP;
+    float* row = residual + (long long)m * n;
+    const float* add = x + (long long)m * n;
+    if (m < M) {
+        if (n % 4 == 0 && (((unsigned long long)row | (unsigned long long)add) & 15) == 0) {
+            for (int base = lane; base < n / 4; base += 4 * R4D_WARP) {
+                float4 a[4], b[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (base + u * R4D_WARP < n / 4) { a[u] = ((const float4*)row)[base + u * R4D_WARP]; b[u] = ((const float4*)add)[base + u * R4D_WARP]; }
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (base + u * R4D_WARP < n / 4)
+                        ((float4*)row)[base + u * R4D_WARP] = make_float4(a[u].x + b[u].x, a[u].y + b[u].y, a[u].z + b[u].z,
+                                                                          a[u].w + b[u].w);
+            }
+        } else {
+            for (int c = lane; c < n; c += R4D_WARP) row[c] = row[c] + add[c];
+        }
+    }
+    __syncthreads();
+    if (m < M) r4d_rmsnorm_row(row, w, y + (long long)m * n, n, eps);
+}
+
 // Rotate q [M, q_heads*d] and k [M, kv_heads*d] in place; grid (M), any block. A token's angles are
 // worked out once (R4D_ROPE_CHUNK pairs at a time, into shared memory), then every (head, pair) of
 // the token rotated. Where q and k are 16-byte aligned and d allows it, a thread takes 4 values a step
 // (float4: pairs i..i+3 and i + d/2..i + d/2 + 3, or interleaved two whole pairs) and loads
 // R4D_ROPE_BATCH steps before it stores any (the stores could alias the next loads as far as the
 // compiler knows: one step at a time would leave a thread one load in flight). Each value's
-// arithmetic is the scalar loop's (the same bits on the host; on a card, as the compiler contracts each).
+// arithmetic is the scalar loop's: the same bits either way (no contraction: common.cu).
 #define R4D_ROPE_CHUNK 512
 #define R4D_ROPE_BATCH 4
 __device__ __forceinline__ float* r4d_rope_head(float* q, float* k, int m, int h, int q_heads, int kv_heads, int head_dim) {
