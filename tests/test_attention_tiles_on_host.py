@@ -64,6 +64,8 @@ CASES = [
     ("mha_g1_d64_w8", 2, 2, 64, [(0, 150), (0, 9)], 8, 1),
     # eight query heads a kv head after a cached context, split in two
     ("gqa_g8_d128", 8, 1, 128, [(200, 50)], 8, 2),
+    # SmolLM2's heads, 9 over 3 (tiles of 42 tokens: a warp's rows cross tokens), two prompts from 0
+    ("smollm2_g3_d64", 9, 3, 64, [(0, 90), (0, 9)], 8, 1),
     # decode tokens alone (a tile of one token: warps of padding rows)
     ("decode_g4_d128", 8, 2, 128, [(p, 1) for p in (3, 40, 255, 256, 700)], 4, 5),
 ]
