@@ -119,22 +119,20 @@ __device__ void attend_tiles(const AttTiles& p) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     // Blocks start in the order of x, then y: the kv head is taken from the faster-moving part of that
     // order (block b of a split is tile b / kv_heads, kv head b % kv_heads), so that every kv head's
-    // tile of one index starts before the next index's. One sequence (a prefill chunk) takes its tiles
-    // from the last back: the last sees the most keys, so the longest blocks of every kv head go in
-    // the first waves and the grid ends on short ones. `named` (the tile before that reversal) and the
-    // kv head name the split counter.
+    // tile of one index starts before the next index's. Each sequence (a prefill chunk) takes its
+    // tiles from the last back: the last sees the most keys, so the longest blocks of every kv head go
+    // in the first waves and the grid ends on short ones (sequences still in order). `named` (the tile
+    // before that reversal) and the kv head name the split counter.
     int order = blockIdx.x + gridDim.x * blockIdx.y;
     int named = order / gridDim.y, kvh = order % gridDim.y, split = blockIdx.z, splits = gridDim.z;
     // this block's tile: the sequence and its first token
     int tile = named, s = 0;
-    if (p.seqs == 1) {
-        int tiles = (p.cu_seqlens[1] - p.cu_seqlens[0] + QT - 1) / QT;
-        if (tile >= tiles) return;  // past the last tile: nothing, and no counter of its own
-        tile = tiles - 1 - tile;
-    }
     for (; s < p.seqs; ++s) {
         int tiles = (p.cu_seqlens[s + 1] - p.cu_seqlens[s] + QT - 1) / QT;
-        if (tile < tiles) break;
+        if (tile < tiles) {
+            tile = tiles - 1 - tile;  // the sequence's tiles from its last back
+            break;
+        }
         tile -= tiles;
     }
     if (s >= p.seqs) return;  // past the last tile: nothing, and no counter of its own
