@@ -70,7 +70,8 @@ struct AttTiles {
 
 // k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m] (attention.cu's r4d_kv_store_dev), and the same
 // rows narrowed to bf16 (nearest even) at fresh_k[m], fresh_v[m]; grid (ceil(width / 4 / blockDim.x),
-// M): 4 values a thread, by 16 bytes where width % 4 == 0 and the six rows are 16-byte aligned
+// M): 4 values a thread, by 16 bytes where width % 4 == 0 and k, v and the caches are 16-byte aligned
+// (the bf16 rows 8)
 extern "C" __global__ void r4d_kv_store_bf16_dev(const float* k, const float* v, float* k_cache, float* v_cache,
                                                  const int* slots, int width, u16* fresh_k, u16* fresh_v) {
     R4D_CHAIN_PROLOGUE();
@@ -113,7 +114,7 @@ __device__ void attend_tiles(const AttTiles& p) {
     const int CHUNKS8 = 2 * TILE8 / AT_THREADS;         // a K and a V tile's bf16 chunks, over the block
     static_assert(CHUNKS8 * AT_THREADS == 2 * TILE8 && D % 32 == 0 && AT_KT % 16 == 0, "attention_tiles.cu: shapes");
     extern __shared__ __align__(16) float at_shared[];
-    u16* tiles = (u16*)at_shared;  // [2 buffers][K, V][AT_KT][BROW] bf16
+    u16* buffers = (u16*)at_shared;  // [2 buffers][K, V][AT_KT][BROW] bf16
     __shared__ long long s_slot[2][AT_KT];  // the cache slots of a key tile's keys, by the tile's parity
     __shared__ int s_last;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -194,9 +195,9 @@ __device__ void attend_tiles(const AttTiles& p) {
         for (int u = 0; u < CHUNKS8; ++u) {
             int c = threadIdx.x + u * AT_THREADS;
             int which = c / TILE8, rest = c % TILE8, i = rest / (D / 8), q8 = rest % (D / 8);
-            const u16* rows = which ? p.fresh_v : p.fresh_k;
+            const u16* step_rows = which ? p.fresh_v : p.fresh_k;
             bool live = kt + i < k1;
-            const u16* src = live ? rows + (fresh_row + kt + i) * width + (long long)kvh * D + 8 * q8 : rows;
+            const u16* src = live ? step_rows + (fresh_row + kt + i) * width + (long long)kvh * D + 8 * q8 : step_rows;
             r4d_cp_async16(into + (which * AT_KT + i) * BROW + 8 * q8, src, live);
         }
         r4d_cp_commit();
@@ -230,13 +231,13 @@ __device__ void attend_tiles(const AttTiles& p) {
             s_slot[1][threadIdx.x] = slot_of(k0 + AT_KT + threadIdx.x);
         }
         __syncthreads();
-        if (k0 >= fresh) copy_fresh(k0, tiles);
-        else load_cache(s_slot[0], tiles);
+        if (k0 >= fresh) copy_fresh(k0, buffers);
+        else load_cache(s_slot[0], buffers);
     }
     for (int kt = k0, parity = 0; kt < k1; kt += AT_KT, parity ^= 1) {
-        const u16* kb = tiles + parity * 2 * AT_KT * BROW;
+        const u16* kb = buffers + parity * 2 * AT_KT * BROW;
         const u16* vb = kb + AT_KT * BROW;
-        u16* next = tiles + (parity ^ 1) * 2 * AT_KT * BROW;
+        u16* next = buffers + (parity ^ 1) * 2 * AT_KT * BROW;
         // this tile is whole (this thread's copies landed; the barrier makes every thread's visible),
         // and every warp is done with the other buffer (the last tile's products)
         r4d_cp_wait<0>();
