@@ -12,6 +12,8 @@ which a wrong mask or a lost tile exceeds. Skipped, saying so, where g++ is miss
 
 import ctypes
 import functools
+import re
+import subprocess
 import importlib
 import importlib.util
 from pathlib import Path
@@ -21,6 +23,7 @@ import numpy as np
 import pytest
 
 import early_builds
+from device_sources import NVCC
 from radiance.abi import RAD_OK
 from test_device_tensor_cores import attention_operands
 from test_libr4d_support import rel_err, registry, row_of  # noqa: F401 (registry)
@@ -81,6 +84,26 @@ def build_name(d, group, warps) -> str:
 
 
 EARLY_BUILDS = {} if ON_HOST.why() is not None else {build_name(*key): functools.partial(build, *key) for key in KEYS}
+# nvcc's sm_90 builds of the source as a card gets it: registers and spills, the instructions
+NVCC_SHAPES = [(128, 4, 8), (128, 4, 4), (128, 8, 8), (64, 1, 4), (64, 3, 8)]
+
+
+def nvcc_build(d, group, warps):
+    """(nvcc's result with ptxas' report, the PTX's text) of attention_tiles.cu for sm_90."""
+    folder = early_builds.folder() / "attention_tiles_sm_90"
+    folder.mkdir(exist_ok=True)
+    stem = folder / f"d{d}_g{group}_w{warps}"
+    stem.with_suffix(".cu").write_text(dk.source("attention_tiles"))
+    options = [*at.options(d, group, warps), "-arch=sm_90", "-fmad=false"]
+    result = subprocess.run([NVCC, *options, "-cubin", "-Xptxas", "-v", "-o", str(stem.with_suffix(".cubin")),
+                             str(stem.with_suffix(".cu"))], capture_output=True, text=True)
+    ptx = subprocess.run([NVCC, *options, "-ptx", "-o", str(stem.with_suffix(".ptx")), str(stem.with_suffix(".cu"))],
+                         capture_output=True, text=True)
+    return result, stem.with_suffix(".ptx").read_text() if ptx.returncode == 0 else ""
+
+
+if NVCC is not None:
+    EARLY_BUILDS.update({f"nvcc:attention_tiles:{shape}": functools.partial(nvcc_build, *shape) for shape in NVCC_SHAPES})
 
 
 def library(d, group, warps):
@@ -206,3 +229,20 @@ def test_this_steps_keys_from_the_bf16_rows_give_the_cache_s_bits(case):
     rows, _ = launch(lib, operands, params, warps, splits, fresh=True)
     cache, _ = launch(lib, operands, params, warps, splits, fresh=False)
     np.testing.assert_array_equal(rows, cache)
+
+
+@pytest.mark.parametrize("shape", NVCC_SHAPES)
+def test_nvcc_builds_it_for_sm_90_on_bf16_tensor_cores_without_spilling(shape):
+    """The source as a card gets it (common.cu and tensor_core.cu first), nvcc for sm_90 with the
+    device layer's --fmad=false: no spill and no stack (ptxas' report: the registers are near 255), and
+    the PTX holds the bf16 MMA, both ldmatrix forms, cp.async and ex2. Skipped where nvcc is missing."""
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH: the CUDA source cannot be compiled here")
+    result, ptx = early_builds.result(f"nvcc:attention_tiles:{shape}", functools.partial(nvcc_build, *shape))
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = [line for line in result.stderr.splitlines() if "r4d_attend_tiles" in line or "spill" in line]
+    assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", result.stderr), report
+    assert "bytes spill stores" in result.stderr and not re.search(r"[1-9]\d* bytes spill", result.stderr), report
+    for instruction in ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "ex2.approx"):
+        assert instruction in ptx, instruction
