@@ -138,8 +138,8 @@ def main():
     for tokens in args.tokens:
         case = {"tokens": tokens, "grid": at.grid(tokens, 1, KV_HEADS, HEADS // KV_HEADS)}
         case["radiance"] = r = bench_radiance(on_card, row, timer, tokens, args.repeats)
-        line = (f"  prefill {tokens:5}: radiance {r['us']:9.1f} us ({r['tflops']:6.1f} TFLOP/s, err {r['rel_err']:.1e} "
-                f"of {at.TOLERANCE:.0e}, grid {case['grid'][0]})")
+        line = (f"  prefill {tokens:5}: radiance {r['us']:9.1f} us ({r['tflops']:6.1f} TFLOP/s, 32 layers "
+                f"{32 * r['us'] / 1e3:.1f} ms, err {r['rel_err']:.1e} of {at.TOLERANCE:.0e}, grid {case['grid'][0]})")
         if torch is not None:
             try:
                 case["torch flash bf16"] = t = bench_torch(tokens, args.repeats)
