@@ -246,3 +246,34 @@ def test_nvcc_builds_it_for_sm_90_on_bf16_tensor_cores_without_spilling(shape):
     for instruction in ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                         "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global", "ex2.approx"):
         assert instruction in ptx, instruction
+
+
+@pytest.mark.parametrize("offset", [0, 4])
+def test_the_store_writes_the_cache_and_the_bf16_rows_aligned_or_not(offset):
+    """r4d_kv_store_bf16_dev: k and v at their cache slots in f32 (attention.cu's store) and narrowed to
+    bf16 rows (nearest even); by 16 bytes where aligned, one value at a time where k sits 4 bytes
+    past a 16-byte boundary; other cache rows untouched."""
+    operands, params = attention_operands(8, 2, 128, [(30, 9), (5, 3)], seed=31)
+    _, k, v, k_cache, v_cache, slots, *_ = operands
+    m, width = k.shape
+    moved = np.zeros(m * width + offset // 4, np.float32)
+    moved[offset // 4:] = k.reshape(-1)
+    k_moved = moved[offset // 4:].reshape(m, width)  # 4 bytes past the array's (aligned) start where offset is 4
+    caches = [k_cache.copy(), v_cache.copy()]
+    fresh = [np.zeros((m, width), np.uint16) for _ in range(2)]
+    keep = []
+
+    def ptr(a):
+        keep.append(a)
+        return ctypes.c_void_p(a.ctypes.data)
+
+    args = [ptr(k_moved), ptr(v), ptr(caches[0]), ptr(caches[1]), ptr(slots), ctypes.c_int(width), ptr(fresh[0]),
+            ptr(fresh[1])]
+    array = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+    grid, block = at.store_grid(m, width)
+    assert library(128, 4, 8).r4d_host_launch(b"r4d_kv_store_bf16_dev", *grid, *block, array) == 0
+    others = np.setdiff1d(np.arange(len(k_cache)), slots)
+    for cache, rows, before, narrowed in zip(caches, (k, v), (k_cache, v_cache), fresh):
+        np.testing.assert_array_equal(cache[slots], rows)
+        np.testing.assert_array_equal(cache[others], before[others])
+        np.testing.assert_array_equal(narrowed, rows.astype(ml_dtypes.bfloat16).view(np.uint16))
