@@ -18,7 +18,8 @@ from test_libr4d_support import make_weight, registry  # noqa: F401 (registry is
 
 
 GEMMA = {"scale", "rmsnorm_heads", "gelu_tanh_mul", "sliding_attention"}  # device_gemma_rows.py
-FUSED = {"rmsnorm_gemm3", "rmsnorm_gemm2_silu_mul", "gemm_add", "rope_attention", "take_rows_rmsnorm_gemm_sample"}
+FUSED = {"rmsnorm_gemm3", "rmsnorm_gemm2_silu_mul", "gemm_add", "rope_attention", "take_rows_rmsnorm_gemm_sample",
+         "add_rmsnorm"}
 
 
 def library(registry):
@@ -398,3 +399,28 @@ def test_the_fused_lm_head_is_a_gemv_with_an_argmax_then_the_sampler(registry, s
     # the sampler reduces one maximum a row group (gemv.cu) or a block (gemv_stream.cu)
     assert pointers(sample_args, [9, 10]) == [best, best_index] and ints(sample_args, [11]) == [grid[0]]
     assert grid[0] == (MULTIPROCESSORS * dk.STREAM.blocks if shift == 0 else 49152 // dk.GEMV.group)
+
+
+def test_a_llama_graph_takes_the_fused_add_rmsnorm_above_the_decode_band_alone(tiny_model):
+    """TP 1 on an NVIDIA card: above M = 8 (a prefill, a batch) every residual add that a norm follows
+    is one r4dchain_add_rmsnorm_dev launch; at M <= 8 gemm_add and the norm-folded GEMVs keep them."""
+    from device_batch_support import nvidia_fake
+    from radiance.config import Config
+    from radiance.engine.loading.registry import Registry
+    from radiance.ranks.worker import Worker
+    config = Config(model=str(tiny_model), radiance_home="", kernels="libr4d,libref", progress=False, max_context=128)
+    registry, device = Registry(radiance_home="", kernels="libr4d,libref"), nvidia_fake("sm_90")
+    worker = Worker(config, device=device, registry=registry).build()
+    try:
+        prefill = [launch.band.row.name for launch in worker.graph.launches(16, 1)]
+        decode = [launch.band.row.name for launch in worker.graph.launches(1, 1)]
+        layers = sum(name.startswith("r4dchain_attention") for name in prefill)
+    finally:
+        worker.close()
+        device.close()
+        registry.close()
+    assert layers >= 2, prefill
+    # two a layer but the last: its down projection's add meets take_rows (the rows sampled), not a norm
+    assert prefill.count("r4dchain_add_rmsnorm_dev") == 2 * layers - 1, prefill
+    assert "r4dchain_add_dev" in prefill and prefill.count("r4dchain_rmsnorm_dev") == 1, prefill
+    assert "r4dchain_add_rmsnorm_dev" not in decode and any(name.startswith("r4dchain_gemm_add") for name in decode)

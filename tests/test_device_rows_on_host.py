@@ -1,5 +1,5 @@
 """The new device sources themselves, run without a card: gemv_gguf.cu, gemma.cu, elementwise.cu's add,
-silu_mul and rope, attention_tiles.cu (its tf32 MMAs and copies in tests/fixtures/tensor_core_on_host.h's
+silu_mul and rope, attention_tiles.cu (its bf16 MMAs, ldmatrix and copies in tests/fixtures/tensor_core_on_host.h's
 host forms), and attention_window.cu (after attention.cu, whose fused rope + attention kernel is
 checked here too), their real text built with g++ behind tests/fixtures/cuda_on_host.h (fibers for
 a block's lanes, a warp's shuffles and barriers emulated) as the kernels of a fake NVIDIA card, the
@@ -17,6 +17,7 @@ from radiance.abi import RAD_DT_F32, RAD_OK, rad_device_tensor
 from radiance.engine.running.device_stream import EngineStream
 from device_batch_support import nvidia_fake
 from test_device_rows_support import Card
+from test_attention_tiles_on_host import host_source as attention_tiles_host_source
 from test_device_tensor_cores import attention_operands
 from test_libr4d_kquants import TYPES, gguf_weight
 from test_libr4d_support import activations, plain_weight, registry, rel_err, row_of  # noqa: F401 (registry)
@@ -41,19 +42,6 @@ def device_row(registry, name):
     return next(row for row in lib.rows if row.name == name)
 
 
-def attention_tiles_on_host(dk) -> str:
-    """attention_tiles.cu's text with tensor_core.cu's and its own inline PTX replaced by their host
-    forms (tests/fixtures/tensor_core_on_host.h), its dynamic shared memory a static array."""
-    tensor_core = (dk.FOLDER / "tensor_core.cu").read_text()
-    text = dk.source("attention_tiles")
-    assert tensor_core in text
-    text = text.replace(tensor_core, (FIXTURES / "tensor_core_on_host.h").read_text())
-    start, end = text.index("__device__ __forceinline__ u32 r4d_tf32("), text.index("template <int D, int G>")
-    dynamic = "extern __shared__ __align__(16) float at_shared[];"
-    assert "asm" not in text[end:] and dynamic in text
-    return text[:start] + text[end:].replace(dynamic, "static float at_shared[2 * 32 * (128 + 4)];")
-
-
 @pytest.fixture(scope="module")
 def on_host(registry):
     dk = module(registry, "device_kernels")
@@ -67,15 +55,17 @@ def on_host(registry):
 
     def tiles_options(launch):  # head_dim from the launch's shared bytes, heads a kv head from its arguments
         at = module(registry, "device_attention_tiles")
+        if launch.name != "r4d_attend_tiles":  # the store: no option of the tiles' changes it
+            return ()
         q_heads, kv_heads = (int.from_bytes(launch.args.data[launch.args.offsets[i]:launch.args.offsets[i] + 4],
                                             "little") for i in (12, 13))
         d = next(d for d in at.HEAD_DIMS if at.shared_bytes(d) == launch.shared_bytes)
-        return at.options(d, q_heads // kv_heads)
+        return at.options(d, q_heads // kv_heads, launch.block[0] // 32)
 
     kernels = {**ON_HOST.kernels(dk.source("gemv_gguf")), **ON_HOST.kernels(dk.source("gemma")),
                **ON_HOST.kernels(dk.source("elementwise")),
                **ON_HOST.kernels(dk.source("attention_window"), attention_options),
-               **ON_HOST.kernels(attention_tiles_on_host(dk), tiles_options)}
+               **ON_HOST.kernels(attention_tiles_host_source(), tiles_options)}
     device = nvidia_fake("sm_90", kernels)
     card = Card(device, EngineStream(device))
     yield card
@@ -206,24 +196,62 @@ def test_elementwise_cu_add_and_silu_mul_agree_with_libref(registry, on_host, m,
             np.testing.assert_array_equal(got, want, err_msg=op)
 
 
-@pytest.mark.parametrize("heads,kv,d,interleaved,m", [(32, 8, 128, 0, 3), (9, 3, 64, 1, 2), (2, 1, 1024, 0, 1)])
+@pytest.mark.parametrize("m,n,offset", [(9, 1024, 0), (13, 1001, 0), (10, 640, 4)])
+def test_elementwise_cu_add_rmsnorm_is_the_device_chain_bit_for_bit(registry, on_host, m, n, offset):
+    """The fused residual add + rmsnorm above the decode band: the residual and the normed rows the
+    same bits as the device rows' add then rmsnorm (the residual libref's bits too; the norm within
+    rmsnorm's tolerance of libref's, its sum of squares in another order); float4 steps where
+    aligned, one at a time where n is odd or x sits 4 bytes past a 16-byte boundary; rows past M
+    untouched (the last norm block's warps past M)."""
+    rows = m + 2
+    residual, x = activations(rows, n, 21) * 3, activations(rows, n, 22)
+    weight = plain_weight((1.0 + 0.1 * np.random.default_rng(23).standard_normal((1, n))).astype(np.float32), "f32")
+    params = {"M": m, "n": n, "eps": 1e-5, "dtype": "f32"}
+    y = np.full((rows, n), 3.0, np.float32)
+    row = device_row(registry, "r4dchain_add_rmsnorm_dev")
+    got = on_host.run(row, [residual, shifted(on_host, x, offset), None, y], params, {2: weight}, read=(0, 3))
+    want = [residual.copy(), x, None, y.copy()]
+    assert host_launch(row_of(registry, "add_rmsnorm", "libref"), want, params, {2: weight}) == RAD_OK
+    np.testing.assert_array_equal(got[0], want[0])
+    tolerance = module(registry, "device_kernels").TOLERANCE["rmsnorm"]
+    assert rel_err(got[3][:m], want[3][:m]) <= tolerance, rel_err(got[3][:m], want[3][:m])
+    chain = on_host.run(device_row(registry, "r4dchain_add_dev"), [residual[:m], x[:m], np.zeros((m, n), np.float32)],
+                        {"M": m, "n": n, "dtype": "f32"}, read=(2,))[2]
+    normed = on_host.run(device_row(registry, "r4dchain_rmsnorm_dev"), [chain, None, np.zeros((m, n), np.float32)],
+                         params, {1: weight}, read=(2,))[2]
+    np.testing.assert_array_equal(got[0][:m], chain)
+    np.testing.assert_array_equal(got[3][:m], normed)
+    np.testing.assert_array_equal(got[0][m:], residual[m:])
+    assert (got[3][m:] == 3.0).all() and not np.array_equal(got[0][:m], residual[:m])
+
+
+@pytest.mark.parametrize("heads,kv,d,interleaved,m", [(32, 8, 128, 0, 3), (9, 3, 64, 1, 2), (2, 1, 1024, 0, 1),
+                                                      (2, 1, 2048, 1, 2), (3, 1, 2056, 0, 1), (4, 2, 6, 0, 2)])
 def test_elementwise_cu_rope_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, m):
-    """A block a token: a pair's angle once, over every head (head_dim 1024: more pairs than threads)."""
+    """A block a token: its angles once into shared memory (head_dim 2048 and 2056: more pairs than a
+    chunk of 512), then every (head, pair): float4 steps where q and k are 16-byte aligned and d
+    allows (head_dim 6: its 3 pairs go one at a time), the same bits as the scalar loop, which q
+    placed 4 bytes past a 16-byte boundary takes."""
     q, k = activations(m, heads * d, 5), activations(m, kv * d, 6)
     positions = np.random.default_rng(7).integers(0, 8192, m).astype(np.int32)
     inv_freq = (1.0 / 500000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
     params = {"M": m, "q_heads": heads, "kv_heads": kv, "head_dim": d, "interleaved": interleaved, "dtype": "f32"}
-    got = on_host.run(device_row(registry, "r4dchain_rope_dev"), [q, k, positions, inv_freq], params, read=(0, 1))
+    row = device_row(registry, "r4dchain_rope_dev")
+    got = on_host.run(row, [q, k, positions, inv_freq], params, read=(0, 1))
     want = [np.array(o, copy=True) for o in (q, k, positions, inv_freq)]
     assert host_launch(row_of(registry, "rope", "libref"), want, params) == RAD_OK
     tolerance = module(registry, "device_kernels").TOLERANCE["rope"]
     for i in (0, 1):
         assert rel_err(got[i], want[i]) <= tolerance, (i, rel_err(got[i], want[i]))
+    moved = shifted(on_host, q, 4)
+    scalar = on_host.run(row, [moved, k, positions, inv_freq], params, read=(1,))
+    np.testing.assert_array_equal(on_host.download(moved, q), got[0])
+    np.testing.assert_array_equal(scalar[1], got[1])
 
 
 def test_attention_tiles_cu_agrees_with_libref(registry, on_host):
     """attention_tiles.cu's own indexing, slot lookups, copies, rounding, barriers and split merges, its
-    tf32 MMAs in their host form: the row on the host against libref within its tolerance. One
+    bf16 MMAs and ldmatrix in their host form: the row on the host against libref within its tolerance. One
     sequence's chunk of 20 tokens after 1500 cached (its tiles taken last first; 16 splits of 3 key
     tiles each); 32 blocks, the host's threads being slow."""
     at = module(registry, "device_attention_tiles")

@@ -338,7 +338,7 @@ def test_the_attention_tiles_agree_with_libref_within_the_stated_tolerance(regis
     before = len(on_fake.device.launches)
     got = on_fake.run(row, operands, params, read=(3, 4, 10))
     ran = on_fake.device.launches[before:]
-    assert [launch.name for launch in ran] == ["r4d_kv_store_dev", "r4d_attend_tiles"]
+    assert [launch.name for launch in ran] == ["r4d_kv_store_bf16_dev", "r4d_attend_tiles"]
     assert ran[1].grid == at.grid(params["M"], len(sequences), kv, heads // kv)[0]
     arrays = [np.array(o, copy=True) for o in operands]
     assert host_launch(row_of(registry, "attention", "libref"), arrays, params) == RAD_OK
@@ -350,18 +350,29 @@ def test_the_attention_tiles_agree_with_libref_within_the_stated_tolerance(regis
 
 def test_the_attention_tiles_split_the_context_only_where_tiles_are_few(registry):
     at = module(registry, "device_attention_tiles")
-    assert at.splits(2048, 8, 4) == 1 and at.scratch_layout(2048, 1, 8, 4, 128) == {"total": 0}
+    # no split at 2048 tokens: the scratch holds the step's k and v rows in bf16 alone
+    rows = 2 * 2048 * 8 * 128
+    assert at.splits(2048, 8, 4) == 1 and at.scratch_layout(2048, 1, 8, 4, 128) == {
+        "fresh_k": 0, "fresh_v": rows, "total": 2 * rows}
     assert at.splits(64, 8, 4) == 9 and at.grid(64, 64, 8, 4)[0] == (64, 8, 9)   # 64 decode tokens
     assert at.tiles_bound(40, 2, 4) == 4 and at.tiles_bound(9, 9, 4) == 9 and at.tokens_per_tile(3) == 21
-    layout = at.scratch_layout(64, 64, 8, 4, 128)
-    assert layout["partial"] == 256 * -(-4 * 64 * 8 // 256) and layout["total"] - layout["partial"] == 4 * 64 * 8 * 9 * 4 * 130
-    assert at.scratch_bytes(256, 8, 4, 128) >= layout["total"] and at.shared_bytes(128) == 33792
+    layout, rows = at.scratch_layout(64, 64, 8, 4, 128), 2 * 64 * 8 * 128
+    assert layout["counters"] == 2 * rows and layout["partial"] == 2 * rows + 256 * -(-4 * 64 * 8 // 256)
+    assert layout["total"] - layout["partial"] == 4 * 64 * 8 * 9 * 4 * 130
+    assert at.scratch_bytes(256, 8, 4, 128) >= layout["total"] and at.shared_bytes(128) == 34816
+    assert at.store_grid(2048, 1024) == ((1, 2048, 1), (256, 1, 1))
+    # a prefill takes 8 warps (128 rows: 32 tokens of 4 heads), decode tokens and short chunks 4
+    assert at.warps(2048, 1, 4) == 8 and at.grid(2048, 1, 8, 4) == ((64, 8, 1), (256, 1, 1))
+    assert at.warps(64, 64, 4) == 4 and at.warps(40, 2, 4) == 4 and at.warps(64, 2, 4) == 8
+    # 8 warps split more (fewer tiles): the scratch hook covers them
+    assert at.scratch_layout(64, 1, 8, 4, 128)["total"] > layout["total"]
+    assert at.scratch_bytes(256, 8, 4, 128) >= at.scratch_layout(64, 1, 8, 4, 128)["total"]
     assert at.serves("cuda", "sm_80", 128, 4) and at.serves("cuda", "sm_90", 64, 8)
     assert not at.serves("cuda", "sm_75", 128, 4) and not at.serves("hip", "gfx942", 128, 4)
     assert not at.serves("cuda", "sm_90", 96, 4) and not at.serves("cuda", "sm_90", 128, 16)
 
 
-@pytest.mark.parametrize("target,d,kernels", [("sm_90", 128, ["r4d_kv_store_dev", "r4d_attend_tiles"]),
+@pytest.mark.parametrize("target,d,kernels", [("sm_90", 128, ["r4d_kv_store_bf16_dev", "r4d_attend_tiles"]),
                                               ("sm_90", 96, ["r4d_kv_store_dev", "r4d_attend_cache"]),
                                               ("sm_75", 128, ["r4d_kv_store_dev", "r4d_attend_cache"])])
 def test_attention_plans_take_the_tiles_where_they_serve_and_attention_cu_elsewhere(registry, target, d, kernels):
@@ -378,17 +389,24 @@ def test_attention_plans_take_the_tiles_where_they_serve_and_attention_cu_elsewh
         _, grid, block, args = stream.launches[1]
         at = module(registry, "device_attention_tiles")
         assert (grid, block, stream.shared) == ((3, 2, at.splits(m, kv, 4)), (128, 1, 1), at.shared_bytes(d))
-        assert stream.compiled[-1] == ("r4d_attend_tiles", (f"-DR4D_AT_D={d}", "-DR4D_AT_G=4"))
-        assert pointers(args, [0, 3, 7, 9]) == [0x1000, 0x7000, 0xb000, 0x9000000]
+        assert stream.compiled[-1] == ("r4d_attend_tiles", (f"-DR4D_AT_D={d}", "-DR4D_AT_G=4", "-DR4D_AT_WARPS=4"))
+        layout = at.scratch_layout(m, seqs, kv, 4, d)
+        assert pointers(args, [0, 3, 7, 9]) == [0x1000, 0x7000, 0xb000, 0x9000000 + layout["counters"]]
         assert ints(args, [10, 11, 12, 13, 14]) == [seqs, 32, heads, kv, 16]
+        assert pointers(args, [16, 17]) == [0x9000000, 0x9000000 + layout["fresh_v"]]
+        _, grid, block, store = stream.launches[0]
+        assert (grid, block) == at.store_grid(m, kv * d)
+        assert pointers(store, [6, 7]) == [0x9000000, 0x9000000 + layout["fresh_v"]]
 
 
-@pytest.mark.parametrize("target,d,group", [("sm_80", 64, 3), ("sm_90", 128, 4)])
-def test_the_attention_tiles_compile_through_nvrtc_to_tf32_tensor_core_instructions(registry, tmp_path, target, d, group):
+@pytest.mark.parametrize("target,d,group,warps", [("sm_80", 64, 3, 4), ("sm_90", 128, 4, 4), ("sm_90", 128, 4, 8),
+                                                    ("sm_90", 128, 8, 8), ("sm_90", 64, 1, 8)])
+def test_the_attention_tiles_compile_through_nvrtc_to_bf16_tensor_core_instructions(registry, tmp_path, target, d, group,
+                                                                                     warps):
     compile_ = nvrtc_or_skip()
     dk, at = module(registry, "device_kernels"), module(registry, "device_attention_tiles")
-    cubin = compile_(dk.source("attention_tiles"), target, at.options(d, group))
+    cubin = compile_(dk.source("attention_tiles"), target, at.options(d, group, warps))
     assert b"r4d_attend_tiles" in cubin
     listing = sass(cubin, tmp_path)
     if listing is not None:
-        assert "HMMA.1688.F32.TF32" in listing and "LDGSTS" in listing and "LDL" not in listing
+        assert "HMMA.16816.F32.BF16" in listing and "LDGSTS" in listing and "LDSM" in listing and "LDL" not in listing

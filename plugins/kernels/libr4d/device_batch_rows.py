@@ -89,8 +89,9 @@ def _tc_gemm_scratch(kind):
 # attention (attention_tiles.cu)
 
 def _tc_attention(a):
-    """The step's k, v stored at their slots (attention.cu's r4d_kv_store_dev), then the tiles;
-    attention.cu's SIMT kernel where the tiles do not serve (device_attention_tiles.serves)."""
+    """The step's k, v stored at their slots and narrowed to bf16 into the scratch
+    (r4d_kv_store_bf16_dev), then the tiles; attention.cu's SIMT kernel where the tiles do not serve
+    (device_attention_tiles.serves)."""
     q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
     p = a.params
     m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
@@ -103,21 +104,25 @@ def _tc_attention(a):
         raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the attention tiles need {layout['total']}")
     scratch = int(a.scratch or 0)
     width = kv * d
-    grid, block = dk.rows_grid(m, width)
-    store = (KernelArgs("r4d_kv_store_dev").pointer(_address(k)).pointer(_address(v)).pointer(_address(k_cache))
-             .pointer(_address(v_cache)).pointer(_address(slots)).i32(width))
+    fresh_k, fresh_v = scratch + layout["fresh_k"], scratch + layout["fresh_v"]
+    store = (KernelArgs("r4d_kv_store_bf16_dev").pointer(_address(k)).pointer(_address(v)).pointer(_address(k_cache))
+             .pointer(_address(v_cache)).pointer(_address(slots)).i32(width).pointer(fresh_k).pointer(fresh_v))
     args = KernelArgs("r4d_attend_tiles")
     for tensor in (q, k_cache, v_cache, positions, cu_seqlens, context_lens, block_tables, out):
         args.pointer(_address(tensor))
-    args.pointer(scratch + layout["partial"] if "partial" in layout else 0).pointer(scratch if "counters" in layout else 0)
-    args.i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(p["block_size"]).f32(p["scale"])
+    args.pointer(scratch + layout["partial"] if "partial" in layout else 0)
+    args.pointer(scratch + layout["counters"] if "counters" in layout else 0)
+    args.i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(p["block_size"]).f32(p["scale"]).pointer(fresh_k).pointer(fresh_v)
     tiles, threads = at.grid(m, seqs, kv, group)
-    return [Step("r4d_kv_store_dev", "attention", grid, block, store, 0, dk.attention_options(d, group)),
-            Step("r4d_attend_tiles", "attention_tiles", tiles, threads, args, at.shared_bytes(d), at.options(d, group))]
+    options = at.options(d, group, at.warps(m, seqs, group))
+    grid, block = at.store_grid(m, width)
+    return [Step("r4d_kv_store_bf16_dev", "attention_tiles", grid, block, store, 0, options),
+            Step("r4d_attend_tiles", "attention_tiles", tiles, threads, args, at.shared_bytes(d), options)]
 
 
 def _tc_attention_scratch(geometry) -> int:
-    """The tiles' partials, or attention.cu's where the row falls back to it: the larger."""
+    """The tiles' bf16 rows of the step and partials, or attention.cu's where the row falls back to
+    it: the larger."""
     heads, kv = int(geometry["q_heads"]), int(geometry["kv_heads"])
     group = heads // kv if kv and heads % kv == 0 else 1
     tiles = at.scratch_bytes(int(geometry["M"]), kv, group, int(geometry["head_dim"]))

@@ -19,7 +19,7 @@ from radiance.abi import (
 
 from . import device_kernels as dk
 from .device_formats import CODES, FP8_FORMATS, device_format, layout_as_stored as _layout_as_stored
-from .rows import QK, layout_vector, relayout_vector
+from .rows import ADD_RMSNORM_REPLACES, QK, layout_vector, relayout_vector
 
 log = logging.getLogger("radiance.libr4d")
 MAX_PLANS = 4096
@@ -336,6 +336,15 @@ def _rmsnorm(a):
     return [Step("r4d_rmsnorm_dev", "elementwise", grid, block, args)]
 
 
+def _add_rmsnorm(a):
+    residual, x, w, y = a.t
+    m, n = int(a.params["M"]), int(a.params["n"])
+    grid, block = dk.norm_grid(m, dk.warp_size(_vendor(a)))
+    args = (KernelArgs("r4d_add_rmsnorm_dev").pointer(_address(residual)).pointer(_address(x)).pointer(_address(w))
+            .pointer(_address(y)).i32(m).i32(n).f32(a.params["eps"]))
+    return [Step("r4d_add_rmsnorm_dev", "elementwise", grid, block, args)]
+
+
 def _rope(a):
     q, k, positions, inv_freq = a.t
     p = a.params
@@ -479,6 +488,11 @@ def build_device_rows() -> list[RadKernelInfo]:
             scratch=attention_scratch, replaces=REPLACES["rope_attention"]),
         *fused_rows,
         row("r4d_add_dev", "add", _elementwise("r4d_add_dev"), [], "elementwise", "any", "f32"),
+        # above the decode band, where the GEMM's epilogue takes no add: the residual add and the next
+        # norm in one launch (below it gemm_add and the norm-folded GEMVs take them apart)
+        row("r4d_add_rmsnorm_dev", "add_rmsnorm", _add_rmsnorm, [RAD_CGE("M", dk.GEMV_MAX_M + 1)],
+            "add's elementwise sum, then rmsnorm's ordered sum of squares, a warp a row", f"M>={dk.GEMV_MAX_M + 1}",
+            "f32", layout=layout_vector, relayout=relayout_vector, replaces=ADD_RMSNORM_REPLACES),
         row("r4d_silu_mul_dev", "silu_mul", _elementwise("r4d_silu_mul_dev"), [], "sigmoid in f64 rounded to f32",
             "any", "f32"),
         row("r4d_take_rows_dev", "take_rows", _take_rows, [], "row gather", "any", "f32"),

@@ -12,17 +12,14 @@ extern "C" __global__ void r4d_embedding_dev(const int* ids, const u8* codes, co
     y[(long long)m * n + c] = (id >= 0 && id < vocab) ? r4d_weight_at(w, id, c) : __uint_as_float(0x7fc00000u);
 }
 
-// y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w, one warp per row of M (the sum in r4d_row_squares'
+// y = (x * (1 / sqrt(sum(x*x) / n + eps))) * w over one row, by one warp (the sum in r4d_row_squares'
 // order, which the GEMVs with a folded norm share)
 // Each lane loads 8 values (8 float4 where rows are 16-byte aligned) before it stores any: y may be
 // x itself, and a store the compiler cannot prove apart from the next load would otherwise make
 // every load wait for the store before it (45 us for one 4096-row on an H200, now a few round trips).
-extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float* y, int M, int n, float eps) { R4D_CHAIN_PROLOGUE();
-    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP, lane = threadIdx.x % R4D_WARP;
-    if (m >= M) return;
-    const float* row = x + (long long)m * n;
+__device__ __forceinline__ void r4d_rmsnorm_row(const float* row, const float* w, float* out, int n, float eps) {
+    int lane = threadIdx.x % R4D_WARP;
     float scale = 1.0f / sqrtf(r4d_row_squares(row, n) / (float)n + eps);
-    float* out = y + (long long)m * n;
     if (n % 4 == 0 && (((unsigned long long)row | (unsigned long long)w | (unsigned long long)out) & 15) == 0) {
         int quads = n / 4;
         for (int base = lane; base < quads; base += 8 * R4D_WARP) {
@@ -56,28 +53,121 @@ extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float
     }
 }
 
-// Rotate q [M, q_heads*d] and k [M, kv_heads*d] in place; grid (M), any block. Thread t takes pair
-// lane = t % W (W = min(half, blockDim.x)), then lane + W, ..., and for each pair's angle (its cos and
-// sin computed once) the heads group, group + groups, ... (groups = blockDim.x / W): every (pair,
-// head) once, and a token's angles computed `groups` times, not once a head.
+// rmsnorm: a warp per row of M (norm_grid)
+extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float* y, int M, int n, float eps) { R4D_CHAIN_PROLOGUE();
+    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP;
+    if (m >= M) return;
+    r4d_rmsnorm_row(x + (long long)m * n, w, y + (long long)m * n, n, eps);
+}
+
+// add then rmsnorm, fused (add(residual, x, residual) + rmsnorm(residual, w, y)): residual += x, then
+// y = rmsnorm(residual) * w, a warp per row of M (norm_grid), bit for bit r4d_add_dev then
+// r4d_rmsnorm_dev (the same sums; the norm is r4d_rmsnorm_row itself). The row's sums are written
+// before the norm reads them back (from L2: one pass over HBM fewer than the two launches, which
+// read the residual again); a block barrier between, so that every lane sees every lane's sums.
+extern "C" __global__ void r4d_add_rmsnorm_dev(float* residual, const float* x, const float* w, float* y, int M, int n,
+                                               float eps) { R4D_CHAIN_PROLOGUE();
+    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP, lane = threadIdx.x % R4D_WARP;
+    float* row = residual + (long long)m * n;
+    const float* add = x + (long long)m * n;
+    if (m < M) {
+        if (n % 4 == 0 && (((unsigned long long)row | (unsigned long long)add) & 15) == 0) {
+            for (int base = lane; base < n / 4; base += 4 * R4D_WARP) {
+                float4 a[4], b[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (base + u * R4D_WARP < n / 4) { a[u] = ((const float4*)row)[base + u * R4D_WARP]; b[u] = ((const float4*)add)[base + u * R4D_WARP]; }
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (base + u * R4D_WARP < n / 4)
+                        ((float4*)row)[base + u * R4D_WARP] = make_float4(a[u].x + b[u].x, a[u].y + b[u].y, a[u].z + b[u].z,
+                                                                          a[u].w + b[u].w);
+            }
+        } else {
+            for (int c = lane; c < n; c += R4D_WARP) row[c] = row[c] + add[c];
+        }
+    }
+    __syncthreads();
+    if (m < M) r4d_rmsnorm_row(row, w, y + (long long)m * n, n, eps);
+}
+
+// Rotate q [M, q_heads*d] and k [M, kv_heads*d] in place; grid (M), any block. A token's angles are
+// worked out once (R4D_ROPE_CHUNK pairs at a time, into shared memory), then every (head, pair) of
+// the token rotated. Where q and k are 16-byte aligned and d allows it, a thread takes 4 values a step
+// (float4: pairs i..i+3 and i + d/2..i + d/2 + 3, or interleaved two whole pairs) and loads
+// R4D_ROPE_BATCH steps before it stores any (the stores could alias the next loads as far as the
+// compiler knows: one step at a time would leave a thread one load in flight). Each value's
+// arithmetic is the scalar loop's: the same bits either way (no contraction: common.cu).
+#define R4D_ROPE_CHUNK 512
+#define R4D_ROPE_BATCH 4
+__device__ __forceinline__ float* r4d_rope_head(float* q, float* k, int m, int h, int q_heads, int kv_heads, int head_dim) {
+    return h < q_heads ? q + ((long long)m * q_heads + h) * head_dim : k + ((long long)m * kv_heads + (h - q_heads)) * head_dim;
+}
+
 extern "C" __global__ void r4d_rope_dev(float* q, float* k, const int* positions, const float* inv_freq,
                                         int q_heads, int kv_heads, int head_dim, int interleaved) { R4D_CHAIN_PROLOGUE();
+    __shared__ float4 rope_cos4[R4D_ROPE_CHUNK / 4], rope_sin4[R4D_ROPE_CHUNK / 4];
+    float* rope_cos = (float*)rope_cos4;
+    float* rope_sin = (float*)rope_sin4;
     int m = blockIdx.x, half = head_dim / 2, heads = q_heads + kv_heads;
-    int width = min(half, (int)blockDim.x), groups = (int)blockDim.x / width;
-    int lane = threadIdx.x % width, group = threadIdx.x / width;
-    if (group >= groups) return;
     float pos = (float)positions[m];
-    for (int i = lane; i < half; i += width) {
-        float angle = pos * inv_freq[i];
-        float c, s;
-        r4d_cos_sin(angle, c, s);
-        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-        for (int h = group; h < heads; h += groups) {
-            float* base = h < q_heads ? q + ((long long)m * q_heads + h) * head_dim
-                                      : k + ((long long)m * kv_heads + (h - q_heads)) * head_dim;
-            float a = base[ia], b = base[ib];
-            base[ia] = a * c - b * s;
-            base[ib] = a * s + b * c;
+    bool vector = ((((unsigned long long)q | (unsigned long long)k) & 15) == 0) && head_dim % 4 == 0 &&
+                  (interleaved || half % 4 == 0);
+    for (int base = 0; base < half; base += R4D_ROPE_CHUNK) {
+        int pairs = min(R4D_ROPE_CHUNK, half - base);
+        if (base > 0) __syncthreads();  // every thread is done with the last chunk's angles
+        for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+            float c, sn;
+            r4d_cos_sin(pos * inv_freq[base + i], c, sn);
+            rope_cos[i] = c;
+            rope_sin[i] = sn;
+        }
+        __syncthreads();
+        if (vector) {
+            int steps = interleaved ? pairs / 2 : pairs / 4, items = heads * steps;
+            for (int first = threadIdx.x; first < items; first += R4D_ROPE_BATCH * blockDim.x) {
+                float4 a[R4D_ROPE_BATCH], b[R4D_ROPE_BATCH];
+#pragma unroll
+                for (int u = 0; u < R4D_ROPE_BATCH; ++u) {
+                    int item = first + u * blockDim.x;
+                    if (item >= items) continue;
+                    float* row = r4d_rope_head(q, k, m, item / steps, q_heads, kv_heads, head_dim);
+                    int j = item % steps;
+                    if (interleaved) {
+                        a[u] = *(const float4*)(row + 2 * base + 4 * j);
+                    } else {
+                        a[u] = *(const float4*)(row + base + 4 * j);
+                        b[u] = *(const float4*)(row + half + base + 4 * j);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < R4D_ROPE_BATCH; ++u) {
+                    int item = first + u * blockDim.x;
+                    if (item >= items) continue;
+                    float* row = r4d_rope_head(q, k, m, item / steps, q_heads, kv_heads, head_dim);
+                    int j = item % steps;
+                    if (interleaved) {  // pairs 2j and 2j + 1 of the chunk: (x, y), (z, w)
+                        float c0 = rope_cos[2 * j], s0 = rope_sin[2 * j], c1 = rope_cos[2 * j + 1], s1 = rope_sin[2 * j + 1];
+                        float4 v = a[u];
+                        *(float4*)(row + 2 * base + 4 * j) = make_float4(v.x * c0 - v.y * s0, v.x * s0 + v.y * c0,
+                                                                         v.z * c1 - v.w * s1, v.z * s1 + v.w * c1);
+                    } else {  // pairs 4j..4j + 3 of the chunk
+                        float4 c = rope_cos4[j], sn = rope_sin4[j], x = a[u], y = b[u];
+                        *(float4*)(row + base + 4 * j) = make_float4(x.x * c.x - y.x * sn.x, x.y * c.y - y.y * sn.y,
+                                                                     x.z * c.z - y.z * sn.z, x.w * c.w - y.w * sn.w);
+                        *(float4*)(row + half + base + 4 * j) = make_float4(x.x * sn.x + y.x * c.x, x.y * sn.y + y.y * c.y,
+                                                                            x.z * sn.z + y.z * c.z, x.w * sn.w + y.w * c.w);
+                    }
+                }
+            }
+        } else {
+            for (int item = threadIdx.x; item < heads * pairs; item += blockDim.x) {
+                float* row = r4d_rope_head(q, k, m, item / pairs, q_heads, kv_heads, head_dim);
+                int i = item % pairs, ia = interleaved ? 2 * (base + i) : base + i, ib = interleaved ? ia + 1 : ia + half;
+                float a = row[ia], b = row[ib], c = rope_cos[i], sn = rope_sin[i];
+                row[ia] = a * c - b * sn;
+                row[ib] = a * sn + b * c;
+            }
         }
     }
 }
