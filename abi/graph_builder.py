@@ -1,5 +1,6 @@
 """GraphBuilder: what every architecture plugin's declare hook writes the same way — weights,
-f32 buffers (and the KV caches, f32 or f16 as the engine's hyper-parameter `kv_cache_dtype` says), nodes, the two ops whose parameters come from the weights and the hyper-parameters
+f32 buffers (the KV caches f32 or f16, as the engine's hyper-parameter `kv_cache_dtype` says),
+nodes, the two ops whose parameters come from the weights and the hyper-parameters
 (gemm: N, K, wdtype; rmsnorm: n, eps), and a decoder's ends: its activation buffers, the embedding
 and the head (last tokens, output norm, vocab-parallel lm head, all_gather, sample). A family's
 builder adds its own ops on top. Part of the contract package because a plugin imports nothing of
@@ -8,9 +9,9 @@ radiance's but it."""
 from .arch import RadBufferDecl, RadNodeDecl, RadWeightDecl
 from .arch_family import EMBEDDING, OUTPUT, OUTPUT_NORM
 from .constants import (
-    RAD_DT_F16, RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_HIDDEN, RAD_SPLIT_COLS, RAD_SPLIT_NONE, RAD_SPLIT_ROWS,
-    RAD_STEP_IDS, RAD_STEP_LAST_INDEX, RAD_STEP_RNG, RAD_STEP_TEMPERATURE, RAD_STEP_TOKENS, RAD_STEP_TOP_K,
-    RAD_STEP_TOP_P,
+    RAD_DT_F16, RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_HIDDEN, RAD_SPLIT_COLS,
+    RAD_SPLIT_NONE, RAD_SPLIT_ROWS, RAD_STEP_IDS, RAD_STEP_LAST_INDEX, RAD_STEP_RNG, RAD_STEP_TEMPERATURE,
+    RAD_STEP_TOKENS, RAD_STEP_TOP_K, RAD_STEP_TOP_P,
 )
 
 TOKENS, SEQS = RAD_EXTENT_TOKENS, RAD_EXTENT_SEQS

@@ -72,8 +72,8 @@ def main() -> None:
     try:
         flush = np.zeros(32 << 20, np.float32)  # 128 MB
         rng = np.random.default_rng(0)
-        print(f"attention, {args.tokens} new token(s) a step, SmolLM2-135M's heads, {LAYERS} layers of their own caches, "
-              f"{args.threads} threads; "
+        print(f"attention, {args.tokens} new token(s) a step, SmolLM2-135M's heads, {LAYERS} layers of their own "
+              f"caches, {args.threads} threads; "
               f"µs a layer, median of {args.passes} passes a round")
         for context in args.contexts:
             calls = {name: layer_calls(registry, context, args.tokens, cache, rng)
@@ -86,9 +86,10 @@ def main() -> None:
                         times[name].append(timed_pass(calls[name], flush))
                 f32, f16 = statistics.median(times["f32"]), statistics.median(times["f16"])
                 ratios.append(f32 / f16)
-                print(f"context {context:5}  round {round_ + 1}:  f32 {f32:8.1f}  f16 {f16:8.1f}  ratio {f32 / f16:5.2f}")
-            print(f"context {context:5}  ratio f32 / f16, median of {args.rounds} rounds: {statistics.median(ratios):.2f}",
-                  flush=True)
+                print(f"context {context:5}  round {round_ + 1}:  f32 {f32:8.1f}  f16 {f16:8.1f}  "
+                      f"ratio {f32 / f16:5.2f}")
+            print(f"context {context:5}  ratio f32 / f16, median of {args.rounds} rounds: "
+                  f"{statistics.median(ratios):.2f}", flush=True)
     finally:
         registry.close()
 
