@@ -1,5 +1,6 @@
 """GraphBuilder: what every architecture plugin's declare hook writes the same way — weights,
-f32 buffers, nodes, the two ops whose parameters come from the weights and the hyper-parameters
+f32 buffers (the KV caches f32 or f16, as the engine's hyper-parameter `kv_cache_dtype` says),
+nodes, the two ops whose parameters come from the weights and the hyper-parameters
 (gemm: N, K, wdtype; rmsnorm: n, eps), and a decoder's ends: its activation buffers, the embedding
 and the head (last tokens, output norm, vocab-parallel lm head, all_gather, sample). A family's
 builder adds its own ops on top. Part of the contract package because a plugin imports nothing of
@@ -8,12 +9,13 @@ radiance's but it."""
 from .arch import RadBufferDecl, RadNodeDecl, RadWeightDecl
 from .arch_family import EMBEDDING, OUTPUT, OUTPUT_NORM
 from .constants import (
-    RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_TOKENS, RAD_HIDDEN, RAD_SPLIT_COLS, RAD_SPLIT_NONE, RAD_SPLIT_ROWS,
-    RAD_STEP_IDS, RAD_STEP_LAST_INDEX, RAD_STEP_RNG, RAD_STEP_TEMPERATURE, RAD_STEP_TOKENS, RAD_STEP_TOP_K,
-    RAD_STEP_TOP_P,
+    RAD_DT_F16, RAD_DT_F32, RAD_EXTENT_SEQS, RAD_EXTENT_SLOTS, RAD_EXTENT_TOKENS, RAD_HIDDEN, RAD_SPLIT_COLS,
+    RAD_SPLIT_NONE, RAD_SPLIT_ROWS, RAD_STEP_IDS, RAD_STEP_LAST_INDEX, RAD_STEP_RNG, RAD_STEP_TEMPERATURE,
+    RAD_STEP_TOKENS, RAD_STEP_TOP_K, RAD_STEP_TOP_P,
 )
 
 TOKENS, SEQS = RAD_EXTENT_TOKENS, RAD_EXTENT_SEQS
+KV_CACHE_TYPES = {"f32": RAD_DT_F32, "f16": RAD_DT_F16}  # hyper["kv_cache_dtype"], as the engine settled it
 
 
 class GraphBuilder:
@@ -26,10 +28,19 @@ class GraphBuilder:
         self.declared.append(RadWeightDecl(name=name, source=source, split=split, parts=parts))
         return name
 
-    def buffer(self, name: str, cols: int, extent: int = TOKENS, split: int = 0, parts: int = 0) -> str:
-        self.buffers.append(RadBufferDecl(name=name, dtype=RAD_DT_F32, extent=extent, cols=cols, split=split,
+    def buffer(self, name: str, cols: int, extent: int = TOKENS, split: int = 0, parts: int = 0,
+               dtype: int = RAD_DT_F32) -> str:
+        self.buffers.append(RadBufferDecl(name=name, dtype=dtype, extent=extent, cols=cols, split=split,
                                           parts=parts))
         return name
+
+    def kv_caches(self, i: int) -> list[str]:
+        """Layer i's k and v caches, [slots, kv_heads * head_dim] split as whole kv heads, in the type
+        hyper["kv_cache_dtype"] names (the engine's --kv-cache-dtype, settled: f32 where absent)."""
+        h = self.hyper
+        dtype = KV_CACHE_TYPES[h.get("kv_cache_dtype", "f32")]
+        return [self.buffer(f"layers.{i}.{which}_cache", h["kv_heads"] * h["head_dim"], RAD_EXTENT_SLOTS, split=1,
+                            parts=h["kv_heads"], dtype=dtype) for which in ("k", "v")]
 
     def node(self, op, name, operands, extent=TOKENS, split="", **params):
         self.nodes.append(RadNodeDecl(op=op, name=name, extent=extent, params=params, split=split,

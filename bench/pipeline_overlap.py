@@ -42,8 +42,11 @@ def measure(model: str, tp: int, batch: int, prompt: int, tokens: int, mode: str
     from radiance.launch import engine_over, open_ranks
 
     parts, ahead = MODES[mode]
+    # the exact (f32) KV cache: the modes cut steps differently, and the host's default f16 cache can turn
+    # the ~1e-7 a band switch moves a value into an f16 step (docs/RUNTIME.md), while this bench checks
+    # that every mode gives the same tokens
     config = Config(model=model, progress=False, tp=tp, pp=2, micro_batches=parts, run_ahead=ahead, max_seqs=batch,
-                    max_step_tokens=batch * prompt, max_context=prompt + tokens + 2)
+                    max_step_tokens=batch * prompt, max_context=prompt + tokens + 2, kv_cache_dtype="f32")
     times, counted = [], []
     with open_ranks(config) as ranks:
         engine = engine_over(ranks)

@@ -10,6 +10,7 @@ from radiance.weights.container_reader import open_container
 
 # The options whose command-line flag is not their name with dashes, and those no command takes.
 FLAGS = {"threads": "--threads-per-rank", "accept_reference": "--debug-accept-reference-kernels"}
+KV_CACHE_DTYPES = ("auto", "f16", "f32")
 NO_FLAG = {"activation_dtype", "block_size", "num_blocks", "progress", "launched", "profile", "return_buffer"}
 
 
@@ -31,6 +32,10 @@ class Config:
     accept_reference: bool = False  # reference rows may serve
     # the engine
     activation_dtype: str = "f32"
+    # the KV cache's type (vLLM's --kv-cache-dtype): auto = f16 on the host rows (as llama.cpp keeps
+    # it: half the bytes attention reads), f32 on a card (its attention rows read f32 only); f32 the
+    # exact cache, for checks against f32 arithmetic end to end
+    kv_cache_dtype: str = "auto"
     max_step_tokens: int = 256  # the token budget of one step: long prefills are cut into chunks of it
     max_seqs: int = 1  # sequences batched in one step
     max_context: int | None = None  # asked; settled to at most the model's context (None: the model's)
@@ -96,6 +101,8 @@ class Config:
         self._check_nodes()
         if self.device not in ("auto", "host"):
             raise ConfigError(f"{flag('device')} must be 'auto' or 'host', not {self.device!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"{flag('kv_cache_dtype')} must be 'auto', 'f16' or 'f32', not {self.kv_cache_dtype!r}")
         if self.collective_wire not in ("auto", "f32", "bf16"):
             raise ConfigError(f"{flag('collective_wire')} must be 'auto', 'f32' or 'bf16', not {self.collective_wire!r}")
         context = self._model_context()
@@ -124,6 +131,15 @@ class Config:
             for name in ("master_addr", "keys"):
                 if not getattr(self, name):
                     raise ConfigError(f"{flag(name)} is needed with {flag('nnodes')} {self.nnodes}")
+
+    def kv_cache_type(self, card: bool) -> str:
+        """The KV cache's type on a rank of the host rows (card False) or of a card's: auto settled."""
+        if self.kv_cache_dtype == "auto":
+            return "f32" if card else "f16"
+        if card and self.kv_cache_dtype != "f32":
+            raise ConfigError(f"{flag('kv_cache_dtype')} {self.kv_cache_dtype}: a card's attention rows read an f32 "
+                              "cache only (give auto or f32, or --device host)")
+        return self.kv_cache_dtype
 
     @property
     def returned_buffers(self) -> tuple[str, ...]:

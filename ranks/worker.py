@@ -51,7 +51,7 @@ class Worker:
             self.device = open_device()
             self._own_device = self.device is not None
         self.registry = registry if registry is not None else Registry(config.radiance_home, config.kernels)
-        self.model = open_model(config, self.registry, architecture)
+        self.model = open_model(config, self.registry, architecture, card=self.device is not None)
         schemas = {op: entry.schema for op, entry in self.registry.ops.items()}
         self.cut = cut_stages(self.model.graph, schemas, self.model.weights, stage.count)[stage.index]
         # the parts each step is cut into (generation/micro_batches.py): config's, else one a stage

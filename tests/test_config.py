@@ -39,6 +39,8 @@ def test_a_rank_makes_the_same_object_from_its_fields(tiny_model):
     ({"step_timeout": 0}, "--step-timeout must be more than 0 seconds, not 0"),
     ({"device": "gpu"}, "--device must be 'auto' or 'host', not 'gpu'"),
     ({"collective_wire": "fp8"}, "--collective-wire must be 'auto', 'f32' or 'bf16', not 'fp8'"),
+    ({"kv_cache_dtype": "fp8"}, "--kv-cache-dtype must be 'auto', 'f16' or 'f32', not 'fp8'"),
+    ({"kv_cache_dtype": "F16"}, "--kv-cache-dtype must be 'auto', 'f16' or 'f32', not 'F16'"),
 ])
 def test_a_bad_value_is_one_line_naming_its_flag(tiny_model, given, message):
     with pytest.raises(ConfigError) as error:
@@ -61,3 +63,27 @@ def test_the_flags_an_error_names_are_the_commands_own():
     assert {name for name in named if name.startswith("--")} <= taken
     assert {name for name in named if not name.startswith("--")} == {
         "activation_dtype", "block_size", "num_blocks", "progress", "launched", "profile", "return_buffer"}
+
+
+@pytest.mark.parametrize("asked,host,card", [("auto", "f16", "f32"), ("f32", "f32", "f32"), ("f16", "f16", None)])
+def test_the_kv_cache_type_settles_per_domain(tiny_model, asked, host, card):
+    """auto: f16 on the host rows, f32 on a card (whose attention rows read f32 only); f16 asked on a
+    card is one line naming the flag."""
+    config = Config(model=str(tiny_model), kv_cache_dtype=asked)
+    assert config.kv_cache_type(card=False) == host
+    if card is None:
+        with pytest.raises(ConfigError) as error:
+            config.kv_cache_type(card=True)
+        assert str(error.value).startswith("--kv-cache-dtype f16: a card's attention rows read an f32 cache only")
+        assert "\n" not in str(error.value)
+    else:
+        assert config.kv_cache_type(card=True) == card
+
+
+def test_a_bad_kv_cache_dtype_on_the_command_line_names_the_option(tiny_model):
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(generate.main, ["--model", str(tiny_model), "--prompt", "hi", "--kv-cache-dtype",
+                                                "bf8"])
+    assert result.exit_code != 0
+    assert "--kv-cache-dtype" in result.output and "'bf8' is not one of" in result.output

@@ -10,6 +10,8 @@ from test_libr4d_support import (  # noqa: F401 (registry is a fixture)
 )
 
 TOL_ATTENTION = 1e-5  # docs/LIBR4D.md: FMA dot products of q and k (measured <= 2.4e-6)
+# docs/OPS.md: an f16 cache against an f32 one, both libref's: k and v rounded to 11 bits
+TOL_F16_CACHE = 2e-3
 
 
 def inv_freq(theta=100000.0, head_dim=HEAD_DIM):
@@ -81,8 +83,9 @@ def paged_step(seqs, block_size=16, num_blocks=96, seed=0):
         ctx=np.array(ctx, np.int32), tables=tables, m=m, block_size=block_size)
 
 
-def run_attention(registry, library, step):
-    k_cache, v_cache = step["k_cache"].copy(), step["v_cache"].copy()
+def run_attention(registry, library, step, cache=np.float32):
+    """`cache`: the KV cache's type (the engine's --kv-cache-dtype), the step's noise rounded to it."""
+    k_cache, v_cache = step["k_cache"].astype(cache), step["v_cache"].astype(cache)
     out = np.full((step["m"] + 3, HEADS * HEAD_DIM), 5.0, np.float32)
     operands = [step["q"], step["k"], step["v"], k_cache, v_cache, step["slots"], step["positions"], step["cu"],
                 step["ctx"], step["tables"][:len(step["ctx"])], out]
@@ -147,3 +150,61 @@ def test_a_decode_token_s_items_by_kv_head_or_by_query_head_give_the_same_bits(r
     assert rel_err(outs[1][:1], ref[:1]) <= TOL_ATTENTION
     np.testing.assert_array_equal(outs[1], outs[2])
     np.testing.assert_array_equal(outs[1], outs[KV_HEADS + 1])
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_attention_over_an_f16_cache(registry, case):
+    """An f16 cache: the step's k, v stored rounded to nearest even (libref's numpy assignment), read
+    back widened, so libr4d's row keeps f32's tolerance against libref's on the same cache, and
+    both stay near the f32 cache's outputs (the rounding of k and v: about 2^-11 relative)."""
+    step = paged_step(CASES[case], seed=len(case) + 10)
+    ours, k_ours, v_ours = run_attention(registry, "libr4d", step, np.float16)
+    ref, k_ref, v_ref = run_attention(registry, "libref", step, np.float16)
+    assert k_ours.dtype == np.float16 and v_ours.dtype == np.float16
+    np.testing.assert_array_equal(k_ours.view(np.uint16), k_ref.view(np.uint16))  # the same rounding
+    np.testing.assert_array_equal(v_ours.view(np.uint16), v_ref.view(np.uint16))
+    np.testing.assert_array_equal(k_ours[step["slots"]], step["k"].astype(np.float16))
+    m = step["m"]
+    assert rel_err(ours[:m], ref[:m]) <= TOL_ATTENTION, rel_err(ours[:m], ref[:m])
+    assert (ours[m:] == 5.0).all()
+    exact, _, _ = run_attention(registry, "libref", step)
+    assert 0 < rel_err(ref[:m], exact[:m]) <= TOL_F16_CACHE, rel_err(ref[:m], exact[:m])
+
+
+def test_an_f16_cache_stores_what_numpy_rounds_at_the_edges(registry):
+    f16_store_rounds_as_numpy(registry)
+
+
+def f16_store_rounds_as_numpy(registry):
+    """Ties, subnormals, overflow and signed zeros rounded as numpy's astype(float16) by the f16
+    cache's store (a width of 5: the scalar tail; test_libr4d_builds runs it on the portable build,
+    whose f2h is C, not F16C)."""
+    edges = np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 65504.0, 65519.0, 65520.0, 1e9, -1e9, 2 ** -25,
+                      3 * 2 ** -26, 2 ** -24 * 1.5, 6.1e-5, -0.0, 0.0, 2 ** -26, -2 ** -14 * 0.75], np.float32)
+    heads, head_dim = 1, 5  # kv width 5: a scalar tail after nothing vectorised
+    rng = np.random.default_rng(1)
+    wide = (rng.standard_normal(16 * 5) * 2.0 ** rng.integers(-30, 20, 16 * 5)).astype(np.float32)  # every range
+    for width_values in (edges[:5], edges[5:10], edges[10:], *wide.reshape(16, 5)):
+        k = width_values.reshape(1, head_dim)
+        v = -k
+        q = rng.standard_normal((1, head_dim)).astype(np.float32)
+        k_cache, v_cache = np.zeros((16, head_dim), np.float16), np.zeros((16, head_dim), np.float16)
+        out = np.zeros((1, head_dim), np.float32)
+        operands = [q, k, v, k_cache, v_cache, np.array([3], np.int32), np.array([0], np.int32),
+                    np.array([0, 1], np.int32), np.array([1], np.int32), np.zeros((1, 1), np.int32), out]
+        params = {"M": 1, "q_heads": heads, "kv_heads": heads, "head_dim": head_dim, "block_size": 16,
+                  "scale": 1.0, "dtype": "f32"}
+        with np.errstate(over="ignore"):
+            assert launch(row_of(registry, "attention", "libr4d"), operands, params) == 0
+            np.testing.assert_array_equal(k_cache[3].view(np.uint16), k[0].astype(np.float16).view(np.uint16))
+            np.testing.assert_array_equal(v_cache[3].view(np.uint16), v[0].astype(np.float16).view(np.uint16))
+
+
+def test_attention_refuses_caches_of_two_types(registry):
+    step = paged_step([(0, 3)], seed=5)
+    out = np.zeros((3, HEADS * HEAD_DIM), np.float32)
+    operands = [step["q"], step["k"], step["v"], step["k_cache"].astype(np.float16), step["v_cache"].copy(),
+                step["slots"], step["positions"], step["cu"], step["ctx"], step["tables"][:1], out]
+    params = {"M": 3, "q_heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block_size": 16,
+              "scale": 0.125, "dtype": "f32"}
+    assert launch(row_of(registry, "attention", "libr4d"), operands, params) != 0

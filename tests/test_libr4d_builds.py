@@ -10,7 +10,7 @@ from radiance.engine.loading.registry import Registry
 from test_libr4d_support import (
     HEAD_DIM, HEADS, KV_HEADS, TOL_A16, TOL_F32, TOLERANCE, activations, launch, make_weight, rel_err, row_of,
 )
-from test_libr4d_attention import TOL_ATTENTION, paged_step, run_attention
+from test_libr4d_attention import TOL_ATTENTION, f16_store_rounds_as_numpy, paged_step, run_attention
 from test_libr4d_gemma import gemma_rows_agree
 
 
@@ -53,6 +53,10 @@ def agrees_with_libref(registry, gemv_tolerance):
         step = paged_step([(0, 5), (20, 1)], seed=2)
         ours, ref = run_attention(registry, "libr4d", step)[0], run_attention(reference, "libref", step)[0]
         assert rel_err(ours[:6], ref[:6]) <= TOL_ATTENTION
+        ours, ref = (run_attention(registry, "libr4d", step, np.float16)[0],
+                     run_attention(reference, "libref", step, np.float16)[0])  # an f16 cache
+        assert rel_err(ours[:6], ref[:6]) <= TOL_ATTENTION
+        f16_store_rounds_as_numpy(registry)
         rng = np.random.default_rng(3)
         q0 = rng.standard_normal((3, HEADS * HEAD_DIM)).astype(np.float32)
         k0 = rng.standard_normal((3, KV_HEADS * HEAD_DIM)).astype(np.float32)

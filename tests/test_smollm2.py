@@ -4,6 +4,8 @@ agrees with the oracle token for token."""
 import subprocess
 import sys
 
+import numpy as np
+
 import early_builds
 import in_subprocess
 from conftest import convert_smollm2
@@ -16,9 +18,9 @@ from radiance.ranks.worker import Worker
 PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "Water boils at a temperature of"]
 
 
-def greedy(model, kernels, prompts, max_tokens, accept_reference=False):
+def greedy(model, kernels, prompts, max_tokens, accept_reference=False, kv_cache_dtype="auto"):
     config = Config(model=str(model), radiance_home="", kernels=kernels, accept_reference=accept_reference,
-                    progress=False)
+                    progress=False, kv_cache_dtype=kv_cache_dtype)
     worker = Worker(config).build()
     try:
         container = worker.model.container
@@ -56,6 +58,28 @@ def test_libr4d_and_libref_agree_on_the_first_8_greedy_tokens(smollm2):
     fast, text = greedy(smollm2, "libr4d", PROMPTS, 8)
     oracle = early_builds.result("smollm2-libref-tokens", oracle_tokens)
     assert fast == oracle, [text.decode(ids) for ids in fast + oracle]
+
+
+def test_an_f16_kv_cache_gives_the_f32_cache_s_greedy_tokens(smollm2):
+    """--kv-cache-dtype: the host rows' default f16 cache (k, v rounded to 11 bits) and the exact f32
+    one give the same 24 greedy tokens of every prompt, and the cache is the type asked for."""
+    half, text = greedy(smollm2, "libr4d", PROMPTS, 24, kv_cache_dtype="f16")
+    exact, _ = greedy(smollm2, "libr4d", PROMPTS, 24, kv_cache_dtype="f32")
+    assert half == exact, [text.decode(ids) for ids in half + exact]
+
+
+def test_the_kv_cache_buffers_are_the_type_asked_for(smollm2):
+    for asked, dtype in (("auto", np.float16), ("f16", np.float16), ("f32", np.float32)):
+        config = Config(model=str(smollm2), radiance_home="", kernels="libr4d", progress=False,
+                        kv_cache_dtype=asked, device="host")
+        worker = Worker(config).build()
+        try:
+            buffers = worker.executor.buffers
+            caches = [name for name in buffers if name.endswith(("k_cache", "v_cache"))]
+            assert caches and all(buffers[name].dtype == dtype for name in caches), asked
+            assert buffers["x"].dtype == np.float32  # the activations stay f32
+        finally:
+            worker.close()
 
 
 def test_everyday_answers_are_on_topic(smollm2):

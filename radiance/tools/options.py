@@ -89,6 +89,9 @@ model_and_mode = _stack(
                       "launches; on host ranks the chained all_reduce serves."),
     click.option("--fusion/--no-fusion", default=True, show_default=True,
                  help="Run fused rows (replaces) where their library serves the chain; off: every chain as declared."),
+    click.option("--kv-cache-dtype", type=click.Choice(["auto", "f16", "f32"]), default="auto", show_default=True,
+                 help="The KV cache's type: auto is f16 on host rows (as llama.cpp keeps it), f32 on a card; f32 "
+                      "keeps the exact cache."),
     click.option("--collective-wire", type=click.Choice(["auto", "f32", "bf16"]), default="auto", show_default=True,
                  help="Cards at TP > 1: what an all-reduce moves (activations stay f32); auto: bf16 for a bf16 model."),
     click.option("--draft-model", type=click.Path(dir_okay=False), default=None,

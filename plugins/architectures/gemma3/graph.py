@@ -15,7 +15,7 @@ the ranks outnumber them (Gemma 3 270M has one: every rank holds it at TP 2 and 
 import numpy as np
 
 from radiance.abi import (
-    GraphBuilder, RAD_EXTENT_SLOTS, RAD_SPLIT_COLS, RAD_SPLIT_NONE, RAD_SPLIT_ROWS, RAD_STEP_BLOCK_TABLES,
+    GraphBuilder, RAD_SPLIT_COLS, RAD_SPLIT_NONE, RAD_SPLIT_ROWS, RAD_STEP_BLOCK_TABLES,
     RAD_STEP_CONTEXT_LENS, RAD_STEP_CU_SEQLENS, RAD_STEP_POSITIONS, RAD_STEP_SLOTS, RadGraphDecl, RadTableDecl,
     rad_tensor,
 )
@@ -50,8 +50,7 @@ def _layer(b: Builder, i: int) -> None:
     b.node("rope", f"layers.{i}.rope", ("q", "k", RAD_STEP_POSITIONS, LOCAL_TABLE if sliding else GLOBAL_TABLE),
            split=heads_split, q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
            interleaved=int(h.get("rope_interleaved", 0)), dtype=b.dtype)
-    caches = [b.buffer(f"layers.{i}.{which}_cache", kv_heads * head_dim, RAD_EXTENT_SLOTS, split=1, parts=kv_heads)
-              for which in ("k", "v")]
+    caches = b.kv_caches(i)
     operands = ("q", "k", "v", *caches, RAD_STEP_SLOTS, RAD_STEP_POSITIONS, RAD_STEP_CU_SEQLENS,
                 RAD_STEP_CONTEXT_LENS, RAD_STEP_BLOCK_TABLES, "attn")
     common = dict(q_heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=int(h.get("block_size", 16)))

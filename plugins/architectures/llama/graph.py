@@ -4,7 +4,7 @@ vocab-parallel lm head followed by all_gather. The KV heads are split as whole h
 where the ranks outnumber them each is replicated (rad_arch.h). The same graph serves TP 1 and TP N."""
 
 from radiance.abi import (
-    GraphBuilder, RAD_EXTENT_SLOTS, RAD_SPLIT_COLS, RAD_SPLIT_ROWS, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS,
+    GraphBuilder, RAD_SPLIT_COLS, RAD_SPLIT_ROWS, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS,
     RAD_STEP_CU_SEQLENS, RAD_STEP_POSITIONS, RAD_STEP_SLOTS, RadGraphDecl, RadTableDecl, rad_tensor,
 )
 
@@ -26,8 +26,7 @@ def layer(b: Builder, i: int) -> None:
     b.node("rope", f"layers.{i}.rope", ("q", "k", RAD_STEP_POSITIONS, "rope.inv_freq"), split=heads_split,
            q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
            interleaved=int(h.get("rope_interleaved", 0)), dtype=b.dtype)
-    caches = [b.buffer(f"layers.{i}.{which}_cache", kv_heads * head_dim, RAD_EXTENT_SLOTS, split=1, parts=kv_heads)
-              for which in ("k", "v")]
+    caches = b.kv_caches(i)
     b.node("attention", f"layers.{i}.attention",
            ("q", "k", "v", *caches, RAD_STEP_SLOTS, RAD_STEP_POSITIONS, RAD_STEP_CU_SEQLENS,
             RAD_STEP_CONTEXT_LENS, RAD_STEP_BLOCK_TABLES, "attn"),

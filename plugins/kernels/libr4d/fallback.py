@@ -130,8 +130,9 @@ def attention(a):
         length = int(context_lens[s])
         j = np.arange(length)
         cached = block_tables[s][j // block_size] * block_size + j % block_size
-        keys = k_cache[cached].reshape(length, kv_heads, head_dim).repeat(group, axis=1)
-        values = v_cache[cached].reshape(length, kv_heads, head_dim).repeat(group, axis=1)
+        # an f16 cache's rows widened exactly: the f32 arithmetic on the stored (rounded) values
+        keys = k_cache[cached].astype(F32).reshape(length, kv_heads, head_dim).repeat(group, axis=1)
+        values = v_cache[cached].astype(F32).reshape(length, kv_heads, head_dim).repeat(group, axis=1)
         query = q[t0:t1].reshape(t1 - t0, heads, head_dim)
         scores = np.einsum("thd,jhd->thj", query, keys) * scale
         visible = j[None, None, :] <= positions[t0:t1, None, None]

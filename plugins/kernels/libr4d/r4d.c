@@ -192,6 +192,45 @@ static inline float h2f(uint16_t h) {
 #endif
 }
 
+/* f32 -> f16 rounded to nearest even (numpy's astype(float16), vcvtps2ph's nearest): overflow to
+ * infinity, subnormal halves kept, a NaN stays a NaN */
+static inline uint16_t f2h(float x) {
+#ifdef R4D_AVX2
+    return (uint16_t)_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    const uint32_t e = (bits >> 23) & 0xff, m = bits & 0x7fffffu;
+    if (e == 0xff) return (uint16_t)(sign | 0x7c00u | (m ? 0x200u | (m >> 13) : 0));
+    if (e < 102) return sign; /* below half the smallest subnormal (2^-25): zero */
+    if (e < 113) { /* a subnormal half: m' = (1.m) * 2^(e - 103), rounded to nearest even */
+        const uint32_t full = m | 0x800000u, shift = 126 - e;
+        const uint32_t q = full >> shift, rest = full & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        return (uint16_t)(sign | (q + (rest > halfway || (rest == halfway && (q & 1)))));
+    }
+    uint32_t h = ((e - 112) << 10) | (m >> 13); /* may carry into the exponent, up to infinity */
+    const uint32_t rest = m & 0x1fffu;
+    h += rest > 0x1000u || (rest == 0x1000u && (h & 1));
+    return (uint16_t)(sign | (h >= 0x7c00u ? 0x7c00u : h));
+#endif
+}
+
+/* n floats of src stored as f16 at dst, each rounded to nearest even */
+static void store_f16(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+#ifdef R4D_AVX512
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+#ifdef R4D_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) dst[i] = f2h(src[i]);
+}
+
 static inline float bf2f(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;
@@ -1548,33 +1587,56 @@ int r4d_rope(Arr *q, Arr *k, const Arr *positions, const Arr *inv_freq, int64_t 
  * the sum over keys in key order, each product rounded (libref's order). */
 
 /* One query head over its visible keys: scores, softmax weights, weighted value sum.
- * `rows_k[j]`, `rows_v[j]` point at the head's D floats of key j. sc: L floats of scratch. */
+ * `rows_k[j]`, `rows_v[j]` point at the head's D elements of key j: floats, or f16 where `half`
+ * (widened exactly, so the arithmetic is the f32 cache's on the rounded values). sc: L floats of
+ * scratch. */
 #define ATT_PF 16 /* keys ahead whose K and V rows the first head of a group prefetches */
 
-static inline __attribute__((always_inline)) void head_attend(const float *qv, const float *const *rows_k,
-                                                             const float *const *rows_v, int64_t L, const int64_t D,
-                                                             float fscale, float *sc, float *o, int prefetch) {
+/* 16 (8) elements of a cached row from element d, as floats */
+#ifdef R4D_AVX512
+static inline __m512 cache16(const void *row, int64_t d, const int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d)))
+                : _mm512_loadu_ps((const float *)row + d);
+}
+#endif
+#ifdef R4D_AVX2
+static inline __m256 cache8(const void *row, int64_t d, const int half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)))
+                : _mm256_loadu_ps((const float *)row + d);
+}
+#endif
+static inline float cache1(const void *row, int64_t d, const int half) {
+    return half ? h2f(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
+
+static inline void prefetch_row(const void *row, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)row + b);
+}
+
+static inline __attribute__((always_inline)) void head_attend(const float *qv, const void *const *rows_k,
+                                                             const void *const *rows_v, int64_t L, const int64_t D,
+                                                             const int half, float fscale, float *sc, float *o,
+                                                             int prefetch) {
+    const int64_t bytes = D * (half ? 2 : 4); /* of a cached row */
     int64_t j = 0;
     if (prefetch) /* the cache rows of a sequence are cold after a token's weights streamed past */
-        for (int64_t u = 0; u < ATT_PF && u < L; u++)
-            for (int64_t d = 0; d < D; d += 16) {
-                __builtin_prefetch(rows_k[u] + d);
-                __builtin_prefetch(rows_v[u] + d);
-            }
+        for (int64_t u = 0; u < ATT_PF && u < L; u++) {
+            prefetch_row(rows_k[u], bytes);
+            prefetch_row(rows_v[u], bytes);
+        }
 #ifdef R4D_AVX512
     if (D % 16 == 0) {
         for (; j + 8 <= L; j += 8) { /* 8 keys at once, 16 dimensions a step, then as below */
             if (prefetch)
-                for (int64_t u = j + ATT_PF; u < j + ATT_PF + 8 && u < L; u++)
-                    for (int64_t d = 0; d < D; d += 16) {
-                        __builtin_prefetch(rows_k[u] + d);
-                        __builtin_prefetch(rows_v[u] + d);
-                    }
+                for (int64_t u = j + ATT_PF; u < j + ATT_PF + 8 && u < L; u++) {
+                    prefetch_row(rows_k[u], bytes);
+                    prefetch_row(rows_v[u], bytes);
+                }
             __m512 w[8];
             for (int u = 0; u < 8; u++) w[u] = _mm512_setzero_ps();
             for (int64_t d = 0; d < D; d += 16) {
                 const __m512 q16 = _mm512_loadu_ps(qv + d);
-                for (int u = 0; u < 8; u++) w[u] = _mm512_fmadd_ps(q16, _mm512_loadu_ps(rows_k[j + u] + d), w[u]);
+                for (int u = 0; u < 8; u++) w[u] = _mm512_fmadd_ps(q16, cache16(rows_k[j + u], d, half), w[u]);
             }
             __m256 a[8];
             for (int u = 0; u < 8; u++) a[u] = _mm256_add_ps(_mm512_castps512_ps256(w[u]), high8_ps(w[u]));
@@ -1589,16 +1651,15 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
     if (D % 8 == 0) {
         for (; j + 8 <= L; j += 8) { /* 8 keys at once, reduced by a transpose of sums */
             if (prefetch)
-                for (int64_t u = j + ATT_PF; u < j + ATT_PF + 8 && u < L; u++)
-                    for (int64_t d = 0; d < D; d += 16) {
-                        __builtin_prefetch(rows_k[u] + d);
-                        __builtin_prefetch(rows_v[u] + d);
-                    }
+                for (int64_t u = j + ATT_PF; u < j + ATT_PF + 8 && u < L; u++) {
+                    prefetch_row(rows_k[u], bytes);
+                    prefetch_row(rows_v[u], bytes);
+                }
             __m256 a[8];
             for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8) {
                 const __m256 q8 = _mm256_loadu_ps(qv + d);
-                for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(q8, _mm256_loadu_ps(rows_k[j + u] + d), a[u]);
+                for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(q8, cache8(rows_k[j + u], d, half), a[u]);
             }
             const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
             const __m256 t2 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
@@ -1609,7 +1670,7 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
 #endif
     for (; j < L; j++) {
         float dot = 0.0f;
-        for (int64_t d = 0; d < D; d++) dot += qv[d] * rows_k[j][d];
+        for (int64_t d = 0; d < D; d++) dot += qv[d] * cache1(rows_k[j], d, half);
         sc[j] = dot * fscale;
     }
     float mx = -INFINITY;
@@ -1632,8 +1693,8 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
         for (int64_t d = 0; d < D / 16; d++) acc[d] = _mm512_setzero_ps();
         for (j = 0; j < L; j++) {
             const __m512 e = _mm512_set1_ps(sc[j]);
-            const float *vr = rows_v[j];
-            for (int64_t d = 0; d < D / 16; d++) acc[d] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * d), acc[d]);
+            const void *vr = rows_v[j];
+            for (int64_t d = 0; d < D / 16; d++) acc[d] = _mm512_fmadd_ps(e, cache16(vr, 16 * d, half), acc[d]);
         }
         const __m512 inv = _mm512_set1_ps(total);
         for (int64_t d = 0; d < D / 16; d++) _mm512_storeu_ps(o + 16 * d, _mm512_div_ps(acc[d], inv));
@@ -1646,8 +1707,8 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
         for (int64_t d = 0; d < D / 8; d++) acc[d] = _mm256_setzero_ps();
         for (j = 0; j < L; j++) {
             const __m256 e = _mm256_broadcast_ss(sc + j);
-            const float *vr = rows_v[j];
-            for (int64_t d = 0; d < D / 8; d++) acc[d] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vr + 8 * d), acc[d]);
+            const void *vr = rows_v[j];
+            for (int64_t d = 0; d < D / 8; d++) acc[d] = _mm256_fmadd_ps(e, cache8(vr, 8 * d, half), acc[d]);
         }
         const __m256 inv = _mm256_set1_ps(total);
         for (int64_t d = 0; d < D / 8; d++) _mm256_storeu_ps(o + 8 * d, _mm256_div_ps(acc[d], inv));
@@ -1656,17 +1717,28 @@ static inline __attribute__((always_inline)) void head_attend(const float *qv, c
 #endif
     for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
     for (j = 0; j < L; j++)
-        for (int64_t d = 0; d < D; d++) o[d] += sc[j] * rows_v[j][d];
+        for (int64_t d = 0; d < D; d++) o[d] += sc[j] * cache1(rows_v[j], d, half);
     for (int64_t d = 0; d < D; d++) o[d] = o[d] / total;
 }
 
-static void head_attend_any(const float *qv, const float *const *rk, const float *const *rv, int64_t L, int64_t D,
-                            float fscale, float *sc, float *o, int prefetch) {
-    switch (D) {
-    case 64: head_attend(qv, rk, rv, L, 64, fscale, sc, o, prefetch); break;
-    case 128: head_attend(qv, rk, rv, L, 128, fscale, sc, o, prefetch); break;
-    default: head_attend(qv, rk, rv, L, D, fscale, sc, o, prefetch); break;
+/* the common head sizes and the cache's two types compiled as constants */
+static void head_attend_any(const float *qv, const void *const *rk, const void *const *rv, int64_t L, int64_t D,
+                            int half, float fscale, float *sc, float *o, int prefetch) {
+#define HEAD_ATTEND(dim, h) head_attend(qv, rk, rv, L, dim, h, fscale, sc, o, prefetch)
+    if (half) {
+        switch (D) {
+        case 64: HEAD_ATTEND(64, 1); break;
+        case 128: HEAD_ATTEND(128, 1); break;
+        default: HEAD_ATTEND(D, 1); break;
+        }
+    } else {
+        switch (D) {
+        case 64: HEAD_ATTEND(64, 0); break;
+        case 128: HEAD_ATTEND(128, 0); break;
+        default: HEAD_ATTEND(D, 0); break;
+        }
     }
+#undef HEAD_ATTEND
 }
 
 typedef struct {
@@ -1676,6 +1748,7 @@ typedef struct {
     const int64_t *seq_of;
     int64_t KVH, group, D, bs, maxlen;
     int per_head; /* items are (token, query head), not (token, kv head) */
+    int half;     /* the cache holds f16, not f32 */
     int64_t window; /* > 0: a token at position p sees positions p - window < j <= p (sliding_attention) */
     float scale;
     _Atomic int failed;
@@ -1686,12 +1759,13 @@ static void attention_task(const void *context, int64_t lo, int64_t hi) {
     const int64_t KVH = a->KVH, D = a->D, bs = a->bs, group = a->group, maxlen = a->maxlen;
     /* this thread's: the scores of one head, the row pointers of one sequence's keys and values */
     const int64_t scores = (maxlen + 8 + 15) & ~(int64_t)15; /* floats, so the pointers after them stay aligned */
-    float *sc = (float *)thread_buffer((size_t)scores * sizeof(float) + (size_t)(2 * maxlen) * sizeof(float *));
+    float *sc = (float *)thread_buffer((size_t)scores * sizeof(float) + (size_t)(2 * maxlen) * sizeof(void *));
     if (!sc) {
         atomic_store(&a->failed, 1);
         return;
     }
-    const float **rk = (const float **)(sc + scores), **rv = rk + maxlen;
+    const void **rk = (const void **)(sc + scores), **rv = rk + maxlen;
+    const int64_t esz = a->half ? 2 : 4; /* bytes of a cached element */
     const int64_t per_item = a->per_head ? 1 : group; /* query heads an item attends with */
     for (int64_t it = lo; it < hi; it++) {
         const int64_t heads = KVH * group / per_item; /* items per token */
@@ -1702,7 +1776,7 @@ static void attention_task(const void *context, int64_t lo, int64_t hi) {
         /* the first visible key: past the window's start, or 0 (the masked keys' exp would be 0,
          * and x + 0 = x, so skipping them gives libref's masked softmax) */
         const int64_t first = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-        const int64_t off = g * D;
+        const int64_t off = g * D * esz; /* bytes into a cached row */
         if (L - first <= 0) {
             for (int64_t hh = 0; hh < per_item; hh++)
                 for (int64_t d = 0; d < D; d++) ROW(*a->O, t, float)[(h0 + hh) * D + d] = NAN;
@@ -1711,13 +1785,13 @@ static void attention_task(const void *context, int64_t lo, int64_t hi) {
         for (int64_t j0 = first / bs * bs; j0 < L; j0 += bs) {
             const int64_t base = tget(a->tables, s, j0 / bs) * bs, jn = L - j0 < bs ? L - j0 : bs;
             for (int64_t jj = 0; jj < jn; jj++) {
-                rk[j0 + jj] = ROW(*a->KC, base + jj, const float) + off;
-                rv[j0 + jj] = ROW(*a->VC, base + jj, const float) + off;
+                rk[j0 + jj] = ROW(*a->KC, base + jj, const char) + off;
+                rv[j0 + jj] = ROW(*a->VC, base + jj, const char) + off;
             }
         }
         for (int64_t hh = 0; hh < per_item; hh++)
             head_attend_any(ROW(*a->Q, t, const float) + (h0 + hh) * D, rk + first, rv + first, L - first, D,
-                            a->scale, sc, ROW(*a->O, t, float) + (h0 + hh) * D, hh == 0);
+                            a->half, a->scale, sc, ROW(*a->O, t, float) + (h0 + hh) * D, hh == 0);
     }
 }
 
@@ -1731,8 +1805,11 @@ static int attend(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, co
     int rc;
     const int64_t kvw = KVH * D;
     if (KVH < 1 || H % KVH || bs < 1 || window < 0) return R4D_E_SHAPE;
+    /* the cache: f32, or f16 (2-byte elements: rows.py hands over no other 2-byte type) */
+    const int half = kc && kc->nd >= 1 && kc->strides[kc->nd - 1] == 2;
+    const int64_t esz = half ? 2 : 4;
     if ((rc = mat(q, H * D, 4, M, &Q)) || (rc = mat(k, kvw, 4, M, &Kn)) || (rc = mat(v, kvw, 4, M, &Vn)) ||
-        (rc = mat(kc, kvw, 4, 0, &KC)) || (rc = mat(vc, kvw, 4, 0, &VC)) || (rc = mat(out, H * D, 4, M, &O)) ||
+        (rc = mat(kc, kvw, esz, 0, &KC)) || (rc = mat(vc, kvw, esz, 0, &VC)) || (rc = mat(out, H * D, 4, M, &O)) ||
         (rc = ivec(slots, M, &sl)) || (rc = ivec(positions, M, &pos)) || (rc = ivec(cu_seqlens, 1, &cu)) ||
         (rc = ivec(context_lens, cu.n - 1, &ctx)) || (rc = itab(block_tables, &bt)))
         return rc;
@@ -1741,8 +1818,13 @@ static int attend(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, co
     for (int64_t m = 0; m < M; m++) {
         const int64_t s = iget(&sl, m);
         if (s < 0 || s >= KC.rows || s >= VC.rows) return R4D_E_INVALID;
-        memcpy(ROW(KC, s, float), ROW(Kn, m, float), (size_t)kvw * 4);
-        memcpy(ROW(VC, s, float), ROW(Vn, m, float), (size_t)kvw * 4);
+        if (half) { /* rounded to nearest even, as numpy's astype(float16) in libref */
+            store_f16(ROW(KC, s, uint16_t), ROW(Kn, m, const float), kvw);
+            store_f16(ROW(VC, s, uint16_t), ROW(Vn, m, const float), kvw);
+        } else {
+            memcpy(ROW(KC, s, float), ROW(Kn, m, float), (size_t)kvw * 4);
+            memcpy(ROW(VC, s, float), ROW(Vn, m, float), (size_t)kvw * 4);
+        }
     }
     /* which sequence each token belongs to, and the longest visible context */
     int64_t *seq_of = (int64_t *)malloc((size_t)(M > 0 ? M : 1) * sizeof(int64_t));
@@ -1778,7 +1860,7 @@ static int attend(const Arr *q, const Arr *k, const Arr *v, Arr *kc, Arr *vc, co
      * alternated; bench/results/host_avx512_2026-12-03b.md): the cached rows come from memory once. */
     const int nt = nthreads_for(M * H * maxlen * D, 1 << 14);
     const int per_head = nt > 1 && M * KVH < nt;
-    AttentionTask task = {&Q, &KC, &VC, &O, &pos, &ctx, &bt, seq_of, KVH, H / KVH, D, bs, maxlen, per_head,
+    AttentionTask task = {&Q, &KC, &VC, &O, &pos, &ctx, &bt, seq_of, KVH, H / KVH, D, bs, maxlen, per_head, half,
                           window, (float)scale, 0};
     pool_run(attention_task, &task, per_head ? M * H : M * KVH, 1, nt);
     free(seq_of);

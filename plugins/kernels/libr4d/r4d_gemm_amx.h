@@ -53,6 +53,57 @@ static void amx_configure(void) {
     _tile_loadconfig(&c);
 }
 
+/* What both tile GEMMs (this file's per 32, r4d_gemm_amx256.h's per 256) share. */
+
+/* v = 2^s hi + lo exactly for n int16 values (n % 32 == 0): hi = v >> s a signed byte, lo = v & (2^s - 1)
+ * a byte (the activations at s = 8, lo unsigned; r4d_gemm_amx256.h's weights at s = 7, lo < 128) */
+static inline __attribute__((always_inline)) void amx_split16(const int16_t *v, int64_t n, const int s, int8_t *hi,
+                                                              uint8_t *lo) {
+    const __m512i mask = _mm512_set1_epi16((short)((1 << s) - 1));
+    for (int64_t k = 0; k < n; k += 32) {
+        const __m512i x = _mm512_loadu_si512(v + k);
+        _mm256_storeu_si256((__m256i *)(hi + k), _mm512_cvtepi16_epi8(_mm512_srai_epi16(x, s)));
+        _mm256_storeu_si256((__m256i *)(lo + k), _mm512_cvtepi16_epi8(_mm512_and_si512(x, mask)));
+    }
+}
+
+/* weight row j of 16 into a B tile of `rows` rows x 64 bytes in AMX's pairs-of-four order: tile row r
+ * takes bytes 4r..4r+3 of `bytes` (zeros where the row is past the weight's end: !live) */
+static inline void amx_pack_row(int32_t *tile, const int8_t *bytes, int rows, int j, int live) {
+    for (int r = 0; r < rows; r++) {
+        int32_t four = 0;
+        if (live) memcpy(&four, bytes + 4 * r, 4);
+        tile[r * AMX_ROWS + j] = four;
+    }
+}
+
+/* the f32 results of one tile pass, acc[i] = y[m0 + i, n0 .. n0 + 16), into Y: the rows below M, the
+ * columns below n0 + nr */
+static inline void amx_store(const Mat *Y, const __m512 *acc, int64_t m0, int64_t M, int64_t n0, int nr) {
+    const __mmask16 columns = (__mmask16)((1u << nr) - 1);
+    const int mr = (int)(M - m0 < AMX_ROWS ? M - m0 : AMX_ROWS);
+    for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(ROW(*Y, m0 + i, float) + n0, columns, acc[i]);
+}
+
+/* The split activations of one launch, as a split task writes them for its rows of the padded set:
+ * hi and lo [Mp][K], the steps xd and (per 32 only) the exact block sums xs [Mp][nb] */
+typedef struct {
+    const Act *A;     /* per 32: the GEMV's int16 activations, split as they are */
+    const Mat *X;     /* per 256: f32 activations, quantised per 256 and split */
+    int8_t *hi;
+    uint8_t *lo;
+    float *xd, *xs;   /* xs NULL per 256 */
+    int64_t M, K, nb; /* nb: steps a row (K / 32 or K / 256) */
+} AmxSplitTask;
+
+/* a padded row m >= M of the split: zeros, which add nothing to any product */
+static void amx_split_zero_row(const AmxSplitTask *t, int64_t m) {
+    memset(t->hi + m * t->K, 0, (size_t)t->K);
+    memset(t->lo + m * t->K, 0, (size_t)t->K);
+    memset(t->xd + m * t->nb, 0, (size_t)t->nb * sizeof(float));
+    if (t->xs) memset(t->xs + m * t->nb, 0, (size_t)t->nb * sizeof(float));
+}
+
 /* weight row n as the tiles take it: K int8 codes (any zero already subtracted), nb f32 scales and,
  * where the format has them, nb f32 mins (w = code x scale - min per block of 32) */
 typedef void (*AmxRow)(const void *weight, int64_t n, int8_t *codes, float *scales, float *mins);
@@ -92,17 +143,11 @@ static void amx_gemm_task(const void *context, int64_t lo, int64_t hi) {
         for (int j = 0; j < AMX_ROWS; j++) { /* row n0 + j into AMX's order, zeros past nr */
             if (j < nr) t->row(t->weight, n0 + j, codes, scales, mins);
             for (int64_t b = 0; b < nb; b++) {
-                int32_t *tile = (int32_t *)(packed + b * 512);
-                for (int r = 0; r < QK / 4; r++) {
-                    int32_t four = 0;
-                    if (j < nr) memcpy(&four, codes + QK * b + 4 * r, 4);
-                    tile[r * AMX_ROWS + j] = four;
-                }
+                amx_pack_row((int32_t *)(packed + b * 512), codes + QK * b, QK / 4, j, j < nr);
                 dw[b * AMX_ROWS + j] = j < nr ? scales[b] : 0.0f;
                 dm[b * AMX_ROWS + j] = j < nr && t->mins ? mins[b] : 0.0f;
             }
         }
-        const __mmask16 columns = (__mmask16)((1u << nr) - 1);
         for (int64_t m0 = 0; m0 < t->M; m0 += AMX_ROWS) {
             __m512 acc[AMX_ROWS];
             for (int i = 0; i < AMX_ROWS; i++) acc[i] = _mm512_setzero_ps();
@@ -126,39 +171,22 @@ static void amx_gemm_task(const void *context, int64_t lo, int64_t hi) {
                     if (t->mins) acc[i] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(xs[i * nb]), acc[i]);
                 }
             }
-            const int mr = (int)(t->M - m0 < AMX_ROWS ? t->M - m0 : AMX_ROWS);
-            for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(ROW(*t->Y, m0 + i, float) + n0, columns, acc[i]);
+            amx_store(t->Y, acc, m0, t->M, n0, nr);
         }
     }
     _tile_release();
 }
 
-typedef struct {
-    const Act *A;
-    int8_t *hi;
-    uint8_t *lo;
-    float *xd, *xs;
-    int64_t M;
-} AmxSplitTask;
-
 /* activation rows [lo, hi) of the padded set: x = 256 hi + lo, zeros past M */
 static void amx_split_task(const void *context, int64_t lo, int64_t hi) {
     const AmxSplitTask *t = (const AmxSplitTask *)context;
-    const int64_t K = t->A->K, nb = t->A->nb;
+    const int64_t K = t->K, nb = t->nb;
     for (int64_t m = lo; m < hi; m++) {
         if (m >= t->M) {
-            memset(t->hi + m * K, 0, (size_t)K);
-            memset(t->lo + m * K, 0, (size_t)K);
-            memset(t->xd + m * nb, 0, (size_t)nb * sizeof(float));
-            memset(t->xs + m * nb, 0, (size_t)nb * sizeof(float));
+            amx_split_zero_row(t, m);
             continue;
         }
-        const int16_t *x = t->A->xw + m * K;
-        for (int64_t k = 0; k < K; k += 32) { /* K % 32 == 0 (q8_0) */
-            const __m512i v = _mm512_loadu_si512(x + k);
-            _mm256_storeu_si256((__m256i *)(t->hi + m * K + k), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
-            _mm256_storeu_si256((__m256i *)(t->lo + m * K + k), _mm512_cvtepi16_epi8(_mm512_and_si512(v, _mm512_set1_epi16(0xff))));
-        }
+        amx_split16(t->A->xw + m * K, K, 8, t->hi + m * K, t->lo + m * K); /* K % 32 == 0 */
         memcpy(t->xd + m * nb, t->A->xd + m * nb, (size_t)nb * sizeof(float));
         memcpy(t->xs + m * nb, t->A->xs + m * nb, (size_t)nb * sizeof(float));
     }
@@ -176,7 +204,8 @@ static int amx_gemm(AmxRow row, const void *weight, int mins, int64_t N, int64_t
     const size_t bytes = (size_t)(2 * Mp * K + 8 * Mp * nb + 256);
     if (!grow(&t_amx_split, &t_amx_split_bytes, bytes)) return R4D_E_NOMEM;
     float *xd = (float *)align64(t_amx_split + 2 * Mp * K + 128);
-    AmxSplitTask split = {A, (int8_t *)t_amx_split, (uint8_t *)t_amx_split + Mp * K + 64, xd, xd + Mp * nb, M};
+    AmxSplitTask split = {A, NULL, (int8_t *)t_amx_split, (uint8_t *)t_amx_split + Mp * K + 64, xd, xd + Mp * nb, M, K,
+                          nb};
     pool_run(amx_split_task, &split, Mp, 4, nthreads_for(Mp * K, 1 << 15));
     AmxTask task = {row, weight, mins, N, K, split.hi, split.lo, split.xd, split.xs, Y, M, Mp, 0};
     pool_run(amx_gemm_task, &task, N, AMX_ROWS, nthreads_for(M * N * K, 1 << 18));

@@ -1,7 +1,7 @@
 /* The prefill GEMM on AMX int8 tiles for weights of integer values with one f32 scale per 256
- * (included by r4d.c after r4d_gemm_amx.h, whose tile permission and config it shares): q6_k
- * through r4d_amx_gemm256, its codes less the zero times the int8 scale of each 16, so
- * w = value x d per super-block of 256.
+ * (included by r4d.c after r4d_gemm_amx.h, whose tile permission, split struct, row packing and
+ * store it shares): q6_k through r4d_amx_gemm256, its codes less the zero times the int8 scale of
+ * each 16, so w = value x d per super-block of 256.
  *
  * Why not r4d_gemm_amx.h's tiles: those scale every block of 32 in f32 (the activations' steps
  * change per 32), so a scale per 16 doubled the tile stores and the f32 work and gained nothing
@@ -70,24 +70,14 @@ static void amx256_gemm_task(const void *context, int64_t lo, int64_t hi) {
         for (int j = 0; j < AMX_ROWS; j++) { /* row n0 + j into AMX's order, zeros past nr */
             if (j < nr) {
                 t->row(t->weight, n0 + j, values, scales);
-                for (int64_t k = 0; k < K; k += 32) {
-                    const __m512i v = _mm512_loadu_si512(values + k);
-                    _mm256_storeu_si256((__m256i *)(rh + k), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 7)));
-                    _mm256_storeu_si256((__m256i *)(rl + k), _mm512_cvtepi16_epi8(_mm512_and_si512(v, _mm512_set1_epi16(127))));
-                }
+                amx_split16(values, K, 7, rh, (uint8_t *)rl);
             }
-            for (int64_t p = 0; p < K / 64; p++) { /* pass p's tiles: row r holds bytes 4r..4r+3 of each weight row */
-                int32_t *th = (int32_t *)(wh + p * 1024), *tl = (int32_t *)(wl + p * 1024);
-                for (int r = 0; r < 16; r++) {
-                    int32_t h = 0, l = 0;
-                    if (j < nr) memcpy(&h, rh + 64 * p + 4 * r, 4), memcpy(&l, rl + 64 * p + 4 * r, 4);
-                    th[r * AMX_ROWS + j] = h;
-                    tl[r * AMX_ROWS + j] = l;
-                }
+            for (int64_t p = 0; p < K / 64; p++) { /* pass p's tiles */
+                amx_pack_row((int32_t *)(wh + p * 1024), rh + 64 * p, 16, j, j < nr);
+                amx_pack_row((int32_t *)(wl + p * 1024), rl + 64 * p, 16, j, j < nr);
             }
             for (int64_t s = 0; s < ns; s++) dw[s * AMX_ROWS + j] = j < nr ? scales[s] : 0.0f;
         }
-        const __mmask16 columns = (__mmask16)((1u << nr) - 1);
         for (int64_t m0 = 0; m0 < t->M; m0 += AMX_ROWS) {
             __m512 acc[AMX_ROWS];
             for (int i = 0; i < AMX_ROWS; i++) acc[i] = _mm512_setzero_ps();
@@ -122,32 +112,21 @@ static void amx256_gemm_task(const void *context, int64_t lo, int64_t hi) {
                     acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(wv, _mm512_set1_ps(xd[i * ns])), acc[i]);
                 }
             }
-            const int mr = (int)(t->M - m0 < AMX_ROWS ? t->M - m0 : AMX_ROWS);
-            for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(ROW(*t->Y, m0 + i, float) + n0, columns, acc[i]);
+            amx_store(t->Y, acc, m0, t->M, n0, nr);
         }
     }
     _tile_release();
 }
 
-typedef struct {
-    const Mat *X;
-    int8_t *xh;
-    uint8_t *xl;
-    float *xd;
-    int64_t M, K;
-} Amx256SplitTask;
-
 /* activation rows [lo, hi) of the padded set, quantised per 256 and split, zeros past M */
 static void amx256_split_task(const void *context, int64_t lo, int64_t hi) {
-    const Amx256SplitTask *t = (const Amx256SplitTask *)context;
-    const int64_t K = t->K, ns = K / AMX_SUPER;
+    const AmxSplitTask *t = (const AmxSplitTask *)context;
+    const int64_t K = t->K, ns = t->nb;
     for (int64_t m = lo; m < hi; m++) {
-        int8_t *xh = t->xh + m * K;
-        uint8_t *xl = t->xl + m * K;
+        int8_t *xh = t->hi + m * K;
+        uint8_t *xl = t->lo + m * K;
         if (m >= t->M) {
-            memset(xh, 0, (size_t)K);
-            memset(xl, 0, (size_t)K);
-            memset(t->xd + m * ns, 0, (size_t)ns * sizeof(float));
+            amx_split_zero_row(t, m);
             continue;
         }
         const float *x = ROW(*t->X, m, const float);
@@ -176,7 +155,7 @@ static int amx_gemm256(AmxRow256 row, const void *weight, int64_t N, int64_t K, 
     if (!grow(&t_amx256_split, &t_amx256_split_bytes, (size_t)(2 * Mp * K + 4 * Mp * ns + 128))) return R4D_E_NOMEM;
     int8_t *xh = (int8_t *)t_amx256_split;
     uint8_t *xl = (uint8_t *)xh + Mp * K;
-    Amx256SplitTask split = {X, xh, xl, (float *)align64((char *)(xl + Mp * K)), M, K};
+    AmxSplitTask split = {NULL, X, xh, xl, (float *)align64((char *)(xl + Mp * K)), NULL, M, K, ns};
     pool_run(amx256_split_task, &split, Mp, 4, nthreads_for(Mp * K, 1 << 15));
     Amx256Task task = {row, weight, N, K, xh, xl, split.xd, Y, M, Mp, 0};
     pool_run(amx256_gemm_task, &task, N, AMX_ROWS, nthreads_for(M * N * K, 1 << 18));

@@ -297,8 +297,14 @@ def _pack_rope(op, a):
             p["interleaved"]]
 
 
+KV_CACHE_TYPES = (np.dtype(np.float32), np.dtype(np.float16))  # the caches r4d.c's attention reads
+
+
 def _pack_attention(op, a):
     p = a.params
+    caches = {_data(a, 3).dtype, _data(a, 4).dtype}
+    if len(caches) != 1 or caches.pop() not in KV_CACHE_TYPES:
+        raise TypeError(f"k_cache, v_cache are {_data(a, 3).dtype}, {_data(a, 4).dtype}: not both f32 or both f16")
     return [*(op(_data(a, i)) for i in range(11)), p["M"], p["q_heads"], p["kv_heads"], p["head_dim"],
             p["block_size"], _bits(p["scale"])]
 
@@ -415,7 +421,7 @@ def build_rows(native) -> list[RadKernelInfo]:
         row("r4d_rope", "rope", "rope", [F32_ACTIVATIONS, RAD_CDIV("head_dim", 2), RAD_CLE("head_dim", 1024)],
             "cos/sin in f64 rounded to f32, tabled per position", "head_dim<=1024, even", "f32"),
         row("r4d_attention", "attention", "attention", [F32_ACTIVATIONS],
-            "paged KV; FMA dot products, f64 exp, ordered softmax sums", "any", "f32"),
+            "paged KV (f32 or f16 cache); FMA dot products, f64 exp, ordered softmax sums", "any", "f32"),
         row("r4d_add", "add", "add", [F32_ACTIVATIONS], "elementwise", "any", "f32"),
         row("r4d_silu_mul", "silu_mul", "silu_mul", [F32_ACTIVATIONS], "sigmoid in f64 rounded to f32",
             "any", "f32"),

@@ -1,4 +1,6 @@
-"""Reference rope and attention over a paged KV cache. Caches are [slots, kv_heads * head_dim];
+"""Reference rope and attention over a paged KV cache. Caches are [slots, kv_heads * head_dim], f32
+or f16 (the engine's --kv-cache-dtype): an f16 cache stores k, v rounded to nearest even (numpy's
+assignment) and its rows are widened exactly, so the arithmetic is f32's on the rounded values;
 the slot of position j of sequence s is block_tables[s, j // block_size] * block_size + j % block_size."""
 
 import numpy as np
@@ -61,8 +63,8 @@ def _attend(a, window):
             continue
         length = int(context_lens[s])
         cached = _slots(block_tables[s], block_size, length)
-        keys = k_cache[cached].reshape(length, kv_heads, head_dim).repeat(group, axis=1)  # [J, H, D]
-        values = v_cache[cached].reshape(length, kv_heads, head_dim).repeat(group, axis=1)
+        keys = k_cache[cached].astype(F32).reshape(length, kv_heads, head_dim).repeat(group, axis=1)  # [J, H, D]
+        values = v_cache[cached].astype(F32).reshape(length, kv_heads, head_dim).repeat(group, axis=1)
         query = q[t0:t1].reshape(t1 - t0, heads, head_dim)  # [T, H, D]
         scores = np.zeros((t1 - t0, heads, length), dtype=F32)
         for d in range(head_dim):

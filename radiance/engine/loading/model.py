@@ -53,10 +53,11 @@ def check_small_planes(container: Container) -> None:
                              f"file is damaged ('rad-convert --verify {container.path}' checks every plane)")
 
 
-def open_model(config: Config, registry: Registry, architecture: str | None = None) -> Model:
+def open_model(config: Config, registry: Registry, architecture: str | None = None, card: bool = False) -> Model:
     """Open, check and declare config.model, with what the engine decides (the activation dtype, the
-    KV block size) added to what the container says. `architecture`: the one that declares the
-    graph, where not the container's (its MTP heads: launch/mtp.py)."""
+    KV block size, the KV cache's type) added to what the container says. `architecture`: the one
+    that declares the graph, where not the container's (its MTP heads: launch/mtp.py). `card`: the
+    graph is for a card's rows (the cache's type follows: Config.kv_cache_type)."""
     path = config.model
     container = open_container(path)
     try:
@@ -68,7 +69,8 @@ def open_model(config: Config, registry: Registry, architecture: str | None = No
             raise ModelError(f"{path}: architecture '{name}' is served by no plugin on the "
                              f"search path (served: {served})")
         architecture = entry[0]
-        hyper = {**container.hyper, "activation_dtype": config.activation_dtype, "block_size": config.block_size}
+        hyper = {**container.hyper, "activation_dtype": config.activation_dtype, "block_size": config.block_size,
+                 "kv_cache_dtype": config.kv_cache_type(card)}
         reason = architecture.check(hyper)
         if reason:
             raise ModelError(f"{path}: {architecture.name}: {reason}")
