@@ -10,8 +10,12 @@ not yet begun runs there and then on the test's own thread (so a test reached ea
 file, keeps both cores busy), a begun one is waited for, and a failed one raises its error in every
 test that asks. Each build is still checked by its test; only where it runs moves.
 
-A build's files go under `folder()`, a temporary folder this session removes at its end."""
+A build's files go under `folder()`, a temporary folder this session removes at its end. A build that
+starts a process gives it `environment()`: the session's environment as it was when this module was
+imported, not what a test running beside the build has set for itself (a fake card's variables, say).
+"""
 
+import os
 import shutil
 import tempfile
 import threading
@@ -24,6 +28,12 @@ _wake = threading.Condition(_lock)
 _thread = None
 _folder = None
 _stopping = False
+_environment = dict(os.environ)  # taken at import: conftest imports this module before any test runs
+
+
+def environment() -> dict:
+    """A copy of the environment the session began with, for the processes builds start."""
+    return dict(_environment)
 
 
 class Build:

@@ -8,6 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import early_builds
+
 TESTS = Path(__file__).resolve().parent
 
 # argv: the tests folder, the pickled (module, function, arguments) in hex, the file for the value
@@ -27,6 +29,6 @@ def call(module: str, function: str, *arguments):
         out = Path(folder) / "value.pickle"
         result = subprocess.run([sys.executable, "-c", RUNNER, str(TESTS),
                                  pickle.dumps((module, function, arguments)).hex(), str(out)],
-                                capture_output=True, text=True)
+                                capture_output=True, text=True, env=early_builds.environment())
         assert result.returncode == 0, f"{module}.{function} in a process of its own:\n{result.stdout}{result.stderr[-3000:]}"
         return pickle.loads(out.read_bytes())

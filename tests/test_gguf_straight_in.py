@@ -3,7 +3,6 @@
 damaged or unsupported file gets the converter's one line."""
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from test_convert_gguf_files import FFN, HIDDEN, TENSORS, write_gguf
 
 def run(module, *args, cache):
     return subprocess.run([sys.executable, "-m", f"radiance.tools.{module}", *map(str, args)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "RADIANCE_CACHE": str(cache)})
+                          text=True, timeout=300, env={**early_builds.environment(), "RADIANCE_CACHE": str(cache)})
 
 
 def entries(cache):
