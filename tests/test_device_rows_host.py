@@ -263,7 +263,8 @@ def test_narrow_gemvs_split_k_into_whole_pipelined_steps(registry):
     cut = dk.GemvShape(4, 4, 2)  # row groups of 16
     assert dk.gemv_split(14336, 4096, "bf16", shape=cut) == (1, 4096)  # 896 blocks fill the card already
     assert dk.gemv_split(512, 4096, "bf16", shape=cut) == (8, 512)     # 32 blocks: K in 8 chunks of 2 steps
-    assert dk.gemv_split(14336, 4096, "bf16", shape=dk.GemvShape(4, 8, 1)) == (2, 2048)  # 448 blocks: 2 chunks
+    assert dk.gemv_split(14336, 4096, "bf16", shape=dk.GemvShape(4, 8, 1)) == (1, 4096)  # 448 blocks: a second wave of splits would not fit
+    assert dk.gemv_split(6144, 4096, "bf16", shape=dk.GemvShape(4, 8, 1)) == (2, 2048)   # 192 blocks: 2 chunks, 384 in all
     for n, k, fmt in [(512, 4096, "bf16"), (2048, 4096, "bf16"), (4096, 2048, "bf16"), (4096, 14336, "q8_0"),
                       (1000, 4000, "q4_1"), (576, 1536, "q4_1")]:
         splits, chunk = dk.gemv_split(n, k, fmt)
