@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import bytecode
 import early_builds
 
 # Selection reads rad-tune's cache (engine/selection/tuning.py): the tests run on the rows' defaults,
@@ -76,6 +77,10 @@ class Home:
 def _builds_of(item) -> dict:
     """{key: work} of the early builds the item's module declares (none for an item of no module)."""
     return getattr(getattr(item, "module", None), "EARLY_BUILDS", None) or {}
+
+
+def pytest_sessionstart(session):
+    bytecode.compile_product()
 
 
 def pytest_collection_modifyitems(session, config, items):
