@@ -1,8 +1,10 @@
 """libref's ordered_dot against another version of it, in one process: SmolLM2's linears (30 layers
 of q, k, v, o, gate, up, down) and its lm_head, at M rows, CPU seconds of each, alternating.
+`--column-major`: this version is handed the weights stored column-major, as libref's relayout keeps
+them for its multiplying rows (dense.relayout_columns); the other version gets them row-major.
 
     git show 96320ad:plugins/kernels/libref/ordered.py > /tmp/ordered_old.py
-    python bench/foreground.py python bench/libref_dot.py /tmp/ordered_old.py [--rows 1 6]
+    python bench/foreground.py python bench/libref_dot.py /tmp/ordered_old.py [--rows 1 6] [--column-major]
 """
 
 import argparse
@@ -37,17 +39,20 @@ def main() -> None:
     parser.add_argument("old", type=Path, help="the other ordered.py")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 6], help="M: 1 a decode step, more a prefill")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--column-major", action="store_true", help="hand this version column-major weights")
     args = parser.parse_args()
     if not args.old.is_file():
         raise SystemExit(f"{args.old}: no such file")
     old, new = load(args.old, "ordered_old"), load(ROOT / "plugins" / "kernels" / "libref" / "ordered.py", "ordered_new")
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal(shape).astype(np.float32) for shape in [*SHAPES, (VOCAB, HIDDEN)]]
+    stored = [np.asfortranarray(w) for w in weights] if args.column_major else weights
     for rows in args.rows:
         inputs = [rng.standard_normal((rows, w.shape[1])).astype(np.float32) for w in weights]
-        assert np.array_equal(old.ordered_dot(inputs[-1], weights[-1]), new.ordered_dot(inputs[-1], weights[-1]))
+        for w, s, x in zip(weights, stored, inputs):
+            assert np.array_equal(old.ordered_dot(x, w), new.ordered_dot(x, s)), w.shape
         for _ in range(args.rounds):
-            pairs = [(seconds(old, weights, inputs), seconds(new, weights, inputs)) for _ in range(2)]
+            pairs = [(seconds(old, weights, inputs), seconds(new, stored, inputs)) for _ in range(2)]
             print(f"M = {rows}: " + "; ".join(f"old {a:.2f} s, new {b:.2f} s ({a / b:.2f}x)" for a, b in pairs))
 
 

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 
 FIELDS = ("server_public", "server_secret", "client_public", "client_secret", "secret")
 
@@ -97,6 +96,8 @@ class Guard:
     def __init__(self, context: zmq.Context, keys: LaunchKeys):
         self.keys = keys
         self.refused = 0
+        from zmq.auth.thread import ThreadAuthenticator  # here: it imports asyncio (0.15 s a process)
+
         self.authenticator = ThreadAuthenticator(context)
         self.authenticator.start()
         self.authenticator.configure_curve_callback("*", credentials_provider=self)

@@ -19,7 +19,6 @@ import threading
 import time
 
 import zmq
-import zmq.utils.monitor
 
 from radiance.collectives.curve import LaunchKeys, client
 from radiance.collectives.shm import unlink_run
@@ -38,6 +37,14 @@ BEAT_SECONDS = 0.5
 # zmq's own heartbeats on the connection to the coordinator: a silent coordinator (its host gone
 # without closing the connection) is noticed within ZMTP_TIMEOUT_MS.
 ZMTP_INTERVAL_MS, ZMTP_TIMEOUT_MS = 500, 3000
+
+
+def recv_monitor_message(socket: zmq.Socket) -> dict:
+    """pyzmq's, imported at the first event, not with this module: zmq.utils.monitor imports
+    zmq.asyncio (asyncio: 0.15 s of every process that imports the launcher)."""
+    from zmq.utils.monitor import recv_monitor_message as receive
+
+    return receive(socket)
 
 
 class AgentError(RuntimeError):
@@ -86,7 +93,7 @@ class Agent:
     def _events(self) -> None:
         """The connection's comings and goings; gone once connected: the coordinator is."""
         while self.monitor.poll(0):
-            event = zmq.utils.monitor.recv_monitor_message(self.monitor)["event"]
+            event = recv_monitor_message(self.monitor)["event"]
             if event == zmq.EVENT_CONNECTED:
                 self.connected = True
             elif event == zmq.EVENT_DISCONNECTED and self.connected:

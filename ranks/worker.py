@@ -5,7 +5,6 @@ rows or, where the process was given a card, on the device rows (the device doma
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 from radiance.abi import RAD_DOMAIN_DEVICE, RAD_DOMAIN_HOST, RAD_EXTENT_SEQS, RAD_EXTENT_TOKENS, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS
 from radiance.collectives.gate import LinkGate, LinkScheduler
@@ -138,8 +137,11 @@ class Worker:
         planes = self.executor.weights.planes
         uses = list({(name, id(launch.band)): (name, launch.band) for launch, _, _ in self.graph.issued()
                      for name in launch.node.operands if name in planes}.values())
-        quiet = not self.config.progress or self.shard.rank != 0
-        for name, band in tqdm(uses, desc="loading weights", unit="weight", disable=True if quiet else None, leave=False):
+        if self.config.progress and self.shard.rank == 0:  # the bar: rank 0's, where stderr is a terminal
+            from tqdm import tqdm  # here, not at import: it reads package metadata (0.1-0.2 s a process)
+
+            uses = tqdm(uses, desc="loading weights", unit="weight", disable=None, leave=False)
+        for name, band in uses:
             self.executor.weight(name, band)
 
     def execute(self, arrays: dict, feed: Feed | None = None) -> np.ndarray:

@@ -3,10 +3,12 @@
 import hashlib
 import os
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+import bytecode
 import early_builds
 
 # Selection reads rad-tune's cache (engine/selection/tuning.py): the tests run on the rows' defaults,
@@ -78,21 +80,49 @@ def _builds_of(item) -> dict:
     return getattr(getattr(item, "module", None), "EARLY_BUILDS", None) or {}
 
 
+def _asks(item) -> dict:
+    """{key: work} of every early build the item waits on: its fixtures' (FIXTURE_BUILDS) and its
+    module's (EARLY_BUILDS)."""
+    builds = {}
+    for name in getattr(item, "fixturenames", ()):
+        builds.update(FIXTURE_BUILDS.get(name, {}))
+    return {**builds, **_builds_of(item)}
+
+
+def _plan(items) -> tuple[list, dict]:
+    """The run's order and the early builds' queue (tests/early_builds.py), one background thread
+    working down the queue while the tests run. A build more modules wait on comes first (SmolLM2's
+    conversion before one module's g++ libraries); the modules that wait on none run first, then the
+    others by the last build in the queue they wait on, so a test rarely finds its build unfinished.
+    A module's tests stay together and in their order (its module-scoped fixtures made once)."""
+    modules: dict = {}  # file -> its items, in collection order
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    asks = {name: {key: work for item in group for key, work in _asks(item).items()} for name, group in modules.items()}
+    waiting = Counter(key for builds in asks.values() for key in builds)
+    first = {}
+    for builds in asks.values():
+        for key, work in builds.items():
+            first.setdefault(key, (len(first), work))
+    queue = sorted(first, key=lambda key: (-waiting[key], first[key][0]))
+    place = {key: i for i, key in enumerate(queue)}
+    order = sorted(modules, key=lambda name: max((place[key] for key in asks[name]), default=-1))
+    return [item for name in order for item in modules[name]], {key: first[key][1] for key in queue}
+
+
+def pytest_sessionstart(session):
+    bytecode.compile_product()
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """The tests of modules with early builds (tests/early_builds.py) run last, in their order, so
-    their builds have the run before them to finish in."""
-    items[:] = [item for item in items if not _builds_of(item)] + [item for item in items if _builds_of(item)]
+    items[:] = _plan(items)[0]
 
 
 def pytest_collection_finish(session):
-    """Every early build a collected test will ask for, declared in the order the tests ask, then
+    """Every early build a collected test will wait on, declared in the queue's order (_plan), then
     begun on the background thread."""
-    for item in session.items:
-        for name in getattr(item, "fixturenames", ()):
-            for key, work in FIXTURE_BUILDS.get(name, {}).items():
-                early_builds.declare(key, work)
-        for key, work in _builds_of(item).items():
-            early_builds.declare(key, work)
+    for key, work in _plan(session.items)[1].items():
+        early_builds.declare(key, work)
     if not session.config.option.collectonly:
         early_builds.start()
 

@@ -1,14 +1,15 @@
-"""Builds that take a minute (hipcc, nvcc and on-host g++ compiles, cmake builds, a real model's
-conversion, libref's greedy tokens of one), begun on one background thread as soon as collection
-ends, so they run on the second core beside the tests collected before their own (holds no tests);
+"""Builds that take a minute (hipcc, nvcc and on-host g++ compiles, libr4d's variants, cmake builds, a
+real model's conversion, libref's greedy tokens of one), begun on one background thread as soon as
+collection ends, so they run on the second core beside the tests that need none (holds no tests);
 a build whose work is Python runs it in a process of its own (tests/in_subprocess.py).
 
-A test module lists its builds in `EARLY_BUILDS` ({key: a function of no arguments}); conftest.py's
-pytest_collection_finish starts the builds of every module collected, in collection order, and moves
-those modules' tests to the end of the run. A test takes a build's value with `result(key)`: a build
-not yet begun runs there and then on the test's own thread (so a test reached early, or a run of one
-file, keeps both cores busy), a begun one is waited for, and a failed one raises its error in every
-test that asks. Each build is still checked by its test; only where it runs moves.
+A test module lists its builds in `EARLY_BUILDS` ({key: a function of no arguments}), conftest.py's
+FIXTURE_BUILDS the session fixtures'. conftest.py's _plan orders the queue (a build more modules
+wait on first) and the run: the modules that wait on no build first, then the others by the last
+build in the queue they wait on. A test takes a build's value with `result(key)`: a build not yet
+begun runs there and then on the test's own thread (so a test reached early, or a run of one file,
+keeps both cores busy), a begun one is waited for, and a failed one raises its error in every test
+that asks. Each build is still checked by its test; only where it runs moves.
 
 A build's files go under `folder()`, a temporary folder this session removes at its end. A build that
 starts a process gives it `environment()`: the session's environment as it was when this module was

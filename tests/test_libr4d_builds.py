@@ -1,11 +1,20 @@
 """How libr4d gets its kernels: the native build cached by source hash, the portable C build, the
-numpy fallback where no compiler is found, the thread knob. Each variant's rows agree with libref."""
+numpy fallback where no compiler is found, the thread knob. Each variant's rows agree with libref.
 
+The variants' compiles (half a minute each) are early builds (tests/early_builds.py): libr4d opened
+with the variant's knobs, its cache a folder of the early builds', in a process of its own beside the
+tests before; the test opens libr4d on that cache, the compiled library loaded, not built again."""
+
+import functools
 import os
+import platform
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import early_builds
+import in_subprocess
 from radiance.engine.loading.registry import Registry
 from test_libr4d_support import (
     HEAD_DIM, HEADS, KV_HEADS, TOL_A16, TOL_F32, TOLERANCE, activations, launch, make_weight, rel_err, row_of,
@@ -33,6 +42,34 @@ def fresh(monkeypatch, tmp_path):
 
 def libr4d(registry):
     return next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+
+
+def open_libr4d(cache: str, knobs: dict) -> str:
+    """libr4d opened under `knobs`, its cache folder `cache` ($XDG_CACHE_HOME), in this process: its
+    backend line (what a variant's early build runs in a process of its own: the knobs are this
+    process's environment)."""
+    os.environ.update({"XDG_CACHE_HOME": cache, **knobs})
+    registry = Registry(radiance_home="")
+    try:
+        return libr4d(registry).module.backend()
+    finally:
+        registry.close()
+
+
+def variant(name: str, knobs: dict) -> tuple:
+    """libr4d's first opening under `knobs` with an empty cache, in a process of its own: (the cache
+    folder, the backend line it gave)."""
+    cache = early_builds.folder() / f"libr4d-{name}"
+    cache.mkdir()
+    return cache, in_subprocess.call("test_libr4d_builds", "open_libr4d", str(cache), knobs)
+
+
+def avx512_without_dq() -> Path:
+    """AVX-512 F/BW/VL/VNNI without DQ compiled (not loaded): the built library's path."""
+    from plugins.kernels.libr4d import native
+
+    cc, version = native._compiler()
+    return native._build("native", AVX512_WITHOUT_DQ, cc, version, early_builds.folder() / "libr4d-avx512-no-dq")
 
 
 def agrees_with_libref(registry, gemv_tolerance):
@@ -82,20 +119,21 @@ def agrees_with_libref(registry, gemv_tolerance):
         reference.close()
 
 
-def test_the_native_build_is_cached_by_source_hash(fresh, tmp_path):
-    registry = fresh(XDG_CACHE_HOME=str(tmp_path / "cache"))
-    built = list((tmp_path / "cache" / "radiance" / "libr4d").glob("r4d-*.so"))
+def test_the_native_build_is_cached_by_source_hash(fresh):
+    cache, backend = early_builds.result("libr4d-native", VARIANTS["libr4d-native"])  # opened first there
+    built = list((cache / "radiance" / "libr4d").glob("r4d-*.so"))
     assert len(built) == 1 and built[0].name.startswith("r4d-native"), built
     stamp = built[0].stat().st_mtime_ns
-    assert "native" in libr4d(registry).module.backend()
-    again = fresh(XDG_CACHE_HOME=str(tmp_path / "cache"))
-    assert list((tmp_path / "cache" / "radiance" / "libr4d").glob("r4d-*.so")) == built
+    assert "native" in backend
+    again = fresh(XDG_CACHE_HOME=str(cache))
+    assert list((cache / "radiance" / "libr4d").glob("r4d-*.so")) == built
     assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
     assert "native" in libr4d(again).module.backend()
 
 
-def test_the_portable_c_build_agrees_with_libref(fresh, tmp_path):
-    registry = fresh(XDG_CACHE_HOME=str(tmp_path / "cache"), RADIANCE_R4D_ISA="portable")
+def test_the_portable_c_build_agrees_with_libref(fresh):
+    cache, _ = early_builds.result("libr4d-portable", VARIANTS["libr4d-portable"])
+    registry = fresh(XDG_CACHE_HOME=str(cache), RADIANCE_R4D_ISA="portable")
     backend = libr4d(registry).module.backend()
     assert backend.startswith("portable") and "portable C" in backend, backend
     agrees_with_libref(registry, TOL_F32)  # the portable GEMV has f32 activations only
@@ -135,10 +173,22 @@ def _cpu_has(flag):
         return False
 
 
-@pytest.mark.skipif(not (_cpu_has("avx2") and _cpu_has("fma") and _cpu_has("f16c")), reason="no AVX2/FMA/F16C")
-def test_the_avx2_paths_without_vnni_agree_with_libref(fresh, tmp_path):
+HASWELL = _cpu_has("avx2") and _cpu_has("fma") and _cpu_has("f16c")
+X86_64 = platform.machine() in ("x86_64", "AMD64")
+AVX512_WITHOUT_DQ = ["-O3", "-march=icelake-server", "-mno-avx512dq"]
+VARIANTS = {"libr4d-native": functools.partial(variant, "native", {}),
+            "libr4d-portable": functools.partial(variant, "portable", {"RADIANCE_R4D_ISA": "portable"}),
+            # built where the test runs only: the library is loaded, and its code needs the CPU's AVX2
+            **({"libr4d-haswell": functools.partial(variant, "haswell", {"RADIANCE_R4D_MARCH": "haswell"})}
+               if HASWELL else {})}
+EARLY_BUILDS = {**VARIANTS, **({"libr4d-avx512-no-dq": avx512_without_dq} if X86_64 else {})}
+
+
+@pytest.mark.skipif(not HASWELL, reason="no AVX2/FMA/F16C")
+def test_the_avx2_paths_without_vnni_agree_with_libref(fresh):
     """-march=haswell: the int8 and int16 dot products through vpmaddubsw / vpmaddwd."""
-    registry = fresh(XDG_CACHE_HOME=str(tmp_path / "cache"), RADIANCE_R4D_MARCH="haswell")
+    cache, _ = early_builds.result("libr4d-haswell", VARIANTS["libr4d-haswell"])
+    registry = fresh(XDG_CACHE_HOME=str(cache), RADIANCE_R4D_MARCH="haswell")
     backend = libr4d(registry).module.backend()
     assert "avx2+fma" in backend and "vnni" not in backend, backend
     agrees_with_libref(registry, TOL_A16)
@@ -158,18 +208,15 @@ def test_the_avx2_paths_without_vnni_agree_with_libref(fresh, tmp_path):
         reference.close()
 
 
-def test_an_avx512_build_without_dq_compiles(tmp_path):
+def test_an_avx512_build_without_dq_compiles():
     """AVX-512 F/BW/VL/VNNI without DQ (a VM may mask it): the 512-bit paths use F's extracts and
-    inserts only. A compile only, which needs gcc but not such a CPU (x86-64 hosts)."""
-    import platform
-
+    inserts only. A compile only (an early build), which needs gcc but not such a CPU (x86-64 hosts)."""
     from plugins.kernels.libr4d import native
 
-    if platform.machine() not in ("x86_64", "AMD64"):
+    if not X86_64:
         pytest.skip(f"an x86-64 build ({platform.machine()} here)")
     try:
-        cc, version = native._compiler()
+        native._compiler()
     except native.NativeUnavailable as error:
         pytest.skip(str(error))
-    flags = ["-O3", "-march=icelake-server", "-mno-avx512dq"]
-    assert native._build("native", flags, cc, version, tmp_path).exists()
+    assert early_builds.result("libr4d-avx512-no-dq", avx512_without_dq).exists()

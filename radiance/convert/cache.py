@@ -17,8 +17,6 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from tqdm import tqdm
-
 from radiance.log import get_logger
 
 # Bump when the same GGUF file would convert to other bytes (the importer, an encoding, a family's names).
@@ -65,6 +63,8 @@ def content_digest(path: Path, folder: Path, progress: bool = True) -> str:
     known = _index(folder).get(key)
     if known:
         return known
+    from tqdm import tqdm  # here, not at import: it reads package metadata (0.1-0.2 s a process)
+
     digest = hashlib.sha256()
     with open(path, "rb") as file, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, file=sys.stderr,
                                         disable=None if progress else True, desc=f"hashing {path.name}") as bar:

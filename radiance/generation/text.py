@@ -3,8 +3,6 @@ through jinja2, and a detokeniser that streams only whole characters."""
 
 from datetime import datetime
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 
@@ -13,6 +11,8 @@ class TextError(ValueError):
 
 
 def _raise(message):
+    import jinja2
+
     raise jinja2.TemplateError(message)
 
 
@@ -37,6 +37,10 @@ class TextCodec:
         self.bos_id, self.eos_id = hyper.get("bos_token_id"), (eos_ids[0] if eos_ids else None)
         self.template = None
         if chat_template:
+            # jinja2 imported here, where a template is compiled: 0.2 s a process that has none
+            # (`radiance --help`, a CLI error, the converter)
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
             environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             environment.globals.update(raise_exception=_raise, strftime_now=lambda f: datetime.now().strftime(f))
             self.template = environment.from_string(chat_template)

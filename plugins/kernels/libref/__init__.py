@@ -19,7 +19,10 @@ def _layout(weight, encoding, geometry):
 
 
 def _row(name, op, launch, computes, weights=False, constraints=(F32_ONLY,), replaces=""):
-    hooks = dict(layout=_layout, relayout=dense.relayout_f32, unrelayout=dense.unrelayout_f32) if weights else {}
+    # a row that multiplies keeps its weights column-major, as ordered_dot walks them (a norm's vector
+    # is the same either way)
+    relayout = dense.relayout_columns if op == "gemm" or "gemm(" in replaces else dense.relayout_f32
+    hooks = dict(layout=_layout, relayout=relayout, unrelayout=dense.unrelayout_f32) if weights else {}
     if op in SIZED_OPS:
         hooks["opd_shape"] = vocabulary_opd_shape(op)  # so rad-kbench can call it cold
     return RadKernelInfo(name=f"ref_{name}", op=op, family="reference", computes=computes, shape="any",
