@@ -24,7 +24,6 @@ import argparse
 import importlib
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from device_ops import Timer, copies_for  # noqa: E402
+from torch_graph_time import graph_ms  # noqa: E402
 from radiance.abi import RadArgs  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import launch, rel_err, row_of  # noqa: E402
@@ -103,36 +103,15 @@ def bench_torch(batch, context, dtype_name, flash) -> dict:
     copies = copies_for(cache_bytes)
     caches = [(torch.randn(shape, device="cuda", dtype=dtype, generator=generator),
                torch.randn(shape, device="cuda", dtype=dtype, generator=generator)) for _ in range(copies)]
+    backend = None
     if flash:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         backend = sdpa_kernel(SDPBackend.FLASH_ATTENTION)
-    else:
-        import contextlib
-        backend = contextlib.nullcontext()
 
     def calls():  # the outputs kept (the graph's pool), no copy kernel beside each call
         return [F.scaled_dot_product_attention(q, keys, values) for keys, values in caches * 2]
 
-    with backend:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            calls()  # warm, outside the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            calls()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / (2 * copies))
-    ms = statistics.median(times)
+    ms = graph_ms(calls, 2 * copies, backend)
     gbps = cache_bytes / (ms * 1e-3) / 1e9
     return {"us": ms * 1e3, "cache_GBps": gbps, "of_4.8TBps": gbps * 1e9 / HBM, "copies": copies}
 

@@ -21,7 +21,6 @@ import argparse
 import importlib
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from device_ops import Timer  # noqa: E402
+from torch_graph_time import graph_ms  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_device_tensor_cores import attention_operands  # noqa: E402
 from test_libr4d_support import rel_err  # noqa: E402
@@ -93,26 +93,7 @@ def bench_torch(tokens, repeats) -> dict:
     def calls():
         return [F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra) for _ in range(repeats)]
 
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            calls()  # warm, outside the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            calls()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / repeats)
-    ms = statistics.median(times)
+    ms = graph_ms(calls, repeats, sdpa_kernel(SDPBackend.FLASH_ATTENTION))
     return {"us": ms * 1e3, "tflops": flops(tokens) / (ms * 1e-3) / 1e12, "gqa": how}
 
 

@@ -18,7 +18,6 @@ $OUT/card_prefill_rows.json."""
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from device_ops import Timer, copies_for  # noqa: E402
+from torch_graph_time import graph_ms  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import make_weight  # noqa: E402
 
@@ -98,25 +98,7 @@ def bench_torch(name: str, m: int, nbytes: int) -> dict:
             return out
         sets = [(new(HEADS * HEAD_DIM), new(KV_HEADS * HEAD_DIM)) for _ in range(copies)]
     rounds = max(1, 8 // copies)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        [op(*s) for s in sets]
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        [op(*s) for s in sets * rounds]
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / (copies * rounds))
-    ms = statistics.median(times)
+    ms = graph_ms(lambda: [op(*s) for s in sets * rounds], copies * rounds)
     return {"us": ms * 1e3, "of_4.8TBps": nbytes / (ms * 1e-3) / HBM}
 
 
