@@ -3,6 +3,7 @@ and test_device_batch_rows.py; holds no tests): fp8 weights as rad-convert write
 card that says it is an NVIDIA card whose kernels are the numpy forms of
 tests/fixtures/r4d_fake_kernels.py."""
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from radiance.device.fake import FakeDevice
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+@functools.cache
 def fixture_module(name):
+    """tests/fixtures/<name>.py, loaded once for the session (fixtures/ is not a package)."""
     spec = importlib.util.spec_from_file_location(f"_fixture_{name}", FIXTURES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

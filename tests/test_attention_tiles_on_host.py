@@ -15,7 +15,6 @@ import functools
 import re
 import subprocess
 import importlib
-import importlib.util
 from pathlib import Path
 
 import ml_dtypes
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 
 import early_builds
+from device_batch_support import fixture_module
 from device_sources import NVCC
 from radiance.abi import RAD_OK
 from test_device_tensor_cores import attention_operands
@@ -30,9 +30,7 @@ from test_libr4d_support import rel_err, registry, row_of  # noqa: F401 (registr
 from test_libr4d_support import launch as host_launch
 
 FIXTURES = Path(__file__).parent / "fixtures"
-_spec = importlib.util.spec_from_file_location("_fixture_cuda_on_host_at", FIXTURES / "cuda_on_host.py")
-ON_HOST = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ON_HOST)
+ON_HOST = fixture_module("cuda_on_host")
 pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
 
 dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")

@@ -7,7 +7,6 @@ rows launched through their plans, against libref within each row's tolerance. W
 (test_device_gguf_rows.py, test_device_gemma_rows.py) cannot show: the kernels' own indexing, bit
 extraction, sub-block scales and split merges. Skipped, saying so, where g++ is missing."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 
 from radiance.abi import RAD_DT_F32, RAD_OK, rad_device_tensor
 from radiance.engine.running.device_stream import EngineStream
-from device_batch_support import nvidia_fake
+from device_batch_support import fixture_module, nvidia_fake
 from test_device_rows_support import Card
 from test_attention_tiles_on_host import host_source as attention_tiles_host_source
 from test_device_tensor_cores import attention_operands
@@ -24,9 +23,7 @@ from test_libr4d_support import activations, plain_weight, registry, rel_err, ro
 from test_libr4d_support import launch as host_launch
 
 FIXTURES = Path(__file__).parent / "fixtures"
-_spec = importlib.util.spec_from_file_location("_fixture_cuda_on_host", FIXTURES / "cuda_on_host.py")
-ON_HOST = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ON_HOST)
+ON_HOST = fixture_module("cuda_on_host")
 pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
 NAMES = [qtype.name.lower() for qtype in TYPES]
 

@@ -10,7 +10,6 @@ with the tensor-core path turned off). Skipped, saying so, where g++ is missing.
 import ctypes
 import functools
 import importlib
-import importlib.util
 from pathlib import Path
 
 import ml_dtypes
@@ -18,12 +17,11 @@ import numpy as np
 import pytest
 
 import early_builds
+from device_batch_support import fixture_module
 from test_libr4d_support import activations
 
 FIXTURES = Path(__file__).parent / "fixtures"
-_spec = importlib.util.spec_from_file_location("_fixture_cuda_on_host_tc", FIXTURES / "cuda_on_host.py")
-ON_HOST = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ON_HOST)
+ON_HOST = fixture_module("cuda_on_host")
 pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
 
 dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")
