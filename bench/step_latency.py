@@ -15,10 +15,12 @@ ahead (the plan is in the ring before rank 0 is done with the step before) what 
 costs on the critical path: reading the record, checking its mac and copying it into the inputs.
 
     python bench/step_latency.py [--tp 1 2 3] [--tokens 64] [--layers 30] [--no-in-process]
-                                 [--modes sync ahead] [--rounds 1] [--chains on off]
+                                 [--modes sync ahead] [--rounds 1] [--chains on off] [--busy N]
 
 --chains on off: each launched TP also with --no-chain (`chain` off: host ranks then all-reduce with
 all_reduce_host rather than the chained row, which needs device.chain), alternated.
+--busy N: N processes spinning throughout (bench/generate_tp1.py's), the figures under load: with one
+on these 2 cores the coordinator and the ranks share what it leaves.
 
 Each measurement runs in a fresh process, so no measurement inherits another's threads or caches
 (libr4d's OpenMP, before its own pool, kept a pool per calling thread: a process whose main thread ran
@@ -36,6 +38,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from generate_tp1 import start_busy, stop_busy  # noqa: E402
 
 RECIPE = """
 [[rule]]
@@ -69,7 +74,12 @@ def measure(model: Path, tp: int, tokens: int, launched: bool = True, run_ahead:
             now = time.perf_counter()
             if last is not None:
                 samples.append((now - last, ranks.step_stats()))
+                if len(samples) == 1:
+                    cpu = time.process_time()  # from where `decode` (below) starts
             last = now
+        # this process's CPU over the decode steps (its every thread): launched, the coordinator's
+        # share of the cores, which on as many ranks as cores comes out of theirs
+        cpu = (time.process_time() - cpu) / (len(samples) - 1)
     # From the step after the prompt's prefill (the first whole decode step) on. Means, not medians:
     # run ahead, the engine may take two results back to back after falling a little behind, so
     # one interval is short and the one before it long; their mean is what a token costs.
@@ -80,7 +90,7 @@ def measure(model: Path, tp: int, tokens: int, launched: bool = True, run_ahead:
     return {"step": step, "host": step - compute, "waited": mean("waited"), "compute": compute - collectives,
             "collectives": collectives, "plan": mean("plan_s") if launched and not run_ahead else None,
             "delivery": statistics.median(meta["delivery"] for _, meta in decode) if launched else None,
-            "result": mean("result_s") if launched and not run_ahead else None}
+            "result": mean("result_s") if launched and not run_ahead else None, "coordinator": cpu if launched else None}
 
 
 def measured(model: Path, tp: int, tokens: int, launched: bool, run_ahead: bool, chain: bool = True) -> dict:
@@ -108,10 +118,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="times over every (TP, mode), alternated")
     parser.add_argument("--chains", nargs="+", choices=["on", "off"], default=["on"],
                         help="launched TPs with chained launches (the chained all-reduce), without, or both")
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning throughout (the figures under load)")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--heads", type=int, default=6, help="query heads (and KV heads): --tp must divide it")
     parser.add_argument("--hidden", type=int, default=576, help="--tp must leave whole Q4_1 blocks: 512 for TP 4")
     args = parser.parse_args()
+    if args.busy < 0:
+        raise SystemExit(f"--busy must be 0 or more, not {args.busy}")
     from radiance.convert.api import convert_synthetic
 
     with tempfile.TemporaryDirectory() as folder:
@@ -122,21 +135,31 @@ def main() -> None:
                                             vocab=49152, context=2048), seed=1, recipe=recipe)
         runs = ([(1, False, True)] if args.in_process else []) + \
             [(tp, True, chain == "on") for tp in args.tp for chain in args.chains]
-        for round_number in range(args.rounds):
-            load = " ".join(f"{value:.2f}" for value in os.getloadavg())
-            print(f"== round {round_number + 1} (load: {load}); decode step, mean of {args.tokens} steps, "
-                  f"host ranks (ms)")
-            print(f"{'tp':>3}{'ranks':>12}{'chain':>6}{'mode':>7}{'step':>9}{'host':>8}{'waited':>8}{'deliv.':>8}{'plan':>8}{'result':>8}"
-                  f"{'compute':>9}{'collect.':>10}{'tok/s':>8}")
-            for tp, launched, chain in runs:
-                for mode in args.modes:
-                    figures = measured(model, tp, args.tokens, launched, run_ahead=mode == "ahead", chain=chain)
-                    split = "".join(f"{'-' if figures[key] is None else f'{1e3 * figures[key]:.3f}':>8}"
-                                    for key in ("delivery", "plan", "result"))
-                    print(f"{tp:3}{'launched' if launched else 'in process':>12}{'on' if chain else 'off':>6}{mode:>7}{1e3 * figures['step']:9.2f}"
-                          f"{1e3 * figures['host']:8.3f}{1e3 * figures['waited']:8.3f}{split}"
-                          f"{1e3 * figures['compute']:9.2f}{1e3 * figures['collectives']:10.2f}"
-                          f"{1 / figures['step']:8.1f}", flush=True)
+        spinners = start_busy(args.busy)
+        try:
+            rounds(args, model, runs)
+        finally:
+            stop_busy(spinners)
+
+
+def rounds(args, model: Path, runs: list) -> None:
+    """Every (TP, chain, mode) of `runs` once a round, `args.rounds` rounds, a line each."""
+    busy = f", {args.busy} busy" if args.busy else ""
+    for round_number in range(args.rounds):
+        load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+        print(f"== round {round_number + 1} (load: {load}{busy}); decode step, mean of {args.tokens} steps, "
+              f"host ranks (ms)")
+        print(f"{'tp':>3}{'ranks':>12}{'chain':>6}{'mode':>7}{'step':>9}{'host':>8}{'waited':>8}{'deliv.':>8}{'plan':>8}{'result':>8}"
+              f"{'coord.':>8}{'compute':>9}{'collect.':>10}{'tok/s':>8}")
+        for tp, launched, chain in runs:
+            for mode in args.modes:
+                figures = measured(model, tp, args.tokens, launched, run_ahead=mode == "ahead", chain=chain)
+                split = "".join(f"{'-' if figures[key] is None else f'{1e3 * figures[key]:.3f}':>8}"
+                                for key in ("delivery", "plan", "result", "coordinator"))
+                print(f"{tp:3}{'launched' if launched else 'in process':>12}{'on' if chain else 'off':>6}{mode:>7}{1e3 * figures['step']:9.2f}"
+                      f"{1e3 * figures['host']:8.3f}{1e3 * figures['waited']:8.3f}{split}"
+                      f"{1e3 * figures['compute']:9.2f}{1e3 * figures['collectives']:10.2f}"
+                      f"{1 / figures['step']:8.1f}", flush=True)
 
 
 if __name__ == "__main__":
