@@ -83,7 +83,7 @@ class Ranks(abc.ABC):
 def run_ahead_default(config: Config, card: bool, same_host: bool = True) -> bool:
     """Whether to run ahead when not told: where it was measured to help (docs/RUNTIME.md, "Run
     ahead"), launched host ranks, however many cores. Run ahead, the coordinator plans while the
-    ranks compute and a plan's delivery is off the critical path: 38-79 us of rank 0's against
+    ranks compute and a plan's delivery is off the critical path: 37-79 us of rank 0's against
     85-603 us synchronously at TP 1 / 2 / 3 on 2 cores (bench/results/step_latency_host_2026-12-03d.md).
     With a core of its own that is time out of every step (TP 1 launched on 2 cores: 15.5 -> 14.0
     ms); with as many ranks as cores or more (TP 2 and 3 on 2 cores) the coordinator's planning comes
