@@ -13,7 +13,6 @@ and nothing else.
 from __future__ import annotations
 
 import abc
-import os
 import threading
 
 import numpy as np
@@ -83,25 +82,21 @@ class Ranks(abc.ABC):
 
 def run_ahead_default(config: Config, card: bool, same_host: bool = True) -> bool:
     """Whether to run ahead when not told: where it was measured to help (docs/RUNTIME.md, "Run
-    ahead"), launched host ranks that leave the coordinator a core. Run ahead, the coordinator plans
-    while the ranks compute: with a core of its own that is time out of every step (TP 1 launched on
-    2 cores: 15.5 -> 14.0 ms), without one it comes out of the ranks' (TP 2 and 3 on 2 cores: no
-    faster, no slower). Not yet in process (the engine's planning there is ~0.1 ms of a 13 ms step)
-    nor on a card (correct on the fake card, not yet measured on a real one). Pipeline stages on one
-    host (`same_host`: device.same_host, the token pipe's condition) run ahead in parts, which keeps
-    both stages busy (TP 1 x PP 2 decode 1.6x to 1.75x whole steps' tokens/s on 2 cores,
-    bench/pipeline_overlap.py)."""
+    ahead"), launched host ranks, however many cores. Run ahead, the coordinator plans while the
+    ranks compute and a plan's delivery is off the critical path: 37-79 us of rank 0's against
+    85-603 us synchronously at TP 1 / 2 / 3 on 2 cores (bench/results/step_latency_host_2026-12-03d.md).
+    With a core of its own that is time out of every step (TP 1 launched on 2 cores: 15.5 -> 14.0
+    ms); with as many ranks as cores or more (TP 2 and 3 on 2 cores) the coordinator's planning comes
+    out of the ranks' time instead, and the step is no slower: 0.98x / 0.99x of synchronous at TP 2 /
+    3 (geometric means of 25 alternated pairs each, quiet and loaded). Not yet in
+    process (the engine's planning there is ~0.1 ms of a 13 ms step) nor on a card (correct on the
+    fake card, not yet measured on a real one). Pipeline stages on one host (`same_host`:
+    device.same_host, the token pipe's condition) run ahead in parts, which keeps both stages busy
+    (TP 1 x PP 2 decode 1.6x to 1.75x whole steps' tokens/s on 2 cores, bench/pipeline_overlap.py)."""
     if config.run_ahead is not None:
         return config.run_ahead
     if config.pp > 1:
         return same_host
     if config.micro_batches > 1:  # works (ranks/fed_tokens.py), not measured to help without stages
         return False
-    return (config.tp > 1 or config.launched) and not card and config.tp < usable_cores()
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return (config.tp > 1 or config.launched) and not card

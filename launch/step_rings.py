@@ -27,8 +27,13 @@ PLAN_SLOTS = 4
 # margin), then spinning at most SPIN_SHARE of it (and SPIN_MAX_S), then asleep in slices.
 EXPECT_SHARE, EXPECT_MARGIN_S = 0.85, 3e-4
 SPIN_SHARE, SPIN_MAX_S = 0.3, 5e-3
-# Run ahead, after that sleep: naps of POLL_SHARE of the last step (within the bounds) until it comes.
-POLL_SHARE, POLL_MIN_S, POLL_MAX_S = 0.05, 5e-5, 1e-3
+# Run ahead, asleep until AHEAD_SHARE of rank 0's last step of this shape from when it began this one
+# (its own clock: when it answered the step before; else as above), then naps of POLL_SHARE of the
+# last step (within the bounds) until it comes. The bound is wide: a step loaded to 60 ms (TP 2 on
+# 2 cores beside a busy process) in 1 ms naps woke the coordinator 9 to 13 times a step, each a
+# rank's core taken, where a result collected a few ms late costs nothing run ahead.
+AHEAD_SHARE = 1.0
+POLL_SHARE, POLL_MIN_S, POLL_MAX_S = 0.05, 5e-5, 5e-3
 
 
 def plan_bytes(config: Config) -> int:
@@ -53,9 +58,12 @@ class StepRings:
             self.plans.close()
             raise
         self.decoder = ResultReader()  # rank 0's results
-        self.seconds: dict[tuple[int, int], float] = {}  # the last step of each (tokens, seqs)
+        self.seconds: dict[tuple[int, int], float] = {}  # the last step of each (tokens, seqs), round trip
+        self.stepped: dict[tuple[int, int], float] = {}  # the same, rank 0's own: from begun to answered
         self.sent: deque = deque()  # (when it was published, its shape) of each step not collected yet
         self.arrived = 0.0  # when the last result came
+        # when rank 0 answered the last step: on this node its perf_counter is ours (CLOCK_MONOTONIC)
+        self.answered = None if remote and remote.answers else 0.0
 
     def publish(self, arrays: dict, feed: Feed | None, timeout: float, watch: Callable[[], None]) -> None:
         """The plan (and its feed) to every rank. `watch` raises for a failed rank."""
@@ -80,7 +88,14 @@ class StepRings:
         if self.sent:
             # Run ahead, the ranks have the next step already: the result is off the critical path,
             # so no spin (it would take a core from them) and no futex (rank 0 would pay ~270 us to
-            # wake a sleeper): asleep until it is due, then naps of a twentieth of a step.
+            # wake a sleeper): asleep until it is due, then naps of a twentieth of a step. Due by
+            # rank 0's own clock, not the coordinator's (which is late by its naps and its planning,
+            # and would carry that lateness into the next estimate): every wake of the coordinator
+            # during a step is a rank's core taken where the ranks hold them all (TP 2 on 2 cores:
+            # 5 to 20 naps a step when it woke at 85 % of a round trip counted from its own arrival).
+            if self.answered is not None:
+                last = self.stepped.get(shape, 0.0)
+                expect = max(0.0, max(start, self.answered) + AHEAD_SHARE * last - time.perf_counter())
             spin, poll = 0.0, max(POLL_MIN_S, min(POLL_MAX_S, POLL_SHARE * last))
         try:
             payload = self.results.read(timeout=timeout, check=watch, spin_s=spin, expect_s=expect, poll_s=poll)
@@ -91,9 +106,13 @@ class StepRings:
         if ops is not None:
             meta["ops"] = ops
         now = self.arrived = time.perf_counter()
+        answered = meta.pop("answered_at")
+        if self.answered is not None:
+            self.stepped[shape] = answered - max(start, self.answered)
+            self.answered = answered
         self.seconds[shape] = now - begun
         # the step's delivery split into plan out and result back
-        meta["plan_s"], meta["result_s"] = meta.pop("received_at") - start, now - meta.pop("answered_at")
+        meta["plan_s"], meta["result_s"] = meta.pop("received_at") - start, now - answered
         result["tokens"] = tokens
         return meta, result
 

@@ -19,7 +19,7 @@ accept_reference = click.option(
 run_ahead = click.option(
     "--run-ahead/--no-run-ahead", default=None,
     help="Plan step n+1 while the ranks run step n, the sampled token feeding it where it was sampled "
-         "(default: on for launched host ranks fewer than the cores, and for pipeline stages on one host, "
+         "(default: on for launched host ranks, and for pipeline stages on one host, "
          "where it was measured to help; off in process and on cards).")
 verbose = click.option("--verbose", is_flag=True, help="Tracebacks for errors.")
 debug_selection = click.option(
