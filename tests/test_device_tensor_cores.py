@@ -111,7 +111,7 @@ def test_a_wgmma_plan_narrows_x_then_asks_for_sm_90a_and_its_swizzled_stages(reg
     assert (narrow, nblock) == ("r4d_narrow_bf16_dev", (256, 1, 1)) and ngrid[0] * 256 * 8 >= 37 * 4096
     assert pointers(nargs, [0, 2]) == [0x1000, rows] and pointers(nargs, [1]) == [37 * 4096]
     splits, per = tc.split(37, 4096, 4096, "bf16", "wgmma")
-    assert (kernel, grid, block) == ("r4d_wgmma_gemm_bf16", (32, 1, splits), (256, 1, 1)) and splits == 8
+    assert (kernel, grid, block) == ("r4d_wgmma_gemm_bf16", (32 * 1, 1, splits), (256, 1, 1)) and splits == 8
     assert stream.shared == 2 * 2 * 128 * 128 == 64 << 10
     assert stream.compiled == [("r4d_narrow_bf16_dev", ()),
                                ("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1"))]

@@ -159,8 +159,10 @@ def operands(kind, m, n, k, seed):
     return x.view(np.uint8), w.view(np.uint8), x.astype(np.float64), w.astype(np.float64)
 
 
-# (kind, M, N, K, splits, w scales a row): tails in M, N and K, split K, both scale strides
+# (kind, M, N, K, splits, w scales a row): tails in M, N and K, split K, both scale strides, and
+# 18 row tiles (a whole group of 16 and a group of 2: the kernel's order of tiles)
 CASES = [("bf16", 200, 300, 520, 1, True), ("bf16", 37, 256, 1024, 3, True), ("bf16", 130, 128, 64, 1, True),
+         ("bf16", 17 * 128 + 5, 136, 128, 2, True),
          ("e4m3", 150, 136, 528, 1, True), ("e4m3", 20, 200, 1024, 2, False)]
 
 

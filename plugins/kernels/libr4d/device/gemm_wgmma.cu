@@ -24,6 +24,7 @@
 #ifndef WG_STAGES
 #define WG_STAGES 2
 #endif
+#define WG_GROUP 16                        // row tiles a group of blocks goes down before it moves right
 #define WG_TILE_BYTES (128 * 128)          // one operand's tile: 128 rows x 128 bytes of K
 #define WG_STAGE_BYTES (2 * WG_TILE_BYTES)  // x's tile, then w's
 
@@ -102,7 +103,14 @@ __device__ void wg_gemm(const TcGemm& p) {
     extern __shared__ __align__(1024) u8 wg_shared[];
     if (r4d_smem(wg_shared) % 1024) __trap();  // the swizzle's atoms would not be where wgmma reads them
     int warpgroup = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-    int m0 = blockIdx.y * WG_BM, n0 = blockIdx.x * WG_BN;
+    // The output tile: the grid is (tiles, 1, splits), block b of a split going down a group of
+    // WG_GROUP row tiles, then right to the group's next column tile. So the ~264 blocks of a wave
+    // (two a multiprocessor) are 16 row tiles of ~16 column tiles, not one row tile of 264: a wave
+    // reads each w tile from HBM once (at M 2048, 8B's gate+up: all of w once, not once per row
+    // tile) and a group's x rows stay in L2.
+    int tiles_m = (p.M + WG_BM - 1) / WG_BM, tiles_n = (p.N + WG_BN - 1) / WG_BN;
+    int span = WG_GROUP * tiles_n, first = (int)blockIdx.x / span * WG_GROUP, group = min(WG_GROUP, tiles_m - first);
+    int m0 = (first + (int)blockIdx.x % span % group) * WG_BM, n0 = (int)blockIdx.x % span / group * WG_BN;
     int r0 = m0 + warpgroup * 64 + warp * 16 + g;  // this lane's output rows: r0 and r0 + 8 (wgmma's D layout)
     int tiles = (p.K + KT - 1) / KT;
     int t0 = blockIdx.z * p.tiles_per_split, t1 = min(tiles, t0 + p.tiles_per_split), count = t1 - t0;
