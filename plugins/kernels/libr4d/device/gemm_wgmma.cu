@@ -84,16 +84,19 @@ __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b) {
 // ---- end of wgmma's PTX
 
 // One operand's k-tile t into its place in a stage: rows r0.. r0 + 127 of an [rows, K] matrix of
-// `eb`-byte elements, 128 rows x 8 chunks of 16 bytes, 4 a thread, chunk q of row r at q ^ (r % 8).
-// Past the matrix's rows or K: zeros (the row asks K % 8 bf16, K % 16 e4m3: a chunk is wholly in K or past it).
+// `eb`-byte elements, 128 rows x 8 chunks of 16 bytes, chunk q of row r at q ^ (r % 8). Thread i
+// copies chunk i % 8 of rows i / 8 + 32 j, j < 4 (so one swizzled column a thread: the rows it
+// copies are 32 apart, the same r % 8). Past the matrix's rows or K: zeros (the row asks K % 8
+// bf16, K % 16 e4m3: a chunk is wholly in K or past it).
 __device__ __forceinline__ void wg_load(u8* tile, const u8* matrix, int rows, int K, int eb, int r0, int t) {
+    int r = threadIdx.x / 8, q = threadIdx.x % 8, k = t * 128 + q * 16;  // k: bytes along the row
+    long long stride = (long long)K * eb;
+    u8* into = tile + r * 128 + ((q ^ (r & 7)) << 4);
+    const u8* from = matrix + (r0 + r) * stride + k;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        int c = threadIdx.x + i * WG_THREADS, r = c / 8, q = c % 8;
-        int row = r0 + r, k = t * (128 / eb) + q * (16 / eb);
-        bool full = row < rows && k < K;
-        const u8* src = full ? matrix + ((long long)row * K + k) * eb : matrix;
-        r4d_cp_async16(tile + r * 128 + ((q ^ (r & 7)) << 4), src, full);
+    for (int j = 0; j < 4; ++j) {
+        bool full = r0 + r + 32 * j < rows && k < stride;
+        r4d_cp_async16(into + j * 32 * 128, full ? from + j * 32 * stride : matrix, full);
     }
 }
 
