@@ -62,12 +62,12 @@ def host_source(broken: str | None = None) -> str:
     return text
 
 
-def build(broken: str | None = None):
-    return ON_HOST.build(host_source(broken), ("-DR4D_WG_ONLY=0",))
+def build(broken: str | None = None, stages: int = tc.WGMMA_STAGES):
+    return ON_HOST.build(host_source(broken), ("-DR4D_WG_ONLY=0", f"-DWG_STAGES={stages}"))
 
 
-def build_name(broken: str | None = None) -> str:
-    return f"g++:gemm_wgmma:{broken or 'as written'}"
+def build_name(broken: str | None = None, stages: int = tc.WGMMA_STAGES) -> str:
+    return f"g++:gemm_wgmma:{broken or 'as written'}:{stages} stages"
 
 
 def nvcc_build(only: int):
@@ -103,12 +103,13 @@ def sass(cubin: Path) -> str | None:
 EARLY_BUILDS = {}
 if ON_HOST.why() is None:
     EARLY_BUILDS.update({build_name(b): functools.partial(build, b) for b in (None, *BROKEN)})
+    EARLY_BUILDS[build_name(None, 4)] = functools.partial(build, None, 4)
 if NVCC is not None:
     EARLY_BUILDS.update({f"nvcc:gemm_wgmma:{only}": functools.partial(nvcc_build, only) for only in (1, 2)})
 
 
-def library(broken: str | None = None):
-    return early_builds.result(build_name(broken), functools.partial(build, broken))
+def library(broken: str | None = None, stages: int = tc.WGMMA_STAGES):
+    return early_builds.result(build_name(broken, stages), functools.partial(build, broken, stages))
 
 
 def counter(lib, name: str) -> int:
@@ -184,6 +185,19 @@ def test_the_kernel_as_written_computes_the_product_on_the_modelled_card(kind, m
     assert np.isfinite(y).all()
     err = np.abs(y - want).max() / np.abs(want).max()
     assert err <= 2e-6, (kind, m, n, k, splits, err)  # f32 sums of exact products: any misplaced chunk is ~1
+
+
+@needs_gxx
+@pytest.mark.parametrize("kind,m,n,k,splits", [("bf16", 200, 300, 1000, 1), ("e4m3", 150, 136, 528, 2)])
+def test_more_stages_keep_the_order_of_a_step(kind, m, n, k, splits):
+    """WG_STAGES = 4, as a launch rule that allowed 128 KiB would run it: copies WG_STAGES - 1 tiles
+    ahead, each waited for with WG_STAGES - 2 groups still in flight."""
+    x, w, xv, wv = operands(kind, m, n, k, 3)
+    scales = (np.ones(m, np.float32), np.ones(n, np.float32)) if kind == "e4m3" else (None, None)
+    y, (faults, races, mmas, left), _ = run(library(None, 4), kind, x, w, m, n, k, splits, *scales)
+    assert (faults, races, left) == (0, 0, 0) and mmas > 0
+    want = xv @ wv.T
+    assert np.abs(y - want).max() / np.abs(want).max() <= 2e-6
 
 
 @needs_gxx

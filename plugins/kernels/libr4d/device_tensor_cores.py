@@ -56,7 +56,8 @@ def kernel_for(vendor: str, target: str, kind: str) -> str:
     return "simt"
 
 
-WGMMA_STAGES = 2        # gemm_wgmma.cu's WG_STAGES, each x's and w's tiles of 128 rows x 128 bytes
+WGMMA_STAGES = 2        # gemm_wgmma.cu's WG_STAGES (options() names it), each x's and w's tiles of 128 rows x
+                        # 128 bytes: 2 fill RAD_MAX_SHARED_BYTES; more only where that rule allows more
 WGMMA_STAGE_BYTES = 2 * 128 * 128  # 32 KiB: two stages are the 64 KiB a launch may have (RAD_MAX_SHARED_BYTES)
 NARROW_THREADS = 256    # r4d_narrow_bf16_dev: 8 values a thread a step
 NARROW_MAX_BLOCKS = 4096
@@ -113,7 +114,7 @@ def options(name: str) -> tuple:
     """Compile only the entry a launch needs: each takes nvrtc seconds (R4D_TC_ONLY, R4D_WG_ONLY);
     wgmma needs sm_90a, which replaces the card's sm_90 (radiance.device.cuda.nvrtc_compile)."""
     if name in WGMMA_ENTRIES:
-        return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}")
+        return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", f"-DWG_STAGES={WGMMA_STAGES}")
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
 
