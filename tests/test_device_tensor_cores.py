@@ -5,6 +5,7 @@ arithmetic in numpy) against libref within the tolerance docs/OPS.md states, and
 compiled by nvrtc as the engine compiles it (skipped, saying so, where nvrtc is not installed).
 The same rows on a real card: tests/test_device_batch_rows.py."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -284,7 +285,10 @@ def test_the_wgmma_gemm_compiles_for_sm_90a_to_warpgroup_instructions(registry, 
     listing = sass(cubin, tmp_path)
     if listing is not None:
         assert instruction in listing and "WARPGROUP.ARRIVE" in listing and "LDL" not in listing, entry
-        assert "code for sm_90a" in listing
+        assert "code for sm_90a" in listing and "LDGSTS" in listing
+        # both operands by descriptor (wgmma's SS form; A from registers would name a register first)
+        mmas = [line for line in listing.splitlines() if instruction in line]
+        assert mmas and all(re.search(r"R\d+, gdesc\[UR\d+\], R\d+", line) for line in mmas), mmas
 
 
 def test_the_e4m3_quantiser_compiles_through_nvrtc(registry):
