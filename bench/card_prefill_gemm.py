@@ -76,6 +76,22 @@ def bench_torch(xt, wt, repeats) -> dict:
     return {"us": ms * 1e3, "tflops": tflops(m, n, k, ms * 1e3)}
 
 
+def blocks_a_multiprocessor(stream, tc, kind, kernel) -> int | str:
+    """What the driver allows of the GEMM entry at once on one multiprocessor (cuOccupancy...: the
+    kernel is planned for 2), or why it cannot say. The entry as the row compiled it (the stream's
+    cache), after a launch has opted it in to its dynamic shared memory."""
+    try:
+        from cuda.bindings import driver
+        dk = importlib.import_module(tc.__name__.rsplit(".", 1)[0] + ".device_kernels")
+        name = tc.entry(kind, 2048, kernel)
+        function = stream.kernel(dk.source(tc.source(kernel)), name, tc.options(name))
+        error, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(function.handle, tc.THREADS,
+                                                                           tc.shared_bytes(2048, kernel))
+        return int(blocks) if int(error) == 0 else f"cuOccupancy error {error}"
+    except Exception as error:  # a diagnostic, never fatal
+        return f"{type(error).__name__}: {error}"
+
+
 def sampled_err(got, x, w_values, rows) -> float:
     """max |y - ref| / max |ref| on the sampled rows, ref in float64 of bf16(x) and the weight's values."""
     ref = x[rows].astype(ml_dtypes.bfloat16).astype(np.float64) @ w_values.T
@@ -145,6 +161,10 @@ def main():
             print(line, flush=True)
             results["cases"].append(case)
             on_card.close()
+    results["blocks_a_multiprocessor"] = {kind: blocks_a_multiprocessor(stream, tc, kind, kernels[kind])
+                                          for kind in (["bf16", "e4m3"] if args.fp8 else ["bf16"])}
+    print(f"  blocks a multiprocessor the driver allows the GEMM: {results['blocks_a_multiprocessor']} "
+          f"(planned: 2)", flush=True)
     if total["torch"]:
         results["layer_us"] = total
         print(f"  one layer's bf16 GEMMs: radiance {total['radiance']:.1f} us, torch {total['torch']:.1f} us; radiance at "
