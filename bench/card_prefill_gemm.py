@@ -4,6 +4,7 @@ over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shap
 
     source bench/card_setup.sh; python3 bench/card_prefill_gemm.py [--tokens 2048] [--lm-head] [--fp8]
     R4D_TC_KERNEL=mma python3 bench/card_prefill_gemm.py   # mma.sync's kernel (gemm_mma.cu) on the same card
+    R4D_WG_GROUP=1 python3 bench/card_prefill_gemm.py      # wgmma's tiles in the old order (a wave along a row tile)
 
 Shapes (M = --tokens): qkv 4096 -> 6144, o 4096 -> 4096, gate+up 4096 -> 28672, down 14336 -> 4096,
 and with --lm-head 4096 -> 128256. radiance: x f32 [M, K] and the weight bf16 [N, K] as the engine
@@ -118,8 +119,9 @@ def main():
     m = args.tokens
     kernels = {kind: tc.kernel_for("cuda", device.target, kind) for kind in tc.KINDS}
     results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer, "tokens": m,
-               "kernels": kernels, "tolerance": tc.TOLERANCE, "cases": []}
-    print(f"card {results['card']} ({device.target}); M = {m}; kernels {kernels}; {peer}", flush=True)
+               "kernels": kernels, "wgmma_group": tc.WGMMA_GROUP, "tolerance": tc.TOLERANCE, "cases": []}
+    print(f"card {results['card']} ({device.target}); M = {m}; kernels {kernels} (wgmma's tiles in groups of "
+          f"{tc.WGMMA_GROUP} row tiles); {peer}", flush=True)
     total = {"radiance": 0.0, "torch": 0.0}
     for name, n, k in SHAPES + ([LM_HEAD] if args.lm_head else []):
         x = activations(m, k, n + k)

@@ -115,7 +115,8 @@ def test_a_wgmma_plan_narrows_x_then_asks_for_sm_90a_and_its_swizzled_stages(reg
     assert (kernel, grid, block) == ("r4d_wgmma_gemm_bf16", (32 * 1, 1, splits), (256, 1, 1)) and splits == 8
     assert stream.shared == 2 * 2 * 128 * 128 == 64 << 10
     assert stream.compiled == [("r4d_narrow_bf16_dev", ()),
-                               ("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1", "-DWG_STAGES=2"))]
+                               ("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1", "-DWG_STAGES=2",
+                                                         "-DWG_GROUP=16"))]
     assert pointers(args, [0, 2, 5, 6, 7]) == [rows, 0x7000000, 0x2000, 0x9000000 + layout["partial"], 0x9000000]
     assert ints(args, [8, 9, 10, 11]) == [37, 4096, 4096, per] and per * 64 * splits >= 4096
     # the bf16 rows overlap neither the partials nor the counters, and the scratch hook sized for them

@@ -62,12 +62,12 @@ def host_source(broken: str | None = None) -> str:
     return text
 
 
-def build(broken: str | None = None, stages: int = tc.WGMMA_STAGES):
-    return ON_HOST.build(host_source(broken), ("-DR4D_WG_ONLY=0", f"-DWG_STAGES={stages}"))
+def build(broken: str | None = None, stages: int = tc.WGMMA_STAGES, group: int = 16):
+    return ON_HOST.build(host_source(broken), ("-DR4D_WG_ONLY=0", f"-DWG_STAGES={stages}", f"-DWG_GROUP={group}"))
 
 
-def build_name(broken: str | None = None, stages: int = tc.WGMMA_STAGES) -> str:
-    return f"g++:gemm_wgmma:{broken or 'as written'}:{stages} stages"
+def build_name(broken: str | None = None, stages: int = tc.WGMMA_STAGES, group: int = 16) -> str:
+    return f"g++:gemm_wgmma:{broken or 'as written'}:{stages} stages:groups of {group}"
 
 
 def nvcc_build(only: int):
@@ -104,12 +104,13 @@ EARLY_BUILDS = {}
 if ON_HOST.why() is None:
     EARLY_BUILDS.update({build_name(b): functools.partial(build, b) for b in (None, *BROKEN)})
     EARLY_BUILDS[build_name(None, 4)] = functools.partial(build, None, 4)
+    EARLY_BUILDS[build_name(None, 2, 4)] = functools.partial(build, None, 2, 4)
 if NVCC is not None:
     EARLY_BUILDS.update({f"nvcc:gemm_wgmma:{only}": functools.partial(nvcc_build, only) for only in (1, 2)})
 
 
-def library(broken: str | None = None, stages: int = tc.WGMMA_STAGES):
-    return early_builds.result(build_name(broken, stages), functools.partial(build, broken, stages))
+def library(broken: str | None = None, stages: int = tc.WGMMA_STAGES, group: int = 16):
+    return early_builds.result(build_name(broken, stages, group), functools.partial(build, broken, stages, group))
 
 
 def counter(lib, name: str) -> int:
@@ -196,6 +197,18 @@ def test_more_stages_keep_the_order_of_a_step(kind, m, n, k, splits):
     scales = (np.ones(m, np.float32), np.ones(n, np.float32)) if kind == "e4m3" else (None, None)
     y, (faults, races, mmas, left), _ = run(library(None, 4), kind, x, w, m, n, k, splits, *scales)
     assert (faults, races, left) == (0, 0, 0) and mmas > 0
+    want = xv @ wv.T
+    assert np.abs(y - want).max() / np.abs(want).max() <= 2e-6
+
+
+@needs_gxx
+def test_groups_of_four_row_tiles_cover_every_tile_once():
+    """WG_GROUP = 4 over 18 row tiles and 3 column tiles: groups of 4 and a last group of 2 (R4D_WG_GROUP
+    chooses the order on a card)."""
+    m, n, k = 17 * 128 + 5, 300, 128
+    x, w, xv, wv = operands("bf16", m, n, k, 4)
+    y, (faults, races, mmas, left), _ = run(library(None, 2, 4), "bf16", x, w, m, n, k)
+    assert (faults, races, left) == (0, 0, 0) and mmas == 18 * 3 * 2 * 256 * 4
     want = xv @ wv.T
     assert np.abs(y - want).max() / np.abs(want).max() <= 2e-6
 

@@ -59,6 +59,10 @@ def kernel_for(vendor: str, target: str, kind: str) -> str:
 WGMMA_STAGES = 2        # gemm_wgmma.cu's WG_STAGES (options() names it), each x's and w's tiles of 128 rows x
                         # 128 bytes: 2 fill RAD_MAX_SHARED_BYTES; more only where that rule allows more
 WGMMA_STAGE_BYTES = 2 * 128 * 128  # 32 KiB: two stages are the 64 KiB a launch may have (RAD_MAX_SHARED_BYTES)
+# gemm_wgmma.cu's WG_GROUP: row tiles a group of blocks goes down before moving right (16: a wave of
+# 264 blocks is 16 x ~16 tiles); R4D_WG_GROUP=1 restores the old order (a wave along one row tile),
+# for a card to compare
+WGMMA_GROUP = int(os.environ.get("R4D_WG_GROUP") or 16)
 NARROW_THREADS = 256    # r4d_narrow_bf16_dev: 8 values a thread a step
 NARROW_MAX_BLOCKS = 4096
 TC_KERNELS = ("mma", "wgmma")
@@ -114,7 +118,8 @@ def options(name: str) -> tuple:
     """Compile only the entry a launch needs: each takes nvrtc seconds (R4D_TC_ONLY, R4D_WG_ONLY);
     wgmma needs sm_90a, which replaces the card's sm_90 (radiance.device.cuda.nvrtc_compile)."""
     if name in WGMMA_ENTRIES:
-        return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", f"-DWG_STAGES={WGMMA_STAGES}")
+        return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", f"-DWG_STAGES={WGMMA_STAGES}",
+                f"-DWG_GROUP={WGMMA_GROUP}")
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
 

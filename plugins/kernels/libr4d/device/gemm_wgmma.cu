@@ -24,7 +24,9 @@
 #ifndef WG_STAGES
 #define WG_STAGES 2
 #endif
+#ifndef WG_GROUP
 #define WG_GROUP 16                        // row tiles a group of blocks goes down before it moves right
+#endif
 #define WG_TILE_BYTES (128 * 128)          // one operand's tile: 128 rows x 128 bytes of K
 #define WG_STAGE_BYTES (2 * WG_TILE_BYTES)  // x's tile, then w's
 
