@@ -12,7 +12,7 @@ holds them, y f32; the row's launches (the narrowing and the GEMM: the row's who
 a graph as chained launches (bench/device_ops.py's Timer), microseconds a row, the median of 10
 replays of --repeats rows; TFLOP/s of 2 M N K. The peer: torch.matmul(x, w.T) of bf16 x and w (bf16
 out, cuBLAS), captured and replayed the same way (bench/torch_graph_time.py); its microseconds and
-the ratio. Agreement: max |y - ref| / max |ref| against torch's f32 product of the same bf16 values
+the ratio; the row's first launch alone (x narrowed or quantised) too. Agreement: max |y - ref| / max |ref| against torch's f32 product of the same bf16 values
 on the card (TF32 off), and against float64 numpy on 16 sampled rows where torch is missing; the
 row's tolerance is device_tensor_cores.TOLERANCE. --fp8: the fp8_channel row too (x quantised per row
 to e4m3), against its own tolerance. Runs where radiance is not installed (checkout_shim). Writes
@@ -57,7 +57,23 @@ def bench_radiance(on_card, row, timer, fmt, x, w, weight, repeats) -> tuple:
     assert row.info.launch(args) == 0, row.name
     got = on_card.download(args.t[2], y)
     ms = timer.ms([lambda: row.info.launch(args)] * repeats)
-    return {"us": ms * 1e3, "tflops": tflops(m, n, k, ms * 1e3)}, got
+    first = first_step_us(on_card, row, args, timer)
+    return {"us": ms * 1e3, "tflops": tflops(m, n, k, ms * 1e3), "first_step_us": first}, got
+
+
+def first_step_us(on_card, row, args, timer) -> float | None:
+    """The row's first launch alone where it has two (r4d_narrow_bf16_dev before wgmma's bf16 GEMM,
+    r4d_quantize_e4m3_dev before e4m3's): µs, timed as the row is; None for one launch."""
+    package = row.plugin.module.__name__
+    batch = importlib.import_module(f"{package}.device_batch_rows")
+    address = importlib.import_module(f"{package}.device_rows")._address
+    dk = importlib.import_module(f"{package}.device_kernels")
+    steps = batch.tc_gemm_steps(args, address(args.t[0]), args.t[1], address(args.t[2]))
+    if len(steps) < 2:
+        return None
+    step, stream = steps[0], on_card.stream
+    kernel, packed = stream.kernel(dk.source(step.source), step.kernel, step.options), step.args.pack()
+    return timer.ms([lambda: stream.launch(kernel, step.grid, step.block, packed, step.shared)] * 4) * 1e3
 
 
 def torch_product(x, w_bf16):
@@ -138,7 +154,8 @@ def main():
             # bf16: against the same bf16 values, held to the row's tolerance; fp8: against the weight
             # before quantising, so the weight's own e4m3 rounding is in it too (said, not held)
             r["err_sampled_f64"] = sampled_err(got, x, (w_bf16 if fmt == "bf16" else w).astype(np.float64), samples)
-            line = (f"  {name:21} {fmt:11} radiance {r['us']:8.1f} us ({r['tflops']:6.1f} TFLOP/s, err "
+            first = "" if r["first_step_us"] is None else f", x's narrowing {r['first_step_us']:.1f} us of it"
+            line = (f"  {name:21} {fmt:11} radiance {r['us']:8.1f} us ({r['tflops']:6.1f} TFLOP/s{first}, err "
                     f"{r['err_sampled_f64']:.1e} on 16 rows")
             if torch is not None and fmt == "bf16":
                 try:
