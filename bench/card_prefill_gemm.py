@@ -5,6 +5,7 @@ over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shap
     source bench/card_setup.sh; python3 bench/card_prefill_gemm.py [--tokens 2048] [--lm-head] [--fp8]
     R4D_TC_KERNEL=mma python3 bench/card_prefill_gemm.py   # mma.sync's kernel (gemm_mma.cu) on the same card
     R4D_WG_GROUP=1 python3 bench/card_prefill_gemm.py      # wgmma's tiles in the old order (a wave along a row tile)
+    python3 bench/card_prefill_gemm.py --carveout          # the GEMM hinted to the most shared memory first
 
 Shapes (M = --tokens): qkv 4096 -> 6144, o 4096 -> 4096, gate+up 4096 -> 28672, down 14336 -> 4096,
 and with --lm-head 4096 -> 128256. radiance: x f32 [M, K] and the weight bf16 [N, K] as the engine
@@ -93,6 +94,21 @@ def bench_torch(xt, wt, repeats) -> dict:
     return {"us": ms * 1e3, "tflops": tflops(m, n, k, ms * 1e3)}
 
 
+def prefer_shared_memory(stream, tc, kind, kernel) -> str:
+    """The GEMM entry's carveout hint set to the most shared memory (100 %), before any launch: what
+    radiance/device/cuda.py does not do, for a card to compare (--carveout)."""
+    try:
+        from cuda.bindings import driver
+        dk = importlib.import_module(tc.__name__.rsplit(".", 1)[0] + ".device_kernels")
+        name = tc.entry(kind, 2048, kernel)
+        function = stream.kernel(dk.source(tc.source(kernel)), name, tc.options(name))
+        attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        (error,) = driver.cuFuncSetAttribute(function.handle, attribute, 100)
+        return f"{name}: carveout 100 %" if int(error) == 0 else f"{name}: cuFuncSetAttribute error {error}"
+    except Exception as error:  # said, not fatal
+        return f"{type(error).__name__}: {error}"
+
+
 def blocks_a_multiprocessor(stream, tc, kind, kernel) -> int | str:
     """What the driver allows of the GEMM entry at once on one multiprocessor (cuOccupancy...: the
     kernel is planned for 2), or why it cannot say. The entry as the row compiled it (the stream's
@@ -121,6 +137,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=4, help="rows a graph replay holds")
     parser.add_argument("--lm-head", action="store_true", help="the 128256-row lm head too")
     parser.add_argument("--fp8", action="store_true", help="the fp8_channel row too")
+    parser.add_argument("--carveout", action="store_true",
+                        help="hint the GEMM entries to the most shared memory first (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT)")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     rows = {row.name: row for row in lib.rows}
@@ -138,6 +156,10 @@ def main():
                "kernels": kernels, "wgmma_group": tc.WGMMA_GROUP, "tolerance": tc.TOLERANCE, "cases": []}
     print(f"card {results['card']} ({device.target}); M = {m}; kernels {kernels} (wgmma's tiles in groups of "
           f"{tc.WGMMA_GROUP} row tiles); {peer}", flush=True)
+    if args.carveout:
+        results["carveout"] = [prefer_shared_memory(stream, tc, kind, kernels[kind])
+                               for kind in (["bf16", "e4m3"] if args.fp8 else ["bf16"])]
+        print(f"  {'; '.join(results['carveout'])}", flush=True)
     total = {"radiance": 0.0, "torch": 0.0}
     for name, n, k in SHAPES + ([LM_HEAD] if args.lm_head else []):
         x = activations(m, k, n + k)
