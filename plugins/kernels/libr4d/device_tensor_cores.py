@@ -125,7 +125,7 @@ def options(name: str) -> tuple:
 
 def grid(m: int, n: int, splits: int, kernel: str = "mma") -> tuple:
     """mma.sync: (column tiles, row tiles, splits); wgmma: (tiles, 1, splits), the kernel ordering its
-    tiles in groups of 16 row tiles (gemm_wgmma.cu's WG_GROUP). Either way a split-K counter a tile."""
+    tiles in groups of WGMMA_GROUP row tiles (gemm_wgmma.cu's WG_GROUP). Either way a split-K counter a tile."""
     if kernel == "wgmma":
         return (-(-n // TILE_N) * -(-m // tile_m(m, kernel)), 1, splits), (THREADS, 1, 1)
     return (-(-n // TILE_N), -(-m // tile_m(m, kernel)), splits), (THREADS, 1, 1)
