@@ -5,6 +5,7 @@ arithmetic in numpy) against libref within the tolerance docs/OPS.md states, and
 compiled by nvrtc as the engine compiles it (skipped, saying so, where nvrtc is not installed).
 The same rows on a real card: tests/test_device_batch_rows.py."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -98,18 +99,30 @@ def test_the_rows_take_the_band_above_the_gemv_for_bf16_and_fp8(registry):
 
 # ---- launch plans -------------------------------------------------------------------------------
 
-def test_a_wgmma_plan_asks_for_sm_90a_and_its_swizzled_stages(registry):
+def test_a_wgmma_plan_narrows_x_then_asks_for_sm_90a_and_its_swizzled_stages(registry):
     tc = module(registry, "device_tensor_cores")
     stream, row = Recording("sm_90"), device_row(registry, BF16)
     w, x, y = device_weight("bf16", 4096, 4096, 0x7000000), dev(0x1000, (37, 4096)), dev(0x2000, (37, 4096))
     params = {"M": 37, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
-    assert launch(row, [x, w, y], params, stream, 0x9000000, row.info.scratch({**params, "M": 256})) == RAD_OK
-    ((kernel, grid, block, args),) = stream.launches
+    need = row.info.scratch({**params, "M": 256})
+    assert launch(row, [x, w, y], params, stream, 0x9000000, need) == RAD_OK
+    (narrow, ngrid, nblock, nargs), (kernel, grid, block, args) = stream.launches
+    layout = tc.scratch_layout(37, 4096, 4096, "bf16", "wgmma")
+    rows = 0x9000000 + layout["codes"]
+    assert (narrow, nblock) == ("r4d_narrow_bf16_dev", (256, 1, 1)) and ngrid[0] * 256 * 8 >= 37 * 4096
+    assert pointers(nargs, [0, 2]) == [0x1000, rows] and pointers(nargs, [1]) == [37 * 4096]
     splits, per = tc.split(37, 4096, 4096, "bf16", "wgmma")
-    assert (kernel, grid, block) == ("r4d_wgmma_gemm_bf16", (32, 1, splits), (256, 1, 1)) and splits == 8
-    assert stream.shared == 3 * 128 * 128 + 1024 <= 64 << 10
-    assert stream.compiled == [("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1"))]
+    assert (kernel, grid, block) == ("r4d_wgmma_gemm_bf16", (32 * 1, 1, splits), (256, 1, 1)) and splits == 8
+    assert stream.shared == 2 * 2 * 128 * 128 == 64 << 10
+    assert stream.compiled == [("r4d_narrow_bf16_dev", ()),
+                               ("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1", "-DWG_STAGES=2",
+                                                         "-DWG_GROUP=16"))]
+    assert pointers(args, [0, 2, 5, 6, 7]) == [rows, 0x7000000, 0x2000, 0x9000000 + layout["partial"], 0x9000000]
     assert ints(args, [8, 9, 10, 11]) == [37, 4096, 4096, per] and per * 64 * splits >= 4096
+    # the bf16 rows overlap neither the partials nor the counters, and the scratch hook sized for them
+    assert layout["codes"] >= layout["partial"] + 4 * splits * 37 * 4096 and layout["total"] <= need
+    assert layout["total"] >= layout["codes"] + 2 * 37 * 4096
+    assert launch(row, [x, w, y], dict(params), stream, 0x9000000, layout["total"] - 1) == RAD_E_NOMEM
 
 
 def test_a_bf16_plan_is_one_mma_kernel_over_its_tiles(registry):
@@ -193,7 +206,8 @@ def test_the_kernels_arithmetic_agrees_with_libref_within_the_stated_tolerance(r
     got = on_fake.run(row, [x, None, np.zeros((m, n), np.float32)], params, {1: weight}, read=(2,))[2]
     ran = [launch.name for launch in on_fake.device.launches[before:]]
     kind = "bf16" if fmt == "bf16" else "e4m3"
-    assert ran == ([] if kind == "bf16" else ["r4d_quantize_e4m3_dev"]) + [tc.entry(kind, m, on_fake.kernel)]
+    first = {"e4m3": ["r4d_quantize_e4m3_dev"], "bf16": ["r4d_narrow_bf16_dev"] if on_fake.kernel == "wgmma" else []}
+    assert ran == first[kind] + [tc.entry(kind, m, on_fake.kernel)]
     want = np.zeros((m, n), np.float32)
     assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
     err = rel_err(got, want)
@@ -272,7 +286,10 @@ def test_the_wgmma_gemm_compiles_for_sm_90a_to_warpgroup_instructions(registry, 
     listing = sass(cubin, tmp_path)
     if listing is not None:
         assert instruction in listing and "WARPGROUP.ARRIVE" in listing and "LDL" not in listing, entry
-        assert "code for sm_90a" in listing
+        assert "code for sm_90a" in listing and "LDGSTS" in listing
+        # both operands by descriptor (wgmma's SS form; A from registers would name a register first)
+        mmas = [line for line in listing.splitlines() if instruction in line]
+        assert mmas and all(re.search(r"R\d+, gdesc\[UR\d+\], R\d+", line) for line in mmas), mmas
 
 
 def test_the_e4m3_quantiser_compiles_through_nvrtc(registry):

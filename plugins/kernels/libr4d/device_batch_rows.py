@@ -47,7 +47,8 @@ def _simt(a, x: int, w: DeviceWeight, y: int) -> Step:
 
 def tc_gemm_steps(a, x: int, weight, y: int) -> list:
     """The launches of y = x . w^T for M above the GEMV band: for e4m3, x's rows quantised into the
-    scratch first; then the tile kernel the card runs (device_tensor_cores.kernel_for)."""
+    scratch first (for wgmma's bf16, narrowed to bf16 there); then the tile kernel the card runs
+    (device_tensor_cores.kernel_for)."""
     w = DeviceWeight(weight)
     kind, m, n, k = _kind(w), int(a.params["M"]), w.rows, w.cols
     kernel = tc.kernel_for(_vendor(a), getattr(a.stream, "target", ""), kind)
@@ -66,8 +67,11 @@ def tc_gemm_steps(a, x: int, weight, y: int) -> list:
     if kind == "e4m3":
         quantize = KernelArgs("r4d_quantize_e4m3_dev").pointer(x).i32(m).i32(k).pointer(at("codes")).pointer(at("scales"))
         steps.append(Step("r4d_quantize_e4m3_dev", "quantize_e4m3", (m, 1, 1), (256, 1, 1), quantize))
+    elif tc.narrows(kind, kernel):
+        narrow = KernelArgs("r4d_narrow_bf16_dev").pointer(x).i64(m * k).pointer(at("codes"))
+        steps.append(Step("r4d_narrow_bf16_dev", "quantize_e4m3", *tc.narrow_grid(m, k), narrow))
     grid, block = tc.grid(m, n, splits, kernel)
-    args = (KernelArgs(name).pointer(at("codes") if kind == "e4m3" else x).pointer(at("scales")).pointer(w.codes)
+    args = (KernelArgs(name).pointer(at("codes") if "codes" in layout else x).pointer(at("scales")).pointer(w.codes)
             .pointer(w.scale if kind == "e4m3" else 0).i32(1 if w.label == "fp8_channel" else 0).pointer(y)
             .pointer(at("partial")).pointer(at("counters")).i32(m).i32(n).i32(k).i32(per))
     steps.append(Step(name, tc.source(kernel), grid, block, args, tc.shared_bytes(m, kernel), tc.options(name)))

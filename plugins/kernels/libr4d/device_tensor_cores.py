@@ -3,7 +3,8 @@ split of K, the scratch layout, and the tolerance against libref (device_batch_r
 launches; docs/LIBR4D.md "Tensor cores").
 
 Kernels, chosen by the card (`kernel_for`): gemm_wgmma.cu's warpgroup MMA on Hopper (sm_90, built
-for sm_90a: the way to its fp8 tensor cores and full bf16 rate), gemm_mma.cu's mma.sync from sm_80
+for sm_90a: the way to its fp8 tensor cores and full bf16 rate; its bf16 kind reads x as bf16 rows
+that r4d_narrow_bf16_dev writes into the scratch first), gemm_mma.cu's mma.sync from sm_80
 (its e4m3 kind from sm_89), and elsewhere (AMD, older NVIDIA) gemm.cu's f32 SIMT tiles, which every
 format reads. R4D_TC_KERNEL=wgmma|mma|simt forces one for a process (the card tests compare
 them)."""
@@ -55,8 +56,15 @@ def kernel_for(vendor: str, target: str, kind: str) -> str:
     return "simt"
 
 
-WGMMA_STAGES = 3        # gemm_wgmma.cu's WG_STAGES of 128 rows x 128 bytes
-WGMMA_ALIGN = 1024      # the swizzle atoms' alignment: the kernel rounds its dynamic area up to it
+WGMMA_STAGES = 2        # gemm_wgmma.cu's WG_STAGES (options() names it), each x's and w's tiles of 128 rows x
+                        # 128 bytes: 2 fill RAD_MAX_SHARED_BYTES; more only where that rule allows more
+WGMMA_STAGE_BYTES = 2 * 128 * 128  # 32 KiB: two stages are the 64 KiB a launch may have (RAD_MAX_SHARED_BYTES)
+# gemm_wgmma.cu's WG_GROUP: row tiles a group of blocks goes down before moving right (16: a wave of
+# 264 blocks is 16 x ~16 tiles); R4D_WG_GROUP=1 restores the old order (a wave along one row tile),
+# for a card to compare
+WGMMA_GROUP = int(os.environ.get("R4D_WG_GROUP") or 16)
+NARROW_THREADS = 256    # r4d_narrow_bf16_dev: 8 values a thread a step
+NARROW_MAX_BLOCKS = 4096
 TC_KERNELS = ("mma", "wgmma")
 
 
@@ -110,20 +118,37 @@ def options(name: str) -> tuple:
     """Compile only the entry a launch needs: each takes nvrtc seconds (R4D_TC_ONLY, R4D_WG_ONLY);
     wgmma needs sm_90a, which replaces the card's sm_90 (radiance.device.cuda.nvrtc_compile)."""
     if name in WGMMA_ENTRIES:
-        return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}")
+        return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", f"-DWG_STAGES={WGMMA_STAGES}",
+                f"-DWG_GROUP={WGMMA_GROUP}")
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
 
 def grid(m: int, n: int, splits: int, kernel: str = "mma") -> tuple:
+    """mma.sync: (column tiles, row tiles, splits); wgmma: (tiles, 1, splits), the kernel ordering its
+    tiles in groups of WGMMA_GROUP row tiles (gemm_wgmma.cu's WG_GROUP). Either way a split-K counter a tile."""
+    if kernel == "wgmma":
+        return (-(-n // TILE_N) * -(-m // tile_m(m, kernel)), 1, splits), (THREADS, 1, 1)
     return (-(-n // TILE_N), -(-m // tile_m(m, kernel)), splits), (THREADS, 1, 1)
 
 
 def shared_bytes(m: int, kernel: str = "mma") -> int:
     """Dynamic shared memory: gemm_mma.cu's TC_STAGES stages of an A and a B tile, or
-    gemm_wgmma.cu's WG_STAGES swizzled B tiles and the slack to align them."""
+    gemm_wgmma.cu's WG_STAGES stages of swizzled x and w tiles (no slack: the kernel has no static
+    shared memory, so its dynamic area starts 1024-aligned)."""
     if kernel == "wgmma":
-        return WGMMA_STAGES * TILE_N * 128 + WGMMA_ALIGN
+        return WGMMA_STAGES * WGMMA_STAGE_BYTES
     return STAGES * (tile_m(m) + TILE_N) * ROW_BYTES
+
+
+def narrow_grid(m: int, k: int) -> tuple:
+    """r4d_narrow_bf16_dev's grid and block over M * K values (a grid-stride loop past the cap)."""
+    return (max(1, min(NARROW_MAX_BLOCKS, -(-m * k // (8 * NARROW_THREADS)))), 1, 1), (NARROW_THREADS, 1, 1)
+
+
+def narrows(kind: str, kernel: str) -> bool:
+    """Whether x goes through the scratch as bf16 rows first: gemm_wgmma.cu's bf16 kind reads both
+    operands as bytes (gemm_mma.cu narrows its f32 x itself)."""
+    return kind == "bf16" and kernel == "wgmma"
 
 
 def _aligned(nbytes: int) -> int:
@@ -132,7 +157,8 @@ def _aligned(nbytes: int) -> int:
 
 def scratch_layout(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> dict:
     """Offsets in the row's scratch: split-K counters (a u32 a tile) and partial sums [splits, M, N]
-    f32 where K is split; for e4m3, x's codes [M, K] and row scales [M]; and the total."""
+    f32 where K is split; for e4m3, x's codes [M, K] and row scales [M]; for wgmma's bf16, x's bf16
+    rows [M, K] ("codes"); and the total."""
     splits, _ = split(m, n, k, kind, kernel)
     at, layout = 0, {}
     if splits > 1:
@@ -142,6 +168,8 @@ def scratch_layout(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> di
     if kind == "e4m3":
         layout["codes"], at = at, _aligned(at + m * k)
         layout["scales"], at = at, _aligned(at + 4 * m)
+    elif narrows(kind, kernel):
+        layout["codes"], at = at, _aligned(at + 2 * m * k)
     layout["total"] = at
     return layout
 

@@ -84,19 +84,24 @@ __device__ __forceinline__ u32 r4d_e4m3x2(float lo, float hi) {
 // partial[split][M][N]; the tile's last block to arrive (a counter per output tile) adds the
 // splits in order, applies `finish` and stores, then resets the counter for the next launch (a graph
 // replays it). Returns whether this block is that last block; the counter for tile (x, y) is
-// counters[y * gridDim.x + x].
-__device__ __forceinline__ bool r4d_last_split(u32* counters) {
-    __shared__ int last;
+// counters[y * gridDim.x + x]. `last`: a shared int the block may use for the answer (gemm_wgmma.cu
+// lends a word of its dynamic stages: its 64 KiB leave no room for static shared memory).
+__device__ __forceinline__ bool r4d_last_split(u32* counters, int* last) {
     __threadfence();  // this block's partials visible before it is counted
     __syncthreads();
     if (threadIdx.x == 0) {
         u32* counter = counters + blockIdx.y * gridDim.x + blockIdx.x;
-        last = atomicAdd(counter, 1u) == gridDim.z - 1;
-        if (last) *counter = 0u;  // every block of the tile has counted: ready for the next launch
+        *last = atomicAdd(counter, 1u) == gridDim.z - 1;
+        if (*last) *counter = 0u;  // every block of the tile has counted: ready for the next launch
     }
     __syncthreads();
-    if (last) __threadfence();
-    return last;
+    bool found = *last;
+    if (found) __threadfence();
+    return found;
+}
+__device__ __forceinline__ bool r4d_last_split(u32* counters) {
+    __shared__ int last;
+    return r4d_last_split(counters, &last);
 }
 
 // The GEMMs' arguments (gemm_mma.cu, gemm_wgmma.cu): y[M, N] = x[M, K] . w[N, K]^T of one kind.
@@ -104,7 +109,7 @@ __device__ __forceinline__ bool r4d_last_split(u32* counters) {
 #define TC_E4M3 1
 
 struct TcGemm {
-    const void* x;        // bf16 kind: f32 [M, K]; e4m3 kind: the codes [M, K]
+    const void* x;        // bf16 kind: f32 [M, K] (gemm_mma.cu) or its bf16 rows (gemm_wgmma.cu); e4m3: the codes [M, K]
     const float* x_scale; // e4m3: [M]
     const u8* w;          // [N, K] bf16 or e4m3
     const float* w_scale; // e4m3: [N] (w_stride 1) or [1] (w_stride 0)

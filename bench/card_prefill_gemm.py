@@ -1,0 +1,221 @@
+"""The prefill GEMMs alone on a card (issue 20): libr4d's tensor-core GEMM row (`r4dchain_gemm_tc_bf16_dev`,
+on Hopper r4d_narrow_bf16_dev then gemm_wgmma.cu's r4d_wgmma_gemm_bf16) at Llama-3-8B's linear shapes
+over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shapes in the same run.
+
+    source bench/card_setup.sh; python3 bench/card_prefill_gemm.py [--tokens 2048] [--lm-head] [--fp8]
+    R4D_TC_KERNEL=mma python3 bench/card_prefill_gemm.py   # mma.sync's kernel (gemm_mma.cu) on the same card
+    R4D_WG_GROUP=1 python3 bench/card_prefill_gemm.py      # wgmma's tiles in the old order (a wave along a row tile)
+    python3 bench/card_prefill_gemm.py --carveout          # the GEMM hinted to the most shared memory first
+
+Shapes (M = --tokens): qkv 4096 -> 6144, o 4096 -> 4096, gate+up 4096 -> 28672, down 14336 -> 4096,
+and with --lm-head 4096 -> 128256. radiance: x f32 [M, K] and the weight bf16 [N, K] as the engine
+holds them, y f32; the row's launches (the narrowing and the GEMM: the row's whole cost) captured in
+a graph as chained launches (bench/device_ops.py's Timer), microseconds a row, the median of 10
+replays of --repeats rows; TFLOP/s of 2 M N K. The peer: torch.matmul(x, w.T) of bf16 x and w (bf16
+out, cuBLAS), captured and replayed the same way (bench/torch_graph_time.py); its microseconds and
+the ratio; the row's first launch alone (x narrowed or quantised) too. Agreement: max |y - ref| / max |ref| against torch's f32 product of the same bf16 values
+on the card (TF32 off), and against float64 numpy on 16 sampled rows where torch is missing; the
+row's tolerance is device_tensor_cores.TOLERANCE. --fp8: the fp8_channel row too (x quantised per row
+to e4m3), against its own tolerance. Runs where radiance is not installed (checkout_shim). Writes
+$OUT/card_prefill_gemm.json."""
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from checkout_shim import ROOT  # noqa: F401  (first: maps the checkout under `radiance.`)
+
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+
+from device_ops import Timer  # noqa: E402
+from torch_graph_time import graph_ms  # noqa: E402
+from device_batch_support import fp8_weight  # noqa: E402
+from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
+from test_libr4d_support import activations, plain_weight  # noqa: E402
+
+SHAPES = [("qkv 4096->6144", 6144, 4096), ("o 4096->4096", 4096, 4096), ("gate+up 4096->28672", 28672, 4096),
+          ("down 14336->4096", 4096, 14336)]
+LM_HEAD = ("lm head 4096->128256", 128256, 4096)
+ROWS = {"bf16": "r4dchain_gemm_tc_bf16_dev", "fp8_channel": "r4dchain_gemm_tc_fp8_dev"}
+
+
+def tflops(m, n, k, us) -> float:
+    return 2 * m * n * k / (us * 1e-6) / 1e12
+
+
+def bench_radiance(on_card, row, timer, fmt, x, w, weight, repeats) -> tuple:
+    m, k = x.shape
+    n = w.shape[0]
+    params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+    y = np.zeros((m, n), np.float32)
+    args = on_card.args(row, [x, None, y], params, {1: weight})
+    assert row.info.launch(args) == 0, row.name
+    got = on_card.download(args.t[2], y)
+    ms = timer.ms([lambda: row.info.launch(args)] * repeats)
+    first = first_step_us(on_card, row, args, timer)
+    return {"us": ms * 1e3, "tflops": tflops(m, n, k, ms * 1e3), "first_step_us": first}, got
+
+
+def first_step_us(on_card, row, args, timer) -> float | None:
+    """The row's first launch alone where it has two (r4d_narrow_bf16_dev before wgmma's bf16 GEMM,
+    r4d_quantize_e4m3_dev before e4m3's): µs, timed as the row is; None for one launch."""
+    package = row.plugin.module.__name__
+    batch = importlib.import_module(f"{package}.device_batch_rows")
+    address = importlib.import_module(f"{package}.device_rows")._address
+    dk = importlib.import_module(f"{package}.device_kernels")
+    steps = batch.tc_gemm_steps(args, address(args.t[0]), args.t[1], address(args.t[2]))
+    if len(steps) < 2:
+        return None
+    step, stream = steps[0], on_card.stream
+    kernel, packed = stream.kernel(dk.source(step.source), step.kernel, step.options), step.args.pack()
+    return timer.ms([lambda: stream.launch(kernel, step.grid, step.block, packed, step.shared)] * 4) * 1e3
+
+
+def torch_product(x, w_bf16):
+    """(torch's f32 product of bf16(x) and the bf16 weight, TF32 off, as numpy; the bf16 operands on the card)."""
+    import torch
+    xt = torch.from_numpy(x).cuda().to(torch.bfloat16)
+    wt = torch.from_numpy(w_bf16.view(np.uint16).view(np.int16)).cuda().view(torch.bfloat16)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return (xt.float() @ wt.float().T).cpu().numpy(), xt, wt
+
+
+def bench_torch(xt, wt, repeats) -> dict:
+    import torch
+    m, k = xt.shape
+    n = wt.shape[0]
+    ms = graph_ms(lambda: [torch.matmul(xt, wt.T) for _ in range(repeats)], repeats)
+    return {"us": ms * 1e3, "tflops": tflops(m, n, k, ms * 1e3)}
+
+
+def prefer_shared_memory(stream, tc, kind, kernel) -> str:
+    """The GEMM entry's carveout hint set to the most shared memory (100 %), before any launch: what
+    radiance/device/cuda.py does not do, for a card to compare (--carveout)."""
+    try:
+        from cuda.bindings import driver
+        dk = importlib.import_module(tc.__name__.rsplit(".", 1)[0] + ".device_kernels")
+        name = tc.entry(kind, 2048, kernel)
+        function = stream.kernel(dk.source(tc.source(kernel)), name, tc.options(name))
+        attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        (error,) = driver.cuFuncSetAttribute(function.handle, attribute, 100)
+        return f"{name}: carveout 100 %" if int(error) == 0 else f"{name}: cuFuncSetAttribute error {error}"
+    except Exception as error:  # said, not fatal
+        return f"{type(error).__name__}: {error}"
+
+
+def blocks_a_multiprocessor(stream, tc, kind, kernel) -> int | str:
+    """What the driver allows of the GEMM entry at once on one multiprocessor (cuOccupancy...: the
+    kernel is planned for 2), or why it cannot say. The entry as the row compiled it (the stream's
+    cache), after a launch has opted it in to its dynamic shared memory."""
+    try:
+        from cuda.bindings import driver
+        dk = importlib.import_module(tc.__name__.rsplit(".", 1)[0] + ".device_kernels")
+        name = tc.entry(kind, 2048, kernel)
+        function = stream.kernel(dk.source(tc.source(kernel)), name, tc.options(name))
+        error, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(function.handle, tc.THREADS,
+                                                                           tc.shared_bytes(2048, kernel))
+        return int(blocks) if int(error) == 0 else f"cuOccupancy error {error}"
+    except Exception as error:  # a diagnostic, never fatal
+        return f"{type(error).__name__}: {error}"
+
+
+def sampled_err(got, x, w_values, rows) -> float:
+    """max |y - ref| / max |ref| on the sampled rows, ref in float64 of bf16(x) and the weight's values."""
+    ref = x[rows].astype(ml_dtypes.bfloat16).astype(np.float64) @ w_values.T
+    return float(np.abs(got[rows] - ref).max() / np.abs(ref).max())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=4, help="rows a graph replay holds")
+    parser.add_argument("--lm-head", action="store_true", help="the 128256-row lm head too")
+    parser.add_argument("--fp8", action="store_true", help="the fp8_channel row too")
+    parser.add_argument("--carveout", action="store_true",
+                        help="hint the GEMM entries to the most shared memory first (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT)")
+    args = parser.parse_args()
+    device, stream, registry, lib = libr4d_on_card()
+    rows = {row.name: row for row in lib.rows}
+    tc = importlib.import_module(f"{rows[ROWS['bf16']].plugin.module.__name__}.device_tensor_cores")
+    on_card = Card(device, stream)
+    timer = Timer(on_card)
+    try:
+        import torch
+        peer = f"torch {torch.__version__}"
+    except ImportError as error:
+        torch, peer = None, f"no PyTorch ({error})"
+    m = args.tokens
+    kernels = {kind: tc.kernel_for("cuda", device.target, kind) for kind in tc.KINDS}
+    results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer, "tokens": m,
+               "kernels": kernels, "wgmma_group": tc.WGMMA_GROUP, "tolerance": tc.TOLERANCE, "cases": []}
+    print(f"card {results['card']} ({device.target}); M = {m}; kernels {kernels} (wgmma's tiles in groups of "
+          f"{tc.WGMMA_GROUP} row tiles); {peer}", flush=True)
+    if args.carveout:
+        results["carveout"] = [prefer_shared_memory(stream, tc, kind, kernels[kind])
+                               for kind in (["bf16", "e4m3"] if args.fp8 else ["bf16"])]
+        print(f"  {'; '.join(results['carveout'])}", flush=True)
+    total = {"radiance": 0.0, "torch": 0.0}
+    for name, n, k in SHAPES + ([LM_HEAD] if args.lm_head else []):
+        x = activations(m, k, n + k)
+        # fp8_weight's own draw, so that both formats hold the same values before quantising
+        w = (np.random.default_rng(n + k).standard_normal((n, k)) * 0.02).astype(np.float32)
+        w_bf16 = w.astype(ml_dtypes.bfloat16)
+        for fmt in ["bf16"] + (["fp8_channel"] if args.fp8 else []):
+            kind = "bf16" if fmt == "bf16" else "e4m3"
+            case = {"case": name, "format": fmt, "M": m, "N": n, "K": k, "splits": tc.split(m, n, k, kind, kernels[kind])[0]}
+            weight = plain_weight(w, "bf16") if fmt == "bf16" else fp8_weight(registry, n, k, n + k, "channel")
+            r, got = bench_radiance(on_card, rows[ROWS[fmt]], timer, fmt, x, w, weight, args.repeats)
+            case["radiance"] = r
+            samples = np.unique(np.linspace(0, m - 1, 16).astype(int))
+            # bf16: against the same bf16 values, held to the row's tolerance; fp8: against the weight
+            # before quantising, so the weight's own e4m3 rounding is in it too (said, not held)
+            r["err_sampled_f64"] = sampled_err(got, x, (w_bf16 if fmt == "bf16" else w).astype(np.float64), samples)
+            first = "" if r["first_step_us"] is None else f", x's narrowing {r['first_step_us']:.1f} us of it"
+            line = (f"  {name:21} {fmt:11} radiance {r['us']:8.1f} us ({r['tflops']:6.1f} TFLOP/s{first}, err "
+                    f"{r['err_sampled_f64']:.1e} on 16 rows")
+            if torch is not None and fmt == "bf16":
+                try:
+                    ref, xt, wt = torch_product(x, w_bf16)
+                    r["err_torch_f32"] = float(np.abs(got - ref).max() / np.abs(ref).max())
+                    line += f", {r['err_torch_f32']:.1e} against torch f32)"
+                    case["torch"] = t = bench_torch(xt, wt, args.repeats)
+                    line += (f"  torch bf16 {t['us']:8.1f} us ({t['tflops']:6.1f} TFLOP/s); radiance at "
+                             f"{t['us'] / r['us']:.2f}x torch's speed")
+                    total["radiance"] += r["us"]
+                    total["torch"] += t["us"]
+                    del xt, wt
+                    torch.cuda.empty_cache()
+                except Exception as error:  # said, not fatal
+                    case["torch"] = {"error": f"{type(error).__name__}: {error}"}
+                    line += f")  torch: {type(error).__name__}: {str(error)[:120]}"
+            else:
+                line += ")" if fmt == "bf16" else " against the unquantised weight)"
+            if fmt == "bf16":
+                r["within_tolerance"] = ok = max(r["err_sampled_f64"], r.get("err_torch_f32", 0.0)) <= tc.TOLERANCE["bf16"]
+                line += "" if ok else f"  OUTSIDE THE TOLERANCE {tc.TOLERANCE['bf16']:.0e}"
+            print(line, flush=True)
+            results["cases"].append(case)
+            on_card.close()
+    results["blocks_a_multiprocessor"] = {kind: blocks_a_multiprocessor(stream, tc, kind, kernels[kind])
+                                          for kind in (["bf16", "e4m3"] if args.fp8 else ["bf16"])}
+    print(f"  blocks a multiprocessor the driver allows the GEMM: {results['blocks_a_multiprocessor']} "
+          f"(planned: 2)", flush=True)
+    if total["torch"]:
+        results["layer_us"] = total
+        print(f"  one layer's bf16 GEMMs: radiance {total['radiance']:.1f} us, torch {total['torch']:.1f} us; radiance at "
+              f"{total['torch'] / total['radiance']:.2f}x torch's speed", flush=True)
+    registry.close()
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "card_prefill_gemm.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
