@@ -91,10 +91,10 @@ def test_the_decode_gemv_of_an_odd_block_count_agrees_with_libref(registry, qtyp
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("rows", [50, 98])
 def test_a_sequence_decodes_to_the_same_bits_alone_or_in_a_batch(registry, qtype, rows):
-    """The GEMV at M = 1 (on AVX-512 its own loop: scales kept in registers, 16 rows' reductions at
-    once, r4d_kquants.c's kq_gemv_one) gives each output the bits the batched loop gives the same
-    activation row at M = 2: the same products in the same order. Rows 50 and 98 end the threads'
-    shares on groups of 16 cut short; 608 columns leave a block of 32 alone."""
+    """The GEMV at M = 1 gives each output the bits it gives the same activation row at M = 2: a
+    sequence's tokens do not depend on how many others decode with it, and a loop for M = 1 alone
+    (tried: bench/results/host_avx512_2026-12-03d.md) must keep the products and their order. 50
+    and 98 rows cut the threads' shares short; 608 columns leave a block of 32 alone."""
     for cols in {columns_for(qtype), 608 if GGML_QUANT_SIZES[qtype][0] == 32 else 1536}:
         weight, _ = gguf_weight(qtype, rows, cols, seed=rows + cols)
         x = activations(2, cols, seed=cols)

@@ -444,15 +444,6 @@ int r4d_embedding(const Arr *ids, int fmt, const void *codes, const void *scale,
  * out of the outer caches; measured on Zen 4), T0 elsewhere (on this Xeon NTA halved the lm head's
  * rate: 13 against 28 GB/s, docs/LIBR4D.md) */
 #define R4D_PF_HINT _MM_HINT_T0
-#ifndef R4D_PF_FAR
-/* gemv512_one's q8_0 rows are also prefetched into L2 this many rows ahead (9 KiB at K = 576):
- * more lines in flight than the L1 prefetches' fill buffers hold; 1.02-1.07x on SmolLM2's head and
- * attn_v streaming (bench/results/host_avx512_2026-12-03d.md). Not with AMD's hint (unmeasured). */
-#define R4D_PF_FAR 16
-#endif
-#endif
-#ifndef R4D_PF_FAR
-#define R4D_PF_FAR 0
 #endif
 
 typedef struct {

@@ -174,11 +174,6 @@ static void gemv512_one(const Weight *w, const Act *A, int64_t m0, int64_t n0, i
             _mm_prefetch((const char *)(sc + R4D_PF_ROWS * nb), R4D_PF_HINT);
             if (q41) _mm_prefetch((const char *)(w->min + (n + R4D_PF_ROWS) * nb), R4D_PF_HINT);
         }
-        if (!q41 && R4D_PF_FAR && n + 2 + R4D_PF_FAR < n1) { /* q8_0: and further ahead into L2 (r4d.c) */
-            const char *pc = (const char *)(c + R4D_PF_FAR * row_bytes);
-            for (int64_t o = 0; o < 2 * row_bytes; o += 64) _mm_prefetch(pc + o, _MM_HINT_T1);
-            _mm_prefetch((const char *)(sc + R4D_PF_FAR * nb), _MM_HINT_T1);
-        }
         float ds[2 * nb + 16] __attribute__((aligned(64)));
         row_scales(sc, A, 16, m0, 1, ds);
         row_scales(sc + nb, A, 16, m0, 1, ds + nb);

@@ -321,26 +321,6 @@ int r4d_kq_gemm(const Arr *x, int fmt, const void *codes, const void *scale, con
 int r4d_act16(const Arr *x, int64_t M, int64_t K, const int16_t **xw, const float **xd, const float **xs);
 
 #define KQ_MT 4 /* activation rows a weight row's codes are unpacked for at once */
-#define KQ_PF_ROWS 4 /* weight rows whose codes are prefetched into L1 ahead */
-/* Short rows (at most KQ_PF_FAR / 8 bytes: SmolLM2's q5_0 rows of 576, 360 bytes) are also
- * prefetched into L2 KQ_PF_FAR bytes ahead, where KQ_PF_ROWS rows are too close to keep enough
- * lines in flight: 1.03-1.25x on the q5_0 GEMV streaming from L3; on q4_k's and q6_k's rows of 1536
- * the same was 0.94-0.98x (bench/results/host_avx512_2026-12-03d.md). Not where native.py gives
- * AMD's hint (R4D_PF_HINT; unmeasured there). */
-#ifndef R4D_PF_HINT
-#define KQ_PF_FAR 6144
-#else
-#define KQ_PF_FAR 0
-#endif
-
-/* the prefetches for weight row n of [.., n1), its codes at c */
-static inline __attribute__((always_inline)) void kq_prefetch(const uint8_t *c, int64_t row_bytes, int64_t n, int64_t n1) {
-    if (n + KQ_PF_ROWS < n1)
-        for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)(c + KQ_PF_ROWS * row_bytes + o), _MM_HINT_T0);
-    const int64_t far = KQ_PF_FAR / row_bytes;
-    if (far >= 2 * KQ_PF_ROWS && n + far < n1)
-        for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)(c + far * row_bytes + o), _MM_HINT_T1);
-}
 
 static int kq_zero(int fmt) {
     switch (fmt) {
@@ -499,7 +479,8 @@ static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *
     float ws[2 * nb + 32], wm[nb + 32], ds[KQ_MT * 2 * nb + 16];
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *c = w->codes + n * row_bytes;
-        kq_prefetch(c, row_bytes, n, n1);
+        if (n + 4 < n1)
+            for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)(c + 4 * row_bytes + o), _MM_HINT_T0);
         kq_row_scales(w, fmt, n, ws, wm);
         for (int i = 0; i < mt; i++) { /* ds: each scale times its block's activation step */
             const float *xd = t->xd + (m0 + i) * nb;
@@ -586,116 +567,9 @@ static inline __attribute__((always_inline)) void kq_gemv_rows(const KGemvTask *
     }
 }
 
-/* lane r of the result: the sum of v[r]'s 16 lanes by _mm512_reduce_add_ps's own tree (halves of
- * 256, then 128, then lanes 0+2 and 1+3, then those two), so each is bit for bit what reducing v[r]
- * alone gives; 16 rows' reductions share ~45 shuffles and adds instead of ~8 each */
-static inline __m512 kq_sum16(const __m512 *v) {
-    __m512 w[8], x[4], y[2];
-    for (int i = 0; i < 8; i++) /* rows 2i, 2i + 1: lanes j and j + 8 */
-        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
-    for (int i = 0; i < 4; i++) /* rows 4i..4i + 3, a 128-bit lane each: lanes j and j + 4 */
-        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xdd));
-    for (int i = 0; i < 2; i++) /* lane L of y[i]: rows 8i + L (two values), 8i + 4 + L (two) */
-        y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xee));
-    const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
-    /* z[4L + c] is row L + 4c */
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
-}
-
-/* [2p x 8 | 2p + 1 x 8]: the lanes of pair p's two block scales among 16 (kq_gemv_one) */
-static const int32_t kq_pair_lanes[8][16] __attribute__((aligned(64))) = {
-    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},         {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
-    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},         {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
-    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9},         {10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
-    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13}, {14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
-
-/* kq_gemv_rows at M = 1 for the formats of a scale per 32 (not q3_k, q6_k) and K >= 64: the same
- * products in the same order, so the same bits, with less work a row: the scales times the
- * activation steps kept in a register per 16 blocks (kq_gemv_rows stores them and reloads two at a
- * time), and the rows' final reductions done 16 at once (kq_sum16) with one store of 16 outputs */
-static inline __attribute__((always_inline)) void kq_gemv_one(const KGemvTask *t, const int fmt, int64_t n0,
-                                                             int64_t n1) {
-    const KW *w = t->w;
-    const int64_t K = w->cols, nb = K / 32, np = nb / 2;
-    const int b = code_bits(fmt);
-    const int mins = fmt == KQ_Q5_1 || fmt == KQ_Q4_K || fmt == KQ_Q5_K;
-    const int zero_first = kq_zero(fmt) != 0;
-    const int64_t row_bytes = K * b / 8;
-    const __m512i mask = _mm512_set1_epi16((short)((1 << b) - 1));
-    const __mmask64 pair_bytes = (__mmask64)((1ULL << (8 * b)) - 1);
-    const __m512i pick0 = _mm512_loadu_si512(kq_pick_pair[b][0]), pick1 = _mm512_loadu_si512(kq_pick_pair[b][1]);
-    const __m512i pair_shift = _mm512_loadu_si512(kq_shift_pair[b]);
-    float ws[nb + 32], wm[nb + 32];
-    float *out = ROW(*t->Y, 0, float);
-    for (int64_t g = n0; g < n1; g += 16) {
-        const int rows = n1 - g < 16 ? (int)(n1 - g) : 16;
-        __m512 sums[16];
-        float minimum[16] __attribute__((aligned(64))) = {0};
-        for (int r = 0; r < rows; r++) {
-            const int64_t n = g + r;
-            const uint8_t *c = w->codes + n * row_bytes;
-            kq_prefetch(c, row_bytes, n, n1);
-            kq_row_scales(w, fmt, n, ws, wm);
-            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-/* pair p (blocks 2p, 2p + 1) into ACC, its scales lanes 2(p - c0), +1 of ds: KQ_TWO's work */
-#define KQ_ONE_PAIR(p, ACC)                                                                                 \
-    do {                                                                                                    \
-        const __m512i raw_ = _mm512_maskz_loadu_epi8(pair_bytes, c + (p) * 8 * b);                          \
-        const __m512i q0_ = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi8(pick0, raw_), pair_shift), mask); \
-        const __m512i q1_ = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi8(pick1, raw_), pair_shift), mask); \
-        const int16_t *x_ = t->xp + (p) * 64;                                                               \
-        const __m512i start_ = zero_first ? _mm512_loadu_si512(t->xzp + (p) * 16) : _mm512_setzero_si512();  \
-        const __m512i dot_ = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(start_, q0_, _mm512_loadu_si512(x_)),    \
-                                                 q1_, _mm512_loadu_si512(x_ + 32));                          \
-        const __m512 scale_ = _mm512_permutexvar_ps(_mm512_load_si512(kq_pair_lanes[(p) - c0]), ds);        \
-        ACC = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_), scale_, ACC);                                       \
-    } while (0)
-            for (int64_t c0 = 0; c0 < np; c0 += 8) { /* pairs c0..c0 + 7: blocks 2c0..2c0 + 15 */
-                const int64_t in = nb - 2 * c0;
-                const __m512 ds = _mm512_mul_ps(_mm512_loadu_ps(ws + 2 * c0),
-                                                _mm512_maskz_loadu_ps(in >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << in) - 1), t->xd + 2 * c0));
-                const int64_t end = np - c0 < 8 ? np : c0 + 8;
-                int64_t p = c0;
-                for (; p + 2 <= end; p += 2) { /* even pairs into a0, odd into a1, as kq_gemv_rows */
-                    KQ_ONE_PAIR(p, a0);
-                    KQ_ONE_PAIR(p + 1, a1);
-                }
-                if (p < end) KQ_ONE_PAIR(p, a0);
-            }
-#undef KQ_ONE_PAIR
-            if (nb & 1) { /* the last block alone: KQ_BLOCK's work */
-                const int64_t blk = nb - 1;
-                __m512i q = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8((__mmask32)((1ULL << (4 * b)) - 1), c + blk * 4 * b));
-                q = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi8(_mm512_loadu_si512(kq_pick[b]), q),
-                                                       _mm512_loadu_si512(kq_shift[b])), mask);
-                const __m512i start = zero_first ? _mm512_castsi128_si512(_mm_cvtsi32_si128(t->xz[blk])) : _mm512_setzero_si512();
-                const __m512i dot = _mm512_dpwssd_epi32(start, q, _mm512_loadu_si512(t->xw + 32 * blk));
-                a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(ws[blk] * t->xd[blk]), a0);
-            }
-            sums[r] = _mm512_add_ps(a0, a1);
-            if (mins) {
-                __m512 mv = _mm512_setzero_ps();
-                int64_t j = 0;
-                for (; j + 16 <= nb; j += 16) mv = _mm512_fmadd_ps(_mm512_loadu_ps(wm + j), _mm512_loadu_ps(t->xs + j), mv);
-                float m = _mm512_reduce_add_ps(mv);
-                for (; j < nb; j++) m += wm[j] * t->xs[j];
-                minimum[r] = m;
-            }
-        }
-        for (int r = rows; r < 16; r++) sums[r] = _mm512_setzero_ps();
-        _mm512_mask_storeu_ps(out + g, (__mmask16)((1u << rows) - 1), _mm512_sub_ps(kq_sum16(sums), _mm512_load_ps(minimum)));
-    }
-}
-
 /* kq_gemv_rows for a constant format, mt = 1..KQ_MT */
 #define KQ_ROWS_OF(FMT)                                                                                     \
     static void kq_rows_##FMT(const KGemvTask *t, int64_t lo, int64_t hi) {                                 \
-        if (t->M == 1 && FMT != KQ_Q3_K && FMT != KQ_Q6_K && t->w->cols >= 64) {                            \
-            kq_gemv_one(t, FMT, lo, hi);                                                                    \
-            return;                                                                                         \
-        }                                                                                                   \
         for (int64_t m0 = 0; m0 < t->M; m0 += KQ_MT) {                                                      \
             switch (t->M - m0 < KQ_MT ? t->M - m0 : KQ_MT) {                                                \
             case 1: kq_gemv_rows(t, FMT, m0, 1, lo, hi); break;                                             \
