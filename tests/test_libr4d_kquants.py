@@ -88,6 +88,26 @@ def test_the_decode_gemv_of_an_odd_block_count_agrees_with_libref(registry, qtyp
         assert np.isfinite(y).all() and rel_err(y, ref) <= TOL_A16, (m, rel_err(y, ref))
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [50, 98])
+def test_a_sequence_decodes_to_the_same_bits_alone_or_in_a_batch(registry, qtype, rows):
+    """The GEMV at M = 1 gives each output the bits it gives the same activation row at M = 2: a
+    sequence's tokens do not depend on how many others decode with it, and a loop for M = 1 alone
+    (tried: bench/results/host_avx512_2026-12-03d.md) must keep the products and their order. 50
+    and 98 rows cut the threads' shares short; 608 columns leave a block of 32 alone."""
+    for cols in {columns_for(qtype), 608 if GGML_QUANT_SIZES[qtype][0] == 32 else 1536}:
+        weight, _ = gguf_weight(qtype, rows, cols, seed=rows + cols)
+        x = activations(2, cols, seed=cols)
+        outputs = []
+        for m in (1, 2):
+            geometry = {"M": m, "N": rows, "K": cols, "wdtype": qtype.name.lower(), "dtype": "f32", "split_k": 1}
+            y = np.full((m, rows), np.nan, np.float32)
+            assert launch(r4d_row(registry, m, geometry), [x[:m], None, y], geometry, {1: weight}) == 0
+            outputs.append(y)
+        assert np.isfinite(outputs[0]).all()
+        assert np.array_equal(outputs[0][0], outputs[1][0]), (cols, np.abs(outputs[0][0] - outputs[1][0]).max())
+
+
 def _cpu_has(flag):
     with open("/proc/cpuinfo") as f:
         return any(line.startswith("flags") and f" {flag}" in line for line in f)
