@@ -3,6 +3,7 @@ and test_device_batch_rows.py; holds no tests): fp8 weights as rad-convert write
 card that says it is an NVIDIA card whose kernels are the numpy forms of
 tests/fixtures/r4d_fake_kernels.py."""
 
+import ctypes
 import functools
 import importlib.util
 from pathlib import Path
@@ -25,6 +26,20 @@ def fixture_module(name):
 
 
 FAKES = fixture_module("r4d_fake_kernels")
+
+
+class Pointers:
+    """ctypes pointers to numpy arrays for a kernel's host build (tests/fixtures/cuda_on_host.py), each
+    array kept alive as long as this object; None is the null pointer."""
+
+    def __init__(self):
+        self.kept = []
+
+    def __call__(self, array) -> ctypes.c_void_p:
+        if array is None:
+            return ctypes.c_void_p(0)
+        self.kept.append(array)
+        return ctypes.c_void_p(array.ctypes.data)
 
 
 def fp8_weight(registry, rows, cols, seed, scale="channel") -> RadWeightPlanes:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import early_builds
-from device_batch_support import fixture_module
+from device_batch_support import Pointers, fixture_module
 from device_sources import NVCC
 from radiance.abi import RAD_OK
 from test_device_tensor_cores import attention_operands
@@ -33,8 +33,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 ON_HOST = fixture_module("cuda_on_host")
 pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
 
-dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")
-at = importlib.import_module("plugins.kernels.libr4d.device_attention_tiles")
+dk = importlib.import_module("radiance.plugins.kernels.libr4d.device_kernels")
+at = importlib.import_module("radiance.plugins.kernels.libr4d.device_attention_tiles")
 LOG2E = 1.4426950408889634
 
 
@@ -124,13 +124,7 @@ def launch(lib, operands, params, warps, splits, fresh=True):
     out = np.full((m, heads * d), np.nan, np.float32)
     partial = np.full(m * kv * splits * group * (d + 2), np.nan, np.float32)
     counters = np.zeros(tiles * kv, np.uint32)
-    keep = []
-
-    def ptr(a):
-        if a is None:
-            return ctypes.c_void_p(0)
-        keep.append(a)
-        return ctypes.c_void_p(a.ctypes.data)
+    ptr = Pointers()
 
     def call(name, grid, block, args):
         array = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
@@ -259,12 +253,7 @@ def test_the_store_writes_the_cache_and_the_bf16_rows_aligned_or_not(offset):
     k_moved = moved[offset // 4:].reshape(m, width)  # 4 bytes past the array's (aligned) start where offset is 4
     caches = [k_cache.copy(), v_cache.copy()]
     fresh = [np.zeros((m, width), np.uint16) for _ in range(2)]
-    keep = []
-
-    def ptr(a):
-        keep.append(a)
-        return ctypes.c_void_p(a.ctypes.data)
-
+    ptr = Pointers()
     args = [ptr(k_moved), ptr(v), ptr(caches[0]), ptr(caches[1]), ptr(slots), ctypes.c_int(width), ptr(fresh[0]),
             ptr(fresh[1])]
     array = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])

@@ -6,9 +6,6 @@ compiled by nvrtc as the engine compiles it (skipped, saying so, where nvrtc is 
 The same rows on a real card: tests/test_device_batch_rows.py."""
 
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +16,7 @@ from radiance.abi import (
 from radiance.device.fake import expand_entry_macros
 from radiance.engine.running.device_stream import EngineStream
 from device_batch_support import fp8_weight, nvidia_fake
+from device_sources import sass
 from test_device_rows_host import Recorder, dev, device_weight, ints, launch, pointers
 from test_device_rows_support import Card
 from test_libr4d_support import activations, make_weight, registry, rel_err, row_of  # noqa: F401 (registry)
@@ -241,22 +239,6 @@ def nvrtc_or_skip():
     return nvrtc_compile
 
 
-def sass(cubin: bytes, tmp_path) -> str | None:
-    """cuobjdump's SASS of a cubin, or None where no cuobjdump is found (pip nvidia-cuda-cuobjdump)."""
-    tool = shutil.which("cuobjdump")
-    if tool is None:
-        try:
-            import nvidia.cu13 as cu13
-            found = sorted(Path(cu13.__path__[0]).glob("bin/cuobjdump"))
-            tool = str(found[0]) if found else None
-        except ImportError:
-            tool = None
-    if tool is None:
-        return None
-    path = tmp_path / "kernel.cubin"
-    path.write_bytes(cubin)
-    return subprocess.run([tool, "--dump-sass", str(path)], capture_output=True, text=True, check=True).stdout
-
 
 @pytest.mark.parametrize("entry,target,instruction", [
     ("r4d_mma_gemm_bf16_m64", "sm_80", "HMMA.16816.F32.BF16"), ("r4d_mma_gemm_bf16_m128", "sm_90", "HMMA.16816.F32.BF16"),
@@ -267,7 +249,7 @@ def test_the_mma_gemm_compiles_through_nvrtc_to_tensor_core_instructions(registr
     dk, tc = module(registry, "device_kernels"), module(registry, "device_tensor_cores")
     cubin = compile_(dk.source("gemm_mma"), target, tc.options(entry))
     assert entry.encode() in cubin
-    listing = sass(cubin, tmp_path)
+    listing = sass(cubin)
     if listing is not None:
         assert instruction in listing and "LDSM" in listing and "LDGSTS" in listing, entry
         gemm = listing[listing.index(f"Function : {entry}"):]
@@ -283,7 +265,7 @@ def test_the_wgmma_gemm_compiles_for_sm_90a_to_warpgroup_instructions(registry, 
     dk, tc = module(registry, "device_kernels"), module(registry, "device_tensor_cores")
     cubin = compile_(dk.source("gemm_wgmma"), "sm_90", tc.options(entry))
     assert entry.encode() in cubin
-    listing = sass(cubin, tmp_path)
+    listing = sass(cubin)
     if listing is not None:
         assert instruction in listing and "WARPGROUP.ARRIVE" in listing and "LDL" not in listing, entry
         assert "code for sm_90a" in listing and "LDGSTS" in listing
@@ -424,6 +406,6 @@ def test_the_attention_tiles_compile_through_nvrtc_to_bf16_tensor_core_instructi
     dk, at = module(registry, "device_kernels"), module(registry, "device_attention_tiles")
     cubin = compile_(dk.source("attention_tiles"), target, at.options(d, group, warps))
     assert b"r4d_attend_tiles" in cubin
-    listing = sass(cubin, tmp_path)
+    listing = sass(cubin)
     if listing is not None:
         assert "HMMA.16816.F32.BF16" in listing and "LDGSTS" in listing and "LDSM" in listing and "LDL" not in listing

@@ -16,7 +16,6 @@ import ctypes
 import functools
 import importlib
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -25,13 +24,13 @@ import numpy as np
 import pytest
 
 import early_builds
-from device_batch_support import fixture_module
-from device_sources import NVCC
+from device_batch_support import Pointers, fixture_module
+from device_sources import NVCC, sass
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ON_HOST = fixture_module("cuda_on_host")
-dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")
-tc = importlib.import_module("plugins.kernels.libr4d.device_tensor_cores")
+dk = importlib.import_module("radiance.plugins.kernels.libr4d.device_kernels")
+tc = importlib.import_module("radiance.plugins.kernels.libr4d.device_tensor_cores")
 needs_gxx = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: gemm_wgmma.cu's sm_90a build is not checked here")
 
@@ -81,24 +80,6 @@ def nvcc_build(only: int):
     return result, sass(cubin) if result.returncode == 0 else None
 
 
-def sass(cubin: Path) -> str | None:
-    """cuobjdump's SASS, or None where cuobjdump (and its nvdisasm) is not found (pip nvidia-cuda-cuobjdump,
-    nvidia-cuda-nvdisasm)."""
-    tool = shutil.which("cuobjdump")
-    if tool is None:
-        try:
-            import nvidia.cu13 as cu13
-            found = sorted(Path(cu13.__path__[0]).glob("bin/cuobjdump"))
-            tool = str(found[0]) if found else None
-        except ImportError:
-            tool = None
-    if tool is None:
-        return None
-    environment = early_builds.environment()
-    environment["PATH"] = f"{Path(tool).parent}:{environment.get('PATH', '')}"  # its nvdisasm beside it
-    done = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, env=environment)
-    return done.stdout if done.returncode == 0 else None
-
 
 EARLY_BUILDS = {}
 if ON_HOST.why() is None:
@@ -128,13 +109,7 @@ def run(lib, kind, x, w, m, n, k, splits=1, x_scale=None, w_scale=None, w_stride
     y = np.full((m, n), np.nan, np.float32)
     partial = np.full((gz, m, n), np.nan, np.float32)
     counters = np.zeros(gx * gy, np.uint32)
-    keep = []
-
-    def ptr(a):
-        if a is None:
-            return ctypes.c_void_p(0)
-        keep.append(a)
-        return ctypes.c_void_p(a.ctypes.data)
+    ptr = Pointers()
 
     args = [ptr(x), ptr(x_scale), ptr(w), ptr(w_scale), ctypes.c_int(w_stride), ptr(y), ptr(partial), ptr(counters),
             ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(per)]

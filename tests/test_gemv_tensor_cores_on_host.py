@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 import early_builds
-from device_batch_support import fixture_module
+from device_batch_support import Pointers, fixture_module
 from test_libr4d_support import activations
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ON_HOST = fixture_module("cuda_on_host")
 pytestmark = pytest.mark.skipif(ON_HOST.why() is not None, reason=str(ON_HOST.why()))
 
-dk = importlib.import_module("plugins.kernels.libr4d.device_kernels")
+dk = importlib.import_module("radiance.plugins.kernels.libr4d.device_kernels")
 FMT = {"bf16": 2, "q8_0": 3, "q4_1": 4, "fp8_channel": 5}
 F32 = 0
 DEFAULT = (4, 8, 1)  # GemvShape's default: warps, rows, steps in flight
@@ -98,13 +98,7 @@ def encode(fmt, w):
 def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, eps=1e-5, shape=DEFAULT):
     """r4d_gemv_m8 over one row group per warps x rows rows; `weights` [(codes, scale)] and `outputs` [y]
     per segment (up to three); returns the lanes that took part in an MMA."""
-    keep = []
-
-    def ptr(a):
-        if a is None:
-            return ctypes.c_void_p(0)
-        keep.append(a)
-        return ctypes.c_void_p(a.ctypes.data)
+    ptr = Pointers()
 
     n_total = sum(weight[0].shape[0] for weight in weights)
     warps, group = shape[0], shape[0] * shape[1]
