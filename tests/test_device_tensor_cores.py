@@ -276,7 +276,7 @@ def test_the_wgmma_gemm_compiles_for_sm_90a_to_warpgroup_instructions(registry, 
 
 def test_the_e4m3_quantiser_compiles_through_nvrtc(registry):
     compile_ = nvrtc_or_skip()
-    cubin = compile_(module(registry, "device_kernels").source("quantize_e4m3"), "sm_89")
+    cubin = compile_(module(registry, "device_kernels").source("gemm_inputs"), "sm_89")
     assert b"r4d_quantize_e4m3_dev" in cubin
 
 

@@ -66,10 +66,10 @@ def tc_gemm_steps(a, x: int, weight, y: int) -> list:
     steps = []
     if kind == "e4m3":
         quantize = KernelArgs("r4d_quantize_e4m3_dev").pointer(x).i32(m).i32(k).pointer(at("codes")).pointer(at("scales"))
-        steps.append(Step("r4d_quantize_e4m3_dev", "quantize_e4m3", (m, 1, 1), (256, 1, 1), quantize))
+        steps.append(Step("r4d_quantize_e4m3_dev", "gemm_inputs", (m, 1, 1), (256, 1, 1), quantize))
     elif tc.narrows(kind, kernel):
         narrow = KernelArgs("r4d_narrow_bf16_dev").pointer(x).i64(m * k).pointer(at("codes"))
-        steps.append(Step("r4d_narrow_bf16_dev", "quantize_e4m3", *tc.narrow_grid(m, k), narrow))
+        steps.append(Step("r4d_narrow_bf16_dev", "gemm_inputs", *tc.narrow_grid(m, k), narrow))
     grid, block = tc.grid(m, n, splits, kernel)
     args = (KernelArgs(name).pointer(at("codes") if "codes" in layout else x).pointer(at("scales")).pointer(w.codes)
             .pointer(w.scale if kind == "e4m3" else 0).i32(1 if w.label == "fp8_channel" else 0).pointer(y)
