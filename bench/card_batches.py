@@ -109,11 +109,17 @@ def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: in
     from radiance.generation.sequence import SamplingParams
 
     lengths = [int(x) for x in np.linspace(64, context, batch)] if mixed and batch > 1 else [context] * batch
-    ranks_context, engine_over = engine_for(model, batch, 2048, context + steps + 16,
-                                            sum(length + steps + 16 for length in lengths))
+    # The prompts are prefilled a few at a time (2048 tokens a step), so the first sequences have
+    # sampled up to one token a prefill step before the last one starts: every sequence asks for
+    # that many more than the timed steps, so none finishes inside the window (a finished one
+    # would shrink the batch and capture a new graph there).
+    prefill_steps = -(-sum(lengths) // 2048)
+    outputs = steps + prefill_steps + 8
+    ranks_context, engine_over = engine_for(model, batch, 2048, context + outputs,
+                                            sum(length + outputs for length in lengths))
     with ranks_context as ranks:
         engine = engine_over(ranks)
-        params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=outputs, temperature=0, ignore_eos=True)
         sequences = [engine.add(prompt(length, 10 + i), params) for i, length in enumerate(lengths)]
         while not all(len(sequence.output_ids) >= 2 for sequence in sequences):  # prefilled, a decode step run
             engine.step()
@@ -124,6 +130,8 @@ def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: in
             engine.step()
         seconds = time.perf_counter() - start
         produced = sum(len(sequence.output_ids) for sequence in sequences) - before
+        if produced != batch * steps:  # the window must time `batch` sequences every step
+            raise RuntimeError(f"batch {batch}: {produced} tokens in {steps} steps, not {batch * steps}")
         if KERNELS:
             print(f"    decode batch {batch}, its captured step:")
             profile_step(ranks.worker, batch)
