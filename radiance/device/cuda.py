@@ -69,6 +69,7 @@ class CudaDevice(Device):
                          compiler_version=f"nvrtc-{nvrtc_major}.{nvrtc_minor}", host_bytes=host_bytes, cache=cache)
         self.programmatic_launch = major >= 9     # griddepcontrol / programmatic stream serialization
         self._streams, self._events, self._mapped = [], [], {}
+        self._graph_execs = []  # destroyed by close, before the context they live in is released
         self._shared_opt_in: dict[int, int] = {}  # function handle -> dynamic shared bytes allowed
         self.default_stream = self.stream()
 
@@ -200,17 +201,24 @@ class CudaDevice(Device):
         return _check(driver.cuStreamEndCapture(stream), "cuStreamEndCapture")
 
     def instantiate(self, graph):
-        return _check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        """The executable graph of a captured one; the captured graph is destroyed (the executable
+        one does not need it), the executable one by close()."""
+        graph_exec = _check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        driver.cuGraphDestroy(graph)
+        self._graph_execs.append(graph_exec)
+        return graph_exec
 
     def launch_graph(self, graph_exec, stream=None):
         _check(driver.cuGraphLaunch(graph_exec, self._stream(stream)), "cuGraphLaunch")
 
     def close(self):
+        for graph_exec in self._graph_execs:
+            driver.cuGraphExecDestroy(graph_exec)
         for stream in self._streams:
             driver.cuStreamDestroy(stream)
         for event in self._events:
             driver.cuEventDestroy(event)
-        self._streams, self._events = [], []
+        self._streams, self._events, self._graph_execs = [], [], []
         driver.cuDevicePrimaryCtxRelease(self.device)
 
 

@@ -69,6 +69,7 @@ class HipDevice(Device):
         super().__init__(target=arch, device_bytes=free, integrated=bool(integrated),
                          compiler_version=f"hiprtc-{rtc_major}.{rtc_minor}", host_bytes=host_bytes, cache=cache)
         self._streams, self._events, self._mapped = [], [], {}
+        self._graph_execs = []  # destroyed by close
         self.default_stream = self.stream()
 
     def _stream(self, stream):
@@ -196,17 +197,21 @@ class HipDevice(Device):
 
     def instantiate(self, graph):
         graph_exec, _node, _log = _check(hip.hipGraphInstantiate(graph, 0), "hipGraphInstantiate")
+        hip.hipGraphDestroy(graph)  # the executable graph does not need the captured one
+        self._graph_execs.append(graph_exec)
         return graph_exec
 
     def launch_graph(self, graph_exec, stream=None):
         _check(hip.hipGraphLaunch(graph_exec, self._stream(stream)), "hipGraphLaunch")
 
     def close(self):
+        for graph_exec in self._graph_execs:
+            hip.hipGraphExecDestroy(graph_exec)
         for stream in self._streams:
             hip.hipStreamDestroy(stream)
         for event in self._events:
             hip.hipEventDestroy(event)
-        self._streams, self._events = [], []
+        self._streams, self._events, self._graph_execs = [], [], []
 
 
 def open_device(ordinal: int = 0, **options) -> HipDevice:
