@@ -100,9 +100,9 @@ def _tc_attention(a):
     p = a.params
     m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
     group = heads // kv if kv and heads % kv == 0 else 0
-    if not at.serves(_vendor(a), getattr(a.stream, "target", ""), d, group):
-        return _attention(a)
     seqs, max_blocks = _rows(cu_seqlens) - 1, int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
+    if not at.serves(_vendor(a), getattr(a.stream, "target", ""), d, group) or (at.DECODE_SPLIT and m == seqs):
+        return _attention(a)
     layout = at.scratch_layout(m, seqs, kv, group, d)
     if layout["total"] > int(a.scratch_bytes or 0):
         raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the attention tiles need {layout['total']}")
