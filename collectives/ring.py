@@ -30,9 +30,12 @@ its sleeper.
 
 The slots are copied through a memoryview of the mapping, not numpy: on caches a decode step has
 flushed, each numpy call costs some 50 us here, a memoryview slice 20 (bench/ring_latency.py). Where
-libr4d has offered its r4d_ring.c (abi/host_helpers.py), a reader made after that copies and checks
-a slot in one C call instead, the same copy and the same checks, and given a table of copies makes
-them in that call too (a rank's plan into its step inputs: generation/plan_record.py).
+libr4d has offered its r4d_ring.c (abi/host_helpers.py), a reader made after that takes a record
+into a buffer of its own (`take`) in one C call instead: `published` looked at, the same copy and
+the same checks, `consumed` stored, and, given a table, the copies out of the payload and a feed
+(a rank's plan into its step inputs: generation/plan_record.py). The call's arguments are u64 words
+the reader keeps (its TAKE_* words; `next`, the record to take, is one of them on either way of
+reading, since the C call advances it).
 
 The mac: keyed BLAKE2b (BLAKE2's own MAC mode, 32 bytes) under the launch's secret over everything
 after it (seq, length, payload). The segment is already the owner's alone (0600, in sticky

@@ -169,3 +169,38 @@ def test_a_native_take_applies_the_feed_of_a_plan_of_the_last_shape():
         reader.close()
         writer.close()
         unlink_run(run_id)
+
+
+def test_a_forged_plan_of_the_last_shape_reaches_no_step_input():
+    """The take that would copy a plan of the last shape and apply its feed in C (feeds=True)
+    refuses a record changed after it was signed before any copy: the step inputs keep the last
+    plan's, the record is not consumed, and the refusal names the ring and the record."""
+    import secrets
+
+    from radiance.collectives.ring import SLOT_HEADER, RingError, RingReader, RingWriter
+    from radiance.collectives.shm import new_run_id, unlink_run
+
+    use_ring_take("native")
+    run_id, secret = new_run_id(), secrets.token_bytes(32)
+    writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
+    reader = RingReader.attach(run_id, "plans", 0, secret)
+    inputs = StepInputs(16, 4, 8)
+    taker = PlanReader(inputs, whole=True, feeds=True)
+    try:
+        for seed in (0, 1):
+            writer.publish(plan_record.encode(_arrays(2, 2, 8, seed), Feed.of([(0, 1)])))
+            taker.take(reader, 2, timeout=5)
+        assert reader.made == 3  # the shape repeats: the next take of it is the C call's copies
+        before = {name: inputs[name].copy() for name in PLANNED}
+        writer.publish(plan_record.encode(_arrays(2, 2, 8, seed=2), Feed.of([(0, 1)])))
+        writer.slot(3)[SLOT_HEADER + plan_record.HEADER.size] ^= 1  # its first id, changed after the mac
+        with pytest.raises(RingError, match="the plans ring: record 3 does not verify under the launch's secret"):
+            taker.take(reader, 2, timeout=5)
+        assert reader.made == 0 and reader.next == 3 and int(reader.consumed[0]) == 2
+        for name in PLANNED:
+            assert np.array_equal(inputs[name], before[name]), name
+    finally:
+        use_ring_take("python")
+        reader.close()
+        writer.close()
+        unlink_run(run_id)

@@ -1,11 +1,14 @@
-/* A broadcast-ring slot's copy and keyed BLAKE2b check in one C call (collectives/ring.py, which
- * takes it from here when libr4d is built and does the same in Python otherwise).
+/* A broadcast-ring reader's take in one C call (collectives/ring.py, which takes it from here when
+ * libr4d is built and does the same in Python otherwise): whether the record is published, the slot's
+ * copy and its keyed BLAKE2b check, `consumed` stored, and for a rank's plan its copies into the step
+ * inputs and its feed (r4d_ring_take_p).
  *
  * A slot: [ mac: 32 B ][ seq: u64 ][ length: u64 ][ 16 B pad ][ payload: length bytes ], the mac being
  * keyed BLAKE2b-256 (RFC 7693, BLAKE2's own MAC mode: hashlib.blake2b(key=..., digest_size=32)) of
- * everything after it. Why C: in Python the read is a slice copy, a hashlib object, compare_digest and
- * two struct unpacks, each a CPython call paying the cache misses a decode step leaves (~28 us of a
- * plan's ~50 us delivery, docs/RUNTIME.md); here it is one call.
+ * everything after it. Why C: in Python a rank's take is a slice copy, a hashlib object,
+ * compare_digest, struct unpacks, a dozen byte copies and the feed's ints, each a CPython call paying
+ * the cache misses a decode step leaves (~45 us of a plan's ~50 us delivery, docs/RUNTIME.md); here it
+ * is one ctypes call (itself ~10 us of what is left on those caches).
  *
  * r4d_ring_take copies the slot out and checks the copy (the writer never touches a slot a reader has
  * not consumed, so a record that fails on the copy was torn or forged, and the copy is what the
