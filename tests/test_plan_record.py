@@ -142,8 +142,8 @@ def test_a_native_take_applies_the_feed_of_a_plan_of_the_last_shape():
         steps = [(3, [(0, 2), (2, 0)]), (3, [(0, 1), (1, 0)]), (3, [(0, 1), (1, 0)]), (3, [(2, 1), (0, 0)]),
                  (3, [(0, 3), (1, 0)]), (3, [(0, 0), (1, 1)])]
         taken = _fed_steps(taker, writer, reader, inputs, steps, sampled)
-        assert [made for *_, made in taken] == [0, MADE_COPIES | MADE_FED, MADE_COPIES | MADE_FED, MADE_COPIES | MADE_FED,
-                                                 MADE_COPIES, MADE_COPIES | MADE_FED]
+        fed = MADE_COPIES | MADE_FED
+        assert [made for *_, made in taken] == [0, fed, fed, fed, MADE_COPIES, fed]
         for (feed, ids, planned, made), (tokens, pairs) in zip(taken, steps):
             expected = planned.copy()
             if made == MADE_COPIES | MADE_FED:

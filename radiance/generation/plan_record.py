@@ -19,7 +19,8 @@ import struct
 
 import numpy as np
 
-from radiance.abi import PLANNED, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS, STEP_INPUTS
+from radiance.abi import (PLANNED, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS,
+                          STEP_INPUTS)
 
 from .feed import Feed
 
