@@ -44,7 +44,7 @@ def record_maker():
 
 
 def taker():
-    """A rank's end of the plans: a PlanReader over step inputs of a rank's size, writing whole plans
+    """A rank's end of the plans: a PlanReader over step inputs of a rank's size, taking whole plans
     (as a rank without micro-batches or stages does)."""
     from radiance.engine.running.step_inputs import StepInputs
     from radiance.generation.plan_record import PlanReader
@@ -148,7 +148,7 @@ def ring_cost(way: str = "python", whole: bool = True, rounds: int = 100,
                 start = time.perf_counter()
                 if whole:
                     writer.publish(record())
-                plans_in.write(plans_in.take(reader))
+                plans_in.take(reader)  # whole: written into the step inputs as it is taken
                 times.append(time.perf_counter() - start)
             figures.append(statistics.median(times))
     finally:

@@ -30,9 +30,12 @@ its sleeper.
 
 The slots are copied through a memoryview of the mapping, not numpy: on caches a decode step has
 flushed, each numpy call costs some 50 us here, a memoryview slice 20 (bench/ring_latency.py). Where
-libr4d has offered its r4d_ring.c (abi/host_helpers.py), a reader made after that copies and checks
-a slot in one C call instead, the same copy and the same checks, and given a table of copies makes
-them in that call too (a rank's plan into its step inputs: generation/plan_record.py).
+libr4d has offered its r4d_ring.c (abi/host_helpers.py), a reader made after that takes a record
+into a buffer of its own (`take`) in one C call instead: `published` looked at, the same copy and
+the same checks, `consumed` stored, and, given a table, the copies out of the payload and a feed
+(a rank's plan into its step inputs: generation/plan_record.py). The call's arguments are u64 words
+the reader keeps (its TAKE_* words; `next`, the record to take, is one of them on either way of
+reading, since the C call advances it).
 
 The mac: keyed BLAKE2b (BLAKE2's own MAC mode, 32 bytes) under the launch's secret over everything
 after it (seq, length, payload). The segment is already the owner's alone (0600, in sticky
@@ -84,6 +87,11 @@ CHECK_SECONDS = 0.01  # how often a waiting writer looks at its readers' process
 SPIN_SECONDS = 1e-3  # what a rank waits for the next plan while the coordinator makes it
 SLICE_SECONDS = 0.02
 _PUBLISHED, _SIGNAL = PUBLISHED_OFF // 8, SIGNAL_OFF // 4  # their indices among the control page's u64 / u32 words
+# r4d_ring_take_p's argument words (r4d_ring.c: TAKE_*), what it made of a table, and its "not yet"
+(TAKE_SLOTS, TAKE_SLOT_COUNT, TAKE_SLOT_BYTES, TAKE_PUBLISHED, TAKE_CONSUMED, TAKE_NEXT, TAKE_INTO, TAKE_CAPACITY,
+ TAKE_KEY, TAKE_KEY_BYTES, TAKE_TABLE, TAKE_SAMPLED, TAKE_FOUND, TAKE_MADE, TAKE_WORDS) = range(15)
+MADE_COPIES, MADE_FED = 1, 2
+NOT_PUBLISHED = -5
 
 
 class RingError(RuntimeError):
@@ -278,18 +286,21 @@ class RingReader(_Ring):
         if not 0 <= index < self.readers:
             raise RingError(f"{what}: reader {index} of a ring of {self.readers} readers")
         self.index, self.spin_ns, self.slice_s = index, int(spin_s * 1e9), slice_s
-        self.next = int(self.consumed[index]) + 1
         self.pids[index] = os.getpid()
         self._consumed = (READERS_OFF + index * LINE) // 8  # its consumed word among the u64 words
-        self._into = None  # the last `into` read into (r4d_ring.c)
-        # r4d_ring_take_p's arguments, as u64 words: slot, into, capacity, seq, key, key_bytes, then
-        # out: the seq found and whether it made the copies, then the copies' table
-        self._arguments = memoryview(bytearray(9 * 8)).cast("Q")
-        self.copied = False  # whether the last read made the copies it was given (r4d_ring.c only)
+        # r4d_ring_take_p's arguments (its TAKE_* words); `next`, the record to take, is kept here
+        # on either way of reading, since r4d_ring.c advances it
+        self._arguments = memoryview(bytearray(TAKE_WORDS * 8)).cast("Q")
         self._arguments_pointer = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(self._arguments)))
         self._key = ctypes.create_string_buffer(self.secret, len(self.secret))
-        self._arguments[2], self._arguments[4], self._arguments[5] = self.capacity, ctypes.addressof(self._key), \
-            len(self.secret)
+        self._into = None  # the last `into` taken into (r4d_ring.c)
+        arguments, base = self._arguments, self._base
+        arguments[TAKE_SLOTS], arguments[TAKE_SLOT_COUNT], arguments[TAKE_SLOT_BYTES] = \
+            base + control_bytes(), self.slots, self.slot_bytes
+        arguments[TAKE_PUBLISHED], arguments[TAKE_CONSUMED] = base + PUBLISHED_OFF, base + 8 * self._consumed
+        arguments[TAKE_NEXT] = int(self.consumed[index]) + 1
+        arguments[TAKE_CAPACITY], arguments[TAKE_KEY], arguments[TAKE_KEY_BYTES] = \
+            self.capacity, ctypes.addressof(self._key), len(self.secret)
 
     @classmethod
     def attach(cls, run_id: str, kind: str, index: int, secret: bytes, directory=SHM_DIR, **waits) -> "RingReader":
@@ -304,9 +315,24 @@ class RingReader(_Ring):
                             f"(owner {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}): refused")
         return cls(Segment.attach(run_id, kind, 0, directory), secret, f"the {kind} ring", index, **waits)
 
+    @property
+    def next(self) -> int:
+        """The record this reader takes next (from 1)."""
+        return self._arguments[TAKE_NEXT]
+
+    @property
+    def native(self) -> bool:
+        """Whether this reader takes records with r4d_ring.c (`take`)."""
+        return self._take_native is not None
+
+    @property
+    def made(self) -> int:
+        """What the last `take` made of its table: 0, MADE_COPIES, or MADE_COPIES | MADE_FED."""
+        return self._arguments[TAKE_MADE]
+
     def read(self, timeout: float | None = None, check: Callable[[], None] | None = None, *,
              spin_s: float | None = None, expect_s: float = 0.0, poll_s: float = 0.0,
-             into: memoryview | None = None, copies: int = 0) -> memoryview:
+             into: memoryview | None = None) -> memoryview:
         """The next record's payload (a copy: the slot is free again once this returns).
         `spin_s`: how long to spin before sleeping (the reader's own by default); `expect_s`: the
         record is not expected before this long, so sleep until then first and spin after;
@@ -314,17 +340,14 @@ class RingReader(_Ring):
         the record late: then the writer has no one to wake, which would cost it (not the reader)
         about 270 us on this VM (docs/RUNTIME.md, "Run ahead"). `into`: a writable byte view of at
         least `slot_bytes` to copy the record into, its payload then at SLOT_HEADER, valid until
-        the next read into it (a rank's plans: generation/plan_record.py); else a new copy. `copies`:
-        the address of a table of copies out of the payload that r4d_ring.c makes in the same call
-        once it verifies, if the payload begins as the table says (r4d_ring_take_p); `copied` says
-        whether it did (never without r4d_ring.c, nor without `into`)."""
-        k = self.next
+        the next read into it (a rank's plans: generation/plan_record.py); else a new copy."""
+        if self._take_native is not None and into is not None:
+            length = self.take(into, 0, 0, timeout, check, spin_s=spin_s, expect_s=expect_s, poll_s=poll_s)
+            return into[SLOT_HEADER:SLOT_HEADER + length]
+        k = self._arguments[TAKE_NEXT]
         if self._words[_PUBLISHED] < k:
             self._wait(k, timeout, check, self.spin_ns if spin_s is None else int(spin_s * 1e9), expect_s, poll_s)
         memory, start = self._bytes, self._offsets[(k - 1) % self.slots]
-        if self._take_native is not None and into is not None:
-            return self._take(k, start, into, copies)
-        self.copied = False
         _, length = _SEQ_LENGTH.unpack_from(memory, start + MAC_BYTES)
         end = SLOT_HEADER + length
         if end > self.slot_bytes:
@@ -340,36 +363,46 @@ class RingReader(_Ring):
             raise RingError(f"{self.what}: record {k} does not verify under the launch's secret (forged or torn)")
         if seq != k:
             raise RingError(f"{self.what}: slot of record {k} holds record {seq}")
-        self.next = k + 1
+        self._arguments[TAKE_NEXT] = k + 1
         self._words[self._consumed] = k
         return view[SLOT_HEADER:]
 
-    def _take(self, k: int, start: int, into: memoryview, copies: int) -> memoryview:
-        """read()'s copy and checks in one call of r4d_ring.c's (the same refusals, the same view)."""
+    def take(self, into: memoryview, table: int = 0, sampled: int = 0, timeout: float | None = None,
+             check: Callable[[], None] | None = None, **waits) -> int:
+        """read() into `into` in one call of r4d_ring.c's (only where `native`: the same copy, the
+        same checks, the same refusals); the payload's length, the payload at SLOT_HEADER of `into`.
+        `table`: the address of a table of copies out of the payload, and of the feed, that the
+        call makes once the record verifies, if the payload begins as the table says
+        (r4d_ring_take_p, generation/plan_record.py; `sampled`: the tokens the feed's sources are
+        below); `made` says what it made. `waits`: read()'s."""
+        arguments = self._arguments
         if into is not self._into:
             if len(into) < self.slot_bytes:
                 raise RingError(f"{self.what}: a {len(into)}-byte buffer to read {self.slot_bytes}-byte slots into")
             self._into = into
-            self._arguments[1] = ctypes.addressof(ctypes.c_char.from_buffer(into))
-        arguments = self._arguments
-        arguments[0], arguments[3], arguments[8] = self._base + start, k, copies
+            arguments[TAKE_INTO] = ctypes.addressof(ctypes.c_char.from_buffer(into))
+        arguments[TAKE_TABLE], arguments[TAKE_SAMPLED] = table, sampled
         length = self._take_native(self._arguments_pointer)
+        if length == NOT_PUBLISHED:  # wait in Python (its checks between slices), then take it
+            spin_s = waits.pop("spin_s", None)
+            self._wait(arguments[TAKE_NEXT], timeout, check, self.spin_ns if spin_s is None else int(spin_s * 1e9),
+                       waits.get("expect_s", 0.0), waits.get("poll_s", 0.0))
+            length = self._take_native(self._arguments_pointer)
         if length < 0:
-            raise RingError(self._refusal(k, length))
-        self.copied = arguments[7] == 1
-        self.next = k + 1
-        self._words[self._consumed] = k
-        return into[SLOT_HEADER:SLOT_HEADER + length]
+            raise RingError(self._refusal(arguments[TAKE_NEXT], length))
+        return length
 
     def _refusal(self, k: int, code: int) -> str:
-        """What r4d_ring_take's `code` says about record k, in read()'s words."""
+        """What r4d_ring_take_p's `code` says about record k, in read()'s words."""
         if code == -1:
             length = _SEQ_LENGTH.unpack_from(self._bytes, self._offsets[(k - 1) % self.slots] + MAC_BYTES)[1]
             return f"{self.what}: record {k} claims {length} bytes, over its {self.capacity}-byte slot"
         if code == -2:
             return f"{self.what}: record {k} does not verify under the launch's secret (forged or torn)"
         if code == -3:
-            return f"{self.what}: slot of record {k} holds record {self._arguments[6]}"
+            return f"{self.what}: slot of record {k} holds record {self._arguments[TAKE_FOUND]}"
+        if code == NOT_PUBLISHED:
+            return f"{self.what}: record {k} is not published after its wait"
         return f"{self.what}: a {len(self.secret)}-byte secret, not 1 to 64 (keyed BLAKE2b)"
 
     def _wait(self, k: int, timeout: float | None, check, spin_ns: int, expect_s: float, poll_s: float) -> None:

@@ -143,19 +143,21 @@ class RankSession:
         executor = self.worker.executor
         executor.profile = self.config.profile
         # plans are taken into the reader's own buffer and copied from there into the step inputs
-        # (generation/plan_record.py); over the wire they come as bytes
-        reader = PlanReader(executor.inputs, whole=self.worker.takes_whole_plans)
+        # (generation/plan_record.py), with their feed where the worker takes fed plans; over the
+        # wire they come as bytes
+        worker = self.worker
+        reader = PlanReader(executor.inputs, whole=worker.takes_whole_plans, feeds=worker.takes_fed_plans)
         encoder, plans, remote = ResultWriter(), self.plans, self.remote
         answered = None
         while True:
             ready = time.perf_counter()
             # sleeps between steps; SIGTERM ends it
-            plan = reader.decode(plans.read()) if remote else reader.take(plans)
+            plan = reader.decode(plans.read()) if remote else reader.take(plans, worker.last_seqs)
             if plan.kind == "stop":
                 return
             received = time.perf_counter()
             step_tokens = plan.tokens
-            tokens = self.worker.execute_record(plan, reader)
+            tokens = worker.execute_record(plan, reader)
             if self.rank == self.layout.answering:
                 timing = {"compute": time.perf_counter() - received,  # collective ops, fused ones too:
                           "collectives": sum(t for op, t in executor.op_seconds.items() if op.startswith("all_"))}
@@ -167,7 +169,7 @@ class RankSession:
                 # the plan's delivery: from the later of its sending and this rank being ready for it
                 # to the step's inputs written (docs/RUNTIME.md, "What a step's delivery costs"); on
                 # another node than the coordinator's (another clock), from this rank being ready
-                since = ready if self.remote else max(ready, plan.sent)
+                since = ready if self.remote else max(ready, reader.sent())
                 timing.update(gate_holds=holds, gate_hold_s=hold_s, received_at=received,
                               parts=self.worker.parts, delivery=self.worker.started - since,
                               waited=0.0 if answered is None else received - answered, answered_at=time.perf_counter())

@@ -60,6 +60,7 @@ class Worker:
         # Run ahead in parts or over stages: the last step's tokens (fed_tokens.py), and where this
         # rank sends its own (a rank of the last stage, to the first: collectives/token_pipe.py)
         self.fed, self.tokens_out = FedTokens(), None
+        self.whole = self.takes_whole_plans  # read every plan (execute_record), so once
 
     def boundary_bytes(self) -> int:
         """The largest message of this stage's recv (the pipe it receives through)."""
@@ -177,20 +178,26 @@ class Worker:
 
     @property
     def takes_whole_plans(self) -> bool:
-        """Whether execute_record writes every plan whole into the step inputs (no micro-batches, no
-        stages), so the plans' reader may have the ring's read make the copies (PlanReader)."""
+        """Whether execute_record runs every plan whole from the step inputs (no micro-batches, no
+        stages), so the plans' reader writes each there as it takes it (PlanReader's `whole`)."""
         return self.micro_batches == 1 and self.stage.count == 1
+
+    @property
+    def takes_fed_plans(self) -> bool:
+        """Whether the plans' reader may apply a plan's feed as it takes it: whole plans, on the host
+        executor (which takes a feed from the step inputs' sampled tokens; a card takes it on the card)."""
+        return self.takes_whole_plans and self.device is None
 
     def execute_record(self, plan, reader) -> np.ndarray:
         """`execute` for a plan read from the plans ring (generation/plan_record.py's Plan, and the
-        PlanReader over this worker's step inputs that decoded it): in one part, its arrays are
-        copied straight from the record into the executor's step inputs, no numpy array made."""
-        if self.takes_whole_plans:
+        PlanReader over this worker's step inputs that decoded it): in one part, the reader has
+        written its arrays into the step inputs (and applied its feed, where it takes fed plans)."""
+        if self.whole:
+            feed = plan.feed
+            if feed is not None:
+                feed.check(plan.tokens, self.last_seqs)
             self.shown, self.parts = None, 1
-            if plan.feed is not None:
-                plan.feed.check(plan.tokens, self.last_seqs)
-            reader.write(plan)
-            return self._step(plan.tokens, plan.seqs, plan.feed)
+            return self._step(plan.tokens, plan.seqs, feed)
         return self.execute(reader.arrays(plan), plan.feed)
 
     def _run(self, arrays: dict, feed: Feed | None) -> np.ndarray:
@@ -205,9 +212,9 @@ class Worker:
 
     def _step(self, tokens: int, seqs: int, feed: Feed | None) -> np.ndarray:
         """The step whose inputs are written; its sampled tokens."""
+        self.started = time.perf_counter()  # its inputs written: where a plan's delivery ends
         inputs = self.executor.inputs
         self.last_seqs = 0  # a step that fails leaves nothing to feed from
-        self.started = time.perf_counter()  # its inputs written: where a plan's delivery ends
         self.executor.run(tokens, seqs, feed)
         self.last_seqs = seqs
         return inputs[RAD_STEP_TOKENS][:seqs].copy()

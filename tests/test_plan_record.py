@@ -67,7 +67,7 @@ def test_the_largest_record_is_its_size():
 
 @pytest.mark.parametrize("way", ["python", "native"])
 def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
-    """Through a real ring, as a rank takes them (whole: the ring's read makes the copies of a plan
+    """Through a real ring, as a rank takes them (whole: the ring's take makes the copies of a plan
     of the last plan's shape in C, where libr4d builds): every plan's arrays land in the step inputs,
     whether its shape repeats the last one's, differs, or has a narrower block table; a stop ends."""
     import secrets
@@ -80,16 +80,16 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
     writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
     reader = RingReader.attach(run_id, "plans", 0, secret)
     inputs = StepInputs(16, 4, 8)
-    taker, copied = PlanReader(inputs, whole=True), []
+    taker, made = PlanReader(inputs, whole=True), []
     try:
         steps = [(2, 2, 8), (2, 2, 8), (2, 2, 8), (9, 3, 8), (9, 3, 8), (3, 3, 5), (3, 3, 5), (2, 2, 8)]
         for seed, (tokens, seqs, blocks) in enumerate(steps):
             arrays, feed = _arrays(tokens, seqs, blocks, seed), Feed.of([(0, seqs - 1)])
             writer.publish(plan_record.encode(arrays, feed, sent=seed + 0.5))
             plan = taker.take(reader, timeout=5)
-            copied.append(reader.copied)
-            taker.write(plan)
-            assert (plan.tokens, plan.seqs, plan.blocks, plan.feed, plan.sent) == (tokens, seqs, blocks, feed, seed + 0.5)
+            made.append(reader.made if way == "native" else None)
+            assert (plan.tokens, plan.seqs, plan.blocks, plan.feed, taker.sent()) == (tokens, seqs, blocks, feed,
+                                                                                      seed + 0.5)
             for name in PLANNED:
                 rows = arrays[name]
                 got = inputs[name][:len(rows), :rows.shape[1]] if rows.ndim == 2 else inputs[name][:len(rows)]
@@ -101,5 +101,106 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
         reader.close()
         writer.close()
         unlink_run(run_id)
-    # a repeated shape is copied in the ring's read, natively; a new shape, and anything in Python, is not
-    assert copied == ([False, True, True, False, True, False, True, False] if way == "native" else [False] * 8)
+    # a repeated shape is copied in the ring's take, natively (its feed left to the step: no `feeds`);
+    # a new shape is decoded and copied in Python
+    assert made == ([0, 1, 1, 0, 1, 0, 1, 0] if way == "native" else [None] * 8)
+
+
+def _fed_steps(taker, writer, reader, inputs, steps, sampled):
+    """Publish and take each (ids, feed pairs) of `steps` (one sequence a token, tokens == seqs),
+    the step inputs' sampled tokens being `sampled` before each; (plan, the ids in the step inputs,
+    the ring's `made`) of each (a Plan is good until the next take: its feed is taken at once)."""
+    out = []
+    for seed, (tokens, pairs) in enumerate(steps):
+        arrays = _arrays(tokens, tokens, 8, seed)
+        writer.publish(plan_record.encode(arrays, Feed.of(pairs)))
+        inputs["step.tokens"][:len(sampled)] = sampled
+        plan = taker.take(reader, len(sampled), timeout=5)
+        out.append((plan.feed, inputs["step.ids"][:tokens].copy(), arrays["step.ids"], reader.made))
+    return out
+
+
+def test_a_native_take_applies_the_feed_of_a_plan_of_the_last_shape():
+    """feeds=True (a host rank): a plan of the last plan's shape comes out of the take with its ids
+    fed from the sampled tokens (its feed then None: nothing left to the step); a feed that reads
+    past the tokens sampled, or writes past the plan's ids, is left to the step, decoded, which
+    refuses it (generation/feed.py); a new shape is decoded in Python with its feed."""
+    import secrets
+
+    from radiance.collectives.ring import MADE_COPIES, MADE_FED, RingReader, RingWriter
+    from radiance.collectives.shm import new_run_id, unlink_run
+    from radiance.generation.feed import FeedError
+
+    use_ring_take("native")
+    run_id, secret = new_run_id(), secrets.token_bytes(32)
+    writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
+    reader = RingReader.attach(run_id, "plans", 0, secret)
+    inputs = StepInputs(16, 4, 8)
+    taker = PlanReader(inputs, whole=True, feeds=True)
+    sampled = np.array([701, 702, 703], np.int32)
+    try:
+        steps = [(3, [(0, 2), (2, 0)]), (3, [(0, 1), (1, 0)]), (3, [(0, 1), (1, 0)]), (3, [(2, 1), (0, 0)]),
+                 (3, [(0, 3), (1, 0)]), (3, [(0, 0), (1, 1)])]
+        taken = _fed_steps(taker, writer, reader, inputs, steps, sampled)
+        fed = MADE_COPIES | MADE_FED
+        assert [made for *_, made in taken] == [0, fed, fed, fed, MADE_COPIES, fed]
+        for (feed, ids, planned, made), (tokens, pairs) in zip(taken, steps):
+            expected = planned.copy()
+            if made == MADE_COPIES | MADE_FED:
+                for target, source in pairs:
+                    expected[target] = sampled[source]
+                assert feed is None
+            else:  # left to the step (a new shape, or a feed it refuses): the ids as planned, the feed on the plan
+                assert feed == Feed.of(pairs)
+            assert np.array_equal(ids, expected), (pairs, ids, expected)
+        # the feed the take declined reads token 3 of 3 sampled: the step refuses it
+        with pytest.raises(FeedError, match="a feed reads token 3 of a step that sampled 3"):
+            taken[4][0].check(3, len(sampled))
+        # one that writes past the ids (a target of 3 in a step of 3 ids), of the same shape: declined too
+        writer.publish(plan_record.encode(_arrays(3, 3, 8), Feed.of([(3, 0), (0, 1)])))
+        plan = taker.take(reader, 3, timeout=5)
+        assert reader.made == MADE_COPIES and plan.feed == Feed.of([(3, 0), (0, 1)])
+        # with nothing sampled before (the first step), no feed is applied either
+        writer.publish(plan_record.encode(_arrays(3, 3, 8), Feed.of([(0, 0), (1, 0)])))
+        plan = taker.take(reader, 0, timeout=5)
+        assert reader.made == MADE_COPIES and plan.feed == Feed.of([(0, 0), (1, 0)])
+    finally:
+        use_ring_take("python")
+        reader.close()
+        writer.close()
+        unlink_run(run_id)
+
+
+def test_a_forged_plan_of_the_last_shape_reaches_no_step_input():
+    """The take that would copy a plan of the last shape and apply its feed in C (feeds=True)
+    refuses a record changed after it was signed before any copy: the step inputs keep the last
+    plan's, the record is not consumed, and the refusal names the ring and the record."""
+    import secrets
+
+    from radiance.collectives.ring import SLOT_HEADER, RingError, RingReader, RingWriter
+    from radiance.collectives.shm import new_run_id, unlink_run
+
+    use_ring_take("native")
+    run_id, secret = new_run_id(), secrets.token_bytes(32)
+    writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
+    reader = RingReader.attach(run_id, "plans", 0, secret)
+    inputs = StepInputs(16, 4, 8)
+    taker = PlanReader(inputs, whole=True, feeds=True)
+    try:
+        for seed in (0, 1):
+            writer.publish(plan_record.encode(_arrays(2, 2, 8, seed), Feed.of([(0, 1)])))
+            taker.take(reader, 2, timeout=5)
+        assert reader.made == 3  # the shape repeats: the next take of it is the C call's copies
+        before = {name: inputs[name].copy() for name in PLANNED}
+        writer.publish(plan_record.encode(_arrays(2, 2, 8, seed=2), Feed.of([(0, 1)])))
+        writer.slot(3)[SLOT_HEADER + plan_record.HEADER.size] ^= 1  # its first id, changed after the mac
+        with pytest.raises(RingError, match="the plans ring: record 3 does not verify under the launch's secret"):
+            taker.take(reader, 2, timeout=5)
+        assert reader.made == 0 and reader.next == 3 and int(reader.consumed[0]) == 2
+        for name in PLANNED:
+            assert np.array_equal(inputs[name], before[name]), name
+    finally:
+        use_ring_take("python")
+        reader.close()
+        writer.close()
+        unlink_run(run_id)

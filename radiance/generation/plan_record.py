@@ -19,7 +19,8 @@ import struct
 
 import numpy as np
 
-from radiance.abi import PLANNED, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, STEP_INPUTS
+from radiance.abi import (PLANNED, RAD_STEP_BLOCK_TABLES, RAD_STEP_CONTEXT_LENS, RAD_STEP_IDS, RAD_STEP_TOKENS,
+                          STEP_INPUTS)
 
 from .feed import Feed
 
@@ -29,6 +30,10 @@ _SHAPE, _SENT = struct.Struct("<4sIIII"), struct.Struct("<d")
 STEP, STOP = b"step", b"stop"
 _PAD = bytes(8)
 _LAYOUTS = 64  # shapes a reader keeps
+_TABLE_COPIES = 8  # a take's table: its words before the copies (r4d_ring.c's TABLE_COPIES)
+# what a take made of a table (the ring's `made`: r4d_ring.c's MADE_COPIES | MADE_FED, collectives/ring.py's
+# names; generation does not import collectives): the plan's arrays and its feed are in the step inputs
+FED = 3
 
 
 def _address(view: memoryview) -> int:
@@ -96,13 +101,14 @@ def size(tokens: int, seqs: int, blocks: int, pairs: int) -> int:
 class Plan:
     """A record's shape (kind, tokens, seqs, blocks, feed pairs) and all that follows from it: where
     its arrays lie and the copies that write them into the step inputs ((target, source) byte
-    views, made once); and the last record of that shape read: its feed and when it was sent. A
-    reader keeps one Plan a shape and hands it out again for every record of the shape (a step
-    makes no object but its feed), so a Plan, and its arrays in the reader's buffer, are good
-    until the reader takes the next record."""
+    views, and the same as r4d_ring.c's table, made once); and the last record of that shape read:
+    its feed, where the step still has to apply it (None where it has none, or where the ring's
+    take applied it). A reader keeps one Plan a shape and hands it out again for every record of
+    the shape (a step makes no object but its feed), so a Plan, and its arrays in the reader's
+    buffer, are good until the reader takes the next record."""
 
     __slots__ = ("kind", "tokens", "seqs", "blocks", "pairs", "entries", "end", "feed_at", "feed_ints", "copies",
-                 "table", "feed", "sent")
+                 "table", "address", "feed")
 
     def __init__(self, kind: str, tokens: int, seqs: int, blocks: int, pairs: int):
         self.kind, self.tokens, self.seqs, self.blocks, self.pairs = kind, tokens, seqs, blocks, pairs
@@ -115,7 +121,7 @@ class Plan:
             offset += _padded(nbytes)
         self.feed_at, self.end = offset, offset + 8 * pairs
         self.feed_ints = struct.Struct(f"<{2 * pairs}i")
-        self.copies, self.table, self.feed, self.sent = (), None, None, 0.0
+        self.copies, self.table, self.address, self.feed = (), None, 0, None
 
 
 class PlanReader:
@@ -123,70 +129,89 @@ class PlanReader:
     inputs (`inputs`: name -> the executor's arrays at their largest, C-contiguous;
     engine/running/step_inputs.py). What a record needs beyond its bytes is made once a shape.
 
-    `whole`: every plan taken is then written whole (write, not arrays: a rank that does not cut
-    steps into parts), so where the ring copies in C (collectives/ring.py, r4d_ring.c) the take
-    hands it the last plan's copies (`Plan.table`), which it makes in the same call when the next
-    record has the same shape: a decode step's plan then costs one C call and no copy in Python."""
+    `whole`: every plan taken or decoded is in the step inputs when it is handed out (a rank that
+    does not cut steps into parts); else the caller writes it (write) or reads its arrays. Whole,
+    where the ring takes in C (collectives/ring.py, r4d_ring.c), the take hands it the last plan's
+    table (`Plan.table`), which it makes in the same call when the next record has the same shape:
+    a decode step's plan then costs one C call and a few lines of Python, on caches the step before
+    has flushed (docs/RUNTIME.md, "What a step's delivery costs"). `feeds`: the take applies a
+    plan's feed there too, from the step inputs' sampled tokens into its ids (the host executor's
+    way, engine/running/host.py; a card takes its feed on the card)."""
 
-    def __init__(self, inputs=None, capacity: int = 4096, whole: bool = False):
+    def __init__(self, inputs=None, capacity: int = 4096, whole: bool = False, feeds: bool = False):
         self._inputs = {name: inputs[name] for name in PLANNED} if inputs is not None else None
         self._plans: dict[tuple, Plan] = {}
         self._header = 0  # the bytes before a payload in the buffer: a ring slot's header once one is read
         self._whole = whole and inputs is not None
-        self._last = self._written = None  # the last plan taken, and it if the ring's read wrote it
+        # where a take applies the feed (r4d_ring.c): the ids it writes, the sampled tokens it reads
+        self._fed = (_address(memoryview(inputs[RAD_STEP_IDS]).cast("B")),
+                     _address(memoryview(inputs[RAD_STEP_TOKENS]).cast("B"))) if feeds and self._whole else (0, 0)
+        self._ring = None  # the ring whose records the last plan's table takes (native and whole only)
+        self._last = None  # that plan
         self._grow(capacity, 0)
 
     def _grow(self, capacity: int, header: int) -> None:
-        """A buffer of `capacity` payload bytes after `header` bytes (ring.read(into=...) puts the
-        payload after the ring's slot header); the plans' copies read the old one, so they go too."""
+        """A buffer of `capacity` payload bytes after `header` bytes (ring.take/read put the payload
+        after the ring's slot header); the plans' copies read the old one, so they go too."""
         self._buffer = memoryview(bytearray(header + capacity))
         self._payload = self._buffer[header:]
         self._header = header
         self._plans.clear()
-        self._last = None
+        self._ring = self._last = None
 
-    def take(self, ring, **waits) -> Plan:
-        """The next record of `ring` (a RingReader: its slots are slot_bytes, of which capacity payload)."""
+    def take(self, ring, sampled: int = 0, **waits) -> Plan:
+        """The next record of `ring` (a RingReader: its slots are slot_bytes, of which capacity
+        payload). `sampled`: the tokens the step before sampled, which a feed reads below. `waits`:
+        the ring's."""
+        last = self._last
+        if ring is self._ring:  # the ring takes in C, with the last plan's table: this step's path
+            length = ring.take(self._buffer, last.address, sampled, **waits)
+            made = ring.made
+            if made == FED:  # the same shape as the last, its arrays and its feed in the step inputs
+                last.feed = None
+                return last
+            if made:  # its arrays written, its feed left to the step (engine/running/host.py), or refused
+                return self._details(last, length)
+            return self._decoded(length, ring)
         header = ring.slot_bytes - ring.capacity
         if header != self._header or len(self._buffer) < ring.slot_bytes:
             self._grow(ring.capacity, header)
-        last = self._last
-        table = last.table if last is not None else None
-        length = len(ring.read(into=self._buffer, copies=table[1] if table else 0, **waits))
-        if ring.copied:  # the same shape as the last, its arrays already in the step inputs
-            if length < last.end:
-                raise PlanRecordError(f"plan record: {length} bytes where its header ({last.tokens} tokens, "
-                                      f"{last.seqs} sequences, {last.pairs} fed) describes {last.end}")
-            self._written = last
-            return self._details(last)
-        self._written = None
-        plan = self._decode(length)
-        if self._whole:
-            self._last = plan
-        return plan
+        if ring.native:
+            return self._decoded(ring.take(self._buffer, 0, 0, **waits), ring)
+        return self._decoded(len(ring.read(into=self._buffer, **waits)), None)
 
     def decode(self, payload) -> Plan:
         """The Plan of a record given as bytes (copied into the reader's buffer)."""
         if len(payload) > len(self._payload):
             self._grow(len(payload), self._header)
         self._payload[:len(payload)] = payload
-        return self._decode(len(payload))
+        return self._decoded(len(payload), None)
 
-    def _decode(self, length: int) -> Plan:
+    def sent(self) -> float:
+        """When the coordinator began to write the last record taken (rank 0 reports the plan's
+        delivery from then)."""
+        return _SENT.unpack_from(self._payload, _SHAPE.size + 4)[0]
+
+    def _decoded(self, length: int, ring) -> Plan:
+        """The record of `length` bytes in the buffer, decoded, and written whole where this reader
+        writes whole; its table is the next take's where `ring` takes in C."""
         payload = self._payload
         shape = _SHAPE.unpack_from(payload)
-        plan = self._plans.get(shape) or self._plan(*shape)
+        plan = self._details(self._plans.get(shape) or self._plan(*shape), length)
+        if self._whole and plan.kind == "step":
+            self.write(plan)
+            if ring is not None and plan.table is not None:
+                self._ring, self._last = ring, plan
+        return plan
+
+    def _details(self, plan: Plan, length: int) -> Plan:
+        """The record's own: its length checked against its shape, and its feed."""
         if length < plan.end:
             raise PlanRecordError(f"plan record: {length} bytes where its header ({plan.tokens} tokens, {plan.seqs} "
                                   f"sequences, {plan.pairs} fed) describes {plan.end}")
-        return self._details(plan)
-
-    def _details(self, plan: Plan) -> Plan:
-        """The record's own: when it was sent, and its feed."""
-        payload = self._payload
-        plan.sent = _SENT.unpack_from(payload, _SHAPE.size + 4)[0]
+        plan.feed = None
         if plan.pairs:
-            ints = plan.feed_ints.unpack_from(payload, plan.feed_at)
+            ints = plan.feed_ints.unpack_from(self._payload, plan.feed_at)
             plan.feed = Feed(ints[:plan.pairs], ints[plan.pairs:])
         return plan
 
@@ -201,7 +226,7 @@ class PlanReader:
         if self._inputs is not None:
             plan.copies = self._copies(plan)
             if self._whole and plan.copies.__class__ is not str:
-                plan.table = self._table(plan)
+                plan.table, plan.address = self._table(plan)
         if len(self._plans) < _LAYOUTS:
             self._plans[(kind, tokens, seqs, blocks, pairs)] = plan
         return plan
@@ -224,27 +249,26 @@ class PlanReader:
         return copies
 
     def _table(self, plan: Plan) -> tuple:
-        """(the table, its address): the plan's copies as r4d_ring_take_p takes them, u64 words
+        """(the table, its address): the plan's copies and feed as r4d_ring_take_p takes them, u64 words
         [ 20 ][ the record's first 20 bytes (kind and shape) in 3 words ][ count ]
+        [ ids' address ][ sampled tokens' address ][ the feed's offset in the payload ]
         [ (target address, payload offset, bytes) x count ], for records of this shape only."""
         prefix = _SHAPE.pack(plan.kind.encode(), plan.tokens, plan.seqs, plan.blocks, plan.pairs)
         payload_at = _address(self._payload)
         rows = [(_address(target), _address(source) - payload_at, len(source)) for target, source in plan.copies
                 if len(source)]
-        table = np.zeros(5 + 3 * len(rows), np.uint64)
+        table = np.zeros(_TABLE_COPIES + 3 * len(rows), np.uint64)
         table[0] = len(prefix)
         table[1:4].view(np.uint8)[:len(prefix)] = np.frombuffer(prefix, np.uint8)
         table[4] = len(rows)
+        table[5], table[6] = self._fed
+        table[7] = plan.feed_at
         if rows:
-            table[5:] = np.array(rows, np.uint64).reshape(-1)
+            table[_TABLE_COPIES:] = np.array(rows, np.uint64).reshape(-1)
         return table, table.ctypes.data
 
     def write(self, plan: Plan) -> None:
-        """The plan's arrays into the step inputs' first rows: byte copies, no numpy call (none at
-        all where the ring's read made them)."""
-        if plan is self._written:
-            self._written = None
-            return
+        """The plan's arrays into the step inputs' first rows: byte copies, no numpy call."""
         copies = plan.copies
         if copies.__class__ is str:
             raise PlanRecordError(copies)

@@ -1,11 +1,14 @@
-/* A broadcast-ring slot's copy and keyed BLAKE2b check in one C call (collectives/ring.py, which
- * takes it from here when libr4d is built and does the same in Python otherwise).
+/* A broadcast-ring reader's take in one C call (collectives/ring.py, which takes it from here when
+ * libr4d is built and does the same in Python otherwise): whether the record is published, the slot's
+ * copy and its keyed BLAKE2b check, `consumed` stored, and for a rank's plan its copies into the step
+ * inputs and its feed (r4d_ring_take_p).
  *
  * A slot: [ mac: 32 B ][ seq: u64 ][ length: u64 ][ 16 B pad ][ payload: length bytes ], the mac being
  * keyed BLAKE2b-256 (RFC 7693, BLAKE2's own MAC mode: hashlib.blake2b(key=..., digest_size=32)) of
- * everything after it. Why C: in Python the read is a slice copy, a hashlib object, compare_digest and
- * two struct unpacks, each a CPython call paying the cache misses a decode step leaves (~28 us of a
- * plan's ~50 us delivery, docs/RUNTIME.md); here it is one call.
+ * everything after it. Why C: in Python a rank's take is a slice copy, a hashlib object,
+ * compare_digest, struct unpacks, a dozen byte copies and the feed's ints, each a CPython call paying
+ * the cache misses a decode step leaves (~45 us of a plan's ~50 us delivery, docs/RUNTIME.md); here it
+ * is one ctypes call (itself ~10 us of what is left on those caches).
  *
  * r4d_ring_take copies the slot out and checks the copy (the writer never touches a slot a reader has
  * not consumed, so a record that fails on the copy was torn or forged, and the copy is what the
@@ -123,25 +126,80 @@ int64_t r4d_ring_take(const uint8_t *slot, uint8_t *into, int64_t capacity, uint
     return (int64_t)length;
 }
 
-/* r4d_ring_take with its arguments packed as u64 words, a call of one pointer argument (the cheapest
- * ctypes makes): slot, into, capacity, seq, key, key_bytes; then out: the seq found, whether `copies`
- * were made; then `copies`: 0, or a table of copies to make from the payload once it verifies, if the
- * payload begins as the table says (a plan of the shape the table was made for: ranks take step after
- * step of one shape, generation/plan_record.py), each within the payload:
- *     [ prefix bytes (<= 24) ][ prefix: 3 words ][ count ][ (target address, payload offset, bytes) x count ] */
-int64_t r4d_ring_take_p(uint64_t *a) {
-    int64_t length = r4d_ring_take((const uint8_t *)a[0], (uint8_t *)a[1], (int64_t)a[2], a[3], (const uint8_t *)a[4],
-                                   (int64_t)a[5], &a[6]);
-    a[7] = 0;
-    const uint64_t *table = (const uint64_t *)a[8];
-    if (length < 0 || table == 0) return length;
-    const uint8_t *payload = (const uint8_t *)a[1] + RING_HEADER;
+/* A reader's take of its next record in one call, with its arguments packed as u64 words (a call of
+ * one pointer argument, the cheapest ctypes makes; collectives/ring.py's TAKE_* name them):
+ *   slots, slot_count, slot_bytes    where slot 0 lies, how many, their bytes
+ *   published, consumed              the ring's published word, this reader's consumed word
+ *   next                             the record to take: advanced once it is taken
+ *   into, capacity, key, key_bytes   r4d_ring_take's
+ *   table                            0, or a table of copies (below)
+ *   sampled                          tokens the step before sampled: the feed's sources are below it
+ *   out: found                       the seq a slot held instead (-3)
+ *   out: made                        0, or MADE_COPIES (the table's copies made), | MADE_FED (its feed too)
+ * Returns the payload's length, r4d_ring_take's refusals, or -5: not published yet (nothing changed:
+ * the caller waits, collectives/ring.py, and calls again). Once a record verifies, `consumed` is
+ * stored (the slot is free again: everything after reads the copy).
+ *
+ * The table makes a rank's plan its step's inputs in the same call (generation/plan_record.py),
+ * if the payload begins as the table says (a plan of the shape the table was made for: ranks take
+ * step after step of one shape):
+ *     [ prefix bytes (<= 24) ][ prefix: 3 words ][ count ][ ids ][ tokens ][ feed offset ]
+ *     [ (target address, payload offset, bytes) x count ]
+ * then, where `ids` is not 0 (the host executor's step inputs, int32), the plan's feed: ids[target]
+ * = tokens[source] for each (target, source) pair at `feed offset` (the header's pairs count: its
+ * targets, then its sources, int32 each), if every target is within the plan's ids (the header's
+ * tokens) and every source below `sampled`; a feed outside them is left for the caller to refuse,
+ * in its words (generation/feed.py). */
+enum { TAKE_SLOTS, TAKE_SLOT_COUNT, TAKE_SLOT_BYTES, TAKE_PUBLISHED, TAKE_CONSUMED, TAKE_NEXT, TAKE_INTO,
+       TAKE_CAPACITY, TAKE_KEY, TAKE_KEY_BYTES, TAKE_TABLE, TAKE_SAMPLED, TAKE_FOUND, TAKE_MADE };
+enum { MADE_COPIES = 1, MADE_FED = 2 };
+#define TABLE_COPIES 8 /* the table's words before its copies */
+#define PLAN_TOKENS 4  /* a plan's header: its ids' count (u32) and its feed's pairs (u32) */
+#define PLAN_PAIRS 16
+
+static uint64_t made_from_table(const uint64_t *table, const uint8_t *payload, uint64_t length, uint64_t sampled) {
     uint64_t prefix = table[0], count = table[4];
-    if (prefix > 24 || prefix > (uint64_t)length || memcmp(payload, table + 1, prefix) != 0) return length;
-    const uint64_t *copy = table + 5;
+    if (prefix > 24 || prefix > length || memcmp(payload, table + 1, prefix) != 0) return 0;
+    const uint64_t *copy = table + TABLE_COPIES;
     for (uint64_t i = 0; i < count; i++)
-        if (copy[3 * i + 1] + copy[3 * i + 2] > (uint64_t)length) return length; /* not all within: none */
+        if (copy[3 * i + 1] + copy[3 * i + 2] > length) return 0; /* not all within: none */
     for (uint64_t i = 0; i < count; i++) memcpy((void *)copy[3 * i], payload + copy[3 * i + 1], copy[3 * i + 2]);
-    a[7] = 1;
+    int32_t *ids = (int32_t *)table[5];
+    if (ids == 0 || length < PLAN_PAIRS + 4) return MADE_COPIES;
+    uint32_t tokens, pairs;
+    memcpy(&tokens, payload + PLAN_TOKENS, 4);
+    memcpy(&pairs, payload + PLAN_PAIRS, 4);
+    uint64_t at = table[7];
+    if (at + 8 * (uint64_t)pairs > length) return MADE_COPIES;
+    const uint8_t *targets = payload + at, *sources = targets + 4 * (uint64_t)pairs;
+    int32_t target, source;
+    for (uint32_t i = 0; i < pairs; i++) {
+        memcpy(&target, targets + 4 * i, 4);
+        memcpy(&source, sources + 4 * i, 4);
+        if (target < 0 || (uint32_t)target >= tokens || source < 0 || (uint64_t)source >= sampled) return MADE_COPIES;
+    }
+    const int32_t *sampled_tokens = (const int32_t *)table[6];
+    for (uint32_t i = 0; i < pairs; i++) {
+        memcpy(&target, targets + 4 * i, 4);
+        memcpy(&source, sources + 4 * i, 4);
+        ids[target] = sampled_tokens[source];
+    }
+    return MADE_COPIES | MADE_FED;
+}
+
+int64_t r4d_ring_take_p(uint64_t *a) {
+    uint64_t k = a[TAKE_NEXT];
+    a[TAKE_MADE] = 0;
+    if (__atomic_load_n((const uint64_t *)a[TAKE_PUBLISHED], __ATOMIC_ACQUIRE) < k) return -5;
+    const uint8_t *slot = (const uint8_t *)a[TAKE_SLOTS] + ((k - 1) % a[TAKE_SLOT_COUNT]) * a[TAKE_SLOT_BYTES];
+    uint8_t *into = (uint8_t *)a[TAKE_INTO];
+    int64_t length = r4d_ring_take(slot, into, (int64_t)a[TAKE_CAPACITY], k, (const uint8_t *)a[TAKE_KEY],
+                                   (int64_t)a[TAKE_KEY_BYTES], &a[TAKE_FOUND]);
+    if (length < 0) return length;
+    __atomic_store_n((uint64_t *)a[TAKE_CONSUMED], k, __ATOMIC_RELEASE); /* the copy verified: the slot is free */
+    a[TAKE_NEXT] = k + 1;
+    if (a[TAKE_TABLE] != 0)
+        a[TAKE_MADE] = made_from_table((const uint64_t *)a[TAKE_TABLE], into + RING_HEADER, (uint64_t)length,
+                                       a[TAKE_SAMPLED]);
     return length;
 }
