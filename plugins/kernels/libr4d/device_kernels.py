@@ -222,9 +222,30 @@ def argmax_layout(m: int, n: int) -> tuple[int, int, int]:
     return 0, values, values + _aligned(4 * groups * m)
 
 
+def attention_split_limit(text: str) -> int:
+    """R4D_ATT_SPLITS: the grid's splits of the context per (token, kv head), 1..ATT_MAX_SPLITS;
+    ValueError naming what is wrong."""
+    try:
+        splits = int(text)
+    except ValueError:
+        splits = 0
+    if not 1 <= splits <= ATT_MAX_SPLITS:
+        raise ValueError(f"R4D_ATT_SPLITS={text!r}: expected an integer 1..{ATT_MAX_SPLITS}")
+    return splits
+
+
+# R4D_ATT_SPLITS=n gives every attention launch of a process n splits per (token, kv head) in its
+# grid in place of attention_splits' choice (read at load, as GEMV above; bench/card_attention.py
+# --splits sets ATT_SPLITS itself between its cases): how a card sweeps the cut of a short context.
+ATT_SPLITS = attention_split_limit(os.environ["R4D_ATT_SPLITS"]) if os.environ.get("R4D_ATT_SPLITS") else None
+
+
 def attention_splits(m: int, kv_heads: int, multiprocessors: int) -> int:
-    """Splits of the context per (token, kv head): about two blocks per multiprocessor in all,
-    never more than M * kv_heads + 512 blocks (what attention_scratch_bytes sizes for)."""
+    """Splits of the context per (token, kv head): about two blocks per multiprocessor in all, or
+    ATT_SPLITS where set; never more than ATT_MAX_SPLITS (the scratch sizes for M * kv_heads + 512
+    partials, attention_scratch_layout; the grid never has more than that)."""
+    if ATT_SPLITS is not None:
+        return min(ATT_SPLITS, (m * kv_heads + 512) // (m * kv_heads))
     want = -(-2 * min(max(multiprocessors, 1), 256) // (m * kv_heads))
     return max(1, min(ATT_MAX_SPLITS, want))
 
