@@ -3,7 +3,7 @@
 heads, 8 kv heads, head_dim 128) against PyTorch's scaled_dot_product_attention in the same run.
 
     PYTHONUNBUFFERED=1 python3 bench/card_attention.py [--contexts 512 1024 4096 8192] [--batches 1 8]
-        [--splits 0 4 8 16 32] [--no-peer]
+        [--splits 0 4 8 16 32] [--ahead 2 0] [--no-peer]
 
 For each (context, batch): B sequences each decoding its token at position context - 1 over a
 paged cache (16-slot blocks in a shuffled order). radiance: the row's one launch, captured in a
@@ -13,7 +13,9 @@ cache); microseconds a launch, the median of 10 replays. Its f32 cache's bytes (
 time against 4.8 TB/s; the splits the grid has and a token takes (device_kernels.token_splits);
 max |out - libref| / max |libref| of one launch (libr4d's tolerance is 2e-5). `--splits` times
 the row again at each of the grid's split counts given (device_kernels.ATT_SPLITS, as
-R4D_ATT_SPLITS sets it for a process; 0: attention_splits' own choice), in the same process.
+R4D_ATT_SPLITS sets it for a process; 0: attention_splits' own choice), in the same process;
+`--ahead` likewise at each number of tiles a block asks into the L2 ahead of its loads
+(device_kernels.ATT_AHEAD, R4D_ATT_AHEAD; 0: none), the first of each list the default's line.
 radiance's launch also rotates q and this token's k and stores k and v at their slots; the peer
 attends only. The peer: torch's SDPA on the same shape, each kv head's 4 query heads taken as 4
 query rows (q [B, 8, 4, 128] over k, v [B, 8, context, 128]: a decode token sees every key, so no
@@ -68,8 +70,8 @@ def decode_operands(batch: int, context: int, rng):
     return operands, params
 
 
-def bench_radiance(on_card, registry, row, timer, dk, batch, context, rng, splits=0) -> dict:
-    dk.ATT_SPLITS = splits or None  # the grid's splits for the launches planned below
+def bench_radiance(on_card, registry, row, timer, dk, batch, context, rng, splits=0, ahead=2) -> dict:
+    dk.ATT_SPLITS, dk.ATT_AHEAD = splits or None, ahead  # for the launches planned below
     operands, params = decode_operands(batch, context, rng)
     cache_bytes = 2 * operands[5].nbytes
     first = on_card.args(row, operands, params)
@@ -126,6 +128,8 @@ def main():
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--splits", type=int, nargs="+", default=[0],
                         help="the grid's splits per (token, kv head), 1..32 each; 0: attention_splits' own")
+    parser.add_argument("--ahead", type=int, nargs="+", default=[2],
+                        help="tiles a block asks into the L2 ahead of its loads, 0..8 each")
     parser.add_argument("--no-peer", action="store_true", help="radiance's lines alone")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
@@ -133,7 +137,9 @@ def main():
     dk = importlib.import_module(f"{row.plugin.module.__name__}.device_kernels")
     for splits in args.splits:
         if splits:
-            dk.attention_split_limit(str(splits))  # refused at once, not after the first cases
+            dk.setting("R4D_ATT_SPLITS", str(splits), 1, dk.ATT_MAX_SPLITS)  # refused at once, not after the first cases
+    for ahead in args.ahead:
+        dk.setting("R4D_ATT_AHEAD", str(ahead), 0, 8)
     on_card = Card(device, stream)
     timer, rng = Timer(on_card), np.random.default_rng(0)
     try:
@@ -146,13 +152,15 @@ def main():
           f"{HEAD_DIM}; {peer}", flush=True)
     for context in args.contexts:
         for batch in args.batches:
-            case = {"context": context, "batch": batch, "splits": {}}
-            for splits in args.splits:
-                case["splits"][splits] = r = bench_radiance(on_card, registry, row, timer, dk, batch, context, rng, splits)
-                print(f"  context {context:5} batch {batch}: radiance f32 {'grid ' + str(splits) if splits else 'default'}"
-                      f" {r['us']:8.2f} us ({r['of_4.8TBps']:6.1%} of 4.8 TB/s, splits {r['token_splits']} of "
-                      f"{r['grid_splits']}, err {r['rel_err']:.1e})", flush=True)
-            case["radiance"] = r = case["splits"][args.splits[0]]
+            case = {"context": context, "batch": batch, "cuts": {}}
+            for ahead in args.ahead:
+                for splits in args.splits:
+                    r = bench_radiance(on_card, registry, row, timer, dk, batch, context, rng, splits, ahead)
+                    case["cuts"][f"splits {splits or 'default'}, ahead {ahead}"] = r
+                    print(f"  context {context:5} batch {batch}: radiance f32 grid splits {splits or 'default'}, ahead "
+                          f"{ahead}: {r['us']:8.2f} us ({r['of_4.8TBps']:6.1%} of 4.8 TB/s, splits {r['token_splits']} "
+                          f"of {r['grid_splits']}, err {r['rel_err']:.1e})", flush=True)
+            case["radiance"] = r = case["cuts"][next(iter(case["cuts"]))]
             for label, dtype_name, flash in (("torch flash bf16", "bfloat16", True), ("torch sdpa f32", "float32", False)):
                 if torch is None or args.no_peer:
                     continue

@@ -222,22 +222,26 @@ def argmax_layout(m: int, n: int) -> tuple[int, int, int]:
     return 0, values, values + _aligned(4 * groups * m)
 
 
-def attention_split_limit(text: str) -> int:
-    """R4D_ATT_SPLITS: the grid's splits of the context per (token, kv head), 1..ATT_MAX_SPLITS;
-    ValueError naming what is wrong."""
+def setting(name: str, text: str, low: int, high: int) -> int:
+    """An integer low..high from the environment variable `name` (its text): ValueError naming it."""
     try:
-        splits = int(text)
+        value = int(text)
     except ValueError:
-        splits = 0
-    if not 1 <= splits <= ATT_MAX_SPLITS:
-        raise ValueError(f"R4D_ATT_SPLITS={text!r}: expected an integer 1..{ATT_MAX_SPLITS}")
-    return splits
+        value = low - 1
+    if not low <= value <= high:
+        raise ValueError(f"{name}={text!r}: expected an integer {low}..{high}")
+    return value
 
 
 # R4D_ATT_SPLITS=n gives every attention launch of a process n splits per (token, kv head) in its
 # grid in place of attention_splits' choice (read at load, as GEMV above; bench/card_attention.py
 # --splits sets ATT_SPLITS itself between its cases): how a card sweeps the cut of a short context.
-ATT_SPLITS = attention_split_limit(os.environ["R4D_ATT_SPLITS"]) if os.environ.get("R4D_ATT_SPLITS") else None
+ATT_SPLITS = setting("R4D_ATT_SPLITS", os.environ["R4D_ATT_SPLITS"], 1, ATT_MAX_SPLITS) \
+    if os.environ.get("R4D_ATT_SPLITS") else None
+# tiles past the one in registers that an attention block asks into the L2 (attention.cu's
+# R4D_ATT_AHEAD; 0: none). R4D_ATT_AHEAD=n sets it for a process; bench/card_attention.py --ahead
+# sets ATT_AHEAD itself between its cases (a module per value).
+ATT_AHEAD = setting("R4D_ATT_AHEAD", os.environ["R4D_ATT_AHEAD"], 0, 8) if os.environ.get("R4D_ATT_AHEAD") else 2
 
 
 def attention_splits(m: int, kv_heads: int, multiprocessors: int) -> int:
@@ -272,7 +276,7 @@ def attention_scratch_layout(m: int, kv_heads: int, group: int, head_dim: int) -
 
 
 def attention_options(head_dim: int, group: int) -> tuple:
-    return (f"-DR4D_ATT_D={head_dim}", f"-DR4D_ATT_G={group}")
+    return (f"-DR4D_ATT_D={head_dim}", f"-DR4D_ATT_G={group}", f"-DR4D_ATT_AHEAD={ATT_AHEAD}")
 
 
 def gemm_grid(m: int, n: int) -> tuple:

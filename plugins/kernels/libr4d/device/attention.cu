@@ -36,8 +36,11 @@
 #define ATT_LANES 8                         // lanes that share a key's dot products
 #define ATT_TILE (ATT_THREADS / ATT_LANES)  // keys a tile: device_kernels.ATT_TILE
 #define ATT_MAX_SPLITS 32                   // device_kernels.ATT_MAX_SPLITS; at most a warp (the split merge takes a lane each)
-#define ATT_MERGE 8                         // splits whose values the merging block loads at a time
+#define ATT_MERGE 4                         // splits whose values the merging block loads at a time
 #define ATT_MAX_FRESH 8                     // device_kernels.ATT_MAX_FRESH: this step's keys of a sequence the fused row rotates (its M <= 8)
+#ifndef R4D_ATT_AHEAD
+#define R4D_ATT_AHEAD 2                     // tiles past the one in registers a block asks into the L2 (device_kernels.ATT_AHEAD)
+#endif
 
 // k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m]; grid (ceil(width / blockDim.x), M)
 extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, float* k_cache, float* v_cache,
@@ -194,6 +197,19 @@ __device__ __forceinline__ void load_values(const Attend& p, const Keys& keys, i
     }
 }
 
+// The cache rows of key first + kk (below `to`) asked into the L2, a 128-byte line a lane of the
+// key's ATT_LANES: a later tile's loads then wait on the L2, not on HBM.
+template <int D, bool FRESH>
+__device__ __forceinline__ void prefetch_rows(const Attend& p, const Keys& keys, int first, int to, int kk, int sub) {
+    constexpr int LINES = (D * 4 + 127) / 128;  // a row's lines
+    const int j = first + kk;
+    if (j >= to) return;
+    const float* k = r4d_key_row<false>(p, keys, p.k_cache, p.k, j);
+    const float* v = k - p.k_cache + p.v_cache;  // the same slot of the v cache
+    for (int line = sub; line < 2 * LINES; line += ATT_LANES)
+        r4d_prefetch_l2((line < LINES ? k : v) + (line % LINES) * 32);
+}
+
 template <int D, int G, bool FRESH>
 __device__ void attend(const Attend& p) {
     constexpr int C = D / 4;                               // 16-byte chunks of a head's row
@@ -255,6 +271,9 @@ __device__ void attend(const Attend& p) {
     for (int i = 0; i < KPT; ++i) vr[i] = zero;
     load_keys<D, FRESH, CL>(p, keys, j0, j0, min(j1, keys.fresh), kk, sub, kr);
     load_values<D, FRESH, KPT, SLICES>(p, keys, j0, j0, min(j1, keys.fresh), slice, vc, vr);
+#pragma unroll
+    for (int t = 1; t <= R4D_ATT_AHEAD; ++t)
+        prefetch_rows<D, FRESH>(p, keys, j0 + t * ATT_TILE, min(j1, keys.fresh), kk, sub);
     if (FRESH)
         for (int i = tid; i < D / 2; i += ATT_THREADS) r4d_cos_sin((float)position * p.inv_freq[i], s_cos[i], s_sin[i]);
     R4D_CHAIN_PROLOGUE();
@@ -331,6 +350,11 @@ __device__ void attend(const Attend& p) {
         if (sub == 0)
 #pragma unroll
             for (int g = 0; g < G; ++g) s_score[g][kk] = j < j1 ? dot[g] * p.scale : __uint_as_float(0xff800000u);
+        // the next tile's keys in flight from here (a lane of a key past the split keeps an earlier
+        // key's chunks: its score is -inf, its weight 0)
+        if (next < j1) load_keys<D, FRESH, CL>(p, keys, next, next, j1, kk, sub, kr);
+        if (R4D_ATT_AHEAD > 0 && next + R4D_ATT_AHEAD * ATT_TILE < j1)  // the tile R4D_ATT_AHEAD past the next one
+            prefetch_rows<D, FRESH>(p, keys, next + R4D_ATT_AHEAD * ATT_TILE, min(j1, keys.fresh), kk, sub);
         __syncthreads();
         // 2. softmax: warp w keeps heads w, w + ATT_WARPS, ...; a key a lane (-inf past the split: weight 0)
 #pragma unroll
@@ -345,9 +369,6 @@ __device__ void attend(const Attend& p) {
             if (lane < ATT_TILE) s_score[g][lane] = weight;
             if (lane == 0) s_keep[g] = keep;
         }
-        // the next tile's keys in flight from here (a lane of a key past the split keeps an earlier
-        // key's chunks: its score is -inf, its weight 0)
-        if (next < j1) load_keys<D, FRESH, CL>(p, keys, next, next, j1, kk, sub, kr);
         __syncthreads();
         // 3. values
         if (slice < SLICES) {
