@@ -162,6 +162,29 @@ __device__ __forceinline__ u32 r4d_arrive(u32* counter) {
 #endif
 }
 
+// 16 bytes another block wrote (read at L2) into shared memory: on NVIDIA sm_80 and later by
+// cp.async, no register waiting on it, landed by r4d_copies_wait(); elsewhere a plain copy.
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define R4D_ATT_ASYNC 1
+#else
+#define R4D_ATT_ASYNC 0
+#endif
+__device__ __forceinline__ void r4d_copy16(float4* shared, const float* global) {
+#if R4D_ATT_ASYNC
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(shared)), "l"(global)
+                 : "memory");
+#else
+    *shared = r4d_load4_l2(global);
+#endif
+}
+
+// this thread's r4d_copy16 landed (a barrier after it shows them to the block)
+__device__ __forceinline__ void r4d_copies_wait() {
+#if R4D_ATT_ASYNC
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // Every thread's own fence, before the barrier ahead of r4d_arrive and after the one behind it,
 // where the one thread's atomic does not carry the block's writes and reads (AMD, the host): there a
 // thread's fence covers its own accesses alone. Nothing on NVIDIA.
@@ -434,18 +457,20 @@ __device__ void attend(const Attend& p) {
         __syncthreads();
         if (!s_last) return;
         r4d_fence_each();
-        // the (token, kv head)'s last block merges the splits in order. A thread's first ATT_MERGE
-        // splits' values are in flight while the splits' maxima and sums load and are weighed.
+        // the (token, kv head)'s last block merges the splits in order. The first `early` splits'
+        // values are copied into the pool (free since the partial was written) while the splits'
+        // maxima and sums load and are weighed, so both wait on one round trip.
         const float* all = p.partial + group * gridDim.z * STRIDE;
-        float4 early[ATT_MERGE];
-        if (tid < G * C)
-#pragma unroll
-            for (int q = 0; q < ATT_MERGE; ++q) early[q] = q < splits ? r4d_load4_l2(all + q * STRIDE + 4 * tid) : zero;
+        constexpr int EARLY = ATT_MERGE < SLICES ? ATT_MERGE : SLICES;  // the pool holds SLICES * G * C float4
+        const int early = min(splits, EARLY);
+        for (int i = tid; i < early * G * C; i += ATT_THREADS)
+            r4d_copy16(s_pool + i, all + (i / (G * C)) * STRIDE + 4 * (i % (G * C)));
         for (int i = tid; i < splits * G; i += ATT_THREADS) {
             int q = i / G, g = i % G;
             s_split_max[i] = r4d_load_l2(all + q * STRIDE + G * D + 2 * g);
             s_split_sum[i] = r4d_load_l2(all + q * STRIDE + G * D + 2 * g + 1);
         }
+        r4d_copies_wait();
         __syncthreads();
         // a head's splits weighed by one warp, a lane a split
         for (int g = warp; g < G; g += ATT_WARPS) {
@@ -457,16 +482,18 @@ __device__ void attend(const Attend& p) {
             if (lane == 0) s_total[g] = total;
         }
         __syncthreads();
-        // a float4 of the output a thread, ATT_MERGE splits' values at a time, added in split order
+        // a float4 of the output a thread, added in split order: the early splits from the pool, the
+        // rest ATT_MERGE at a time from the scratch
         for (int i = tid; i < G * C; i += ATT_THREADS) {
             int g = i / C;
             float4 mixed = zero;
-            for (int q0 = 0; q0 < splits; q0 += ATT_MERGE) {
+            for (int q = 0; q < early; ++q)
+                if (s_split_max[q * G + g] > 0.0f) mixed = r4d_axpy4(s_split_max[q * G + g], s_pool[q * G * C + i], mixed);
+            for (int q0 = early; q0 < splits; q0 += ATT_MERGE) {
                 float4 value[ATT_MERGE];
 #pragma unroll
                 for (int u = 0; u < ATT_MERGE; ++u)
-                    value[u] = i == tid && q0 == 0 ? early[u]
-                               : q0 + u < splits ? r4d_load4_l2(all + (q0 + u) * STRIDE + 4 * i) : zero;
+                    value[u] = q0 + u < splits ? r4d_load4_l2(all + (q0 + u) * STRIDE + 4 * i) : zero;
 #pragma unroll
                 for (int u = 0; u < ATT_MERGE; ++u)
                     if (q0 + u < splits && s_split_max[(q0 + u) * G + g] > 0.0f)
@@ -501,7 +528,7 @@ __device__ void attend(const Attend& p) {
 #define R4D_ATT_G 1
 #endif
 #define ATTEND_ENTRY(FRESH, WHICH)                                                                                \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS, 2) r4d_attend_##WHICH(                              \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) r4d_attend_##WHICH(                                 \
         float* q, float* k, const float* v, float* k_cache, float* v_cache, const int* slots, const int* positions, \
         const int* cu_seqlens, const int* context_lens, const int* block_tables, float* out, const float* inv_freq, \
         float* partial, u32* counters, int seqs, int max_blocks, int q_heads, int kv_heads, int head_dim,         \
