@@ -36,7 +36,9 @@
 #define ATT_LANES 8                         // lanes that share a key's dot products
 #define ATT_TILE (ATT_THREADS / ATT_LANES)  // keys a tile: device_kernels.ATT_TILE
 #define ATT_MAX_SPLITS 32                   // device_kernels.ATT_MAX_SPLITS; at most a warp (the split merge takes a lane each)
-#define ATT_MERGE 4                         // splits whose values the merging block loads at a time
+#define ATT_MERGE 8                         // splits whose values the merging block loads at a time
+#define ATT_EARLY 16                        // splits whose values it copies into shared memory first,
+#define ATT_EARLY_FLOAT4 2048               // where they fit in 32 KB (else as many as the pool holds)
 #define ATT_MAX_FRESH 8                     // device_kernels.ATT_MAX_FRESH: this step's keys of a sequence the fused row rotates (its M <= 8)
 #ifndef R4D_ATT_AHEAD
 #define R4D_ATT_AHEAD 2                     // tiles past the one in registers a block asks into the L2 (device_kernels.ATT_AHEAD)
@@ -243,11 +245,15 @@ __device__ void attend(const Attend& p) {
     // floats of a (token, kv head, split)'s partial: G rows of D weighted values, then G (max, sum),
     // rounded to a whole number of float4 so every row stays 16-byte aligned
     constexpr int STRIDE = (G * (D + 2) + 3) / 4 * 4;
-    constexpr int POOL = SLICES * G * C > (FRESH ? ATT_MAX_FRESH * C : 0) ? SLICES * G * C : ATT_MAX_FRESH * C;
+    // splits' values the merging block copies into the pool while it weighs them
+    constexpr int EARLY = ATT_EARLY * G * C <= ATT_EARLY_FLOAT4 ? ATT_EARLY : SLICES < ATT_EARLY ? SLICES : ATT_EARLY;
+    constexpr int POOL_A = SLICES * G * C > (FRESH ? ATT_MAX_FRESH * C : 0) ? SLICES * G * C : ATT_MAX_FRESH * C;
+    constexpr int POOL = POOL_A > EARLY * G * C ? POOL_A : EARLY * G * C;
     static_assert(D % 4 == 0 && C <= ATT_THREADS && ATT_TILE <= R4D_WARP && ATT_MAX_SPLITS <= R4D_WARP, "attention's cut");
     __shared__ float4 s_q[G * C];                  // the G heads' q (rotated: FRESH)
     // this step's keys of the sequence, rotated (FRESH; read by the tiles), then each slice's
-    // weighted values (after the last tile: the loop's barriers lie between)
+    // weighted values (after the last tile: the loop's barriers lie between), then (the merging
+    // block) the first EARLY splits' values
     __shared__ float4 s_pool[POOL];
     float4* const s_fresh = s_pool;
     float4* const s_acc = s_pool;
@@ -461,7 +467,6 @@ __device__ void attend(const Attend& p) {
         // values are copied into the pool (free since the partial was written) while the splits'
         // maxima and sums load and are weighed, so both wait on one round trip.
         const float* all = p.partial + group * gridDim.z * STRIDE;
-        constexpr int EARLY = ATT_MERGE < SLICES ? ATT_MERGE : SLICES;  // the pool holds SLICES * G * C float4
         const int early = min(splits, EARLY);
         for (int i = tid; i < early * G * C; i += ATT_THREADS)
             r4d_copy16(s_pool + i, all + (i / (G * C)) * STRIDE + 4 * (i % (G * C)));
