@@ -24,9 +24,11 @@
 // merge; the blocks past a token's splits return at once. Everything is sized from the tensors'
 // shapes and read from device arrays, so a captured launch replays with new contents.
 // Latency: at short contexts a launch's time is the chain of memory round trips a block waits on
-// (the bytes are few), so a block works out its split and loads its first tile's keys of earlier
-// positions (and rope's cos and sin) before the chain's wait: the kernel before it writes none of
-// them. A split merge costs one thread's acquire-release atomic, not a fence in every thread.
+// (the bytes are few), so a block works out its split, loads its first tile's keys of earlier
+// positions, asks the next R4D_ATT_AHEAD tiles' into the L2 and works out rope's cos and sin before
+// the chain's wait: the kernel before it writes none of them. A split merge costs one thread's
+// acquire-release atomic, not a fence in every thread, and the merging block's values of the first
+// splits land in shared memory while it weighs the splits.
 // A decode step (every sequence one token, M == seqs: the grid knows it without a load): the block
 // whose split holds the token's own key also stores its rotated k (from shared memory, also in
 // place) and its v at the token's slot; no other block reads the k, v rows, and no grid-wide step
