@@ -2,7 +2,8 @@
 (`r4dchain_rope_attention_dev`, attention.cu's r4d_attend_fresh) at Llama-3-8B's shape (32 query
 heads, 8 kv heads, head_dim 128) against PyTorch's scaled_dot_product_attention in the same run.
 
-    PYTHONUNBUFFERED=1 python3 bench/card_attention.py [--contexts 512 2048 8192] [--batches 1 8]
+    PYTHONUNBUFFERED=1 python3 bench/card_attention.py [--contexts 512 1024 4096 8192] [--batches 1 8]
+        [--splits 0 4 8 16 32] [--ahead 2 0] [--no-peer]
 
 For each (context, batch): B sequences each decoding its token at position context - 1 over a
 paged cache (16-slot blocks in a shuffled order). radiance: the row's one launch, captured in a
@@ -10,7 +11,11 @@ graph as chained launches (bench/device_ops.py's Timer), rotated over enough cac
 round reads at least 4x the 60 MB L2 from HBM (a decode step's 32 layers each read their own
 cache); microseconds a launch, the median of 10 replays. Its f32 cache's bytes (k and v) over that
 time against 4.8 TB/s; the splits the grid has and a token takes (device_kernels.token_splits);
-max |out - libref| / max |libref| of one launch (libr4d's tolerance is 2e-5).
+max |out - libref| / max |libref| of one launch (libr4d's tolerance is 2e-5). `--splits` times
+the row again at each of the grid's split counts given (device_kernels.ATT_SPLITS, as
+R4D_ATT_SPLITS sets it for a process; 0: attention_splits' own choice), in the same process;
+`--ahead` likewise at each number of tiles a block asks into the L2 ahead of its loads
+(device_kernels.ATT_AHEAD, R4D_ATT_AHEAD; 0: none), the first of each list the default's line.
 radiance's launch also rotates q and this token's k and stores k and v at their slots; the peer
 attends only. The peer: torch's SDPA on the same shape, each kv head's 4 query heads taken as 4
 query rows (q [B, 8, 4, 128] over k, v [B, 8, context, 128]: a decode token sees every key, so no
@@ -65,7 +70,8 @@ def decode_operands(batch: int, context: int, rng):
     return operands, params
 
 
-def bench_radiance(on_card, registry, row, timer, dk, batch, context, rng) -> dict:
+def bench_radiance(on_card, registry, row, timer, dk, batch, context, rng, splits=0, ahead=2) -> dict:
+    dk.ATT_SPLITS, dk.ATT_AHEAD = splits or None, ahead  # for the launches planned below
     operands, params = decode_operands(batch, context, rng)
     cache_bytes = 2 * operands[5].nbytes
     first = on_card.args(row, operands, params)
@@ -118,12 +124,22 @@ def bench_torch(batch, context, dtype_name, flash) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 4096, 8192])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--splits", type=int, nargs="+", default=[0],
+                        help="the grid's splits per (token, kv head), 1..32 each; 0: attention_splits' own")
+    parser.add_argument("--ahead", type=int, nargs="+", default=[2],
+                        help="tiles a block asks into the L2 ahead of its loads, 0..8 each")
+    parser.add_argument("--no-peer", action="store_true", help="radiance's lines alone")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     row = next(r for r in lib.rows if r.name == ROW)
     dk = importlib.import_module(f"{row.plugin.module.__name__}.device_kernels")
+    for splits in args.splits:
+        if splits:
+            dk.setting("R4D_ATT_SPLITS", str(splits), 1, dk.ATT_MAX_SPLITS)  # refused at once, not after the first cases
+    for ahead in args.ahead:
+        dk.setting("R4D_ATT_AHEAD", str(ahead), 0, 8)
     on_card = Card(device, stream)
     timer, rng = Timer(on_card), np.random.default_rng(0)
     try:
@@ -136,20 +152,25 @@ def main():
           f"{HEAD_DIM}; {peer}", flush=True)
     for context in args.contexts:
         for batch in args.batches:
-            case = {"context": context, "batch": batch}
-            case["radiance"] = r = bench_radiance(on_card, registry, row, timer, dk, batch, context, rng)
-            line = (f"  context {context:5} batch {batch}: radiance f32 {r['us']:8.2f} us ({r['of_4.8TBps']:6.1%} of "
-                    f"4.8 TB/s, splits {r['token_splits']} of {r['grid_splits']}, err {r['rel_err']:.1e})")
+            case = {"context": context, "batch": batch, "cuts": {}}
+            for ahead in args.ahead:
+                for splits in args.splits:
+                    r = bench_radiance(on_card, registry, row, timer, dk, batch, context, rng, splits, ahead)
+                    case["cuts"][f"splits {splits or 'default'}, ahead {ahead}"] = r
+                    print(f"  context {context:5} batch {batch}: radiance f32 grid splits {splits or 'default'}, ahead "
+                          f"{ahead}: {r['us']:8.2f} us ({r['of_4.8TBps']:6.1%} of 4.8 TB/s, splits {r['token_splits']} "
+                          f"of {r['grid_splits']}, err {r['rel_err']:.1e})", flush=True)
+            case["radiance"] = r = case["cuts"][next(iter(case["cuts"]))]
             for label, dtype_name, flash in (("torch flash bf16", "bfloat16", True), ("torch sdpa f32", "float32", False)):
-                if torch is None:
+                if torch is None or args.no_peer:
                     continue
                 try:
                     case[label] = t = bench_torch(batch, context, dtype_name, flash)
-                    line += f"  {label} {t['us']:8.2f} us ({t['of_4.8TBps']:6.1%}; radiance {r['us'] / t['us']:.2f}x)"
+                    line = f"{t['us']:8.2f} us ({t['of_4.8TBps']:6.1%}; radiance's first {r['us'] / t['us']:.2f}x)"
                 except Exception as error:  # a backend that refuses the shape: said, not fatal
                     case[label] = {"error": f"{type(error).__name__}: {error}"}
-                    line += f"  {label}: {type(error).__name__}: {str(error)[:120]}"
-            print(line, flush=True)
+                    line = f"{type(error).__name__}: {str(error)[:120]}"
+                print(f"  context {context:5} batch {batch}: {label} {line}", flush=True)
             results["cases"].append(case)
     registry.close()
     out = os.environ.get("OUT")

@@ -70,7 +70,7 @@ def test_every_kernel_name_is_defined_in_its_source(registry):
     for mt in (1, 2, 4, 8):
         assert f"GEMV_ENTRY({mt})" in gemv
     assert dk.gemv_options("q4_1", 2, 1)[:3] == ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=2", "-DR4D_GEMV_NORM=1")
-    assert dk.attention_options(128, 4) == ("-DR4D_ATT_D=128", "-DR4D_ATT_G=4")
+    assert dk.attention_options(128, 4) == ("-DR4D_ATT_D=128", "-DR4D_ATT_G=4", "-DR4D_ATT_AHEAD=2")
     assert [dk.gemv_variant(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     with pytest.raises(ValueError):
         dk.gemv_variant(9)
@@ -181,7 +181,7 @@ def test_attention_sizes_sequences_and_blocks_from_shapes(registry):
     assert (attend, grid, block) == ("r4d_attend_cache", (m, 3, splits), (256, 1, 1)) and splits > 1
     assert ints(args, range(14, 21)) == [seqs, max_blocks, 9, 3, 64, 16, 0]
     assert pointers(args, [11, 13]) == [0, 0x9000000]  # no inv_freq; the counters first in the scratch
-    assert stream.compiled[-1] == ("r4d_attend_cache", ("-DR4D_ATT_D=64", "-DR4D_ATT_G=3"))
+    assert stream.compiled[-1] == ("r4d_attend_cache", ("-DR4D_ATT_D=64", "-DR4D_ATT_G=3", "-DR4D_ATT_AHEAD=2"))
 
 
 def test_a_short_context_takes_fewer_whole_tile_splits_than_the_grid(registry):
@@ -196,6 +196,23 @@ def test_a_short_context_takes_fewer_whole_tile_splits_than_the_grid(registry):
     for keys in range(1, 3000, 7):  # every key in exactly one split, none empty
         splits, chunk = dk.token_splits(keys, grid)
         assert chunk % dk.ATT_TILE == 0 and (splits - 1) * chunk < keys <= splits * chunk <= grid * chunk
+
+
+def test_r4d_att_splits_sets_the_grids_splits_within_the_scratch(registry, monkeypatch):
+    """R4D_ATT_SPLITS (device_kernels.ATT_SPLITS): the grid's splits for every shape, never past
+    what the scratch holds (M * kv_heads + 512 partials); a bad value is refused naming it."""
+    dk = module(registry, "device_kernels")
+    assert dk.ATT_SPLITS is None and dk.ATT_AHEAD == 2  # the suite runs without either
+    assert [dk.setting("R4D_ATT_SPLITS", text, 1, dk.ATT_MAX_SPLITS) for text in ("1", "7", "32")] == [1, 7, 32]
+    for text in ("0", "33", "x", "2.5"):
+        with pytest.raises(ValueError, match=f"R4D_ATT_SPLITS={text!r}: expected an integer 1..32"):
+            dk.setting("R4D_ATT_SPLITS", text, 1, dk.ATT_MAX_SPLITS)
+    monkeypatch.setattr(dk, "ATT_SPLITS", 4)
+    assert dk.attention_splits(1, 8, 132) == 4 and dk.attention_splits(8, 8, 132) == 4
+    monkeypatch.setattr(dk, "ATT_SPLITS", 32)
+    assert dk.attention_splits(1, 8, 132) == 32 and dk.attention_splits(64, 8, 132) == 2
+    for m, kv in [(1, 1), (1, 8), (8, 8), (64, 8), (300, 4)]:
+        assert dk.attention_splits(m, kv, 132) * m * kv <= m * kv + 512
 
 
 def test_rope_attention_is_one_kernel_that_rotates_and_reads_this_steps_keys(registry):
@@ -230,7 +247,9 @@ def test_sample_refuses_a_missing_scratch_and_packs_the_padded_span(registry):
 def test_every_chained_kernel_waits_in_its_prologue():
     """A programmatic dependent launch is only safe if the kernel waits before touching memory the
     kernel before it writes. The GEMVs load their first weight steps first (weights are written by
-    no kernel), then wait before any activation is read."""
+    no kernel), then wait before any activation is read; attention's blocks load their first tile's
+    keys of earlier positions first (no kernel of the step writes those cache rows), then wait before
+    q, this step's keys or the scratch are touched."""
     import re
 
     folder = Path(__file__).resolve().parent.parent / "plugins" / "kernels" / "libr4d" / "device"
@@ -240,7 +259,26 @@ def test_every_chained_kernel_waits_in_its_prologue():
         assert kernels, name
         for kernel in kernels:
             body = source[source.index("{", kernel.end()) + 1:].lstrip()
+            if name == "attention" and "r4d_attend_" in source[kernel.start():kernel.start() + 120]:
+                assert body.startswith("/* attend() waits on the chain */"), body[:80]
+                continue
             assert body.startswith("R4D_CHAIN_PROLOGUE();"), (name, source[kernel.start():kernel.start() + 80])
+    for name in ("attention", "attention_window"):  # their attend() entries hold no access of their own
+        source = (folder / f"{name}.cu").read_text()
+        for kernel in re.finditer(r"r4d_attend_", source):
+            if "__global__" in source[max(0, kernel.start() - 80):kernel.start()]:
+                body = source[source.index("{", kernel.end()) + 1:]
+                body = body[:body.index("(p);")]
+                assert "attend<" in body and "p." not in body and "[" not in body, body
+    attention = (folder / "attention.cu").read_text()
+    body = attention[attention.index("__device__ void attend("):attention.index("// One module per")]
+    wait = body.index("R4D_CHAIN_PROLOGUE();")
+    before = body[:wait]
+    assert body.count("R4D_CHAIN_PROLOGUE();") == 1
+    for touched in ("p.q", "p.out", "p.partial", "p.counters", "p.slots", "s_q[i]", "s_fresh[i]", "r4d_arrive"):
+        assert touched not in before, touched
+    loads = re.findall(r"load_(?:keys|values)<[^>]*>\(p, keys, j0, j0, (min\([^)]*\)),", before)
+    assert loads == ["min(j1, keys.fresh)"] * 2 and before.count("load_") == 2, loads
     gemv = (folder / "gemv.cu").read_text()
     # both paths of gemv.cu: the FMA one and the tensor cores' (whose activations are read by __ldg)
     for path, load, use in (("gemv_fma", "r4d_stream16(rows[r].codes", "consume<FMT, MT, GEMV_ROWS>("),

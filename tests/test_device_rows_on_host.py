@@ -168,6 +168,32 @@ def test_rope_attention_cu_agrees_with_libref(registry, on_host, heads, kv, d, i
     assert rel_err(got[11], want[11]) <= tolerance, rel_err(got[11], want[11])
 
 
+@pytest.mark.parametrize("splits,sequences", [
+    (1, [(700, 1), (33, 1)]), (3, [(700, 1), (33, 1)]), (32, [(700, 1), (33, 1), (0, 1)]),
+    (32, [(29, 6), (40, 1)]),   # a chunk's keys 29..34 across the first tile's edge: both splits read them
+])
+def test_rope_attention_cu_agrees_at_every_split_count(registry, on_host, monkeypatch, splits, sequences):
+    """R4D_ATT_SPLITS' cuts (device_kernels.ATT_SPLITS): one split writing out directly, three of
+    several tiles each, and 32 of one tile (some sequences taking fewer; one at position 0), the
+    merging block's first splits copied into shared memory, the rest loaded; a decode token's k and
+    v stored by the block that holds its key; this step's keys read by every split that holds them."""
+    monkeypatch.setattr(module(registry, "device_kernels"), "ATT_SPLITS", splits)
+    heads, kv, d = 8, 2, 128
+    operands, params = attention_operands(heads, kv, d, sequences, seed=splits + len(sequences))
+    q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, out = operands
+    inv_freq = (1.0 / 500000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
+    fused = [q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, lengths, blocks, out]
+    params = {key: value for key, value in params.items() if key != "seqs"} | {"interleaved": 0}
+    read = (0, 1, 5, 6, 11)
+    got = on_host.run(device_row(registry, "r4dchain_rope_attention_dev"), fused, params, None, read)
+    want = [np.array(o, copy=True) for o in fused]
+    assert host_launch(row_of(registry, "rope_attention", "libref"), want, params, None) == RAD_OK
+    for i in (0, 1, 5, 6):
+        np.testing.assert_array_equal(got[i], want[i], err_msg=f"operand {i}")
+    tolerance = module(registry, "device_kernels").TOLERANCE["attention"]
+    assert rel_err(got[11], want[11]) <= tolerance, rel_err(got[11], want[11])
+
+
 def shifted(card, array, offset):
     """`array` on the card at `offset` bytes past a 16-byte boundary (an operand the float4 steps refuse)."""
     flat = np.ascontiguousarray(array, np.float32).reshape(-1)

@@ -222,9 +222,34 @@ def argmax_layout(m: int, n: int) -> tuple[int, int, int]:
     return 0, values, values + _aligned(4 * groups * m)
 
 
+def setting(name: str, text: str, low: int, high: int) -> int:
+    """An integer low..high from the environment variable `name` (its text): ValueError naming it."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ValueError(f"{name}={text!r}: expected an integer {low}..{high}")
+    return value
+
+
+# R4D_ATT_SPLITS=n gives every attention launch of a process n splits per (token, kv head) in its
+# grid in place of attention_splits' choice (read at load, as GEMV above; bench/card_attention.py
+# --splits sets ATT_SPLITS itself between its cases): how a card sweeps the cut of a short context.
+ATT_SPLITS = setting("R4D_ATT_SPLITS", os.environ["R4D_ATT_SPLITS"], 1, ATT_MAX_SPLITS) \
+    if os.environ.get("R4D_ATT_SPLITS") else None
+# tiles past the one in registers that an attention block asks into the L2 (attention.cu's
+# R4D_ATT_AHEAD; 0: none). R4D_ATT_AHEAD=n sets it for a process; bench/card_attention.py --ahead
+# sets ATT_AHEAD itself between its cases (a module per value).
+ATT_AHEAD = setting("R4D_ATT_AHEAD", os.environ["R4D_ATT_AHEAD"], 0, 8) if os.environ.get("R4D_ATT_AHEAD") else 2
+
+
 def attention_splits(m: int, kv_heads: int, multiprocessors: int) -> int:
-    """Splits of the context per (token, kv head): about two blocks per multiprocessor in all,
-    never more than M * kv_heads + 512 blocks (what attention_scratch_bytes sizes for)."""
+    """Splits of the context per (token, kv head): about two blocks per multiprocessor in all, or
+    ATT_SPLITS where set; never more than ATT_MAX_SPLITS (the scratch sizes for M * kv_heads + 512
+    partials, attention_scratch_layout; the grid never has more than that)."""
+    if ATT_SPLITS is not None:
+        return min(ATT_SPLITS, (m * kv_heads + 512) // (m * kv_heads))
     want = -(-2 * min(max(multiprocessors, 1), 256) // (m * kv_heads))
     return max(1, min(ATT_MAX_SPLITS, want))
 
@@ -251,7 +276,7 @@ def attention_scratch_layout(m: int, kv_heads: int, group: int, head_dim: int) -
 
 
 def attention_options(head_dim: int, group: int) -> tuple:
-    return (f"-DR4D_ATT_D={head_dim}", f"-DR4D_ATT_G={group}")
+    return (f"-DR4D_ATT_D={head_dim}", f"-DR4D_ATT_G={group}", f"-DR4D_ATT_AHEAD={ATT_AHEAD}")
 
 
 def gemm_grid(m: int, n: int) -> tuple:

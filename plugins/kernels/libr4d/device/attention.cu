@@ -14,24 +14,37 @@
 // 2. softmax: a warp a head, a lane a key: the tile's maximum, the running maximum and sum, the
 //    weights written back over the scores;
 // 3. values: a lane a 16-byte chunk of head_dim and every SLICES-th key of the tile, G float4 sums.
-// The next tile's k and v chunks are loaded as soon as this tile's have been used (and the first
-// tile's before q's rope), so a block keeps a tile in flight. The slices are added, and with one
-// split the block writes out; otherwise its partial goes to the scratch and the (token, kv head)'s
-// last block (a counter) merges the splits in order.
+// The next tile's k chunks are loaded as soon as this tile's scores are taken and its v chunks as
+// soon as this tile's values are added, so a block keeps a tile in flight. The slices are added, and
+// with one split the block writes out; otherwise its partial goes to the scratch and the (token, kv
+// head)'s last block (a counter) merges the splits in order.
 // The splits a token takes are worked out on the card from its context: at most the grid's
-// (device_kernels.attention_splits: about two blocks a multiprocessor), each at least a tile and a
-// whole number of tiles, so a short context is a few full blocks and a cheap merge; the blocks
-// past a token's splits return at once. Everything is sized from the tensors' shapes and read from
-// device arrays, so a captured launch replays with new contents.
-// A decode step (every sequence one token, M == seqs: the grid knows it without a load): each
-// (token, kv head)'s last block also stores the token's rotated k (from the cos and sin the block
-// worked out for q) and its v, with no grid-wide step after it.
+// (device_kernels.attention_splits: about two blocks a multiprocessor, or R4D_ATT_SPLITS), each at
+// least a tile and a whole number of tiles, so a short context is a few full blocks and a cheap
+// merge; the blocks past a token's splits return at once. Everything is sized from the tensors'
+// shapes and read from device arrays, so a captured launch replays with new contents.
+// Latency: at short contexts a launch's time is the chain of memory round trips a block waits on
+// (the bytes are few), so a block works out its split, loads its first tile's keys of earlier
+// positions, asks the next R4D_ATT_AHEAD tiles' into the L2 and works out rope's cos and sin before
+// the chain's wait: the kernel before it writes none of them. A split merge costs one thread's
+// acquire-release atomic, not a fence in every thread, and the merging block's values of the first
+// splits land in shared memory while it weighs the splits.
+// A decode step (every sequence one token, M == seqs: the grid knows it without a load): the block
+// whose split holds the token's own key also stores its rotated k (from shared memory, also in
+// place) and its v at the token's slot; no other block reads the k, v rows, and no grid-wide step
+// comes after.
 #define ATT_THREADS 256                     // device_kernels.ATT_THREADS
 #define ATT_WARPS (ATT_THREADS / R4D_WARP)
 #define ATT_LANES 8                         // lanes that share a key's dot products
 #define ATT_TILE (ATT_THREADS / ATT_LANES)  // keys a tile: device_kernels.ATT_TILE
 #define ATT_MAX_SPLITS 32                   // device_kernels.ATT_MAX_SPLITS; at most a warp (the split merge takes a lane each)
+#define ATT_MERGE 8                         // splits whose values the merging block loads at a time
+#define ATT_EARLY 16                        // splits whose values it copies into shared memory first,
+#define ATT_EARLY_FLOAT4 2048               // where they fit in 32 KB (else as many as the pool holds)
 #define ATT_MAX_FRESH 8                     // device_kernels.ATT_MAX_FRESH: this step's keys of a sequence the fused row rotates (its M <= 8)
+#ifndef R4D_ATT_AHEAD
+#define R4D_ATT_AHEAD 2                     // tiles past the one in registers a block asks into the L2 (device_kernels.ATT_AHEAD)
+#endif
 
 // k_cache[slots[m]] = k[m], v_cache[slots[m]] = v[m]; grid (ceil(width / blockDim.x), M)
 extern "C" __global__ void r4d_kv_store_dev(const float* k, const float* v, float* k_cache, float* v_cache,
@@ -135,10 +148,93 @@ __device__ __forceinline__ const float* r4d_key_row(const Attend& p, const Keys&
     return cache + slot * keys.width + keys.head;
 }
 
+// The count at `counter` before this block's arrival, which releases the block's writes and acquires
+// those of the blocks that arrived before it, at the device's scope. One thread calls it between two
+// barriers (the first carries the other threads' writes into the release, the second the acquire
+// out to them): one atomic round trip, where a __threadfence() in every thread costs each a
+// sequentially consistent fence.
+__device__ __forceinline__ u32 r4d_arrive(u32* counter) {
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    u32 before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+    return before;
+#else
+    __threadfence();
+    u32 before = atomicAdd(counter, 1u);
+    __threadfence();
+    return before;
+#endif
+}
+
+// 16 bytes another block wrote (read at L2) into shared memory: on NVIDIA sm_80 and later by
+// cp.async, no register waiting on it, landed by r4d_copies_wait(); elsewhere a plain copy.
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define R4D_ATT_ASYNC 1
+#else
+#define R4D_ATT_ASYNC 0
+#endif
+__device__ __forceinline__ void r4d_copy16(float4* shared, const float* global) {
+#if R4D_ATT_ASYNC
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(shared)), "l"(global)
+                 : "memory");
+#else
+    *shared = r4d_load4_l2(global);
+#endif
+}
+
+// this thread's r4d_copy16 landed (a barrier after it shows them to the block)
+__device__ __forceinline__ void r4d_copies_wait() {
+#if R4D_ATT_ASYNC
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// Every thread's own fence, before the barrier ahead of r4d_arrive and after the one behind it,
+// where the one thread's atomic does not carry the block's writes and reads (AMD, the host): there a
+// thread's fence covers its own accesses alone. Nothing on NVIDIA.
+__device__ __forceinline__ void r4d_fence_each() {
+#if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 700
+    __threadfence();
+#endif
+}
+
+// Keys from..to-1 of the tile that starts at `first` into a lane's registers (registers of other keys
+// keep what they hold): a score lane's chunks of key first + kk (FRESH: not this step's keys, which the
+// tile reads rotated from shared memory), and a value lane's chunk vc of keys first + slice + i * SLICES.
+template <int D, bool FRESH, int CL>
+__device__ __forceinline__ void load_keys(const Attend& p, const Keys& keys, int first, int from, int to, int kk, int sub,
+                                          float4 (&kr)[CL]) {
+    const int j = first + kk;
+    if (j >= from && j < to && !(FRESH && j >= keys.fresh)) {
+        const float4* row = (const float4*)r4d_key_row<FRESH>(p, keys, p.k_cache, p.k, j);
+#pragma unroll
+        for (int i = 0; i < CL; ++i)
+            if (sub + i * ATT_LANES < D / 4) kr[i] = row[sub + i * ATT_LANES];
+    }
+}
+
+template <int D, bool FRESH, int KPT, int SLICES>
+__device__ __forceinline__ void load_values(const Attend& p, const Keys& keys, int first, int from, int to, int slice,
+                                            int vc, float4 (&vr)[KPT]) {
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+        const int t = slice + i * SLICES, key = first + t;
+        if (slice < SLICES && t < ATT_TILE && key >= from && key < to)
+            vr[i] = ((const float4*)r4d_key_row<FRESH>(p, keys, p.v_cache, p.v, key))[vc];
+    }
+}
+
+// The cache rows of key first + kk (below `to`) asked into the L2, a 128-byte line a lane of the
+// key's ATT_LANES: a later tile's loads then wait on the L2, not on HBM.
 template <int D, bool FRESH>
-__device__ __forceinline__ float4 r4d_chunk_of(const Attend& p, const Keys& keys, const float* cache, const float* rows,
-                                               int j, int c) {
-    return ((const float4*)r4d_key_row<FRESH>(p, keys, cache, rows, j))[c];
+__device__ __forceinline__ void prefetch_rows(const Attend& p, const Keys& keys, int first, int to, int kk, int sub) {
+    constexpr int LINES = (D * 4 + 127) / 128;  // a row's lines
+    const int j = first + kk;
+    if (j >= to) return;
+    const float* k = r4d_key_row<false>(p, keys, p.k_cache, p.k, j);
+    const float* v = k - p.k_cache + p.v_cache;  // the same slot of the v cache
+    for (int line = sub; line < 2 * LINES; line += ATT_LANES)
+        r4d_prefetch_l2((line < LINES ? k : v) + (line % LINES) * 32);
 }
 
 template <int D, int G, bool FRESH>
@@ -151,11 +247,15 @@ __device__ void attend(const Attend& p) {
     // floats of a (token, kv head, split)'s partial: G rows of D weighted values, then G (max, sum),
     // rounded to a whole number of float4 so every row stays 16-byte aligned
     constexpr int STRIDE = (G * (D + 2) + 3) / 4 * 4;
-    constexpr int POOL = SLICES * G * C > (FRESH ? ATT_MAX_FRESH * C : 0) ? SLICES * G * C : ATT_MAX_FRESH * C;
+    // splits' values the merging block copies into the pool while it weighs them
+    constexpr int EARLY = ATT_EARLY * G * C <= ATT_EARLY_FLOAT4 ? ATT_EARLY : SLICES < ATT_EARLY ? SLICES : ATT_EARLY;
+    constexpr int POOL_A = SLICES * G * C > (FRESH ? ATT_MAX_FRESH * C : 0) ? SLICES * G * C : ATT_MAX_FRESH * C;
+    constexpr int POOL = POOL_A > EARLY * G * C ? POOL_A : EARLY * G * C;
     static_assert(D % 4 == 0 && C <= ATT_THREADS && ATT_TILE <= R4D_WARP && ATT_MAX_SPLITS <= R4D_WARP, "attention's cut");
     __shared__ float4 s_q[G * C];                  // the G heads' q (rotated: FRESH)
     // this step's keys of the sequence, rotated (FRESH; read by the tiles), then each slice's
-    // weighted values (after the last tile: the loop's barriers lie between)
+    // weighted values (after the last tile: the loop's barriers lie between), then (the merging
+    // block) the first EARLY splits' values
     __shared__ float4 s_pool[POOL];
     float4* const s_fresh = s_pool;
     float4* const s_acc = s_pool;
@@ -169,6 +269,11 @@ __device__ void attend(const Attend& p) {
     const int m = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const bool decode = FRESH && (int)gridDim.x == p.seqs;  // one token a sequence: no token reads another's k
     const int width = p.kv_heads * D;
+
+    // Before the chain's wait: nothing here reads what the kernel before wrote (the step's inputs and
+    // tables, inv_freq, and the cache rows of positions before this step's, which no kernel of this
+    // step writes: the plain row's store writes this step's slots alone), so the split's first tile
+    // is in flight while that kernel drains.
     int s = 0;  // the sequence token m belongs to: m itself in a decode step, else independent loads, no chain
     if (decode) s = m;
     else
@@ -183,7 +288,7 @@ __device__ void attend(const Attend& p) {
     int splits = min((int)gridDim.z, max(1, (count + ATT_TILE - 1) / ATT_TILE));
     const int chunk = max(1, ((count + splits - 1) / splits + ATT_TILE - 1) / ATT_TILE) * ATT_TILE;
     splits = max(1, (count + chunk - 1) / chunk);
-    if (split >= splits) return;
+    if (split >= splits) return;  // reads nothing the kernel before wrote: no wait needed
     const int j0 = oldest + split * chunk, j1 = min(visible, j0 + chunk);
 
     // score lane: key kk of a tile, chunks sub, sub + ATT_LANES, ...; value lane: chunk vc of the
@@ -192,41 +297,58 @@ __device__ void attend(const Attend& p) {
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 kr[CL], vr[KPT];
 #pragma unroll
-    for (int i = 0; i < CL; ++i) {
-        int c = sub + i * ATT_LANES;
-        kr[i] = j0 + kk < j1 && c < C ? r4d_chunk_of<D, FRESH>(p, keys, p.k_cache, p.k, j0 + kk, c) : zero;
-    }
+    for (int i = 0; i < CL; ++i) kr[i] = zero;
 #pragma unroll
-    for (int i = 0; i < KPT; ++i) {
-        int t = slice + i * SLICES;
-        vr[i] = slice < SLICES && t < ATT_TILE && j0 + t < j1 ? r4d_chunk_of<D, FRESH>(p, keys, p.v_cache, p.v, j0 + t, vc)
-                                                              : zero;
+    for (int i = 0; i < KPT; ++i) vr[i] = zero;
+    load_keys<D, FRESH, CL>(p, keys, j0, j0, min(j1, keys.fresh), kk, sub, kr);
+    load_values<D, FRESH, KPT, SLICES>(p, keys, j0, j0, min(j1, keys.fresh), slice, vc, vr);
+#pragma unroll
+    for (int t = 1; t <= R4D_ATT_AHEAD; ++t)
+        prefetch_rows<D, FRESH>(p, keys, j0 + t * ATT_TILE, min(j1, keys.fresh), kk, sub);
+    if (FRESH)
+        for (int i = tid; i < D / 2; i += ATT_THREADS) r4d_cos_sin((float)position * p.inv_freq[i], s_cos[i], s_sin[i]);
+    R4D_CHAIN_PROLOGUE();
+    // the first tile's keys of this step (the plain row's store, or FRESH's k, v rows, wrote them)
+    if (keys.fresh < j1) {
+        load_keys<D, FRESH, CL>(p, keys, j0, max(j0, keys.fresh), j1, kk, sub, kr);
+        load_values<D, FRESH, KPT, SLICES>(p, keys, j0, max(j0, keys.fresh), j1, slice, vc, vr);
     }
 
-    // q of the G heads (contiguous in the row) and (FRESH) this step's keys of the sequence, rotated
-    // in shared memory a thread a pair: a key at the token's position by the cos and sin q takes
-    // (all a decode step has), one at another position by its own
+    // q of the G heads (contiguous in the row) and (FRESH, where this split sees them) this step's
+    // keys of the sequence, rotated in shared memory a thread a pair: a key at the token's position
+    // by the cos and sin q takes (all a decode step has), one at another position by its own
     const float4* qrows = (const float4*)(p.q + ((long long)m * p.q_heads + kvh * G) * D);
     for (int i = tid; i < G * C; i += ATT_THREADS) s_q[i] = qrows[i];
-    const int step = FRESH ? max(0, min(length - keys.fresh, ATT_MAX_FRESH)) : 0;  // this step's tokens of the sequence
+    const bool fresh_here = FRESH && j1 > keys.fresh;
+    const int step = fresh_here ? max(0, min(length - keys.fresh, ATT_MAX_FRESH)) : 0;  // this step's tokens of the sequence
+    // a decode step: the token's k and v go to its slot from the one block that reads them (in a
+    // decode step no other block reads the k, v rows, so it also leaves k rotated in place)
+    const long long row = (long long)m * width + keys.head;
+    const long long slot = decode && fresh_here ? (long long)p.slots[m] * width + keys.head : 0;
     if (FRESH) {
         for (int i = tid; i < step * C; i += ATT_THREADS)
             s_fresh[i] = ((const float4*)(p.k + (long long)(keys.step_first + i / C) * width + keys.head))[i % C];
-        for (int i = tid; i < D / 2; i += ATT_THREADS) r4d_cos_sin((float)position * p.inv_freq[i], s_cos[i], s_sin[i]);
+        if (decode && fresh_here)
+            for (int i = tid; i < C; i += ATT_THREADS) ((float4*)(p.v_cache + slot))[i] = ((const float4*)(p.v + row))[i];
         __syncthreads();
         for (int i = tid; i < (G + step) * (D / 2); i += ATT_THREADS) {
             int r = i / (D / 2), pair = i % (D / 2);
-            float* row = r < G ? (float*)s_q + r * D : (float*)s_fresh + (r - G) * D;
+            float* rotated = r < G ? (float*)s_q + r * D : (float*)s_fresh + (r - G) * D;
             int ia = p.interleaved ? 2 * pair : pair, ib = p.interleaved ? 2 * pair + 1 : pair + D / 2;
             int where = r < G ? position : p.positions[keys.step_first + r - G];
             float c = s_cos[pair], sn = s_sin[pair];
             if (where != position) r4d_cos_sin((float)where * p.inv_freq[pair], c, sn);
-            float a = row[ia], b = row[ib];
-            row[ia] = a * c - b * sn;
-            row[ib] = a * sn + b * c;
+            float a = rotated[ia], b = rotated[ib];
+            rotated[ia] = a * c - b * sn;
+            rotated[ib] = a * sn + b * c;
         }
     }
     __syncthreads();
+    if (decode && fresh_here)  // s_fresh's one row: the token's k, rotated
+        for (int i = tid; i < C; i += ATT_THREADS) {
+            ((float4*)(p.k + row))[i] = s_fresh[i];
+            ((float4*)(p.k_cache + slot))[i] = s_fresh[i];
+        }
 
     float4 acc[G];
     float run_max[HPW], run_sum[HPW];
@@ -259,12 +381,11 @@ __device__ void attend(const Attend& p) {
         if (sub == 0)
 #pragma unroll
             for (int g = 0; g < G; ++g) s_score[g][kk] = j < j1 ? dot[g] * p.scale : __uint_as_float(0xff800000u);
-        if (next < j1)  // the next tile's keys in flight from here
-#pragma unroll
-            for (int i = 0; i < CL; ++i) {
-                int c = sub + i * ATT_LANES;
-                kr[i] = next + kk < j1 && c < C ? r4d_chunk_of<D, FRESH>(p, keys, p.k_cache, p.k, next + kk, c) : zero;
-            }
+        // the next tile's keys in flight from here (a lane of a key past the split keeps an earlier
+        // key's chunks: its score is -inf, its weight 0)
+        if (next < j1) load_keys<D, FRESH, CL>(p, keys, next, next, j1, kk, sub, kr);
+        if (R4D_ATT_AHEAD > 0 && next + R4D_ATT_AHEAD * ATT_TILE < j1)  // the tile R4D_ATT_AHEAD past the next one
+            prefetch_rows<D, FRESH>(p, keys, next + R4D_ATT_AHEAD * ATT_TILE, min(j1, keys.fresh), kk, sub);
         __syncthreads();
         // 2. softmax: warp w keeps heads w, w + ATT_WARPS, ...; a key a lane (-inf past the split: weight 0)
 #pragma unroll
@@ -291,13 +412,7 @@ __device__ void attend(const Attend& p) {
                 acc[g] = sum;
             }
         }
-        if (next < j1)
-#pragma unroll
-            for (int i = 0; i < KPT; ++i) {
-                int t = slice + i * SLICES;
-                vr[i] = slice < SLICES && t < ATT_TILE && next + t < j1
-                            ? r4d_chunk_of<D, FRESH>(p, keys, p.v_cache, p.v, next + t, vc) : zero;
-            }
+        if (next < j1) load_values<D, FRESH, KPT, SLICES>(p, keys, next, next, j1, slice, vc, vr);
         // the next tile's scores overwrite s_score and s_keep: every warp must be done reading them
         __syncthreads();
     }
@@ -336,28 +451,33 @@ __device__ void attend(const Attend& p) {
         mine[G * D + 2 * tid + 1] = s_sum[tid];
     }
     if (FRESH && !decode && split == 0) {  // this token's own k (rotated) and v at its slot; nothing here reads them back
-        long long slot = (long long)p.slots[m] * width + keys.head, row = (long long)m * width + keys.head;
+        long long at = (long long)p.slots[m] * width + keys.head;
         for (int d = tid; d < D; d += ATT_THREADS) {
             int pair = p.interleaved ? d / 2 : d % (D / 2);
-            p.k_cache[slot + d] = r4d_rotate_cs(p.k + row, d, D, p.interleaved, s_cos[pair], s_sin[pair]);
-            p.v_cache[slot + d] = p.v[row + d];
+            p.k_cache[at + d] = r4d_rotate_cs(p.k + row, d, D, p.interleaved, s_cos[pair], s_sin[pair]);
+            p.v_cache[at + d] = p.v[row + d];
         }
     }
     if (splits > 1) {
-        __threadfence();
+        r4d_fence_each();
         __syncthreads();
-        if (tid == 0) s_last = atomicAdd(p.counters + group, 1u) == (u32)splits - 1;
+        if (tid == 0) s_last = r4d_arrive(p.counters + group) == (u32)splits - 1;
         __syncthreads();
         if (!s_last) return;
-        __threadfence();
-        // the (token, kv head)'s last block: the splits merged in order, their maxima and sums staged
-        // first so that the value loads below stay independent
+        r4d_fence_each();
+        // the (token, kv head)'s last block merges the splits in order. The first `early` splits'
+        // values are copied into the pool (free since the partial was written) while the splits'
+        // maxima and sums load and are weighed, so both wait on one round trip.
         const float* all = p.partial + group * gridDim.z * STRIDE;
+        const int early = min(splits, EARLY);
+        for (int i = tid; i < early * G * C; i += ATT_THREADS)
+            r4d_copy16(s_pool + i, all + (i / (G * C)) * STRIDE + 4 * (i % (G * C)));
         for (int i = tid; i < splits * G; i += ATT_THREADS) {
             int q = i / G, g = i % G;
             s_split_max[i] = r4d_load_l2(all + q * STRIDE + G * D + 2 * g);
             s_split_sum[i] = r4d_load_l2(all + q * STRIDE + G * D + 2 * g + 1);
         }
+        r4d_copies_wait();
         __syncthreads();
         // a head's splits weighed by one warp, a lane a split
         for (int g = warp; g < G; g += ATT_WARPS) {
@@ -369,18 +489,20 @@ __device__ void attend(const Attend& p) {
             if (lane == 0) s_total[g] = total;
         }
         __syncthreads();
-        // a float4 of the output a thread, eight splits' values loaded at a time, added in split order
+        // a float4 of the output a thread, added in split order: the early splits from the pool, the
+        // rest ATT_MERGE at a time from the scratch
         for (int i = tid; i < G * C; i += ATT_THREADS) {
             int g = i / C;
             float4 mixed = zero;
-            for (int q0 = 0; q0 < splits; q0 += 8) {
-                float4 value[8];
+            for (int q = 0; q < early; ++q)
+                if (s_split_max[q * G + g] > 0.0f) mixed = r4d_axpy4(s_split_max[q * G + g], s_pool[q * G * C + i], mixed);
+            for (int q0 = early; q0 < splits; q0 += ATT_MERGE) {
+                float4 value[ATT_MERGE];
 #pragma unroll
-                for (int u = 0; u < 8; ++u)
-                    value[u] = q0 + u < splits && s_split_max[(q0 + u) * G + g] > 0.0f
-                                   ? r4d_load4_l2(all + (q0 + u) * STRIDE + 4 * i) : zero;
+                for (int u = 0; u < ATT_MERGE; ++u)
+                    value[u] = q0 + u < splits ? r4d_load4_l2(all + (q0 + u) * STRIDE + 4 * i) : zero;
 #pragma unroll
-                for (int u = 0; u < 8; ++u)
+                for (int u = 0; u < ATT_MERGE; ++u)
                     if (q0 + u < splits && s_split_max[(q0 + u) * G + g] > 0.0f)
                         mixed = r4d_axpy4(s_split_max[(q0 + u) * G + g], value[u], mixed);
             }
@@ -393,29 +515,14 @@ __device__ void attend(const Attend& p) {
     // q rotated, in place: only this (token, kv head)'s blocks read these heads, and they are done
     float4* qout = (float4*)(p.q + ((long long)m * p.q_heads + kvh * G) * D);
     for (int i = tid; i < G * C; i += ATT_THREADS) qout[i] = s_q[i];
-    if (decode) {
-        // this token's k rotated by the block's cos and sin, a thread a pair (both read before either
-        // is written), in place and at the token's slot, with its v
-        const long long row = (long long)m * width + keys.head, slot = (long long)p.slots[m] * width + keys.head;
-        for (int i = tid; i < D / 2; i += ATT_THREADS) {
-            int ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + D / 2;
-            float a = p.k[row + ia], b = p.k[row + ib], c = s_cos[i], sn = s_sin[i];
-            float ra = a * c - b * sn, rb = a * sn + b * c;
-            p.k[row + ia] = ra;
-            p.k[row + ib] = rb;
-            p.k_cache[slot + ia] = ra;
-            p.k_cache[slot + ib] = rb;
-        }
-        for (int d = tid; d < D; d += ATT_THREADS) p.v_cache[slot + d] = p.v[row + d];
-        return;
-    }
+    if (decode) return;  // k, v stored and k rotated by the block that read them
     // k rotated in place by the grid's last group: later tokens of a sequence read earlier ones' k
-    __threadfence();
+    r4d_fence_each();
     __syncthreads();
-    if (tid == 0) s_last = atomicAdd(p.counters + gridDim.x * p.kv_heads, 1u) == gridDim.x * p.kv_heads - 1;
+    if (tid == 0) s_last = r4d_arrive(p.counters + gridDim.x * p.kv_heads) == gridDim.x * p.kv_heads - 1;
     __syncthreads();
     if (!s_last) return;
-    __threadfence();
+    r4d_fence_each();
     rotate_pairs(p.k, gridDim.x * p.kv_heads, D, p.positions, p.kv_heads, p);
     if (tid == 0) p.counters[gridDim.x * p.kv_heads] = 0u;
 }
@@ -432,7 +539,7 @@ __device__ void attend(const Attend& p) {
         float* q, float* k, const float* v, float* k_cache, float* v_cache, const int* slots, const int* positions, \
         const int* cu_seqlens, const int* context_lens, const int* block_tables, float* out, const float* inv_freq, \
         float* partial, u32* counters, int seqs, int max_blocks, int q_heads, int kv_heads, int head_dim,         \
-        int block_size, int interleaved, float scale) { R4D_CHAIN_PROLOGUE();                                     \
+        int block_size, int interleaved, float scale) { /* attend() waits on the chain */                          \
         Attend p = {q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out,      \
                     inv_freq, partial, counters, seqs, max_blocks, q_heads, kv_heads, head_dim, block_size,       \
                     interleaved, scale};                                                                         \

@@ -90,6 +90,16 @@ __device__ __forceinline__ float r4d_load_l2(const float* p) {
 #endif
 }
 
+// The 128-byte line at p asked into the L2, nothing waiting on it (AMD and the host model: no
+// prefetch; the load that follows fetches it)
+__device__ __forceinline__ void r4d_prefetch_l2(const void* p) {
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+
 // (a, ia) ranks before (b, ib) in np.argmax's order: the larger value, a NaN above everything, the
 // lower index among equals
 __device__ __forceinline__ bool r4d_better(float a, int ia, float b, int ib) {

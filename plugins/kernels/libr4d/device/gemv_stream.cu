@@ -29,15 +29,6 @@
 #define GS_UNIT 2
 #endif
 
-// (AMD: no prefetch; the load that follows fetches it)
-__device__ __forceinline__ void r4d_prefetch_l2(const void* p) {
-#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-    (void)p;
-#endif
-}
-
 // a weight plane's 16 bits, read once
 __device__ __forceinline__ u32 r4d_stream_u16(const u16* p) {
 #if defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
