@@ -153,19 +153,7 @@ def test_attention_window_cu_agrees_with_libref(registry, on_host, heads, kv, d,
 def test_rope_attention_cu_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, sequences):
     """attention.cu's fused rope + store + attention (r4d_attend_fresh): q, k and the cache left as rope and the
     attention row leave them, bit for bit, and the output within attention's tolerance."""
-    operands, params = attention_operands(heads, kv, d, sequences, seed=d + len(sequences))
-    q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, out = operands
-    inv_freq = (1.0 / 10000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
-    fused = [q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, lengths, blocks, out]
-    params = {key: value for key, value in params.items() if key != "seqs"} | {"interleaved": interleaved}
-    read = (0, 1, 5, 6, 11)
-    got = on_host.run(device_row(registry, "r4dchain_rope_attention_dev"), fused, params, None, read)
-    want = [np.array(o, copy=True) for o in fused]
-    assert host_launch(row_of(registry, "rope_attention", "libref"), want, params, None) == RAD_OK
-    for i in (0, 1, 5, 6):
-        np.testing.assert_array_equal(got[i], want[i], err_msg=f"operand {i}")
-    tolerance = module(registry, "device_kernels").TOLERANCE["attention"]
-    assert rel_err(got[11], want[11]) <= tolerance, rel_err(got[11], want[11])
+    rope_attention_agrees(registry, on_host, heads, kv, d, sequences, d + len(sequences), 10000.0, interleaved)
 
 
 @pytest.mark.parametrize("splits,sequences", [
@@ -178,12 +166,17 @@ def test_rope_attention_cu_agrees_at_every_split_count(registry, on_host, monkey
     merging block's first splits copied into shared memory, the rest loaded; a decode token's k and
     v stored by the block that holds its key; this step's keys read by every split that holds them."""
     monkeypatch.setattr(module(registry, "device_kernels"), "ATT_SPLITS", splits)
-    heads, kv, d = 8, 2, 128
-    operands, params = attention_operands(heads, kv, d, sequences, seed=splits + len(sequences))
+    rope_attention_agrees(registry, on_host, 8, 2, 128, sequences, splits + len(sequences), 500000.0, 0)
+
+
+def rope_attention_agrees(registry, on_host, heads, kv, d, sequences, seed, theta, interleaved):
+    """attention.cu's fused rope + store + attention on the host model against libref's rope_attention:
+    q, k and the cache bit for bit, the output within attention's tolerance."""
+    operands, params = attention_operands(heads, kv, d, sequences, seed=seed)
     q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, out = operands
-    inv_freq = (1.0 / 500000.0 ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
+    inv_freq = (1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
     fused = [q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, lengths, blocks, out]
-    params = {key: value for key, value in params.items() if key != "seqs"} | {"interleaved": 0}
+    params = {key: value for key, value in params.items() if key != "seqs"} | {"interleaved": interleaved}
     read = (0, 1, 5, 6, 11)
     got = on_host.run(device_row(registry, "r4dchain_rope_attention_dev"), fused, params, None, read)
     want = [np.array(o, copy=True) for o in fused]

@@ -1,6 +1,8 @@
 """The plans ring's record (generation/plan_record.py): a step's arrays and feed round trip into a
 rank's step inputs, byte for byte, and a record that does not fit is refused in one line."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -106,6 +108,29 @@ def test_plans_taken_from_a_ring_land_in_the_step_inputs_step_after_step(way):
     assert made == ([0, 1, 1, 0, 1, 0, 1, 0] if way == "native" else [None] * 8)
 
 
+@contextlib.contextmanager
+def _native_plans():
+    """A plans ring of one reader taken natively, with its step inputs and a feeding PlanReader
+    (a host rank's); the ring unlinked and the Python take restored after."""
+    import secrets
+
+    from radiance.collectives.ring import RingReader, RingWriter
+    from radiance.collectives.shm import new_run_id, unlink_run
+
+    use_ring_take("native")
+    run_id, secret = new_run_id(), secrets.token_bytes(32)
+    writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
+    reader = RingReader.attach(run_id, "plans", 0, secret)
+    inputs = StepInputs(16, 4, 8)
+    try:
+        yield writer, reader, inputs, PlanReader(inputs, whole=True, feeds=True)
+    finally:
+        use_ring_take("python")
+        reader.close()
+        writer.close()
+        unlink_run(run_id)
+
+
 def _fed_steps(taker, writer, reader, inputs, steps, sampled):
     """Publish and take each (ids, feed pairs) of `steps` (one sequence a token, tokens == seqs),
     the step inputs' sampled tokens being `sampled` before each; (plan, the ids in the step inputs,
@@ -125,20 +150,11 @@ def test_a_native_take_applies_the_feed_of_a_plan_of_the_last_shape():
     fed from the sampled tokens (its feed then None: nothing left to the step); a feed that reads
     past the tokens sampled, or writes past the plan's ids, is left to the step, decoded, which
     refuses it (generation/feed.py); a new shape is decoded in Python with its feed."""
-    import secrets
-
-    from radiance.collectives.ring import MADE_COPIES, MADE_FED, RingReader, RingWriter
-    from radiance.collectives.shm import new_run_id, unlink_run
+    from radiance.collectives.ring import MADE_COPIES, MADE_FED
     from radiance.generation.feed import FeedError
 
-    use_ring_take("native")
-    run_id, secret = new_run_id(), secrets.token_bytes(32)
-    writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
-    reader = RingReader.attach(run_id, "plans", 0, secret)
-    inputs = StepInputs(16, 4, 8)
-    taker = PlanReader(inputs, whole=True, feeds=True)
     sampled = np.array([701, 702, 703], np.int32)
-    try:
+    with _native_plans() as (writer, reader, inputs, taker):
         steps = [(3, [(0, 2), (2, 0)]), (3, [(0, 1), (1, 0)]), (3, [(0, 1), (1, 0)]), (3, [(2, 1), (0, 0)]),
                  (3, [(0, 3), (1, 0)]), (3, [(0, 0), (1, 1)])]
         taken = _fed_steps(taker, writer, reader, inputs, steps, sampled)
@@ -164,29 +180,15 @@ def test_a_native_take_applies_the_feed_of_a_plan_of_the_last_shape():
         writer.publish(plan_record.encode(_arrays(3, 3, 8), Feed.of([(0, 0), (1, 0)])))
         plan = taker.take(reader, 0, timeout=5)
         assert reader.made == MADE_COPIES and plan.feed == Feed.of([(0, 0), (1, 0)])
-    finally:
-        use_ring_take("python")
-        reader.close()
-        writer.close()
-        unlink_run(run_id)
 
 
 def test_a_forged_plan_of_the_last_shape_reaches_no_step_input():
     """The take that would copy a plan of the last shape and apply its feed in C (feeds=True)
     refuses a record changed after it was signed before any copy: the step inputs keep the last
     plan's, the record is not consumed, and the refusal names the ring and the record."""
-    import secrets
+    from radiance.collectives.ring import SLOT_HEADER, RingError
 
-    from radiance.collectives.ring import SLOT_HEADER, RingError, RingReader, RingWriter
-    from radiance.collectives.shm import new_run_id, unlink_run
-
-    use_ring_take("native")
-    run_id, secret = new_run_id(), secrets.token_bytes(32)
-    writer = RingWriter.create(run_id, "plans", 1, 2, plan_record.size(16, 4, 8, 4), secret)
-    reader = RingReader.attach(run_id, "plans", 0, secret)
-    inputs = StepInputs(16, 4, 8)
-    taker = PlanReader(inputs, whole=True, feeds=True)
-    try:
+    with _native_plans() as (writer, reader, inputs, taker):
         for seed in (0, 1):
             writer.publish(plan_record.encode(_arrays(2, 2, 8, seed), Feed.of([(0, 1)])))
             taker.take(reader, 2, timeout=5)
@@ -199,8 +201,3 @@ def test_a_forged_plan_of_the_last_shape_reaches_no_step_input():
         assert reader.made == 0 and reader.next == 3 and int(reader.consumed[0]) == 2
         for name in PLANNED:
             assert np.array_equal(inputs[name], before[name]), name
-    finally:
-        use_ring_take("python")
-        reader.close()
-        writer.close()
-        unlink_run(run_id)
