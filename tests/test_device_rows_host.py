@@ -70,7 +70,7 @@ def test_every_kernel_name_is_defined_in_its_source(registry):
     for mt in (1, 2, 4, 8):
         assert f"GEMV_ENTRY({mt})" in gemv
     assert dk.gemv_options("q4_1", 2, 1)[:3] == ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=2", "-DR4D_GEMV_NORM=1")
-    assert dk.attention_options(128, 4) == ("-DR4D_ATT_D=128", "-DR4D_ATT_G=4", "-DR4D_ATT_AHEAD=2")
+    assert dk.attention_options(128, 4) == ("-DR4D_ATT_D=128", "-DR4D_ATT_G=4", "-DR4D_ATT_AHEAD=0")
     assert [dk.gemv_variant(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     with pytest.raises(ValueError):
         dk.gemv_variant(9)
@@ -181,7 +181,7 @@ def test_attention_sizes_sequences_and_blocks_from_shapes(registry):
     assert (attend, grid, block) == ("r4d_attend_cache", (m, 3, splits), (256, 1, 1)) and splits > 1
     assert ints(args, range(14, 21)) == [seqs, max_blocks, 9, 3, 64, 16, 0]
     assert pointers(args, [11, 13]) == [0, 0x9000000]  # no inv_freq; the counters first in the scratch
-    assert stream.compiled[-1] == ("r4d_attend_cache", ("-DR4D_ATT_D=64", "-DR4D_ATT_G=3", "-DR4D_ATT_AHEAD=2"))
+    assert stream.compiled[-1] == ("r4d_attend_cache", ("-DR4D_ATT_D=64", "-DR4D_ATT_G=3", "-DR4D_ATT_AHEAD=0"))
 
 
 def test_a_short_context_takes_fewer_whole_tile_splits_than_the_grid(registry):
@@ -202,7 +202,7 @@ def test_r4d_att_splits_sets_the_grids_splits_within_the_scratch(registry, monke
     """R4D_ATT_SPLITS (device_kernels.ATT_SPLITS): the grid's splits for every shape, never past
     what the scratch holds (M * kv_heads + 512 partials); a bad value is refused naming it."""
     dk = module(registry, "device_kernels")
-    assert dk.ATT_SPLITS is None and dk.ATT_AHEAD == 2  # the suite runs without either
+    assert dk.ATT_SPLITS is None and dk.ATT_AHEAD == 0  # the suite runs without either
     assert [dk.setting("R4D_ATT_SPLITS", text, 1, dk.ATT_MAX_SPLITS) for text in ("1", "7", "32")] == [1, 7, 32]
     for text in ("0", "33", "x", "2.5"):
         with pytest.raises(ValueError, match=f"R4D_ATT_SPLITS={text!r}: expected an integer 1..32"):

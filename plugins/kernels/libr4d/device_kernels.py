@@ -240,8 +240,10 @@ ATT_SPLITS = setting("R4D_ATT_SPLITS", os.environ["R4D_ATT_SPLITS"], 1, ATT_MAX_
     if os.environ.get("R4D_ATT_SPLITS") else None
 # tiles past the one in registers that an attention block asks into the L2 (attention.cu's
 # R4D_ATT_AHEAD; 0: none). R4D_ATT_AHEAD=n sets it for a process; bench/card_attention.py --ahead
-# sets ATT_AHEAD itself between its cases (a module per value).
-ATT_AHEAD = setting("R4D_ATT_AHEAD", os.environ["R4D_ATT_AHEAD"], 0, 8) if os.environ.get("R4D_ATT_AHEAD") else 2
+# sets ATT_AHEAD itself between its cases (a module per value). 0 by default: on an H200
+# (bench/results/h200_card_runs_2026-12-03e.md) 2 ahead was level at batch 1 and 1.5x slower at batch 8
+# from 4096 positions (151 against 97 us at 4096, 288 against 190 at 8192).
+ATT_AHEAD = setting("R4D_ATT_AHEAD", os.environ["R4D_ATT_AHEAD"], 0, 8) if os.environ.get("R4D_ATT_AHEAD") else 0
 
 
 def attention_splits(m: int, kv_heads: int, multiprocessors: int) -> int:
