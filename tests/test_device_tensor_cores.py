@@ -122,7 +122,8 @@ def test_a_wgmma_plan_narrows_x_then_asks_for_sm_90a_and_its_swizzled_stages(reg
     assert stream.compiled == [("r4d_narrow_bf16_dev", ()),
                                ("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1", warpgroups,
                                                          f"-DWG_BN={cut.cols}", f"-DWG_KB={cut.k_bytes}",
-                                                         f"-DWG_STAGES={cut.stages}", "-DWG_GROUP=16"))]
+                                                         f"-DWG_STAGES={cut.stages}", f"-DWG_DEPTH={cut.depth}",
+                                                         "-DWG_GROUP=16"))]
     assert pointers(args, [0, 2, 5, 6, 7]) == [rows, 0x7000000, 0x2000, 0x9000000 + layout["partial"], 0x9000000]
     assert ints(args, [8, 9, 10, 11]) == [37, 4096, 4096, per] and per * cut.k_bytes // 2 * splits >= 4096
     # the bf16 rows overlap neither the partials nor the counters, and the scratch hook sized for them
@@ -141,9 +142,11 @@ def test_the_wgmma_cuts_fit_the_launch_rule_and_say_what_is_wrong(registry):
         assert cut.blocks == (2 if (cut.rows, cut.cols) == (128, 128) else 1)
         assert cut.for_kind("bf16") == cut and cut.for_kind("e4m3").rows == 128
     assert tc.WgmmaCut.parse("128,128,128,2").shared == 64 << 10 and tc.WgmmaCut.parse("192,256,32,4").threads == 384
-    for text, match in [("128,256,32", "four integers"), ("128,256,32,x", "four integers"), ("128,256,128,2", "65536"),
+    assert str(tc.WgmmaCut.parse("128,256,32,5,1")) == "128,256,32,5" and tc.WgmmaCut.parse("128,256,32,5,2").depth == 2
+    for text, match in [("128,256,32", "four or five"), ("128,256,32,x", "four or five"), ("128,256,128,2", "65536"),
                         ("64,128,64,4", "rows 128 or 192"), ("128,128,16,4", "k_bytes"), ("192,128,64,2", "192 with 256"),
-                        ("128,128,64,1", "stages >= 2")]:
+                        ("128,128,64,1", "stages >= depth"), ("128,128,128,2,2", "stages >= depth"),
+                        ("128,256,32,5,3", "depth 1 or 2")]:
         with pytest.raises(ValueError, match=match):
             tc.WgmmaCut.parse(text)
 

@@ -39,7 +39,8 @@ PTX_START, PTX_END = "// ---- wgmma's PTX", "// ---- end of wgmma's PTX"
 DYNAMIC = "extern __shared__ __align__(1024) u8 wg_shared[];"
 # the kernel with one of its orderings taken out, which the host model must notice
 BROKEN = {"no barrier before the MMAs": ("        wg_proxy_fence();\n        __syncthreads();\n", "        wg_proxy_fence();\n"),
-          "no wait_group 1": ("        wg_wait<1>();\n", "\n")}
+          "no wait_group 1": ("        wg_wait<WG_DEPTH>();\n", "\n"),
+          "a wait_group one deeper than the stages allow": ("        wg_wait<WG_DEPTH>();\n", "        wg_wait<WG_DEPTH + 1>();\n")}
 
 
 def host_source(broken: str | None = None) -> str:
@@ -191,7 +192,8 @@ def test_the_kernel_as_written_computes_the_product_on_the_modelled_card(kind, m
 @pytest.mark.parametrize("kind,m,n,k,splits,per_row", [CASES[0], CASES[1], CASES[4], CASES[5]])
 def test_every_cut_offered_computes_the_product_on_the_modelled_card(cut, kind, m, n, k, splits, per_row):
     """The bench's other cuts (device_tensor_cores.CUTS): 128- and 64-byte swizzles, 2 to 5 stages,
-    128 and 256 columns, three warpgroups, with tails in M, N and K and split K."""
+    one or two k-tiles of MMAs in flight, 128 and 256 columns, three warpgroups, with tails in M, N
+    and K and split K."""
     check(kind, m, n, k, splits, per_row, tc.WgmmaCut.parse(cut))
 
 
@@ -211,7 +213,8 @@ def test_groups_of_four_row_tiles_cover_every_tile_once():
 @pytest.mark.parametrize("broken", list(BROKEN))
 def test_the_model_catches_a_kernel_that_reads_a_stage_out_of_order(broken):
     """Without the barrier, a thread issues its MMAs before the other threads' copies of the tile are
-    in; without wait_group 1, tile i + 1's copies overwrite the stage tile i - 1's MMAs still read."""
+    in; without the wait_group (or with one that leaves a group more in flight), a later tile's
+    copies overwrite a stage whose MMAs are still in flight."""
     x, w, xv, wv = operands("bf16", 130, 256, 512, 5)
     y, (faults, races, mmas, left), _ = run(library(broken), "bf16", x, w, 130, 256, 512)
     assert races > 0 and mmas > 0, broken  # (and without wait_group 1, more MMAs pending than a card holds: faults)
@@ -239,5 +242,5 @@ def test_the_sm_90a_build_fits_its_blocks_a_multiprocessor_and_reads_both_operan
         # SS: A from a descriptor too (RS would name a register in its place: "R24, R88, gdesc[...]")
         assert mmas and len(mmas) % (cut.k_bytes // 32) == 0, mmas
         assert all(re.search(r"R\d+, gdesc\[UR\d+\], R\d+", line) for line in mmas), mmas
-        assert "LDGSTS.E.BYPASS.128" in listing and "WARPGROUP.DEPBAR.LE gsb0, 0x1" in listing
+        assert "LDGSTS.E.BYPASS.128" in listing and f"WARPGROUP.DEPBAR.LE gsb0, 0x{cut.depth}" in listing
         assert "LDL" not in listing and "STL" not in listing

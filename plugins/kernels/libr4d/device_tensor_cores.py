@@ -65,12 +65,15 @@ class WgmmaCut:
     """gemm_wgmma.cu's cut of the work (its WG_* macros): a block of `rows` x `cols` outputs (rows / 64
     warpgroups of 128 threads, m64n`cols` MMAs, cols / 2 f32 accumulators a thread), `k_bytes` of K a
     stage of each row (128, 64 or 32: stored in the swizzle of that width, k_bytes / 32 MMAs a stage),
-    `stages` stages of x's rows then w's. All stages within RAD_MAX_SHARED_BYTES (64 KiB a launch).
-    Blocks a multiprocessor: two where two blocks' accumulators fit the registers (128 x 128), else one."""
+    `stages` stages of x's rows then w's, `depth` k-tiles of MMAs left in flight after a step (1 or
+    2: the rest of the stages, stages - depth, are copied ahead). All stages within
+    RAD_MAX_SHARED_BYTES (64 KiB a launch). Blocks a multiprocessor: two where two blocks'
+    accumulators fit the registers (128 x 128), else one."""
     rows: int = 128
     cols: int = 256
     k_bytes: int = 32
     stages: int = 5
+    depth: int = 1
 
     @property
     def threads(self) -> int:
@@ -95,35 +98,38 @@ class WgmmaCut:
 
     def defines(self) -> tuple:
         return (f"-DWG_WARPGROUPS={self.rows // 64}", f"-DWG_BN={self.cols}", f"-DWG_KB={self.k_bytes}",
-                f"-DWG_STAGES={self.stages}")
+                f"-DWG_STAGES={self.stages}", f"-DWG_DEPTH={self.depth}")
 
     def __str__(self) -> str:
-        return f"{self.rows},{self.cols},{self.k_bytes},{self.stages}"
+        return f"{self.rows},{self.cols},{self.k_bytes},{self.stages}" + (f",{self.depth}" if self.depth != 1 else "")
 
     @classmethod
     def parse(cls, text: str) -> "WgmmaCut":
-        """'rows,cols,k_bytes,stages' (R4D_WG_CUT): ValueError naming what is wrong."""
+        """'rows,cols,k_bytes,stages[,depth]' (R4D_WG_CUT): ValueError naming what is wrong."""
         try:
             parts = [int(part) for part in text.split(",")]
-            if len(parts) != 4:
+            if len(parts) not in (4, 5):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"R4D_WG_CUT={text!r}: expected 'rows,cols,k_bytes,stages', four integers") from None
+            raise ValueError(f"R4D_WG_CUT={text!r}: expected 'rows,cols,k_bytes,stages[,depth]', four or five "
+                             "integers") from None
         cut = cls(*parts)
-        if not (cut.rows in (128, 192) and cut.cols in (128, 256) and cut.k_bytes in (32, 64, 128) and cut.stages >= 2
-                and cut.shared <= 65536 and (cut.rows, cut.cols) != (192, 128)):
+        if not (cut.rows in (128, 192) and cut.cols in (128, 256) and cut.k_bytes in (32, 64, 128) and cut.depth in (1, 2)
+                and cut.stages >= cut.depth + 1 and cut.shared <= 65536 and (cut.rows, cut.cols) != (192, 128)):
             raise ValueError(f"R4D_WG_CUT={text!r}: rows 128 or 192 (192 with 256 cols), cols 128 or 256, k_bytes "
-                             f"32, 64 or 128, stages >= 2, stages x (rows + cols) x k_bytes <= 65536")
+                             f"32, 64 or 128, depth 1 or 2, stages >= depth + 1, stages x (rows + cols) x k_bytes <= 65536")
         return cut
 
 
-# The cuts bench/card_prefill_gemm.py --cuts compares by default, the first today's default:
-# 128 x 256 (1 byte of shared memory for 85 flops, 64 for 128 x 128) in 5 stages of 32 bytes of K;
-# 128 x 128 with 2 stages of 128 bytes (the kernel of 2026-12-03d, 0.45-0.49x cuBLAS) or 4 of 64
-# (twice the bytes in flight a multiprocessor); 128 x 256 in 2 stages of 64; 192 x 256 in 4 of 32.
-CUTS = tuple(WgmmaCut.parse(text) for text in ("128,256,32,5", "128,128,128,2", "128,128,64,4", "128,256,64,2",
-                                                  "192,256,32,4"))
-# R4D_WG_CUT="rows,cols,k_bytes,stages" cuts gemm_wgmma.cu's work otherwise for a process; read at
+# The cuts bench/card_prefill_gemm.py --cuts all compares, the first today's default: 128 x 256 (1
+# byte of shared memory for 85 flops, 64 for 128 x 128) in 5 stages of 32 bytes of K with two
+# k-tiles of MMAs in flight (one block a multiprocessor: the tensor cores stay fed while its
+# threads pass the barriers and issue the next copies), and the same with one; 128 x 128 with 2
+# stages of 128 bytes (the kernel of 2026-12-03d, 0.45-0.49x cuBLAS) or 4 of 64 (twice the bytes in
+# flight a multiprocessor); 128 x 256 in 2 stages of 64; 192 x 256 in 4 of 32.
+CUTS = tuple(WgmmaCut.parse(text) for text in ("128,256,32,5,2", "128,256,32,5", "128,128,128,2", "128,128,64,4",
+                                                  "128,256,64,2", "192,256,32,4"))
+# R4D_WG_CUT="rows,cols,k_bytes,stages[,depth]" cuts gemm_wgmma.cu's work otherwise for a process; read at
 # every launch's plan (the bench sets WGMMA_CUT between shapes to compare cuts in one run)
 WGMMA_CUT = WgmmaCut.parse(os.environ["R4D_WG_CUT"]) if os.environ.get("R4D_WG_CUT") else CUTS[0]
 # gemm_wgmma.cu's WG_GROUP: row tiles a group of blocks goes down before moving right (16: a wave of

@@ -18,6 +18,9 @@
 //                  16 bf16, 32 e4m3)
 //   WG_STAGES      stages of x's WG_BM rows then w's WG_BN rows, (WG_BM + WG_BN) WG_KB bytes each;
 //                  all of them in the 64 KiB a launch may have (RAD_MAX_SHARED_BYTES, abi/rad_stream.h)
+//   WG_DEPTH       k-tiles of MMAs a warpgroup leaves in flight after a step (wait_group WG_DEPTH):
+//                  1 or 2; 2 keeps the tensor cores two tiles deep while the block's threads pass
+//                  the barriers and issue copies, at one stage fewer of copies in flight
 // No static shared memory and no slack to align: the dynamic area starts 1024-aligned when there is
 // no static shared memory (checked: a trap otherwise). Why several cuts: a 128 x 128 block moves 1
 // byte of shared memory for 64 flops, and at two such blocks a multiprocessor keeps ~64 KiB of copies
@@ -37,6 +40,9 @@
 #ifndef WG_STAGES
 #define WG_STAGES 5
 #endif
+#ifndef WG_DEPTH
+#define WG_DEPTH 2
+#endif
 #ifndef WG_GROUP
 #define WG_GROUP 16                        // row tiles a group of blocks goes down before it moves right
 #endif
@@ -51,7 +57,8 @@
 // the descriptor's layout type of the swizzle: 1 = 128-byte, 2 = 64-byte, 3 = 32-byte
 #define WG_LAYOUT (WG_KB == 128 ? 1 : WG_KB == 64 ? 2 : 3)
 #if (WG_KB != 128 && WG_KB != 64 && WG_KB != 32) || (WG_BN != 128 && WG_BN != 256) || WG_WARPGROUPS < 1 || \
-    WG_WARPGROUPS > 3 || WG_STAGES < 2 || WG_STAGES * WG_STAGE_BYTES > 65536
+    WG_WARPGROUPS > 3 || WG_DEPTH < 1 || WG_DEPTH > 2 || WG_STAGES < WG_DEPTH + 1 ||                         \
+    WG_STAGES * WG_STAGE_BYTES > 65536
 #error "gemm_wgmma.cu: a cut outside what the kernel is written for (device_tensor_cores.WgmmaCut says which)"
 #endif
 
@@ -166,30 +173,34 @@ __device__ void wg_gemm(const TcGemm& p) {
     float d[WG_ACC];
 #pragma unroll
     for (int i = 0; i < WG_ACC; ++i) d[i] = 0.0f;
-    // the first WG_STAGES - 1 k-tiles: w's before the chain's wait (the weights are no kernel's
-    // output), x's after it; a cp.async group a tile (the first also holds those w tiles)
+    // AHEAD = WG_STAGES - WG_DEPTH k-tiles are copied ahead of the MMAs: the first AHEAD before the
+    // loop, w's before the chain's wait (the weights are no kernel's output), x's after it; a
+    // cp.async group a tile (the first also holds those w tiles)
+    enum { AHEAD = WG_STAGES - WG_DEPTH };
 #pragma unroll
-    for (int s = 0; s < WG_STAGES - 1; ++s)
+    for (int s = 0; s < AHEAD; ++s)
         if (s < count) wg_load<WG_BN>(wg_shared + s * WG_STAGE_BYTES + WG_X_BYTES, p.w, p.N, p.K, EB, n0, t0 + s);
     R4D_CHAIN_PROLOGUE();
 #pragma unroll
-    for (int s = 0; s < WG_STAGES - 1; ++s) {
+    for (int s = 0; s < AHEAD; ++s) {
         if (s < count) wg_load<WG_BM>(wg_shared + s * WG_STAGE_BYTES, x, p.M, p.K, EB, m0, t0 + s);
         r4d_cp_commit();
     }
     // k-tile i lives in stage i % WG_STAGES. The order of a step, and why:
-    //  1. wait for this thread's copies of tile i (WG_STAGES - 2 later groups may stay in flight),
+    //  1. wait for this thread's copies of tile i (AHEAD - 1 later groups may stay in flight),
     //     fence them to the async proxy, then the barrier: every thread's copies of tile i are in.
     //  2. issue tile i's WG_KB / 32 MMAs (K 16 or 32 each: the descriptors advanced 32 bytes) and
     //     commit them.
-    //  3. wait_group 1: this warpgroup's MMAs of tile i - 1 have retired (read their stage), while
-    //     tile i's stay in flight; then the barrier: the other warpgroups' have too.
-    //  4. only now copy tile i + WG_STAGES - 1 into stage (i - 1) % WG_STAGES, tile i - 1's.
-    // So tiles i + 1 .. i + WG_STAGES - 2's copies (issued in earlier steps' step 4) land under tile
+    //  3. wait_group WG_DEPTH: this warpgroup's MMAs of tile i - WG_DEPTH have retired (read their
+    //     stage), while tiles i - WG_DEPTH + 1 .. i stay in flight; then the barrier: the other
+    //     warpgroups' have too.
+    //  4. only now copy tile i - WG_DEPTH + WG_STAGES into stage (i - WG_DEPTH) % WG_STAGES, the
+    //     retired tile's.
+    // So tiles i + 1 .. i + AHEAD - 1's copies (issued in earlier steps' step 4) land under tile
     // i's MMAs, and no stage is written while an MMA may still read it.
     for (int i = 0; i < count; ++i) {
         u8* stage = wg_shared + (i % WG_STAGES) * WG_STAGE_BYTES;
-        r4d_cp_wait<WG_STAGES - 2>();
+        r4d_cp_wait<AHEAD - 1>();
         wg_proxy_fence();
         __syncthreads();
         u64 a = wg_desc(stage + warpgroup * 64 * WG_KB), b = wg_desc(stage + WG_X_BYTES);
@@ -197,13 +208,12 @@ __device__ void wg_gemm(const TcGemm& p) {
 #pragma unroll
         for (int j = 0; j < WG_KB / 32; ++j) wg_mma<KIND, WG_BN>(d, a + 2 * j, b + 2 * j);
         wg_commit();
-        wg_wait<1>();
+        wg_wait<WG_DEPTH>();
         __syncthreads();
-        int next = i + WG_STAGES - 1;
-        if (next < count) {
-            u8* into = wg_shared + (next % WG_STAGES) * WG_STAGE_BYTES;
-            wg_load<WG_BM>(into, x, p.M, p.K, EB, m0, t0 + next);
-            wg_load<WG_BN>(into + WG_X_BYTES, p.w, p.N, p.K, EB, n0, t0 + next);
+        if (i + AHEAD < count) {
+            u8* into = wg_shared + ((i + AHEAD) % WG_STAGES) * WG_STAGE_BYTES;
+            wg_load<WG_BM>(into, x, p.M, p.K, EB, m0, t0 + i + AHEAD);
+            wg_load<WG_BN>(into + WG_X_BYTES, p.w, p.N, p.K, EB, n0, t0 + i + AHEAD);
         }
         r4d_cp_commit();
     }
