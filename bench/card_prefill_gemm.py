@@ -4,7 +4,7 @@ over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shap
 
     source bench/card_setup.sh; python3 bench/card_prefill_gemm.py [--tokens 2048] [--lm-head] [--fp8]
     python3 bench/card_prefill_gemm.py --cuts all          # every cut of device_tensor_cores.CUTS, one after another a shape
-    python3 bench/card_prefill_gemm.py --cuts 128,128,64,4 128,256,32,5   # these cuts (rows,cols,k_bytes,stages)
+    python3 bench/card_prefill_gemm.py --cuts 128,128,64,4 128,256,32,5,2   # these cuts (rows,cols,k_bytes,stages[,depth])
     R4D_TC_KERNEL=mma python3 bench/card_prefill_gemm.py   # mma.sync's kernel (gemm_mma.cu) on the same card
     R4D_WG_GROUP=1 python3 bench/card_prefill_gemm.py      # wgmma's tiles in the old order (a wave along a row tile)
     python3 bench/card_prefill_gemm.py --carveout          # the GEMM hinted to the most shared memory first
@@ -137,7 +137,7 @@ def sampled_err(got, x, w_values, rows) -> float:
 
 
 def cuts_of(tc, texts, kernels) -> list:
-    """The gemm_wgmma.cu cuts to time (--cuts: 'all', or 'rows,cols,k_bytes,stages' each); [None] where
+    """The gemm_wgmma.cu cuts to time (--cuts: 'all', or 'rows,cols,k_bytes,stages[,depth]' each); [None] where
     the card runs no wgmma (the cut is then no question) or --cuts is not given (the process's cut)."""
     if "wgmma" not in kernels.values() or not texts:
         return [None]
@@ -155,7 +155,7 @@ def main():
     parser.add_argument("--carveout", action="store_true",
                         help="hint the GEMM entries to the most shared memory first (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT)")
     parser.add_argument("--cuts", nargs="+", metavar="CUT",
-                        help="gemm_wgmma.cu's cuts to compare in this run, each 'rows,cols,k_bytes,stages' "
+                        help="gemm_wgmma.cu's cuts to compare in this run, each 'rows,cols,k_bytes,stages[,depth]' "
                              "(device_tensor_cores.WgmmaCut), or 'all' (device_tensor_cores.CUTS); default: the "
                              "process's own (R4D_WG_CUT, else CUTS[0])")
     args = parser.parse_args()
@@ -177,7 +177,7 @@ def main():
                "kernels": kernels, "wgmma_group": tc.WGMMA_GROUP, "tolerance": tc.TOLERANCE, "cases": [],
                "cuts": [str(cut or own) for cut in cuts]}
     print(f"card {results['card']} ({device.target}); M = {m}; kernels {kernels} (wgmma's tiles in groups of "
-          f"{tc.WGMMA_GROUP} row tiles; cuts rows,cols,k_bytes,stages: {', '.join(results['cuts'])}); {peer}", flush=True)
+          f"{tc.WGMMA_GROUP} row tiles; cuts rows,cols,k_bytes,stages[,depth]: {'; '.join(results['cuts'])}); {peer}", flush=True)
     kinds = ["bf16", "e4m3"] if args.fp8 else ["bf16"]
     if args.carveout:
         results["carveout"] = []

@@ -7,9 +7,12 @@ fake card's numpy form does not reach: the swizzled chunk each thread copies and
 that read it back for x and w alike, the 32-byte steps along K, the stages' order against
 wait_group (a stage rewritten under an MMA still in flight, or read before every thread's copy is
 in, counts a race), the output rows and columns each lane holds, M, N and K tails, split K and its
-counters, e4m3's scales. Against a float64 product of the same bf16 or e4m3 values; the kernel
-with its barrier or its wait_group 1 taken out must be caught. And nvcc's sm_90a build of the source
-as a card gets it: registers, no spills, no static shared memory, the SS form of HGMMA and QGMMA.
+counters, e4m3's scales; in every cut the bench offers (device_tensor_cores.CUTS: the 128-, 64- and
+32-byte swizzles, m64n128 and m64n256, 2 or 3 warpgroups, 2-5 stages, 1 or 2 k-tiles of MMAs in
+flight). Against a float64 product of the same bf16 or e4m3 values; the kernel with its barrier or
+its wait_group taken out, or waiting one group too few, must be caught. And nvcc's sm_90a build of
+each cut as a card gets it: registers, no spills, no static shared memory, the SS form of HGMMA and
+QGMMA.
 Skipped, saying so, where g++ (or nvcc, for its tests) is missing."""
 
 import contextlib

@@ -27,7 +27,7 @@
 // in flight; whether the tensor cores then wait on the latency of those copies (more, smaller stages:
 // WG_KB 64, 4 stages) or on L2's bandwidth (a wider block: 128 x 256 moves 1 byte for 85 flops) is the
 // card's to say (bench/card_prefill_gemm.py --cuts).
-// (the defaults: device_tensor_cores.CUTS[0], which options() passes as every cut)
+// (the defaults are device_tensor_cores.CUTS[0]; options() passes every cut's macros, these included)
 #ifndef WG_WARPGROUPS
 #define WG_WARPGROUPS 2
 #endif
