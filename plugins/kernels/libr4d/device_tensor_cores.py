@@ -58,8 +58,6 @@ def kernel_for(vendor: str, target: str, kind: str) -> str:
     return "simt"
 
 
-
-
 @dataclass(frozen=True)
 class WgmmaCut:
     """gemm_wgmma.cu's cut of the work (its WG_* macros): a block of `rows` x `cols` outputs (rows / 64
@@ -133,7 +131,7 @@ CUTS = tuple(WgmmaCut.parse(text) for text in ("128,256,32,5,2", "128,256,32,5",
 # every launch's plan (the bench sets WGMMA_CUT between shapes to compare cuts in one run)
 WGMMA_CUT = WgmmaCut.parse(os.environ["R4D_WG_CUT"]) if os.environ.get("R4D_WG_CUT") else CUTS[0]
 # gemm_wgmma.cu's WG_GROUP: row tiles a group of blocks goes down before moving right (16: a wave of
-# 264 blocks is 16 x ~16 tiles); R4D_WG_GROUP=1 restores the old order (a wave along one row tile),
+# 132 or 264 blocks is 16 row tiles of ~8 or ~16 column tiles); R4D_WG_GROUP=1 restores the old order (a wave along one row tile),
 # for a card to compare
 WGMMA_GROUP = int(os.environ.get("R4D_WG_GROUP") or 16)
 NARROW_THREADS = 256    # r4d_narrow_bf16_dev: 8 values a thread a step

@@ -159,10 +159,10 @@ __device__ void wg_gemm(const TcGemm& p) {
     if (r4d_smem(wg_shared) % 1024) __trap();  // the swizzle's atoms would not be where wgmma reads them
     int warpgroup = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     // The output tile: the grid is (tiles, 1, splits), block b of a split going down a group of
-    // WG_GROUP row tiles, then right to the group's next column tile. So the ~264 blocks of a wave
-    // (two a multiprocessor) are 16 row tiles of ~16 column tiles, not one row tile of 264: a wave
-    // reads each w tile from HBM once (at M 2048, 8B's gate+up: all of w once, not once per row
-    // tile) and a group's x rows stay in L2.
+    // WG_GROUP row tiles, then right to the group's next column tile. So the 132 or 264 blocks of a
+    // wave (one or two a multiprocessor) are 16 row tiles of ~8 or ~16 column tiles, not one row
+    // tile of them all: a wave reads each w tile from HBM once (at M 2048, 8B's gate+up: all of w
+    // once, not once per row tile) and a group's x rows stay in L2.
     int tiles_m = (p.M + WG_BM - 1) / WG_BM, tiles_n = (p.N + WG_BN - 1) / WG_BN;
     int span = WG_GROUP * tiles_n, first = (int)blockIdx.x / span * WG_GROUP, group = min(WG_GROUP, tiles_m - first);
     int m0 = (first + (int)blockIdx.x % span % group) * WG_BM, n0 = (int)blockIdx.x % span / group * WG_BN;
