@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from radiance.abi import RadWeightPlanes, rad_tensor
-from radiance.device.fake import FakeDevice
+from radiance.device.fake import FakeDevice, FakeKernel
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -55,10 +55,32 @@ def fp8_weight(registry, rows, cols, seed, scale="channel") -> RadWeightPlanes:
 
 class NvidiaFake(FakeDevice):
     """The fake card, saying it is an NVIDIA card of its `target`: libr4d's device rows load on it
-    (their build_target names cuda) and plan for that card; its kernels are the numpy forms."""
+    (their build_target names cuda) and plan for that card; its kernels are the numpy forms. A
+    kernel's compile options ride in its fake code object, and the numpy form sees those it was
+    compiled with as `device.options` while it runs (gemm_wgmma.cu's cut is in its -DWG_* macros)."""
     vendor = "cuda"
     multiprocessors = 132
 
+    def _compile(self, source: str, options) -> bytes:
+        return super()._compile(source, options) + f"// options {' '.join(options)}\n".encode()
+
+    def _load(self, code: bytes):
+        names = super()._load(code)
+        start = code.find(b"// options ")
+        options = tuple(code[start + 11:code.index(b"\n", start)].decode().split()) if start >= 0 else ()
+        return {name: options for name in names}
+
+    def _function(self, module_handle, name: str):
+        kernel, static = super()._function(module_handle, name)
+        options = module_handle[name.encode()]
+
+        def run(device, launch):
+            device.options = options
+            return kernel.fn(device, launch)
+        return FakeKernel(run, static), static
+
 
 def nvidia_fake(target="sm_89", kernels=None) -> NvidiaFake:
-    return NvidiaFake({**FAKES.kernels(), **(kernels or {})}, target=target, device_bytes=1 << 31)
+    # its own compiler version: the compile cache must not hand it a plain fake's code (no options line)
+    return NvidiaFake({**FAKES.kernels(), **(kernels or {})}, target=target, device_bytes=1 << 31,
+                      compiler_version="fake-3+options")

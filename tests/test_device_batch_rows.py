@@ -9,6 +9,7 @@ card is visible. Without a card: tests/test_device_tensor_cores.py runs the same
 import numpy as np
 import pytest
 
+from radiance.plugins.kernels.libr4d.device_tensor_cores import CUTS
 from test_device_rows_support import Card, card
 from device_batch_support import fp8_weight
 from test_libr4d_support import activations, launch, make_weight, registry, rel_err, row_of  # noqa: F401
@@ -102,6 +103,19 @@ def test_a_prefill_sized_gemm_and_its_kernels_agree(registry, on_card, monkeypat
     tc = module(registry, "device_tensor_cores")
     for other in results[1:]:
         assert rel_err(other, results[0]) <= 2 * tc.TOLERANCE["bf16"]
+
+
+@pytest.mark.parametrize("cut", [str(cut) for cut in CUTS])
+@pytest.mark.parametrize("fmt,n,k,m", [("bf16", 4096, 4096, 300), ("bf16", 576, 1536, 65), ("bf16", 1024, 4096, 9),
+                                       ("fp8_channel", 14336, 4096, 300), ("fp8", 4096, 14336, 64)])
+def test_every_wgmma_cut_agrees_with_libref(registry, on_card, monkeypatch, cut, fmt, n, k, m):
+    """Each cut bench/card_prefill_gemm.py --cuts all times (device_tensor_cores.CUTS), on Hopper:
+    tails in M and N, split K (M 9 and 65), bf16 and both fp8 scalings."""
+    tc = module(registry, "device_tensor_cores")
+    if tc.kernel_for(DEVICE.vendor, DEVICE.target, "bf16" if fmt == "bf16" else "e4m3") != "wgmma":
+        pytest.skip(f"{DEVICE.target} runs no wgmma")
+    monkeypatch.setattr(tc, "WGMMA_CUT", tc.WgmmaCut.parse(cut))
+    gemm_case(registry, on_card, monkeypatch, "wgmma", fmt, n, k, m)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_channel"])

@@ -97,8 +97,12 @@ def test_the_rows_take_the_band_above_the_gemv_for_bf16_and_fp8(registry):
 
 # ---- launch plans -------------------------------------------------------------------------------
 
-def test_a_wgmma_plan_narrows_x_then_asks_for_sm_90a_and_its_swizzled_stages(registry):
+@pytest.mark.parametrize("cut", ["default", "128,128,128,2", "192,256,32,4"])
+def test_a_wgmma_plan_narrows_x_then_asks_for_sm_90a_and_its_swizzled_stages(registry, monkeypatch, cut):
     tc = module(registry, "device_tensor_cores")
+    if cut != "default":
+        monkeypatch.setattr(tc, "WGMMA_CUT", tc.WgmmaCut.parse(cut))
+    cut = tc.WGMMA_CUT
     stream, row = Recording("sm_90"), device_row(registry, BF16)
     w, x, y = device_weight("bf16", 4096, 4096, 0x7000000), dev(0x1000, (37, 4096)), dev(0x2000, (37, 4096))
     params = {"M": 37, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
@@ -110,17 +114,41 @@ def test_a_wgmma_plan_narrows_x_then_asks_for_sm_90a_and_its_swizzled_stages(reg
     assert (narrow, nblock) == ("r4d_narrow_bf16_dev", (256, 1, 1)) and ngrid[0] * 256 * 8 >= 37 * 4096
     assert pointers(nargs, [0, 2]) == [0x1000, rows] and pointers(nargs, [1]) == [37 * 4096]
     splits, per = tc.split(37, 4096, 4096, "bf16", "wgmma")
-    assert (kernel, grid, block) == ("r4d_wgmma_gemm_bf16", (32 * 1, 1, splits), (256, 1, 1)) and splits == 8
-    assert stream.shared == 2 * 2 * 128 * 128 == 64 << 10
+    # one row tile of 4096 / cols column tiles, split K in 8 (a wave holds 132 x the cut's blocks a multiprocessor)
+    assert (kernel, grid, block) == ("r4d_wgmma_gemm_bf16", (4096 // cut.cols, 1, splits), (2 * cut.rows, 1, 1))
+    assert splits == 8 and tc.k_tile("bf16", "wgmma") == cut.k_bytes // 2
+    assert stream.shared == cut.stages * (cut.rows + cut.cols) * cut.k_bytes <= 64 << 10
+    warpgroups = f"-DWG_WARPGROUPS={cut.rows // 64}"
     assert stream.compiled == [("r4d_narrow_bf16_dev", ()),
-                               ("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1", "-DWG_STAGES=2",
+                               ("r4d_wgmma_gemm_bf16", ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=1", warpgroups,
+                                                         f"-DWG_BN={cut.cols}", f"-DWG_KB={cut.k_bytes}",
+                                                         f"-DWG_STAGES={cut.stages}", f"-DWG_DEPTH={cut.depth}",
                                                          "-DWG_GROUP=16"))]
     assert pointers(args, [0, 2, 5, 6, 7]) == [rows, 0x7000000, 0x2000, 0x9000000 + layout["partial"], 0x9000000]
-    assert ints(args, [8, 9, 10, 11]) == [37, 4096, 4096, per] and per * 64 * splits >= 4096
+    assert ints(args, [8, 9, 10, 11]) == [37, 4096, 4096, per] and per * cut.k_bytes // 2 * splits >= 4096
     # the bf16 rows overlap neither the partials nor the counters, and the scratch hook sized for them
     assert layout["codes"] >= layout["partial"] + 4 * splits * 37 * 4096 and layout["total"] <= need
     assert layout["total"] >= layout["codes"] + 2 * 37 * 4096
     assert launch(row, [x, w, y], dict(params), stream, 0x9000000, layout["total"] - 1) == RAD_E_NOMEM
+
+
+def test_the_wgmma_cuts_fit_the_launch_rule_and_say_what_is_wrong(registry):
+    """Every cut the bench offers fits RAD_MAX_SHARED_BYTES and parses back from its text; e4m3 takes
+    at most two warpgroups; R4D_WG_CUT's mistakes are named."""
+    tc = module(registry, "device_tensor_cores")
+    assert tc.WGMMA_CUT == tc.CUTS[0] and len(set(tc.CUTS)) == len(tc.CUTS)
+    for cut in tc.CUTS:
+        assert tc.WgmmaCut.parse(str(cut)) == cut and cut.shared <= 64 << 10
+        assert cut.blocks == (2 if (cut.rows, cut.cols) == (128, 128) else 1)
+        assert cut.for_kind("bf16") == cut and cut.for_kind("e4m3").rows == 128
+    assert tc.WgmmaCut.parse("128,128,128,2").shared == 64 << 10 and tc.WgmmaCut.parse("192,256,32,4").threads == 384
+    assert str(tc.WgmmaCut.parse("128,256,32,5,1")) == "128,256,32,5" and tc.WgmmaCut.parse("128,256,32,5,2").depth == 2
+    for text, match in [("128,256,32", "four or five"), ("128,256,32,x", "four or five"), ("128,256,128,2", "65536"),
+                        ("64,128,64,4", "rows 128 or 192"), ("128,128,16,4", "k_bytes"), ("192,128,64,2", "192 with 256"),
+                        ("128,128,64,1", "stages >= depth"), ("128,128,128,2,2", "stages >= depth"),
+                        ("128,256,32,5,3", "depth 1 or 2")]:
+        with pytest.raises(ValueError, match=match):
+            tc.WgmmaCut.parse(text)
 
 
 def test_a_bf16_plan_is_one_mma_kernel_over_its_tiles(registry):
@@ -256,13 +284,14 @@ def test_the_mma_gemm_compiles_through_nvrtc_to_tensor_core_instructions(registr
         assert "LDL" not in gemm or entry == "r4d_mma_gemm_e4m3_m128"  # 16 bytes spilled there (-Xptxas -v)
 
 
-@pytest.mark.parametrize("entry,instruction", [("r4d_wgmma_gemm_bf16", "HGMMA.64x128x16.F32.BF16"),
-                                               ("r4d_wgmma_gemm_e4m3", "QGMMA.64x128x32.F32.E4M3.E4M3")])
+@pytest.mark.parametrize("entry,instruction", [("r4d_wgmma_gemm_bf16", "HGMMA.64x{cols}x16.F32.BF16"),
+                                               ("r4d_wgmma_gemm_e4m3", "QGMMA.64x{cols}x32.F32.E4M3.E4M3")])
 def test_the_wgmma_gemm_compiles_for_sm_90a_to_warpgroup_instructions(registry, tmp_path, entry, instruction):
     """The row's options ask for sm_90a in place of the card's sm_90 (the engine compiles for the
-    card's target and hands the options after it)."""
+    card's target and hands the options after it), in the cut it plans with (the MMA's N its columns)."""
     compile_ = nvrtc_or_skip()
     dk, tc = module(registry, "device_kernels"), module(registry, "device_tensor_cores")
+    instruction = instruction.format(cols=tc.wgmma_cut(entry.rsplit("_", 1)[1]).cols)
     cubin = compile_(dk.source("gemm_wgmma"), "sm_90", tc.options(entry))
     assert entry.encode() in cubin
     listing = sass(cubin)

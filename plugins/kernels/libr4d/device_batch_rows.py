@@ -70,11 +70,11 @@ def tc_gemm_steps(a, x: int, weight, y: int) -> list:
     elif tc.narrows(kind, kernel):
         narrow = KernelArgs("r4d_narrow_bf16_dev").pointer(x).i64(m * k).pointer(at("codes"))
         steps.append(Step("r4d_narrow_bf16_dev", "gemm_inputs", *tc.narrow_grid(m, k), narrow))
-    grid, block = tc.grid(m, n, splits, kernel)
+    grid, block = tc.grid(m, n, splits, kernel, kind)
     args = (KernelArgs(name).pointer(at("codes") if "codes" in layout else x).pointer(at("scales")).pointer(w.codes)
             .pointer(w.scale if kind == "e4m3" else 0).i32(1 if w.label == "fp8_channel" else 0).pointer(y)
             .pointer(at("partial")).pointer(at("counters")).i32(m).i32(n).i32(k).i32(per))
-    steps.append(Step(name, tc.source(kernel), grid, block, args, tc.shared_bytes(m, kernel), tc.options(name)))
+    steps.append(Step(name, tc.source(kernel), grid, block, args, tc.shared_bytes(m, kernel, kind), tc.options(name)))
     return steps
 
 

@@ -10,13 +10,15 @@ format reads. R4D_TC_KERNEL=wgmma|mma|simt forces one for a process (the card te
 them)."""
 
 import os
+from dataclasses import dataclass, replace
 
 GEMV_MAX_M = 8          # device_kernels.GEMV_MAX_M: the rows here take M above it
 TILE_N = 128            # gemm_mma.cu's TC_BN
 THREADS = 256
 STAGES = 3              # gemm_mma.cu's TC_STAGES
 ROW_BYTES = 80          # a shared-memory row: 64 bytes of K and 16 of padding
-TARGET_BLOCKS = 264     # split K until about two blocks a multiprocessor of an H200 (132)
+MULTIPROCESSORS = 132   # an H200's: the waves the split of K plans for
+TARGET_BLOCKS = 264     # split K until about two blocks a multiprocessor of an H200 (mma.sync's; wgmma's: its cut's blocks)
 MAX_SPLITS = 8
 MIN_TILES_PER_SPLIT = 4
 KINDS = ("bf16", "e4m3")
@@ -56,11 +58,80 @@ def kernel_for(vendor: str, target: str, kind: str) -> str:
     return "simt"
 
 
-WGMMA_STAGES = 2        # gemm_wgmma.cu's WG_STAGES (options() names it), each x's and w's tiles of 128 rows x
-                        # 128 bytes: 2 fill RAD_MAX_SHARED_BYTES; more only where that rule allows more
-WGMMA_STAGE_BYTES = 2 * 128 * 128  # 32 KiB: two stages are the 64 KiB a launch may have (RAD_MAX_SHARED_BYTES)
+@dataclass(frozen=True)
+class WgmmaCut:
+    """gemm_wgmma.cu's cut of the work (its WG_* macros): a block of `rows` x `cols` outputs (rows / 64
+    warpgroups of 128 threads, m64n`cols` MMAs, cols / 2 f32 accumulators a thread), `k_bytes` of K a
+    stage of each row (128, 64 or 32: stored in the swizzle of that width, k_bytes / 32 MMAs a stage),
+    `stages` stages of x's rows then w's, `depth` k-tiles of MMAs left in flight after a step (1 or
+    2: the rest of the stages, stages - depth, are copied ahead). All stages within
+    RAD_MAX_SHARED_BYTES (64 KiB a launch). Blocks a multiprocessor: two where two blocks'
+    accumulators fit the registers (128 x 128), else one."""
+    rows: int = 128
+    cols: int = 256
+    k_bytes: int = 32
+    stages: int = 5
+    depth: int = 1
+
+    @property
+    def threads(self) -> int:
+        return 2 * self.rows
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.rows + self.cols) * self.k_bytes
+
+    @property
+    def shared(self) -> int:
+        return self.stages * self.stage_bytes
+
+    @property
+    def blocks(self) -> int:
+        return 2 if self.threads * self.cols // 2 <= 256 * 64 else 1
+
+    def for_kind(self, kind: str) -> "WgmmaCut":
+        """The cut a kind's entry is built with: e4m3 at most two warpgroups (three of 128 accumulators
+        leave 168 registers a thread, and its scales' epilogue spills there; bf16 fits)."""
+        return replace(self, rows=min(self.rows, 128)) if kind == "e4m3" else self
+
+    def defines(self) -> tuple:
+        return (f"-DWG_WARPGROUPS={self.rows // 64}", f"-DWG_BN={self.cols}", f"-DWG_KB={self.k_bytes}",
+                f"-DWG_STAGES={self.stages}", f"-DWG_DEPTH={self.depth}")
+
+    def __str__(self) -> str:
+        return f"{self.rows},{self.cols},{self.k_bytes},{self.stages}" + (f",{self.depth}" if self.depth != 1 else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "WgmmaCut":
+        """'rows,cols,k_bytes,stages[,depth]' (R4D_WG_CUT): ValueError naming what is wrong."""
+        try:
+            parts = [int(part) for part in text.split(",")]
+            if len(parts) not in (4, 5):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"R4D_WG_CUT={text!r}: expected 'rows,cols,k_bytes,stages[,depth]', four or five "
+                             "integers") from None
+        cut = cls(*parts)
+        if not (cut.rows in (128, 192) and cut.cols in (128, 256) and cut.k_bytes in (32, 64, 128) and cut.depth in (1, 2)
+                and cut.stages >= cut.depth + 1 and cut.shared <= 65536 and (cut.rows, cut.cols) != (192, 128)):
+            raise ValueError(f"R4D_WG_CUT={text!r}: rows 128 or 192 (192 with 256 cols), cols 128 or 256, k_bytes "
+                             f"32, 64 or 128, depth 1 or 2, stages >= depth + 1, stages x (rows + cols) x k_bytes <= 65536")
+        return cut
+
+
+# The cuts bench/card_prefill_gemm.py --cuts all compares, the first today's default: 128 x 256 (1
+# byte of shared memory for 85 flops, 64 for 128 x 128) in 5 stages of 32 bytes of K with two
+# k-tiles of MMAs in flight (one block a multiprocessor: the tensor cores stay fed while its
+# threads pass the barriers and issue the next copies), and the same with one; 128 x 128 with 2
+# stages of 128 bytes (the kernel of 2026-12-03d, 0.45-0.49x cuBLAS) or 4 of 64 (twice the bytes in
+# flight a multiprocessor); 128 x 256 in 2 stages of 64; 192 x 256 in 4 of 32.
+CUTS = tuple(WgmmaCut.parse(text) for text in ("128,256,32,5,2", "128,256,32,5", "128,128,128,2", "128,128,64,4",
+                                                  "128,256,64,2", "192,256,32,4"))
+# R4D_WG_CUT="rows,cols,k_bytes,stages[,depth]" cuts gemm_wgmma.cu's work otherwise for a process; read at
+# every launch's plan (the bench sets WGMMA_CUT between shapes to compare cuts in one run)
+WGMMA_CUT = WgmmaCut.parse(os.environ["R4D_WG_CUT"]) if os.environ.get("R4D_WG_CUT") else CUTS[0]
 # gemm_wgmma.cu's WG_GROUP: row tiles a group of blocks goes down before moving right (16: a wave of
-# 264 blocks is 16 x ~16 tiles); R4D_WG_GROUP=1 restores the old order (a wave along one row tile),
+# 132 or 264 blocks is 16 row tiles of ~8 or ~16 column tiles); R4D_WG_GROUP=1 restores the old order (a wave along one row tile),
 # for a card to compare
 WGMMA_GROUP = int(os.environ.get("R4D_WG_GROUP") or 16)
 NARROW_THREADS = 256    # r4d_narrow_bf16_dev: 8 values a thread a step
@@ -68,34 +139,48 @@ NARROW_MAX_BLOCKS = 4096
 TC_KERNELS = ("mma", "wgmma")
 
 
-def tile_m(m: int, kernel: str = "mma") -> int:
+def wgmma_cut(kind: str) -> WgmmaCut:
+    """The cut gemm_wgmma.cu's entry of `kind` runs with now (WGMMA_CUT, as that kind takes it)."""
+    return WGMMA_CUT.for_kind(kind)
+
+
+def tile_m(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
     """Rows of a block's tile: mma.sync 64 for batched decode's few rows, 128 for prefill; wgmma's
-    two warpgroups of 64 always 128."""
-    return 128 if kernel == "wgmma" or m > 64 else 64
+    its cut's (128 or 192)."""
+    if kernel == "wgmma":
+        return wgmma_cut(kind).rows
+    return 128 if m > 64 else 64
+
+
+def tile_n(kernel: str = "mma", kind: str = "bf16") -> int:
+    """Columns of a block's tile: mma.sync 128, wgmma its cut's (128 or 256)."""
+    return wgmma_cut(kind).cols if kernel == "wgmma" else TILE_N
 
 
 def k_tile(kind: str, kernel: str = "mma") -> int:
-    """K elements of one shared-memory step: 64 bytes for mma.sync (32 bf16, 64 e4m3), 128 for
-    wgmma's 128-byte swizzled rows (64 bf16, 128 e4m3)."""
-    step = 128 if kernel == "wgmma" else 64
+    """K elements of one shared-memory step: 64 bytes for mma.sync (32 bf16, 64 e4m3), the cut's
+    k_bytes for wgmma (128: 64 bf16, 128 e4m3; 64; 32)."""
+    step = wgmma_cut(kind).k_bytes if kernel == "wgmma" else 64
     return step // 2 if kind == "bf16" else step
 
 
 def split(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> tuple[int, int]:
-    """(splits, k-tiles a split): K cut where the output tiles alone give fewer than TARGET_BLOCKS
-    blocks, into at most ceil(TARGET_BLOCKS / tiles) splits (and MAX_SPLITS), each at least
+    """(splits, k-tiles a split): K cut where the output tiles alone give fewer than a wave's blocks
+    (TARGET_BLOCKS for mma.sync, MULTIPROCESSORS x the cut's blocks a multiprocessor for wgmma),
+    into at most ceil(target / tiles) splits (and MAX_SPLITS), each at least
     MIN_TILES_PER_SPLIT tiles, none empty: of those counts the one that takes the fewest k-tile
-    steps end to end, ceil(tiles * splits / TARGET_BLOCKS) waves of ceil(steps / splits) steps (the
+    steps end to end, ceil(tiles * splits / target) waves of ceil(steps / splits) steps (the
     fewest splits of equals). So 128 tiles take 2 splits (256 blocks, one wave of 32 steps), not 3
     (384 blocks, two waves of 22: 44). From shapes and the kernel only, so every card of a kind adds
     the same partial sums in the same order."""
-    tiles = -(-m // tile_m(m, kernel)) * -(-n // TILE_N)
+    tiles = -(-m // tile_m(m, kernel, kind)) * -(-n // tile_n(kernel, kind))
+    target = MULTIPROCESSORS * wgmma_cut(kind).blocks if kernel == "wgmma" else TARGET_BLOCKS
     steps = -(-k // k_tile(kind, kernel))
     best, best_steps = 1, None
-    for splits in range(1, max(1, min(-(-TARGET_BLOCKS // tiles), MAX_SPLITS, steps // MIN_TILES_PER_SPLIT)) + 1):
+    for splits in range(1, max(1, min(-(-target // tiles), MAX_SPLITS, steps // MIN_TILES_PER_SPLIT)) + 1):
         per = -(-steps // splits)
         count = -(-steps // per)  # the splits that are not empty
-        along = -(-tiles * count // TARGET_BLOCKS) * per
+        along = -(-tiles * count // target) * per
         if best_steps is None or along < best_steps:
             best, best_steps = count, along
     per = -(-steps // best)
@@ -116,27 +201,31 @@ def source(kernel: str) -> str:
 
 def options(name: str) -> tuple:
     """Compile only the entry a launch needs: each takes nvrtc seconds (R4D_TC_ONLY, R4D_WG_ONLY);
-    wgmma needs sm_90a, which replaces the card's sm_90 (radiance.device.cuda.nvrtc_compile)."""
+    wgmma needs sm_90a, which replaces the card's sm_90 (radiance.device.cuda.nvrtc_compile), and
+    its cut's macros."""
     if name in WGMMA_ENTRIES:
-        return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", f"-DWG_STAGES={WGMMA_STAGES}",
+        kind = KINDS[WGMMA_ENTRIES.index(name)]
+        return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", *wgmma_cut(kind).defines(),
                 f"-DWG_GROUP={WGMMA_GROUP}")
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
 
-def grid(m: int, n: int, splits: int, kernel: str = "mma") -> tuple:
-    """mma.sync: (column tiles, row tiles, splits); wgmma: (tiles, 1, splits), the kernel ordering its
-    tiles in groups of WGMMA_GROUP row tiles (gemm_wgmma.cu's WG_GROUP). Either way a split-K counter a tile."""
+def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -> tuple:
+    """mma.sync: (column tiles, row tiles, splits) of 256 threads; wgmma: (tiles, 1, splits) of the
+    cut's threads, the kernel ordering its tiles in groups of WGMMA_GROUP row tiles (gemm_wgmma.cu's
+    WG_GROUP). Either way a split-K counter a tile."""
     if kernel == "wgmma":
-        return (-(-n // TILE_N) * -(-m // tile_m(m, kernel)), 1, splits), (THREADS, 1, 1)
+        cut = wgmma_cut(kind)
+        return (-(-n // cut.cols) * -(-m // cut.rows), 1, splits), (cut.threads, 1, 1)
     return (-(-n // TILE_N), -(-m // tile_m(m, kernel)), splits), (THREADS, 1, 1)
 
 
-def shared_bytes(m: int, kernel: str = "mma") -> int:
+def shared_bytes(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
     """Dynamic shared memory: gemm_mma.cu's TC_STAGES stages of an A and a B tile, or
-    gemm_wgmma.cu's WG_STAGES stages of swizzled x and w tiles (no slack: the kernel has no static
-    shared memory, so its dynamic area starts 1024-aligned)."""
+    gemm_wgmma.cu's stages of swizzled x and w tiles (no slack: the kernel has no static shared
+    memory, so its dynamic area starts 1024-aligned)."""
     if kernel == "wgmma":
-        return WGMMA_STAGES * WGMMA_STAGE_BYTES
+        return wgmma_cut(kind).shared
     return STAGES * (tile_m(m) + TILE_N) * ROW_BYTES
 
 
@@ -162,7 +251,7 @@ def scratch_layout(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> di
     splits, _ = split(m, n, k, kind, kernel)
     at, layout = 0, {}
     if splits > 1:
-        (tx, ty, _), _ = grid(m, n, splits, kernel)
+        (tx, ty, _), _ = grid(m, n, splits, kernel, kind)
         layout["counters"], at = at, _aligned(4 * tx * ty)
         layout["partial"], at = at, _aligned(at + 4 * splits * m * n)
     if kind == "e4m3":
