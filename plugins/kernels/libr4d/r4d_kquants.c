@@ -843,16 +843,22 @@ int r4d_rmsnorm(const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, d
 int r4d_silu_mul(const Arr *g, const Arr *u, Arr *y, int64_t M, int64_t n);
 int r4d_add(const Arr *a, const Arr *b, Arr *y, int64_t M, int64_t n);
 
-/* rmsnorm(x, norm, normed); gate = normed Wg^T; up = normed Wu^T; gate = silu(gate) * up: the FFN's
- * front in one launch (docs/OPS.md rmsnorm_gemm2_silu_mul), each link by its own row's code, so the
- * bits are the chain's */
+/* rmsnorm(x, norm, normed); y1 = normed W1^T; y2 = normed W2^T: the attention's norm and its q and k
+ * projections (docs/OPS.md rmsnorm_gemm2; v, of another format in a Q4_K_M file, is its own launch),
+ * each link by its own row's code, so the bits are the chain's */
+int r4d_kq_rmsnorm_gemm2(const Arr *x, const Arr *norm, Arr *normed, const KW *w1, Arr *y1, const KW *w2, Arr *y2,
+                         int64_t M, double eps, int aq) {
+    const int rc = r4d_rmsnorm(x, norm, normed, M, w1->cols, eps);
+    return rc ? rc : r4d_kq_gemv2(normed, w1, y1, w2, y2, M, aq);
+}
+
+/* the same with wg, gate, wu, up, then gate = silu(gate) * up: the FFN's front in one launch
+ * (docs/OPS.md rmsnorm_gemm2_silu_mul) */
 int r4d_kq_rmsnorm_gemm2_silu_mul(const Arr *x, const Arr *norm, Arr *normed, const KW *wg, Arr *gate,
                                   const KW *wu, Arr *up, int64_t M, double eps, int aq) {
-    int rc;
     if (wg->rows != wu->rows) return KQ_E_SHAPE;
-    if ((rc = r4d_rmsnorm(x, norm, normed, M, wg->cols, eps)) || (rc = r4d_kq_gemv2(normed, wg, gate, wu, up, M, aq)))
-        return rc;
-    return r4d_silu_mul(gate, up, gate, M, wg->rows);
+    const int rc = r4d_kq_rmsnorm_gemm2(x, norm, normed, wg, gate, wu, up, M, eps, aq);
+    return rc ? rc : r4d_silu_mul(gate, up, gate, M, wg->rows);
 }
 
 /* y[m] = table[ids[m]]: ids int32 or int64 (the element size is the stride) */
@@ -905,6 +911,14 @@ int r4d_kq_gemv_add(const Arr *x, const KW *w, Arr *y, Arr *residual, int64_t M,
 
 /* a weight as rows_kquants.py packs it: format, the five plane pointers, rows, cols */
 #define KWA(i) ((KW){(int)a[i], KV(i + 1), KV(i + 2), KV(i + 3), KV(i + 4), KV(i + 5), a[i + 6], a[i + 7]})
+
+/* x, norm, normed, the first weight, its y, the second weight, its y, M, eps's bits, aq */
+int r4d_kq_rmsnorm_gemm2_p(const int64_t *a) {
+    const KW w1 = KWA(3), w2 = KWA(12);
+    double eps;
+    memcpy(&eps, &a[22], sizeof eps);
+    return r4d_kq_rmsnorm_gemm2(KA(0), KA(1), KA(2), &w1, KA(11), &w2, KA(20), a[21], eps, (int)a[23]);
+}
 
 int r4d_kq_rmsnorm_gemm2_silu_mul_p(const int64_t *a) {
     const KW wg = KWA(3), wu = KWA(12);

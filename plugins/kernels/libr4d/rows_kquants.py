@@ -145,21 +145,23 @@ def _pack_gemv(op, a, aq_fallback):
     return [*_pack_gemm(op, a), aq]
 
 
-def _pack_rmsnorm_gemm2_silu_mul(op, a, aq_fallback):
-    """x, norm, normed, wg, gate, wu, up: r4d_kq_rmsnorm_gemm2_silu_mul_p's packed arguments"""
+def _pack_rmsnorm_gemm2(op, a, aq_fallback, width):
+    """x, norm, normed, w1, y1, w2, y2 (rmsnorm_gemm2's wq, q, wk, k; rmsnorm_gemm2_silu_mul's wg,
+    gate, wu, up): the packed arguments of r4d_kq_rmsnorm_gemm2_p and r4d_kq_rmsnorm_gemm2_silu_mul_p;
+    `width` names the norm's width parameter (n, n.0)"""
     p = a.params
     aq = int(p.get("aq", aq_fallback))
     if aq not in AQ_CHOICES:
         raise ValueError(f"aq={aq}: not one of {AQ_CHOICES}")
-    x, norm, normed, wg, gate, wu, up = (t.data for t in a.t)
+    x, norm, normed, w1, y1, w2, y2 = (t.data for t in a.t)
     weights = []
-    for operand, rows in ((wg, p["N.1"]), (wu, p["N.2"])):
+    for operand, rows in ((w1, p["N.1"]), (w2, p["N.2"])):
         w = weight_of(operand)
-        if (w.rows, w.cols) != (int(rows), int(p["K"])) or int(p["n.0"]) != w.cols:
-            raise ValueError(f"a {w.rows}x{w.cols} weight where N={rows}, K={p['K']}, n={p['n.0']}")
+        if (w.rows, w.cols) != (int(rows), int(p["K"])) or int(p[width]) != w.cols:
+            raise ValueError(f"a {w.rows}x{w.cols} weight where N={rows}, K={p['K']}, n={p[width]}")
         op.keep.append(w)
         weights.append([w.fmt, *w.pointers, w.rows, w.cols])
-    return [op(x), op(norm), op(normed), *weights[0], op(gate), *weights[1], op(up), p["M"], _bits(p["eps"]), aq]
+    return [op(x), op(norm), op(normed), *weights[0], op(y1), *weights[1], op(y2), p["M"], _bits(p["eps"]), aq]
 
 
 def _pack_gemv_add(op, a, aq_fallback):
@@ -177,9 +179,11 @@ def _pack_gemv_add(op, a, aq_fallback):
 
 
 # the chains the fused rows replace (docs/OPS.md), spelled with the fused ops' operands. At TP 1 the
-# decode step's o projection takes the residual add (gemm_add), so the FFN's norm is free for
-# rmsnorm_gemm2_silu_mul: a layer's o, add, norm, gate, up, silu_mul in 2 launches instead of 5
-# (selection takes the first fusion in graph order, and add_rmsnorm would otherwise take the norm)
+# decode step's o and down projections take the residual adds (gemm_add), so the norms after them are
+# free for rmsnorm_gemm2 (the attention's, with q and k) and rmsnorm_gemm2_silu_mul (the FFN's): a
+# layer's 12 launches become 7 (selection takes the first fusion in graph order, and add_rmsnorm
+# would otherwise take each norm)
+RMSNORM_GEMM2 = "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)"
 RMSNORM_GEMM2_SILU_MUL = "rmsnorm(x,norm,normed)+gemm(normed,wg,gate)+gemm(normed,wu,up)+silu_mul(gate,up,gate)"
 GEMM_ADD = "gemm(x,w,y)+add(residual,y,residual)"
 
@@ -210,12 +214,13 @@ def build_rows(native) -> list[RadKernelInfo]:
         gemv = _planned(native, "r4d_kq_gemv_p", lambda op, a: _pack_gemv(op, a, aq))
         gemm = _planned(native, "r4d_kq_gemm_p", lambda op, a: _pack_gemv(op, a, aq))
         embedding = _planned(native, "r4d_kq_embedding_p", _pack_embedding)
-        fused = _planned(native, "r4d_kq_rmsnorm_gemm2_silu_mul_p", lambda op, a: _pack_rmsnorm_gemm2_silu_mul(op, a, aq))
+        fused = _planned(native, "r4d_kq_rmsnorm_gemm2_silu_mul_p", lambda op, a: _pack_rmsnorm_gemm2(op, a, aq, "n.0"))
+        fused_qk = _planned(native, "r4d_kq_rmsnorm_gemm2_p", lambda op, a: _pack_rmsnorm_gemm2(op, a, aq, "n"))
         gemv_add = _planned(native, "r4d_kq_gemv_add_p", lambda op, a: _pack_gemv_add(op, a, aq))
         body = "r4d_kquants.c"
     else:
         gemm, embedding = _guarded("gemm (numpy)", fallback.gemm), _guarded("embedding (numpy)", fallback.embedding)
-        gemv, fused, gemv_add = gemm, None, None
+        gemv, fused, fused_qk, gemv_add = gemm, None, None, None
         body = "numpy fallback"
 
     def row(name, op, launch, constraints, computes, shape, dtypes, layout, tunables=(), **hooks):
@@ -239,6 +244,12 @@ def build_rows(native) -> list[RadKernelInfo]:
                          "per panel, reused by every row of x (aq=0)",
                          f"M>={GEMV_MAX_M + 1}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable))
         if native is not None:  # without it the chain runs as declared
+            found.append(row(f"r4d_rmsnorm_gemm2_{fmt}", "rmsnorm_gemm2", fused_qk,
+                             [RAD_CLE("M", GEMV_MAX_M), *common[:2], RAD_CDIV("K", block)],
+                             "the attention's norm, q and k in one launch: r4d_rmsnorm, then the decode GEMV over "
+                             "the rows of both weights in one parallel region (the activations quantised once); "
+                             "the chain's bits", f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout_fused(fmt),
+                             tunable, relayout=relayout_vector, unrelayout=unrelayout_vector, replaces=RMSNORM_GEMM2))
             found.append(row(f"r4d_rmsnorm_gemm2_silu_mul_{fmt}", "rmsnorm_gemm2_silu_mul", fused,
                              [RAD_CLE("M", GEMV_MAX_M), *common[:2], RAD_CDIV("K", block)],
                              "the FFN's norm, gate and up, silu * up in one launch: r4d_rmsnorm, then the decode "
