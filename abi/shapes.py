@@ -53,6 +53,7 @@ SHAPES["gemm_add"] = {"x": ("x", "M", "K"), "w": ("w", "N", "K"), "y": ("x", "M"
 SHAPES["rmsnorm_gemm3"] = {"x": ("x", "M", "n"), "norm": ("w", 1, "n"), "normed": ("x", "M", "n"),
                            "wq": ("w", "N.1", "K"), "q": ("x", "M", "N.1"), "wk": ("w", "N.2", "K"),
                            "k": ("x", "M", "N.2"), "wv": ("w", "N.3", "K"), "v": ("x", "M", "N.3")}
+SHAPES["rmsnorm_gemm2"] = {name: SHAPES["rmsnorm_gemm3"][name] for name in ("x", "norm", "normed", "wq", "q", "wk", "k")}
 SHAPES["rmsnorm_gemm2_silu_mul"] = {"x": ("x", "M", "n.0"), "norm": ("w", 1, "n.0"), "normed": ("x", "M", "n.0"),
                                     "wg": ("w", "N.1", "K"), "gate": ("x", "M", "N.1"), "wu": ("w", "N.2", "K"),
                                     "up": ("x", "M", "N.2")}

@@ -86,6 +86,8 @@ def _model_cases(label: str, model: Model, tp: int, m: int) -> list[tuple[str, s
         ("gemm_add.o", "gemm_add", {**gemm(h, heads * hd), "n": h}, {}),
         ("rmsnorm_gemm3.qkv", "rmsnorm_gemm3", {**base, "n": h, "eps": EPS, "K": h, "N.1": heads * hd,
                                                 "N.2": kv * hd, "N.3": kv * hd, "wdtype": model.wdtype, **f32}, {}),
+        ("rmsnorm_gemm2.qk", "rmsnorm_gemm2", {**base, "n": h, "eps": EPS, "K": h, "N.1": heads * hd,
+                                               "N.2": kv * hd, "wdtype": model.wdtype, **f32}, {}),
         ("rmsnorm_gemm2_silu_mul.ffn", "rmsnorm_gemm2_silu_mul",
          {**base, "n.0": h, "eps": EPS, "K": h, "N.1": ffn, "N.2": ffn, "wdtype": model.wdtype, **f32}, {}),
     ]

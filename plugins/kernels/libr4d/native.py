@@ -89,7 +89,8 @@ SIGNATURES = {
 # prebuilt c_void_p, the cheapest argument ctypes passes
 PACKED = ("r4d_embedding_p", "r4d_gemv_p", "r4d_gemm_p", "r4d_rmsnorm_p", "r4d_add_p", "r4d_silu_mul_p",
           "r4d_take_rows_p", "r4d_rope_p", "r4d_attention_p", "r4d_add_rmsnorm_p", "r4d_kq_gemm_p",
-          "r4d_kq_embedding_p", "r4d_kq_gemv_p", "r4d_sliding_attention_p", "r4d_scale_p", "r4d_gelu_tanh_mul_p")
+          "r4d_kq_embedding_p", "r4d_kq_gemv_p", "r4d_sliding_attention_p", "r4d_scale_p", "r4d_gelu_tanh_mul_p",
+          "r4d_kq_rmsnorm_gemm2_silu_mul_p", "r4d_kq_gemv_add_p", "r4d_kq_rmsnorm_gemm2_p")
 
 
 class NativeUnavailable(RuntimeError):

@@ -746,6 +746,33 @@ int r4d_kq_gemm_aq(const Arr *x, int fmt, const void *codes, const void *scale, 
     return r4d_kq_gemm(x, fmt, codes, scale, scale1, min, min1, y, M, N, K);
 }
 
+#ifdef KQ_AVX2
+/* whether the integer GEMV serves w at `aq` (else r4d_kq_gemm's decoded f32 panels) */
+static int kq_gemv_serves(const KW *w, int aq) {
+    return aq == 16 && !kw_check(w) && kq_fast(w->fmt) && w->cols % 32 == 0;
+}
+
+/* the integer GEMV's task for w against rows [0, M) of x (M > 0) into Y: the activations from
+ * r4d.c's cache, on AVX-512 the zero starts and pair rows too (the launching thread's buffers,
+ * valid until its next launch: a second task of the same format reads the same ones) */
+static int kq_gemv_prepare(const Arr *x, const KW *w, const Mat *Y, int64_t M, KGemvTask *task) {
+    const int64_t K = w->cols;
+    const int16_t *xw;
+    const float *xd, *xs;
+    int rc;
+    if ((rc = r4d_act16(x, M, K, &xw, &xd, &xs))) return rc;
+    *task = (KGemvTask){w, xw, xd, xs, NULL, Y, M, NULL, NULL};
+#ifdef KQ_VBMI
+    const int halves = w->fmt == KQ_Q3_K || w->fmt == KQ_Q6_K;
+    if (kq_zero(w->fmt) && !halves && !(task->xz = kq_zero_starts(xw, M, K, kq_zero(w->fmt)))) return KQ_E_NOMEM;
+    if (!halves && K >= 64 && (rc = kq_pair_rows(xw, task->xz, M, K, &task->xp, &task->xzp))) return rc;
+#endif
+    return KQ_OK;
+}
+
+static int64_t kq_gemv_bytes(const KW *w) { return w->rows * w->cols * code_bits(w->fmt) / 8; }
+#endif
+
 /* The decode band: the integer GEMV where it serves (aq 16, an AVX2 build (AVX-512 VBMI's above,
  * r4d_kqgemv_avx2.h's otherwise), not q2_k), else r4d_kq_gemm's decoded f32 panels (aq 0) */
 int r4d_kq_gemv(const Arr *x, int fmt, const void *codes, const void *scale, const void *scale1, const void *min,
@@ -754,25 +781,84 @@ int r4d_kq_gemv(const Arr *x, int fmt, const void *codes, const void *scale, con
     const KW w = {fmt, codes, scale, scale1, min, min1, N, K};
     Mat Y;
     int rc;
-    if (aq == 16 && !kw_check(&w) && kq_fast(fmt) && K % 32 == 0) {
+    if (kq_gemv_serves(&w, aq)) {
         if ((rc = mat(y, N, 4, M, &Y))) return rc;
         if (M <= 0) return KQ_OK;
-        const int16_t *xw;
-        const float *xd, *xs;
-        if ((rc = r4d_act16(x, M, K, &xw, &xd, &xs))) return rc;
-        KGemvTask task = {&w, xw, xd, xs, NULL, &Y, M, NULL, NULL};
-#ifdef KQ_VBMI
-        const int halves = fmt == KQ_Q3_K || fmt == KQ_Q6_K;
-        if (kq_zero(fmt) && !halves && !(task.xz = kq_zero_starts(xw, M, K, kq_zero(fmt))))
-            return KQ_E_NOMEM;
-        if (!halves && K >= 64 && (rc = kq_pair_rows(xw, task.xz, M, K, &task.xp, &task.xzp))) return rc;
-#endif
-        r4d_parallel(kq_gemv_task, &task, N, 16, kq_threads_for(N * K * code_bits(fmt) / 8, 1 << 15));
+        KGemvTask task;
+        if ((rc = kq_gemv_prepare(x, &w, &Y, M, &task))) return rc;
+        r4d_parallel(kq_gemv_task, &task, N, 16, kq_threads_for(kq_gemv_bytes(&w), 1 << 15));
         return KQ_OK;
     }
 #endif
     if (aq != 0 && aq != 16) return KQ_E_INVALID;
     return r4d_kq_gemm(x, fmt, codes, scale, scale1, min, min1, y, M, N, K);
+}
+
+static int kq_gemv_of(const Arr *x, const KW *w, Arr *y, int64_t M, int aq) {
+    return r4d_kq_gemv(x, w->fmt, w->codes, w->scale, w->scale1, w->min, w->min1, y, M, w->rows, w->cols, aq);
+}
+
+#ifdef KQ_AVX2
+/* the rows of two GEMVs as one list: [0, split) the first's, [split, split + N2) the second's */
+typedef struct {
+    const KGemvTask *first, *second;
+    int64_t split;
+} KGemv2Task;
+
+static void kq_gemv2_task(const void *context, int64_t lo, int64_t hi) {
+    const KGemv2Task *t = (const KGemv2Task *)context;
+    if (lo < t->split) kq_gemv_task(t->first, lo, hi < t->split ? hi : t->split);
+    if (hi > t->split) kq_gemv_task(t->second, (lo > t->split ? lo : t->split) - t->split, hi - t->split);
+}
+#endif
+
+/* y1 = x W1^T and y2 = x W2^T, the decode GEMVs of two weights of one format reading the same
+ * activations (gate and up), in one parallel region: the activations prepared once, the pool woken
+ * once, the rows of both weights shared out as one list. Each output row is computed as
+ * r4d_kq_gemv computes it, so the bits are those of the two launches; where the integer GEMV does
+ * not serve both, the two launches. */
+int r4d_kq_gemv2(const Arr *x, const KW *w1, Arr *y1, const KW *w2, Arr *y2, int64_t M, int aq) {
+    int rc;
+#ifdef KQ_AVX2
+    Mat Y1, Y2;
+    if (kq_gemv_serves(w1, aq) && kq_gemv_serves(w2, aq) && w1->fmt == w2->fmt && w1->cols == w2->cols) {
+        if ((rc = mat(y1, w1->rows, 4, M, &Y1)) || (rc = mat(y2, w2->rows, 4, M, &Y2))) return rc;
+        if (M <= 0) return KQ_OK;
+        KGemvTask first, second;
+        if ((rc = kq_gemv_prepare(x, w1, &Y1, M, &first))) return rc;
+        second = first; /* the same activations, zero starts and pairs (one format) */
+        second.w = w2, second.Y = &Y2;
+        const KGemv2Task task = {&first, &second, w1->rows};
+        r4d_parallel(kq_gemv2_task, &task, w1->rows + w2->rows, 16,
+                     kq_threads_for(kq_gemv_bytes(w1) + kq_gemv_bytes(w2), 1 << 15));
+        return KQ_OK;
+    }
+#endif
+    rc = kq_gemv_of(x, w1, y1, M, aq);
+    return rc ? rc : kq_gemv_of(x, w2, y2, M, aq);
+}
+
+/* r4d.c's rows, for the fused chains below */
+int r4d_rmsnorm(const Arr *x, const Arr *weight, Arr *y, int64_t M, int64_t n, double eps);
+int r4d_silu_mul(const Arr *g, const Arr *u, Arr *y, int64_t M, int64_t n);
+int r4d_add(const Arr *a, const Arr *b, Arr *y, int64_t M, int64_t n);
+
+/* rmsnorm(x, norm, normed); y1 = normed W1^T; y2 = normed W2^T: the attention's norm and its q and k
+ * projections (docs/OPS.md rmsnorm_gemm2; v, of another format in a Q4_K_M file, is its own launch),
+ * each link by its own row's code, so the bits are the chain's */
+int r4d_kq_rmsnorm_gemm2(const Arr *x, const Arr *norm, Arr *normed, const KW *w1, Arr *y1, const KW *w2, Arr *y2,
+                         int64_t M, double eps, int aq) {
+    const int rc = r4d_rmsnorm(x, norm, normed, M, w1->cols, eps);
+    return rc ? rc : r4d_kq_gemv2(normed, w1, y1, w2, y2, M, aq);
+}
+
+/* the same with wg, gate, wu, up, then gate = silu(gate) * up: the FFN's front in one launch
+ * (docs/OPS.md rmsnorm_gemm2_silu_mul) */
+int r4d_kq_rmsnorm_gemm2_silu_mul(const Arr *x, const Arr *norm, Arr *normed, const KW *wg, Arr *gate,
+                                  const KW *wu, Arr *up, int64_t M, double eps, int aq) {
+    if (wg->rows != wu->rows) return KQ_E_SHAPE;
+    const int rc = r4d_kq_rmsnorm_gemm2(x, norm, normed, wg, gate, wu, up, M, eps, aq);
+    return rc ? rc : r4d_silu_mul(gate, up, gate, M, wg->rows);
 }
 
 /* y[m] = table[ids[m]]: ids int32 or int64 (the element size is the stride) */
@@ -814,6 +900,36 @@ int r4d_kq_gemm_p(const int64_t *a) {
 
 int r4d_kq_gemv_p(const int64_t *a) {
     return r4d_kq_gemv(KA(0), (int)a[1], KV(2), KV(3), KV(4), KV(5), KV(6), KA(7), a[8], a[9], a[10], (int)a[11]);
+}
+
+/* y = x W^T; residual = residual + y: a projection and the residual add after it in one launch
+ * (docs/OPS.md gemm_add), each by its own row's code, so the bits are the chain's */
+int r4d_kq_gemv_add(const Arr *x, const KW *w, Arr *y, Arr *residual, int64_t M, int aq) {
+    const int rc = kq_gemv_of(x, w, y, M, aq);
+    return rc ? rc : r4d_add(residual, y, residual, M, w->rows);
+}
+
+/* a weight as rows_kquants.py packs it: format, the five plane pointers, rows, cols */
+#define KWA(i) ((KW){(int)a[i], KV(i + 1), KV(i + 2), KV(i + 3), KV(i + 4), KV(i + 5), a[i + 6], a[i + 7]})
+
+/* x, norm, normed, the first weight, its y, the second weight, its y, M, eps's bits, aq */
+int r4d_kq_rmsnorm_gemm2_p(const int64_t *a) {
+    const KW w1 = KWA(3), w2 = KWA(12);
+    double eps;
+    memcpy(&eps, &a[22], sizeof eps);
+    return r4d_kq_rmsnorm_gemm2(KA(0), KA(1), KA(2), &w1, KA(11), &w2, KA(20), a[21], eps, (int)a[23]);
+}
+
+int r4d_kq_rmsnorm_gemm2_silu_mul_p(const int64_t *a) {
+    const KW wg = KWA(3), wu = KWA(12);
+    double eps;
+    memcpy(&eps, &a[22], sizeof eps);
+    return r4d_kq_rmsnorm_gemm2_silu_mul(KA(0), KA(1), KA(2), &wg, KA(11), &wu, KA(20), a[21], eps, (int)a[23]);
+}
+
+int r4d_kq_gemv_add_p(const int64_t *a) {
+    const KW w = KWA(1);
+    return r4d_kq_gemv_add(KA(0), &w, KA(9), KA(10), a[11], (int)a[12]);
 }
 
 int r4d_kq_embedding_p(const int64_t *a) {

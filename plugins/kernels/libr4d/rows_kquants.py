@@ -20,7 +20,10 @@ from radiance.abi import (
 )
 
 from . import fallback
-from .rows import AQ_CHOICES, F32_ACTIVATIONS, GEMV_MAX_M, _guarded, _planned, aq_default
+from .rows import (
+    AQ_CHOICES, F32_ACTIVATIONS, GEMV_MAX_M, _bits, _guarded, _planned, aq_default, layout_vector, relayout_vector,
+    unrelayout_vector,
+)
 
 BITS = {RAD_DT_U2: 2, RAD_DT_U3: 3, RAD_DT_U4: 4, RAD_DT_U5: 5, RAD_DT_U6: 6, RAD_DT_U8: 8, RAD_DT_I8: 8,
         RAD_DT_F16: 16}
@@ -142,6 +145,61 @@ def _pack_gemv(op, a, aq_fallback):
     return [*_pack_gemm(op, a), aq]
 
 
+def _pack_rmsnorm_gemm2(op, a, aq_fallback, width):
+    """x, norm, normed, w1, y1, w2, y2 (rmsnorm_gemm2's wq, q, wk, k; rmsnorm_gemm2_silu_mul's wg,
+    gate, wu, up): the packed arguments of r4d_kq_rmsnorm_gemm2_p and r4d_kq_rmsnorm_gemm2_silu_mul_p;
+    `width` names the norm's width parameter (n, n.0)"""
+    p = a.params
+    aq = int(p.get("aq", aq_fallback))
+    if aq not in AQ_CHOICES:
+        raise ValueError(f"aq={aq}: not one of {AQ_CHOICES}")
+    x, norm, normed, w1, y1, w2, y2 = (t.data for t in a.t)
+    weights = []
+    for operand, rows in ((w1, p["N.1"]), (w2, p["N.2"])):
+        w = weight_of(operand)
+        if (w.rows, w.cols) != (int(rows), int(p["K"])) or int(p[width]) != w.cols:
+            raise ValueError(f"a {w.rows}x{w.cols} weight where N={rows}, K={p['K']}, n={p[width]}")
+        op.keep.append(w)
+        weights.append([w.fmt, *w.pointers, w.rows, w.cols])
+    return [op(x), op(norm), op(normed), *weights[0], op(y1), *weights[1], op(y2), p["M"], _bits(p["eps"]), aq]
+
+
+def _pack_gemv_add(op, a, aq_fallback):
+    """x, w, y, residual: r4d_kq_gemv_add_p's packed arguments"""
+    p = a.params
+    aq = int(p.get("aq", aq_fallback))
+    if aq not in AQ_CHOICES:
+        raise ValueError(f"aq={aq}: not one of {AQ_CHOICES}")
+    x, weight, y, residual = (t.data for t in a.t)
+    w = weight_of(weight)
+    if (w.rows, w.cols) != (int(p["N"]), int(p["K"])) or int(p["n"]) != w.rows:
+        raise ValueError(f"a {w.rows}x{w.cols} weight where N={p['N']}, K={p['K']}, n={p['n']}")
+    op.keep.append(w)
+    return [op(x), w.fmt, *w.pointers, w.rows, w.cols, op(y), op(residual), p["M"], aq]
+
+
+# the chains the fused rows replace (docs/OPS.md), spelled with the fused ops' operands. At TP 1 the
+# decode step's o and down projections take the residual adds (gemm_add), so the norms after them are
+# free for rmsnorm_gemm2 (the attention's, with q and k) and rmsnorm_gemm2_silu_mul (the FFN's): a
+# layer's 12 launches become 7 (selection takes the first fusion in graph order, and add_rmsnorm
+# would otherwise take each norm)
+RMSNORM_GEMM2 = "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)"
+RMSNORM_GEMM2_SILU_MUL = "rmsnorm(x,norm,normed)+gemm(normed,wg,gate)+gemm(normed,wu,up)+silu_mul(gate,up,gate)"
+GEMM_ADD = "gemm(x,w,y)+add(residual,y,residual)"
+
+
+def _layout_fused(fmt):
+    """The fused row's weights: the norm's decoded to an f32 vector (as r4d_rmsnorm reads it), the
+    projections' read as stored (`fmt`, whole blocks)."""
+    projection = _layout(fmt)
+
+    def layout(weight, encoding, geometry):
+        if encoding_format(encoding) is not None:
+            return projection(weight, encoding, geometry)
+        return layout_vector(weight, encoding, geometry)
+    return layout
+
+
 def _pack_embedding(op, a):
     w = weight_of(a.t[1].data)
     op.keep.append(w)
@@ -156,16 +214,19 @@ def build_rows(native) -> list[RadKernelInfo]:
         gemv = _planned(native, "r4d_kq_gemv_p", lambda op, a: _pack_gemv(op, a, aq))
         gemm = _planned(native, "r4d_kq_gemm_p", lambda op, a: _pack_gemv(op, a, aq))
         embedding = _planned(native, "r4d_kq_embedding_p", _pack_embedding)
+        fused = _planned(native, "r4d_kq_rmsnorm_gemm2_silu_mul_p", lambda op, a: _pack_rmsnorm_gemm2(op, a, aq, "n.0"))
+        fused_qk = _planned(native, "r4d_kq_rmsnorm_gemm2_p", lambda op, a: _pack_rmsnorm_gemm2(op, a, aq, "n"))
+        gemv_add = _planned(native, "r4d_kq_gemv_add_p", lambda op, a: _pack_gemv_add(op, a, aq))
         body = "r4d_kquants.c"
     else:
         gemm, embedding = _guarded("gemm (numpy)", fallback.gemm), _guarded("embedding (numpy)", fallback.embedding)
-        gemv = gemm
+        gemv, fused, fused_qk, gemv_add = gemm, None, None, None
         body = "numpy fallback"
 
-    def row(name, op, launch, constraints, computes, shape, dtypes, layout, tunables=()):
+    def row(name, op, launch, constraints, computes, shape, dtypes, layout, tunables=(), **hooks):
         return RadKernelInfo(name=name, op=op, family="r4d", computes=f"{computes} ({body})", shape=shape,
                              dtypes=dtypes, domain=RAD_DOMAIN_HOST, priority=10, constraints=constraints,
-                             launch=launch, layout=layout, tunables=list(tunables))
+                             launch=launch, layout=layout, tunables=list(tunables), **hooks)
 
     tunable = [RadTunable(name="aq", values="0,16", deflt=aq)]
 
@@ -182,6 +243,26 @@ def build_rows(native) -> list[RadKernelInfo]:
                          "else 24 weight rows decoded exactly "
                          "per panel, reused by every row of x (aq=0)",
                          f"M>={GEMV_MAX_M + 1}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable))
+        if native is not None:  # without it the chain runs as declared
+            found.append(row(f"r4d_rmsnorm_gemm2_{fmt}", "rmsnorm_gemm2", fused_qk,
+                             [RAD_CLE("M", GEMV_MAX_M), *common[:2], RAD_CDIV("K", block)],
+                             "the attention's norm, q and k in one launch: r4d_rmsnorm, then the decode GEMV over "
+                             "the rows of both weights in one parallel region (the activations quantised once); "
+                             "the chain's bits", f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout_fused(fmt),
+                             tunable, relayout=relayout_vector, unrelayout=unrelayout_vector, replaces=RMSNORM_GEMM2))
+            found.append(row(f"r4d_rmsnorm_gemm2_silu_mul_{fmt}", "rmsnorm_gemm2_silu_mul", fused,
+                             [RAD_CLE("M", GEMV_MAX_M), *common[:2], RAD_CDIV("K", block)],
+                             "the FFN's norm, gate and up, silu * up in one launch: r4d_rmsnorm, then the decode "
+                             "GEMV over the rows of both weights in one parallel region (the activations "
+                             "quantised once), then r4d_silu_mul; the chain's bits",
+                             f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout_fused(fmt), tunable,
+                             relayout=relayout_vector, unrelayout=unrelayout_vector,
+                             replaces=RMSNORM_GEMM2_SILU_MUL))
+            found.append(row(f"r4d_gemm_add_{fmt}", "gemm_add", gemv_add,
+                             [RAD_CLE("M", GEMV_MAX_M), *common[:2], RAD_CDIV("K", block)],
+                             "the decode GEMV, then r4d_add's residual add, in one launch; the chain's bits",
+                             f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable,
+                             replaces=GEMM_ADD))
     formats = " ".join(FORMATS)
     found.append(row("r4d_embedding_gguf", "embedding", embedding, [RAD_CIN("wdtype", formats), F32_ACTIVATIONS],
                      "table rows decoded to f32 exactly", "n a whole number of blocks", f"{formats} table",

@@ -19,6 +19,7 @@ REPLACES = {
     "all_reduce_add_rmsnorm": "all_reduce(x)+add(residual,x,residual)+rmsnorm(residual,w,y)",
     "add_rmsnorm": "add(residual,x,residual)+rmsnorm(residual,w,y)",
     "rmsnorm_gemm3": "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)+gemm(normed,wv,v)",
+    "rmsnorm_gemm2": "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)",
     "rmsnorm_gemm2_silu_mul": "rmsnorm(x,norm,normed)+gemm(normed,wg,gate)+gemm(normed,wu,up)+silu_mul(gate,up,gate)",
     "gemm_add": "gemm(x,w,y)+add(residual,y,residual)",
     "rope_attention": "rope(q,k,positions,inv_freq)+attention(q,k,v,k_cache,v_cache,slots,positions,cu_seqlens,"
