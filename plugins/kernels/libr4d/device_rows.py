@@ -19,7 +19,7 @@ from radiance.abi import (
 
 from . import device_kernels as dk
 from .device_formats import CODES, FP8_FORMATS, device_format, layout_as_stored as _layout_as_stored
-from .rows import ADD_RMSNORM_REPLACES, QK, layout_vector, relayout_vector
+from .rows import REPLACES, QK, layout_vector, relayout_vector
 
 log = logging.getLogger("radiance.libr4d")
 MAX_PLANS = 4096
@@ -407,16 +407,6 @@ F32_ACTIVATIONS = RAD_CEQ("dtype", "f32")
 ATTENTION_HEADS = (RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM), RAD_CDIV("head_dim", dk.ATT_HEAD_DIM_STEP))
 HEADS_SHAPE = f"head_dim<={dk.ATT_MAX_HEAD_DIM}, head_dim%{dk.ATT_HEAD_DIM_STEP}==0"
 DECODE = RAD_CLE("M", dk.GEMV_MAX_M)
-# the chains the fused rows replace, spelled with the fused ops' operands (docs/OPS.md)
-REPLACES = {
-    "rmsnorm_gemm3": "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)+gemm(normed,wv,v)",
-    "rmsnorm_gemm2_silu_mul": "rmsnorm(x,norm,normed)+gemm(normed,wg,gate)+gemm(normed,wu,up)+silu_mul(gate,up,gate)",
-    "gemm_add": "gemm(x,w,y)+add(residual,y,residual)",
-    "rope_attention": "rope(q,k,positions,inv_freq)+attention(q,k,v,k_cache,v_cache,slots,positions,cu_seqlens,"
-                      "context_lens,block_tables,out)",
-    "take_rows_rmsnorm_gemm_sample": "take_rows(h,index,rows)+rmsnorm(rows,norm,normed)+gemm(normed,w,logits)"
-                                     "+sample(logits,temperature,top_k,top_p,rng,tokens)",
-}
 
 
 def chained(name: str) -> str:
@@ -492,7 +482,7 @@ def build_device_rows() -> list[RadKernelInfo]:
         # norm in one launch (below it gemm_add and the norm-folded GEMVs take them apart)
         row("r4d_add_rmsnorm_dev", "add_rmsnorm", _add_rmsnorm, [RAD_CGE("M", dk.GEMV_MAX_M + 1)],
             "add's elementwise sum, then rmsnorm's ordered sum of squares, a warp a row", f"M>={dk.GEMV_MAX_M + 1}",
-            "f32", layout=layout_vector, relayout=relayout_vector, replaces=ADD_RMSNORM_REPLACES),
+            "f32", layout=layout_vector, relayout=relayout_vector, replaces=REPLACES["add_rmsnorm"]),
         row("r4d_silu_mul_dev", "silu_mul", _elementwise("r4d_silu_mul_dev"), [], "sigmoid in f64 rounded to f32",
             "any", "f32"),
         row("r4d_take_rows_dev", "take_rows", _take_rows, [], "row gather", "any", "f32"),

@@ -369,7 +369,19 @@ def _guarded(name, launch):
 # the table
 
 F32_ACTIVATIONS = RAD_CEQ("dtype", "f32")
-ADD_RMSNORM_REPLACES = "add(residual,x,residual)+rmsnorm(residual,w,y)"
+# the chains libr4d's fused rows replace (host and device alike), spelled with the fused ops'
+# operands (docs/OPS.md)
+REPLACES = {
+    "add_rmsnorm": "add(residual,x,residual)+rmsnorm(residual,w,y)",
+    "rmsnorm_gemm3": "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)+gemm(normed,wv,v)",
+    "rmsnorm_gemm2": "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)",
+    "rmsnorm_gemm2_silu_mul": "rmsnorm(x,norm,normed)+gemm(normed,wg,gate)+gemm(normed,wu,up)+silu_mul(gate,up,gate)",
+    "gemm_add": "gemm(x,w,y)+add(residual,y,residual)",
+    "rope_attention": "rope(q,k,positions,inv_freq)+attention(q,k,v,k_cache,v_cache,slots,positions,cu_seqlens,"
+                      "context_lens,block_tables,out)",
+    "take_rows_rmsnorm_gemm_sample": "take_rows(h,index,rows)+rmsnorm(rows,norm,normed)+gemm(normed,w,logits)"
+                                     "+sample(logits,temperature,top_k,top_p,rng,tokens)",
+}
 
 
 def build_rows(native) -> list[RadKernelInfo]:
@@ -430,7 +442,7 @@ def build_rows(native) -> list[RadKernelInfo]:
         # elides the collectives of one rank), the two in one launch, bit for bit the chain
         row("r4d_add_rmsnorm", "add_rmsnorm", "add_rmsnorm", [F32_ACTIVATIONS],
             "add's elementwise sum, then rmsnorm's ordered sum of squares", "any", "f32", layout=layout_vector,
-            relayout=relayout_vector, unrelayout=unrelayout_vector, replaces=ADD_RMSNORM_REPLACES),
+            relayout=relayout_vector, unrelayout=unrelayout_vector, replaces=REPLACES["add_rmsnorm"]),
         RadKernelInfo(name="r4d_sample", op="sample", family="r4d",
                       computes="libref's tokens: greedy, top-k by partition, top-p over the ordered head",
                       shape="any", dtypes="f32 logits", domain=RAD_DOMAIN_HOST, priority=10, constraints=[],

@@ -21,7 +21,7 @@ from radiance.abi import (
 
 from . import fallback
 from .rows import (
-    AQ_CHOICES, F32_ACTIVATIONS, GEMV_MAX_M, _bits, _guarded, _planned, aq_default, layout_vector, relayout_vector,
+    AQ_CHOICES, F32_ACTIVATIONS, GEMV_MAX_M, REPLACES, _bits, _guarded, _planned, aq_default, layout_vector, relayout_vector,
     unrelayout_vector,
 )
 
@@ -178,16 +178,6 @@ def _pack_gemv_add(op, a, aq_fallback):
     return [op(x), w.fmt, *w.pointers, w.rows, w.cols, op(y), op(residual), p["M"], aq]
 
 
-# the chains the fused rows replace (docs/OPS.md), spelled with the fused ops' operands. At TP 1 the
-# decode step's o and down projections take the residual adds (gemm_add), so the norms after them are
-# free for rmsnorm_gemm2 (the attention's, with q and k) and rmsnorm_gemm2_silu_mul (the FFN's): a
-# layer's 12 launches become 7 (selection takes the first fusion in graph order, and add_rmsnorm
-# would otherwise take each norm)
-RMSNORM_GEMM2 = "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)"
-RMSNORM_GEMM2_SILU_MUL = "rmsnorm(x,norm,normed)+gemm(normed,wg,gate)+gemm(normed,wu,up)+silu_mul(gate,up,gate)"
-GEMM_ADD = "gemm(x,w,y)+add(residual,y,residual)"
-
-
 def _layout_fused(fmt):
     """The fused row's weights: the norm's decoded to an f32 vector (as r4d_rmsnorm reads it), the
     projections' read as stored (`fmt`, whole blocks)."""
@@ -243,13 +233,17 @@ def build_rows(native) -> list[RadKernelInfo]:
                          "else 24 weight rows decoded exactly "
                          "per panel, reused by every row of x (aq=0)",
                          f"M>={GEMV_MAX_M + 1}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable))
+        # At TP 1 the decode step's o and down projections take the residual adds (gemm_add), so the norms
+        # after them are free for rmsnorm_gemm2 (the attention's, with q and k) and rmsnorm_gemm2_silu_mul
+        # (the FFN's): a layer's 12 launches become 7 (selection takes the first fusion in graph order, and
+        # add_rmsnorm would otherwise take each norm)
         if native is not None:  # without it the chain runs as declared
             found.append(row(f"r4d_rmsnorm_gemm2_{fmt}", "rmsnorm_gemm2", fused_qk,
                              [RAD_CLE("M", GEMV_MAX_M), *common[:2], RAD_CDIV("K", block)],
                              "the attention's norm, q and k in one launch: r4d_rmsnorm, then the decode GEMV over "
                              "the rows of both weights in one parallel region (the activations quantised once); "
                              "the chain's bits", f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout_fused(fmt),
-                             tunable, relayout=relayout_vector, unrelayout=unrelayout_vector, replaces=RMSNORM_GEMM2))
+                             tunable, relayout=relayout_vector, unrelayout=unrelayout_vector, replaces=REPLACES["rmsnorm_gemm2"]))
             found.append(row(f"r4d_rmsnorm_gemm2_silu_mul_{fmt}", "rmsnorm_gemm2_silu_mul", fused,
                              [RAD_CLE("M", GEMV_MAX_M), *common[:2], RAD_CDIV("K", block)],
                              "the FFN's norm, gate and up, silu * up in one launch: r4d_rmsnorm, then the decode "
@@ -257,12 +251,12 @@ def build_rows(native) -> list[RadKernelInfo]:
                              "quantised once), then r4d_silu_mul; the chain's bits",
                              f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout_fused(fmt), tunable,
                              relayout=relayout_vector, unrelayout=unrelayout_vector,
-                             replaces=RMSNORM_GEMM2_SILU_MUL))
+                             replaces=REPLACES["rmsnorm_gemm2_silu_mul"]))
             found.append(row(f"r4d_gemm_add_{fmt}", "gemm_add", gemv_add,
                              [RAD_CLE("M", GEMV_MAX_M), *common[:2], RAD_CDIV("K", block)],
                              "the decode GEMV, then r4d_add's residual add, in one launch; the chain's bits",
                              f"M<={GEMV_MAX_M}, K%{block}==0", f"f32 x {fmt}", _layout(fmt), tunable,
-                             replaces=GEMM_ADD))
+                             replaces=REPLACES["gemm_add"]))
     formats = " ".join(FORMATS)
     found.append(row("r4d_embedding_gguf", "embedding", embedding, [RAD_CIN("wdtype", formats), F32_ACTIVATIONS],
                      "table rows decoded to f32 exactly", "n a whole number of blocks", f"{formats} table",
