@@ -147,7 +147,8 @@ def serving(model: Path, clients: str, max_tokens: int, folder: Path, label: str
     """rad-bench against `radiance --serve` on the card; its report, or the failure's words."""
     most = max(int(level) for level in clients.split(","))
     log_path = folder / f"serve_{label}.log"
-    command = [sys.executable, "-m", "radiance.tools.generate", "--model", str(model), "--serve", "--host", "127.0.0.1",
+    # -P: run from the checkout, its own radiance/ folder must not shadow the shim's mapping (a card machine)
+    command = [sys.executable, "-P", "-m", "radiance.tools.generate", "--model", str(model), "--serve", "--host", "127.0.0.1",
                "--port", "0", "--device", DEVICE, "--max-seqs", str(most), "--max-context", str(512 + max_tokens)]
     command += ["--debug-accept-reference-kernels"] if DEVICE == "host" else []
     with open(log_path, "w") as log:
@@ -161,7 +162,7 @@ def serving(model: Path, clients: str, max_tokens: int, folder: Path, label: str
         if url is None:
             return {"error": f"the server did not start: {log_path.read_text()[-2000:]}"}
         report_path = folder / f"rad_bench_{label}.json"
-        done = subprocess.run([sys.executable, "-m", "radiance.serving.bench", "--url", url, "--concurrency", clients,
+        done = subprocess.run([sys.executable, "-P", "-m", "radiance.serving.bench", "--url", url, "--concurrency", clients,
                                "--max-tokens", str(max_tokens), "--json", str(report_path)], timeout=1800)
         report = json.loads(report_path.read_text()) if report_path.exists() else {}
         report["returncode"] = done.returncode
