@@ -4,7 +4,10 @@
 # their wheels travel in .whl (ignored by git; name `.whl` in `carry` on every call), fetched here once:
 #     mkdir -p .whl && P="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any"
 #     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $P -d .whl \
-#         pyzmq gguf fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn prometheus-client
+#         pyzmq gguf fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn prometheus-client \
+#         opentelemetry-api annotated-doc anyio sniffio h11 idna typing-extensions
+# (fastapi 0.165 imports opentelemetry-api and annotated-doc; anyio wants typing-extensions >= 4.16, newer than the
+# card's torch environment may hold.)
 # Then the wheels go into /tmp/site (once while the machine stays warm) and the checkout is mapped under
 # `radiance.` (bench/checkout_shim.py) on PYTHONPATH for this shell and every process it starts.
 if [ ! -f /tmp/site/.done ]; then
