@@ -20,9 +20,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from device_batch_support import Pointers, fixture_module
+from radiance.abi import RAD_OK
+from radiance.engine.running.device_stream import EngineStream
+from device_batch_support import Pointers, fixture_module, fp8_weight, nvidia_fake
 from device_sources import NVCC
-from test_libr4d_support import activations
+from test_device_rows_support import Card
+from test_libr4d_support import activations, make_weight, registry, rel_err, row_of  # noqa: F401 (registry)
+from test_libr4d_support import launch as host_launch
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ON_HOST = fixture_module("cuda_on_host")
@@ -136,6 +140,35 @@ def test_a_wrong_stage_buffer_is_caught():
     assert library.r4d_host_launch(name.encode(), 1, 1, 1, cut.threads, 1, 1, params) == 0
     want = x.astype(ml_dtypes.bfloat16).astype(np.float64) @ values.T
     assert rel(y, want) > 1e-2
+
+
+@needs_gxx
+@pytest.mark.parametrize("fmt,m", [("bf16", 20), ("fp8_channel", 40)])
+def test_the_row_launches_the_real_kernel_that_agrees_with_libref(registry, monkeypatch, fmt, m):
+    """The tensor-core gemm row with the streamed GEMM on, on a fake sm_90 card whose kernel is this
+    source built on the host: the row's packed arguments as the kernel reads them, its split and
+    scratch, against libref within the row's bf16 tolerance (x rounded to bf16 is the only loss)."""
+    lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
+    streamed = importlib.import_module(f"{lib.module.__name__}.device_streamed_gemm")
+    tc = importlib.import_module(f"{lib.module.__name__}.device_tensor_cores")
+    monkeypatch.setattr(streamed, "CUT", streamed.StreamedCut())
+    device = nvidia_fake("sm_90", ON_HOST.kernels(host_source(), lambda launch: streamed.CUT.defines()))
+    card = Card(device, EngineStream(device))
+    try:
+        n, k = 96, 576
+        weight = make_weight("bf16", n, k, 7) if fmt == "bf16" else fp8_weight(registry, n, k, 7, "channel")
+        x = activations(m, k, 8)
+        params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+        row = next(row for row in lib.rows if row.name == ("r4dchain_gemm_tc_bf16_dev" if fmt == "bf16" else "r4dchain_gemm_tc_fp8_dev"))
+        got = card.run(row, [x, None, np.full((m, n), np.nan, np.float32)], params, {1: weight}, read=(2,))[2]
+        (ran,) = device.launches
+        assert ran.name == streamed.entry("bf16" if fmt == "bf16" else "e4m3", m) and ran.grid[2] == 2, ran
+        want = np.zeros((m, n), np.float32)
+        assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
+        assert np.isfinite(got).all() and 0 < rel_err(got, want) <= tc.TOLERANCE["bf16"], rel_err(got, want)
+    finally:
+        card.close()
+        device.close()
 
 
 @needs_nvcc
