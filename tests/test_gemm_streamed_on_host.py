@@ -11,6 +11,7 @@ is O(1). And nvcc's sm_90a build of every entry: no spills, its registers within
 multiprocessor the split plans for. Skipped, saying so, where g++ (or nvcc) is missing."""
 
 import ctypes
+import functools
 import importlib
 import re
 import subprocess
@@ -20,6 +21,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import early_builds
 from radiance.abi import RAD_OK
 from radiance.engine.running.device_stream import EngineStream
 from device_batch_support import Pointers, fixture_module, fp8_weight, nvidia_fake
@@ -46,6 +48,18 @@ def host_source() -> str:
     assert tensor_core in text
     plain = tensor_core[tensor_core.index("// The split-K epilogue."):]
     return text.replace(tensor_core, (FIXTURES / "tensor_core_on_host.h").read_text() + plain)
+
+
+def host_library(cut):
+    """The host build of every entry in `cut` (each an early build, tests/early_builds.py: g++ takes
+    several seconds a cut, begun beside the tests before this module's)."""
+    key = build_name(cut)
+    assert key in EARLY_BUILDS or ON_HOST.why() is not None, f"{cut} is not in CUTS (add it there, so that it is built early)"
+    return early_builds.result(key, functools.partial(ON_HOST.build, host_source(), cut.defines()))
+
+
+def build_name(cut) -> str:
+    return f"g++:gemm_streamed:{cut}"
 
 
 def encode(kind, w):
@@ -80,7 +94,7 @@ def run(kind, m, n, k, cut, splits, w_stride=1, seed=0):
             ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(k_chunk)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
     name = sg.entry(kind, m)
-    library = ON_HOST.build(host_source(), cut.defines())  # every entry (the host's table names them all)
+    library = host_library(cut)  # every entry (the host's table names them all)
     assert library.r4d_host_launch(name.encode(), -(-n // cut.rows), 1, splits, cut.threads, 1, 1, params) == 0
     want = x.astype(ml_dtypes.bfloat16).astype(np.float64) @ values.T
     return y, want, counters
@@ -90,17 +104,24 @@ def rel(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-SMALL = sg.StreamedCut(warps=2, tiles=1, stage=64, pipe=2)  # 32 rows a block: several blocks of a small N
+# two cuts (each a g++ build of several seconds): two warps of one tile (32 rows a block: several
+# blocks of a small N) over 64-element stages, two steps in flight; one warp of two tiles over
+# 128-element stages, three steps in flight
+SMALL = sg.StreamedCut(warps=2, tiles=1, stage=64, pipe=2)
+DEEP = sg.StreamedCut(warps=1, tiles=2, stage=128, pipe=3)
+CUTS = (SMALL, DEEP)
+EARLY_BUILDS = {} if ON_HOST.why() is not None else {
+    build_name(cut): functools.partial(ON_HOST.build, host_source(), cut.defines()) for cut in CUTS}
 CASES = [
     # (kind, M, N, K, cut, splits): MT = 16, 32 and 64; rows past M and N; K ending inside a step
-    # (328: 5 stages and a step of 8 of 32) and inside a stage; split K; pipes of 1-3; stages of 128
+    # (328: 5 stages and a step of 8 of 32) and inside a stage; split K
     ("bf16", 13, 80, 328, SMALL, 1),
-    ("bf16", 32, 72, 520, sg.StreamedCut(warps=2, tiles=2, stage=64, pipe=3), 3),
-    ("bf16", 50, 40, 256, sg.StreamedCut(warps=1, tiles=2, stage=128, pipe=1), 2),
-    ("bf16", 64, 48, 192, sg.StreamedCut(warps=4, tiles=1, stage=64, pipe=2), 1),
+    ("bf16", 32, 72, 520, DEEP, 3),
+    ("bf16", 50, 40, 256, DEEP, 2),
+    ("bf16", 64, 48, 192, SMALL, 1),
     ("e4m3", 20, 48, 336, SMALL, 2),
-    ("e4m3", 9, 40, 128, sg.StreamedCut(warps=1, tiles=2, stage=128, pipe=2), 1),
-    ("e4m3", 64, 32, 192, sg.StreamedCut(warps=2, tiles=1, stage=64, pipe=1), 3),
+    ("e4m3", 9, 40, 128, DEEP, 1),
+    ("e4m3", 64, 32, 256, DEEP, 2),
 ]
 
 
@@ -151,7 +172,7 @@ def test_the_row_launches_the_real_kernel_that_agrees_with_libref(registry, monk
     lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
     streamed = importlib.import_module(f"{lib.module.__name__}.device_streamed_gemm")
     tc = importlib.import_module(f"{lib.module.__name__}.device_tensor_cores")
-    monkeypatch.setattr(streamed, "CUT", streamed.StreamedCut())
+    monkeypatch.setattr(streamed, "CUT", SMALL)
     device = nvidia_fake("sm_90", ON_HOST.kernels(host_source(), lambda launch: streamed.CUT.defines()))
     card = Card(device, EngineStream(device))
     try:
@@ -162,7 +183,7 @@ def test_the_row_launches_the_real_kernel_that_agrees_with_libref(registry, monk
         row = next(row for row in lib.rows if row.name == ("r4dchain_gemm_tc_bf16_dev" if fmt == "bf16" else "r4dchain_gemm_tc_fp8_dev"))
         got = card.run(row, [x, None, np.full((m, n), np.nan, np.float32)], params, {1: weight}, read=(2,))[2]
         (ran,) = device.launches
-        assert ran.name == streamed.entry("bf16" if fmt == "bf16" else "e4m3", m) and ran.grid[2] == 2, ran
+        assert ran.name == streamed.entry("bf16" if fmt == "bf16" else "e4m3", m) and ran.grid == (3, 1, 2), ran
         want = np.zeros((m, n), np.float32)
         assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
         assert np.isfinite(got).all() and 0 < rel_err(got, want) <= tc.TOLERANCE["bf16"], rel_err(got, want)
