@@ -238,6 +238,7 @@ def main():
                     if path == "tile":
                         tc.WGMMA_CUT, sg.CUT = cut or own, None
                         label = str(tc.wgmma_cut(kind)) if kernels[kind] == "wgmma" else kernels[kind]
+                        label = f"tile {label}" if streamed and m <= sg.MAX_M else label
                         splits = tc.split(m, n, k, kind, kernels[kind])[0]
                     else:
                         tc.WGMMA_CUT, sg.CUT = own, cut
