@@ -8,7 +8,7 @@ over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shap
     R4D_TC_KERNEL=mma python3 bench/card_prefill_gemm.py   # mma.sync's kernel (gemm_mma.cu) on the same card
     R4D_WG_GROUP=1 python3 bench/card_prefill_gemm.py      # wgmma's tiles in the old order (a wave along a row tile)
     python3 bench/card_prefill_gemm.py --carveout          # the GEMM hinted to the most shared memory first
-    python3 bench/card_prefill_gemm.py --tokens 16 32 64 --lm-head --streamed 1 4,2,128,2   # batched decode's M:
+    python3 bench/card_prefill_gemm.py --tokens 16 32 64 --lm-head --streamed 1 8,2,64,3   # batched decode's M:
         # the tile GEMM against gemm_streamed.cu's cuts ('1' its default; warps,tiles,stage,pipe), weight TB/s
 
 Shapes (M = each of --tokens, one after another a shape): qkv 4096 -> 6144, o 4096 -> 4096, gate+up 4096 -> 28672, down 14336 -> 4096,
