@@ -9,7 +9,7 @@ over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shap
     R4D_WG_GROUP=1 python3 bench/card_prefill_gemm.py      # wgmma's tiles in the old order (a wave along a row tile)
     python3 bench/card_prefill_gemm.py --carveout          # the GEMM hinted to the most shared memory first
     python3 bench/card_prefill_gemm.py --tokens 16 32 64 --lm-head --streamed 1 8,2,64,3   # batched decode's M:
-        # the tile GEMM against gemm_streamed.cu's cuts ('1' its default; warps,tiles,stage,pipe), weight TB/s
+        # the tile GEMM against gemm_streamed.cu's cuts ('1' its default; warps,tiles,stage,pipe[,chunks]), weight TB/s
 
 Shapes (M = each of --tokens, one after another a shape): qkv 4096 -> 6144, o 4096 -> 4096, gate+up 4096 -> 28672, down 14336 -> 4096,
 and with --lm-head 4096 -> 128256. radiance: x f32 [M, K] and the weight bf16 [N, K] as the engine
@@ -171,7 +171,7 @@ def main():
                              "process's own (R4D_WG_CUT, else CUTS[0])")
     parser.add_argument("--streamed", nargs="+", metavar="CUT",
                         help="at M <= 64, gemm_streamed.cu's cuts to time too, each '1' (the default) or "
-                             "'warps,tiles,stage,pipe' (device_streamed_gemm.StreamedCut)")
+                             "'warps,tiles,stage,pipe[,chunks]' (device_streamed_gemm.StreamedCut)")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     rows = {row.name: row for row in lib.rows}

@@ -270,11 +270,13 @@ def test_the_streamed_gemm_serves_up_to_64_rows_on_mma_cards_where_turned_on(reg
         sg.variant(65)
 
 
-@pytest.mark.parametrize("text,match", [("8,2,64", "four integers"), ("8,2,96,2", "stage 64"), ("16,2,64,2", "warps 1, 2, 4 or 8"),
-                                        ("8,3,64,2", "tiles 1 or 2"), ("8,2,64,x", "four integers")])
+@pytest.mark.parametrize("text,match", [("8,2,64", "four or five integers"), ("8,2,96,2", "stage 64"),
+                                        ("16,2,64,2", "warps 1, 2, 4 or 8"), ("8,3,64,2", "tiles 1 or 2"),
+                                        ("8,2,64,x", "four or five integers"), ("8,2,64,2,3", "chunks 1 or 2")])
 def test_a_streamed_cut_says_what_is_wrong(registry, text, match):
     sg = module(registry, "device_streamed_gemm")
     assert sg.StreamedCut.parse("1") == sg.StreamedCut() and sg.StreamedCut.parse("4,1,128,3").rows == 64
+    assert str(sg.StreamedCut.parse("8,2,64,1,2")) == "8,2,64,1,2" and str(sg.StreamedCut()) == "8,2,64,2"
     with pytest.raises(ValueError, match=match):
         sg.StreamedCut.parse(text)
 

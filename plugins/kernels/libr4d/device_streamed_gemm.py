@@ -5,8 +5,8 @@ docs/LIBR4D.md "Tensor cores").
 The streamed GEMM serves the tensor-core gemm rows for M = 9..64 (batched decode) on NVIDIA cards
 from sm_80 (e4m3 weights from sm_89): weights streamed once into registers as mma.sync's A operand,
 x through shared memory as bf16 (the rows' contract, device_tensor_cores.TOLERANCE). Off unless
-R4D_STREAMED_GEMM is set (1, or a cut 'warps,tiles,stage,pipe'): the tile GEMMs stay the default
-until a card has timed it (bench/card_streamed_gemm.py)."""
+R4D_STREAMED_GEMM is set (1, or a cut 'warps,tiles,stage,pipe[,chunks]'): the tile GEMMs stay the
+default until a card has timed it (bench/card_prefill_gemm.py --tokens 16 32 64 --streamed ...)."""
 
 import os
 from dataclasses import dataclass
@@ -22,11 +22,13 @@ MIN_STAGES_PER_SPLIT = 4
 class StreamedCut:
     """gemm_streamed.cu's cut (its GS_* macros): `warps` warps a block, `tiles` m16 tiles of weight
     rows a warp (a block owns 16 tiles warps rows), `stage` K elements of x a shared-memory stage,
-    `pipe` k-steps of weights a lane keeps in flight."""
+    `pipe` k-steps of weights a lane keeps in flight, `chunks` 16-byte loads a lane takes of a bf16
+    row a step (2: a row's four lanes read 128 contiguous bytes a step, not 64; e4m3 takes one)."""
     warps: int = 8
     tiles: int = 2
     stage: int = 64
     pipe: int = 2
+    chunks: int = 1
 
     @property
     def rows(self) -> int:
@@ -38,10 +40,10 @@ class StreamedCut:
 
     def defines(self) -> tuple:
         return (f"-DGS_WARPS={self.warps}", f"-DGS_TILES={self.tiles}", f"-DGS_STAGE={self.stage}",
-                f"-DGS_PIPE={self.pipe}")
+                f"-DGS_PIPE={self.pipe}", f"-DGS_CHUNKS={self.chunks}")
 
     def __str__(self) -> str:
-        return f"{self.warps},{self.tiles},{self.stage},{self.pipe}"
+        return f"{self.warps},{self.tiles},{self.stage},{self.pipe}" + (f",{self.chunks}" if self.chunks != 1 else "")
 
     def blocks_a_multiprocessor(self, m: int, kind: str) -> int:
         """The blocks of M's entry a multiprocessor holds (the kernel's __launch_bounds__): MT = 64's
@@ -51,22 +53,22 @@ class StreamedCut:
 
     @classmethod
     def parse(cls, text: str) -> "StreamedCut":
-        """'warps,tiles,stage,pipe' (R4D_STREAMED_GEMM; '1': the default cut): ValueError
+        """'warps,tiles,stage,pipe[,chunks]' (R4D_STREAMED_GEMM; '1': the default cut): ValueError
         naming what is wrong."""
         if text.strip() == "1":
             return cls()
         try:
             parts = [int(part) for part in text.split(",")]
-            if len(parts) != 4:
+            if len(parts) not in (4, 5):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"R4D_STREAMED_GEMM={text!r}: expected '1' or 'warps,tiles,stage,pipe', "
-                             "four integers") from None
+            raise ValueError(f"R4D_STREAMED_GEMM={text!r}: expected '1' or 'warps,tiles,stage,pipe[,chunks]', "
+                             "four or five integers") from None
         cut = cls(*parts)
         if not (cut.warps in (1, 2, 4, 8) and 1 <= cut.tiles <= 2 and cut.stage in (64, 128, 192, 256)
-                and 1 <= cut.pipe <= 4):
+                and 1 <= cut.pipe <= 4 and cut.chunks in (1, 2)):
             raise ValueError(f"R4D_STREAMED_GEMM={text!r}: warps 1, 2, 4 or 8, tiles 1 or 2, stage 64, 128, 192 "
-                             "or 256, pipe 1..4")
+                             "or 256, pipe 1..4, chunks 1 or 2")
         return cut
 
 

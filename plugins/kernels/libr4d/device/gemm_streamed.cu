@@ -13,8 +13,8 @@
 // Work: a block owns GS_ROWS = 16 GS_TILES GS_WARPS consecutive weight rows (a warp GS_TILES tiles
 // of 16) and one chunk of K (gridDim.z > 1 splits K; each split's sums go to the scratch and the
 // row block's last block adds them in split order, as gemv.cu does). A k-step is 4 E elements of
-// every row (E = 8 bf16 or 16 e4m3: one 16-byte load a lane a row): lane (g, t) loads the step's
-// bytes t of its rows g and g + 8 of each tile. A dot product may add its k in any order, so those
+// every row (E = 8 GS_CHUNKS bf16 or 16 e4m3: GS_CHUNKS or one 16-byte loads a lane a row): lane
+// (g, t) loads the step's E elements t of its rows g and g + 8 of each tile. A dot product may add its k in any order, so those
 // E elements fill the lane's k slots of E / 4 MMAs (MMA q: elements 4q .. 4q + 3 of the lane's E;
 // slots 2t, 2t + 1 the first two, 2t + 8, 2t + 9 the last two), and x's B fragments take the same
 // elements of x's rows (16 bytes of bf16 a lane an n-tile for 2 MMAs), as gemv.cu's tensor-core
@@ -38,6 +38,9 @@
 #ifndef GS_PIPE
 #define GS_PIPE 2       // k-steps of weights a lane keeps in flight
 #endif
+#ifndef GS_CHUNKS
+#define GS_CHUNKS 1     // bf16: 16-byte chunks a lane takes of a row a step (2: a row's 4 lanes read 128 bytes)
+#endif
 #define GS_THREADS (32 * GS_WARPS)
 #define GS_ROWS (16 * GS_TILES * GS_WARPS)
 // warps a multiprocessor the registers are held to (__launch_bounds__): MT = 64's accumulators, and
@@ -47,7 +50,7 @@
 #define GS_8_WARPS (8 / GS_WARPS)
 #define GS_16_WARPS (16 / GS_WARPS)
 #if GS_WARPS < 1 || GS_WARPS > 8 || GS_TILES < 1 || GS_TILES > 2 || GS_STAGE % 64 || GS_STAGE > 256 || GS_PIPE < 1 || \
-    GS_PIPE > 4
+    GS_PIPE > 4 || GS_CHUNKS < 1 || GS_CHUNKS > 2
 #error "gemm_streamed.cu: a cut outside what the kernel is written for (device_streamed_gemm.StreamedCut says which)"
 #endif
 
@@ -93,7 +96,8 @@ __device__ void gs_gemm(const float* x, const u8* w, const float* w_scale, int w
                         u32* counters, int M, int N, int K, int k_chunk) {
     enum {
         EB = KIND == GS_BF16 ? 2 : 1,   // bytes a weight
-        E = 16 / EB,                    // elements a lane takes of a row a step
+        CH = KIND == GS_BF16 ? GS_CHUNKS : 1,  // 16-byte chunks a lane a row a step (e4m3: one, 16 elements)
+        E = 16 * CH / EB,               // elements a lane takes of a row a step: 8 or 16
         STEP = 4 * E,                   // K elements a step
         MMAS = E / 4,                   // MMAs a step a (tile, n-tile)
         STEPS = GS_STAGE / STEP,        // steps a stage
@@ -117,14 +121,17 @@ __device__ void gs_gemm(const float* x, const u8* w, const float* w_scale, int w
         for (int h = 0; h < 2; ++h)
             rows[i][h] = w + min(base + 16 * i + 8 * h + g, (long long)N - 1) * K * EB + (long long)(k_begin + t * E) * EB;
     // the weights' first steps, before waiting on the kernel this one is chained to
-    uint4 v[GS_PIPE][GS_TILES][2];
+    uint4 v[GS_PIPE][GS_TILES][2][CH];
 #pragma unroll
     for (int p = 0; p < GS_PIPE; ++p)
 #pragma unroll
         for (int i = 0; i < GS_TILES; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                v[p][i][h] = k_begin + p * STEP + t * E < k_end ? gs_stream16(rows[i][h] + p * STEP * EB) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                for (int c = 0; c < CH; ++c)
+                    v[p][i][h][c] = k_begin + p * STEP + t * E + 8 * c < k_end ? gs_stream16(rows[i][h] + p * STEP * EB + 16 * c)
+                                                                              : make_uint4(0u, 0u, 0u, 0u);
     R4D_CHAIN_PROLOGUE();
     // x's stage `s` into registers: float4 j of thread i is float4 i + j GS_THREADS of the stage,
     // row / (GS_STAGE / 4), column % (GS_STAGE / 4); past M or the chunk: zeros
@@ -169,16 +176,21 @@ __device__ void gs_gemm(const float* x, const u8* w, const float* w_scale, int w
                 load_stage(s / STEPS + 1);
             }
             // this step's weights (rows g and g + 8 of each tile); the slot refilled GS_PIPE steps ahead
-            u32 lo[GS_TILES][4], hi[GS_TILES][4];
+            u32 lo[GS_TILES][4 * CH], hi[GS_TILES][4 * CH];  // the lane's words of rows g, g + 8, in k order
 #pragma unroll
-            for (int i = 0; i < GS_TILES; ++i) {
-                lo[i][0] = v[p][i][0].x; lo[i][1] = v[p][i][0].y; lo[i][2] = v[p][i][0].z; lo[i][3] = v[p][i][0].w;
-                hi[i][0] = v[p][i][1].x; hi[i][1] = v[p][i][1].y; hi[i][2] = v[p][i][1].z; hi[i][3] = v[p][i][1].w;
+            for (int i = 0; i < GS_TILES; ++i)
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    v[p][i][h] = k_begin + (s + GS_PIPE) * STEP + t * E < k_end
-                                     ? gs_stream16(rows[i][h] + (long long)(s + GS_PIPE) * STEP * EB) : make_uint4(0u, 0u, 0u, 0u);
-            }
+                for (int c = 0; c < CH; ++c) {
+                    lo[i][4 * c] = v[p][i][0][c].x; lo[i][4 * c + 1] = v[p][i][0][c].y;
+                    lo[i][4 * c + 2] = v[p][i][0][c].z; lo[i][4 * c + 3] = v[p][i][0][c].w;
+                    hi[i][4 * c] = v[p][i][1][c].x; hi[i][4 * c + 1] = v[p][i][1][c].y;
+                    hi[i][4 * c + 2] = v[p][i][1][c].z; hi[i][4 * c + 3] = v[p][i][1][c].w;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        v[p][i][h][c] = k_begin + (s + GS_PIPE) * STEP + t * E + 8 * c < k_end
+                                            ? gs_stream16(rows[i][h] + (long long)(s + GS_PIPE) * STEP * EB + 16 * c)
+                                            : make_uint4(0u, 0u, 0u, 0u);
+                }
             const u16* stage = &gs_x[(s / STEPS) & 1][0][(s % STEPS) * STEP + t * E];
             // 16 bytes of x (8 elements) a lane an n-tile feed MMAs q = 2c and 2c + 1: their A
             // fragments first (e4m3: decoded to bf16 here, two MMAs' worth live at a time)
