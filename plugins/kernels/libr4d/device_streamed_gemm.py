@@ -72,9 +72,10 @@ class StreamedCut:
         return cut
 
 
-# R4D_STREAMED_GEMM=1 (or a cut) turns the streamed GEMM on for a process; CUT is read at every
-# launch's plan, so the bench sets it between shapes to compare cuts in one run
-CUT = StreamedCut.parse(os.environ["R4D_STREAMED_GEMM"]) if os.environ.get("R4D_STREAMED_GEMM") else None
+# R4D_STREAMED_GEMM=1 (or a cut) turns the streamed GEMM on for a process, 0 or unset leaves it off;
+# CUT is read at every launch's plan, so the bench sets it between shapes to compare cuts in one run
+_SETTING = os.environ.get("R4D_STREAMED_GEMM", "").strip()
+CUT = StreamedCut.parse(_SETTING) if _SETTING not in ("", "0") else None
 MULTIPROCESSORS = 132   # an H200's: the waves the split plans for, whatever the card (the same sums everywhere)
 
 
