@@ -303,13 +303,18 @@ def test_a_streamed_plan_is_one_launch_of_its_entry_in_its_cut(registry, monkeyp
     params = {"M": 37, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
     need = row.info.scratch({**params, "M": 256})
     assert launch(row, [x, w, y], params, stream, 0x9000000, need) == RAD_OK
-    ((kernel, grid, block, args),) = stream.launches
+    (kernel, grid, block, args), (reduce, rgrid, rblock, rargs) = stream.launches
     splits, k_chunk = sg.split(37, 4096, 4096, "bf16", sg.CUT)
     assert (kernel, grid, block) == ("r4d_streamed_gemm_bf16_m64", (16, 1, splits), (256, 1, 1)) and splits > 1
-    assert stream.compiled == [(kernel, ("-DGS_ONLY=3", *sg.CUT.defines()))]
+    options = ("-DGS_ONLY=3", *sg.CUT.defines())
+    assert stream.compiled == [(kernel, options), ("r4d_streamed_reduce", options)]  # one module
     layout = sg.scratch_layout(37, 4096, 4096, "bf16", sg.CUT)
-    assert pointers(args, [0, 1, 2, 4, 5, 6]) == [0x1000, 0x7000000, 0, 0x2000, 0x9000000 + layout["partial"], 0x9000000]
-    assert ints(args, [3, 7, 8, 9, 10]) == [0, 37, 4096, 4096, k_chunk]
+    assert layout["total"] == 4 * splits * 37 * 4096 and layout["partial"] == 0
+    assert pointers(args, [0, 1, 2, 4, 5]) == [0x1000, 0x7000000, 0, 0x2000, 0x9000000]
+    assert ints(args, [3, 6, 7, 8, 9]) == [0, 37, 4096, 4096, k_chunk]
+    # the reduction: every output, 4 a thread, the splits in the scratch
+    assert (reduce, rgrid, rblock) == ("r4d_streamed_reduce", (-(-37 * 4096 // 4 // 256), 1, 1), (256, 1, 1))
+    assert pointers(rargs, [0, 1, 3]) == [0x9000000, 0, 0x2000] and ints(rargs, [2, 4, 5, 6]) == [0, 37, 4096, splits]
     # too little scratch for the split: the row says so, it does not overrun
     assert launch(row, [x, w, y], dict(params), stream, 0x9000000, layout["total"] - 1) == RAD_E_NOMEM
     # above 64 rows, the tile GEMM as before
@@ -330,7 +335,8 @@ def test_the_streamed_gemm_agrees_with_libref_within_the_stated_tolerance(regist
     before = len(on_fake.device.launches)
     got = on_fake.run(row, [x, None, np.zeros((m, n), np.float32)], params, {1: weight}, read=(2,))[2]
     kind = "bf16" if fmt == "bf16" else "e4m3"
-    assert [launch.name for launch in on_fake.device.launches[before:]] == [sg.entry(kind, m)]
+    split = sg.split(m, n, k, kind, sg.CUT)[0] > 1
+    assert [launch.name for launch in on_fake.device.launches[before:]] == [sg.entry(kind, m)] + ["r4d_streamed_reduce"] * split
     want = np.zeros((m, n), np.float32)
     assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
     # bf16's tolerance for both kinds: x is only rounded to bf16, never quantised to e4m3
@@ -348,7 +354,8 @@ def test_a_split_streamed_gemm_gives_the_same_bits_launch_after_launch(registry,
     for _ in range(3):
         assert row.info.launch(a) == RAD_OK
         results.append(on_fake.download(a.t[2], operands[2]))
-    assert on_fake.device.launches[-1].name == "r4d_streamed_gemm_bf16_m16" and on_fake.device.launches[-1].grid[2] > 1
+    gemm, reduce = on_fake.device.launches[-2:]
+    assert (gemm.name, reduce.name) == ("r4d_streamed_gemm_bf16_m16", "r4d_streamed_reduce") and gemm.grid[2] > 1
     np.testing.assert_array_equal(results[0], results[1])
     np.testing.assert_array_equal(results[0], results[2])
 

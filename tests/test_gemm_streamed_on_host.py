@@ -72,9 +72,14 @@ def encode(kind, w):
     return codes.view(np.uint8), scale, codes.astype(np.float64) * scale[:, None].astype(np.float64)
 
 
+def launch(library, name, grid, block, args):
+    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+    assert library.r4d_host_launch(name.encode(), *grid, *block, params) == 0, name
+
+
 def run(kind, m, n, k, cut, splits, w_stride=1, seed=0):
-    """The entry for M over an [N, K] weight in `cut`, K in `splits` chunks of whole stages: (y, the
-    float64 reference, the counters after)."""
+    """The entry for M over an [N, K] weight in `cut`, K in `splits` chunks of whole stages, then
+    (split) r4d_streamed_reduce: (y, the float64 reference)."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
     w[1, : k // 3] *= 1e-3  # small weights: e4m3's subnormal codes
@@ -88,16 +93,17 @@ def run(kind, m, n, k, cut, splits, w_stride=1, seed=0):
     assert -(-k // k_chunk) == splits, "a split left empty"
     y = np.full((m, n), np.nan, np.float32)
     partial = np.full(splits * m * n, np.nan, np.float32) if splits > 1 else None
-    counters = np.zeros(-(-n // cut.rows), np.uint32)
     ptr = Pointers()
-    args = [ptr(x), ptr(codes), ptr(scale), ctypes.c_int(w_stride), ptr(y), ptr(partial), ptr(counters),
-            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(k_chunk)]
-    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-    name = sg.entry(kind, m)
     library = host_library(cut)  # every entry (the host's table names them all)
-    assert library.r4d_host_launch(name.encode(), -(-n // cut.rows), 1, splits, cut.threads, 1, 1, params) == 0
+    launch(library, sg.entry(kind, m), *sg.grid(n, splits, cut),
+           [ptr(x), ptr(codes), ptr(scale), ctypes.c_int(w_stride), ptr(y), ptr(partial), ctypes.c_int(m), ctypes.c_int(n),
+            ctypes.c_int(k), ctypes.c_int(k_chunk)])
+    if splits > 1:
+        assert np.isnan(y).all(), "a split launch leaves y to the reduction"
+        launch(library, sg.REDUCE, *sg.reduce_grid(m, n),
+               [ptr(partial), ptr(scale), ctypes.c_int(w_stride), ptr(y), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(splits)])
     want = x.astype(ml_dtypes.bfloat16).astype(np.float64) @ values.T
-    return y, want, counters
+    return y, want
 
 
 def rel(got, want):
@@ -130,15 +136,14 @@ CASES = [
 @needs_gxx
 @pytest.mark.parametrize("kind,m,n,k,cut,splits", CASES)
 def test_the_streamed_gemm_agrees_with_f64_of_bf16_x(kind, m, n, k, cut, splits):
-    y, want, counters = run(kind, m, n, k, cut, splits)
+    y, want = run(kind, m, n, k, cut, splits)
     assert np.isfinite(y).all() and rel(y, want) <= ACCUMULATION, rel(y, want)
-    assert not counters.any(), "the last block of each row block leaves its counter zero"
 
 
 @needs_gxx
 def test_the_streamed_gemm_scales_by_one_scale_for_all_rows():
     """fp8 with a per-tensor scale (w_stride 0), split."""
-    y, want, counters = run("e4m3", 17, 32, 256, SMALL, 2, w_stride=0, seed=4)
+    y, want = run("e4m3", 17, 32, 256, SMALL, 2, w_stride=0, seed=4)
     assert np.isfinite(y).all() and rel(y, want) <= ACCUMULATION, rel(y, want)
 
 
@@ -155,12 +160,9 @@ def test_a_wrong_stage_buffer_is_caught():
     x = activations(m, k, 2)
     y = np.full((m, n), np.nan, np.float32)
     ptr = Pointers()
-    args = [ptr(x), ptr(codes), ptr(None), ctypes.c_int(0), ptr(y), ptr(None), ptr(None), ctypes.c_int(m),
-            ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(k)]
-    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-    name = sg.entry("bf16", m)
-    library = ON_HOST.build(wrong, cut.defines())
-    assert library.r4d_host_launch(name.encode(), 1, 1, 1, cut.threads, 1, 1, params) == 0
+    launch(ON_HOST.build(wrong, cut.defines()), sg.entry("bf16", m), *sg.grid(n, 1, cut),
+           [ptr(x), ptr(codes), ptr(None), ctypes.c_int(0), ptr(y), ptr(None), ctypes.c_int(m), ctypes.c_int(n),
+            ctypes.c_int(k), ctypes.c_int(k)])
     want = x.astype(ml_dtypes.bfloat16).astype(np.float64) @ values.T
     assert rel(y, want) > 1e-2
 
@@ -184,8 +186,9 @@ def test_the_row_launches_the_real_kernel_that_agrees_with_libref(registry, monk
         params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
         row = next(row for row in lib.rows if row.name == ("r4dchain_gemm_tc_bf16_dev" if fmt == "bf16" else "r4dchain_gemm_tc_fp8_dev"))
         got = card.run(row, [x, None, np.full((m, n), np.nan, np.float32)], params, {1: weight}, read=(2,))[2]
-        (ran,) = device.launches
+        ran, added = device.launches
         assert ran.name == streamed.entry("bf16" if fmt == "bf16" else "e4m3", m) and ran.grid == (3, 1, 2), ran
+        assert added.name == streamed.REDUCE, added
         want = np.zeros((m, n), np.float32)
         assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
         assert np.isfinite(got).all() and 0 < rel_err(got, want) <= tc.TOLERANCE["bf16"], rel_err(got, want)
@@ -203,9 +206,12 @@ def test_nvcc_builds_every_entry_for_sm_90a_without_spills(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = done.stderr
     entries = re.findall(r"Compiling entry function '(\w+)'", report)
-    assert sorted(entries) == sorted(sg.ENTRIES), entries
+    assert sorted(entries) == sorted([*sg.ENTRIES, sg.REDUCE]), entries
     assert " 0 bytes spill stores" in report and not re.search(r"[1-9]\d* bytes spill", report), report
     cut = sg.StreamedCut()
     for name, registers in zip(entries, re.findall(r"Used (\d+) registers", report)):
+        if name == sg.REDUCE:
+            assert int(registers) * sg.REDUCE_THREADS <= 65536, registers
+            continue
         blocks = cut.blocks_a_multiprocessor(int(name.rsplit("_m", 1)[1]), name.split("_")[3])
         assert int(registers) * cut.threads * blocks <= 65536, (name, registers, blocks)

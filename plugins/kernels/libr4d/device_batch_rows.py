@@ -46,22 +46,26 @@ def _simt(a, x: int, w: DeviceWeight, y: int) -> Step:
     return Step("r4d_gemm_dev", "gemm", grid, (256, 1, 1), args)
 
 
-def _streamed(a, x: int, w: DeviceWeight, y: int, kind: str) -> Step:
-    """gemm_streamed.cu's one launch (device_streamed_gemm.py): x read as it is, split-K partials in
-    the scratch."""
+def _streamed(a, x: int, w: DeviceWeight, y: int, kind: str) -> list:
+    """gemm_streamed.cu's launch (device_streamed_gemm.py), x read as it is; where K is split, its
+    partial sums in the scratch, then r4d_streamed_reduce adding them (same module, same options)."""
     m, n, k, cut = int(a.params["M"]), w.rows, w.cols, sg.CUT
     splits, k_chunk = sg.split(m, n, k, kind, cut)
     layout = sg.scratch_layout(m, n, k, kind, cut)
     if layout["total"] > int(a.scratch_bytes or 0):
         raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the streamed gemm needs {layout['total']}")
-    scratch = int(a.scratch or 0)
-    at = lambda part: scratch + layout[part] if part in layout else 0  # noqa: E731
-    name = sg.entry(kind, m)
+    partial = int(a.scratch or 0) + layout["partial"] if splits > 1 else 0
+    scale = w.scale if kind == "e4m3" else 0
+    stride = 1 if w.label == "fp8_channel" else 0
+    name, options = sg.entry(kind, m), sg.options(sg.entry(kind, m), cut)
     grid, block = sg.grid(n, splits, cut)
-    args = (KernelArgs(name).pointer(x).pointer(w.codes).pointer(w.scale if kind == "e4m3" else 0)
-            .i32(1 if w.label == "fp8_channel" else 0).pointer(y).pointer(at("partial")).pointer(at("counters"))
+    args = (KernelArgs(name).pointer(x).pointer(w.codes).pointer(scale).i32(stride).pointer(y).pointer(partial)
             .i32(m).i32(n).i32(k).i32(k_chunk))
-    return Step(name, "gemm_streamed", grid, block, args, 0, sg.options(name, cut))
+    steps = [Step(name, "gemm_streamed", grid, block, args, 0, options)]
+    if splits > 1:
+        add = KernelArgs(sg.REDUCE).pointer(partial).pointer(scale).i32(stride).pointer(y).i32(m).i32(n).i32(splits)
+        steps.append(Step(sg.REDUCE, "gemm_streamed", *sg.reduce_grid(m, n), add, 0, options))
+    return steps
 
 
 def tc_gemm_steps(a, x: int, weight, y: int) -> list:
@@ -77,7 +81,7 @@ def tc_gemm_steps(a, x: int, weight, y: int) -> list:
     for name, address in (("x", x), ("w", w.codes)):
         _aligned16(name, address)
     if sg.serves(kernel, kind, m):
-        return [_streamed(a, x, w, y, kind)]
+        return _streamed(a, x, w, y, kind)
     splits, per = tc.split(m, n, k, kind, kernel)
     layout = tc.scratch_layout(m, n, k, kind, kernel)
     if layout["total"] > int(a.scratch_bytes or 0):

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 MAX_M = 64              # the entries carry MT = 16, 32 or 64 activation rows
 VARIANTS = (16, 32, 64)
 KINDS = ("bf16", "e4m3")
-MAX_SPLITS = 16
+MAX_SPLITS = 16         # gemm_streamed.cu's GS_MAX_SPLITS: r4d_streamed_reduce's loads in flight a thread
 MIN_STAGES_PER_SPLIT = 4
+REDUCE = "r4d_streamed_reduce"
+REDUCE_THREADS = 256
+REDUCE_MAX_BLOCKS = 1024
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,15 @@ def split(m: int, n: int, k: int, kind: str, cut: StreamedCut, multiprocessors: 
 
 
 def grid(n: int, splits: int, cut: StreamedCut) -> tuple:
-    """(row blocks, 1, splits) of the cut's threads; a split-K counter a row block."""
+    """(row blocks, 1, splits) of the cut's threads."""
     return (-(-n // cut.rows), 1, splits), (cut.threads, 1, 1)
+
+
+def reduce_grid(m: int, n: int) -> tuple:
+    """r4d_streamed_reduce over M x N outputs, 4 a thread (1 where M N % 4 != 0), a grid-stride
+    loop past REDUCE_MAX_BLOCKS."""
+    units = m * n // 4 if m * n % 4 == 0 else m * n
+    return (max(1, min(REDUCE_MAX_BLOCKS, -(-units // REDUCE_THREADS))), 1, 1), (REDUCE_THREADS, 1, 1)
 
 
 def _aligned(nbytes: int) -> int:
@@ -136,13 +146,12 @@ def _aligned(nbytes: int) -> int:
 
 
 def scratch_layout(m: int, n: int, k: int, kind: str, cut: StreamedCut) -> dict:
-    """Offsets in the row's scratch where K is split: a u32 counter a row block, then the partial sums
-    [splits, M, N] f32; and the total (0 unsplit)."""
+    """Offsets in the row's scratch where K is split: the partial sums [splits, M, N] f32 that
+    r4d_streamed_reduce adds; and the total (0 unsplit)."""
     splits, _ = split(m, n, k, kind, cut)
     if splits == 1:
         return {"total": 0}
-    counters = _aligned(4 * -(-n // cut.rows))
-    return {"counters": 0, "partial": counters, "total": _aligned(counters + 4 * splits * m * n)}
+    return {"partial": 0, "total": _aligned(4 * splits * m * n)}
 
 
 def scratch_bytes(max_m: int, n: int, k: int, kind: str, cut: StreamedCut | None = None) -> int:

@@ -11,8 +11,10 @@
 // (n8: 8 activation rows an n-tile, MT / 8 of them), so no MMA lane is wasted at M = 16 or 32.
 //
 // Work: a block owns GS_ROWS = 16 GS_TILES GS_WARPS consecutive weight rows (a warp GS_TILES tiles
-// of 16) and one chunk of K (gridDim.z > 1 splits K; each split's sums go to the scratch and the
-// row block's last block adds them in split order, as gemv.cu does). A k-step is 4 E elements of
+// of 16) and one chunk of K (gridDim.z > 1 splits K; each split's sums go to the scratch, and
+// r4d_streamed_reduce, launched after, adds them in split order over the whole card: a row
+// block's last block adding them itself, as gemv.cu does, would read splits x M x 256 rows of
+// partials on one multiprocessor, 512 KB at M = 64 and 8 splits, longer than the GEMM's own part). A k-step is 4 E elements of
 // every row (E = 8 GS_CHUNKS bf16 or 16 e4m3: GS_CHUNKS or one 16-byte loads a lane a row): lane
 // (g, t) loads the step's E elements t of its rows g and g + 8 of each tile. A dot product may add its k in any order, so those
 // E elements fill the lane's k slots of E / 4 MMAs (MMA q: elements 4q .. 4q + 3 of the lane's E;
@@ -93,7 +95,7 @@ __device__ __forceinline__ void gs_e4m3_bf16(u32 word, u32& lo, u32& hi) {
 
 template <int KIND, int MT>
 __device__ void gs_gemm(const float* x, const u8* w, const float* w_scale, int w_stride, float* y, float* partial,
-                        u32* counters, int M, int N, int K, int k_chunk) {
+                        int M, int N, int K, int k_chunk) {
     enum {
         EB = KIND == GS_BF16 ? 2 : 1,   // bytes a weight
         CH = KIND == GS_BF16 ? GS_CHUNKS : 1,  // 16-byte chunks a lane a row a step (e4m3: one, 16 elements)
@@ -109,7 +111,6 @@ __device__ void gs_gemm(const float* x, const u8* w, const float* w_scale, int w
     };
     __shared__ uint4 gs_words[2 * MT * WIDTH / 8];  // the stages, 16-byte aligned: [2][MT][WIDTH] bf16
     u16 (*gs_x)[MT][WIDTH] = reinterpret_cast<u16 (*)[MT][WIDTH]>(gs_words);
-    __shared__ int gs_last;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     long long base = (long long)blockIdx.x * GS_ROWS + warp * 16 * GS_TILES;  // the warp's first weight row
     int k_begin = (int)blockIdx.z * k_chunk, k_end = min(K, k_begin + k_chunk);
@@ -222,7 +223,8 @@ __device__ void gs_gemm(const float* x, const u8* w, const float* w_scale, int w
             }
         }
     }
-    // C: lane (g, t) holds (weight row 16 i + g, x rows 8 j + 2 t, + 1) and weight row 16 i + g + 8's same
+    // C: lane (g, t) holds (weight row 16 i + g, x rows 8 j + 2 t, + 1) and weight row 16 i + g + 8's
+    // same; split: this split's sums into partial[split][M][N], for r4d_streamed_reduce
     bool split = gridDim.z > 1;
 #pragma unroll
     for (int i = 0; i < GS_TILES; ++i)
@@ -236,25 +238,50 @@ __device__ void gs_gemm(const float* x, const u8* w, const float* w_scale, int w
                 if (split) partial[((long long)blockIdx.z * M + m) * N + n] = d[i][j][c];
                 else y[(long long)m * N + n] = KIND == GS_BF16 ? d[i][j][c] : d[i][j][c] * w_scale[n * w_stride];
             }
-    if (!split || !r4d_last_split(counters, &gs_last)) return;
-    // the row block's last block: every split's sums, added in split order
-    long long first = (long long)blockIdx.x * GS_ROWS;
-    for (int i = threadIdx.x; i < GS_ROWS * M; i += GS_THREADS) {
-        long long n = first + i % GS_ROWS;
-        int m = i / GS_ROWS;
-        if (n >= N) continue;
-        float sum = 0.0f;
-        for (int s = 0; s < (int)gridDim.z; ++s) sum += r4d_load_l2(partial + ((long long)s * M + m) * N + n);
-        y[(long long)m * N + n] = KIND == GS_BF16 ? sum : sum * w_scale[n * w_stride];
-    }
 }
 
-#define GS_ENTRY(KIND, MT, BLOCKS, NAME)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GS_THREADS, BLOCKS) NAME(const float* x, const u8* w, const float* w_scale, \
-                                                                   int w_stride, float* y, float* partial,       \
-                                                                   u32* counters, int M, int N, int K, int k_chunk) { \
-        gs_gemm<KIND, MT>(x, w, w_scale, w_stride, y, partial, counters, M, N, K, k_chunk);                     \
+#define GS_ENTRY(KIND, MT, BLOCKS, NAME)                                                                          \
+    extern "C" __global__ void __launch_bounds__(GS_THREADS, BLOCKS) NAME(const float* x, const u8* w,         \
+                                                                          const float* w_scale, int w_stride,  \
+                                                                          float* y, float* partial, int M,     \
+                                                                          int N, int K, int k_chunk) {         \
+        gs_gemm<KIND, MT>(x, w, w_scale, w_stride, y, partial, M, N, K, k_chunk);                             \
     }
+
+// The splits' sums of a split launch, y = sum over s in order of partial[s] (then e4m3's row scale,
+// w_scale[n * w_stride]; bf16: w_scale null), 4 outputs of the flattened [M, N] a thread (one where
+// M N % 4 != 0), a grid-stride loop; every split's 16 bytes loaded before the sum, so a thread keeps
+// up to GS_MAX_SPLITS loads in flight.
+#define GS_MAX_SPLITS 16  // device_streamed_gemm.MAX_SPLITS
+extern "C" __global__ void __launch_bounds__(256) r4d_streamed_reduce(const float* partial, const float* w_scale,
+                                                                      int w_stride, float* y, int M, int N, int splits) {
+    R4D_CHAIN_PROLOGUE();
+    long long count = (long long)M * N, plane = count;
+    bool quads = count % 4 == 0;  // every split's plane starts 16-byte aligned
+    long long units = quads ? count / 4 : count;
+    for (long long u = blockIdx.x * (long long)blockDim.x + threadIdx.x; u < units; u += (long long)gridDim.x * blockDim.x) {
+        if (quads) {
+            float4 part[GS_MAX_SPLITS];
+#pragma unroll
+            for (int s = 0; s < GS_MAX_SPLITS; ++s)
+                if (s < splits) part[s] = __ldcg((const float4*)(partial + s * plane) + u);
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int s = 0; s < GS_MAX_SPLITS; ++s)
+                if (s < splits) { sum.x += part[s].x; sum.y += part[s].y; sum.z += part[s].z; sum.w += part[s].w; }
+            float out[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                long long at = 4 * u + e;
+                y[at] = w_scale ? out[e] * w_scale[(at % N) * w_stride] : out[e];
+            }
+        } else {
+            float sum = 0.0f;
+            for (int s = 0; s < splits; ++s) sum += __ldcg(partial + s * plane + u);
+            y[u] = w_scale ? sum * w_scale[(u % N) * w_stride] : sum;
+        }
+    }
+}
 
 // One entry a compile (-DGS_ONLY=1..6, device_streamed_gemm.options; 0: all, the compile tests)
 #ifndef GS_ONLY
