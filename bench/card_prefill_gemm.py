@@ -78,7 +78,8 @@ def bench_radiance(on_card, row, timer, fmt, x, w, weight, repeats) -> tuple:
 
 def first_step_us(on_card, row, args, timer) -> float | None:
     """The row's first launch alone where it has two (r4d_narrow_bf16_dev before wgmma's bf16 GEMM,
-    r4d_quantize_e4m3_dev before e4m3's): µs, timed as the row is; None for one launch."""
+    r4d_quantize_e4m3_dev before e4m3's; the streamed GEMM before r4d_streamed_reduce where K is
+    split): µs, timed as the row is; None for one launch."""
     package = row.plugin.module.__name__
     batch = importlib.import_module(f"{package}.device_batch_rows")
     address = importlib.import_module(f"{package}.device_rows")._address
@@ -252,7 +253,9 @@ def main():
                     # bf16: against the same bf16 values, held to the row's tolerance; fp8: against the weight
                     # before quantising, so the weight's own e4m3 rounding is in it too (said, not held)
                     r["err_sampled_f64"] = sampled_err(got, x, values[fmt], samples)
-                    first = "" if r["first_step_us"] is None else f", x's narrowing {r['first_step_us']:.1f} us of it"
+                    first = "" if r["first_step_us"] is None else (
+                        f", x's narrowing {r['first_step_us']:.1f} us of it" if path == "tile"
+                        else f", {r['first_step_us']:.1f} us before r4d_streamed_reduce")
                     rate = f", {r['weight_tbs']:.2f} TB/s" if m <= 64 else ""
                     line = (f"  {name:21} M {m:<5} {fmt:11} {label:22} radiance {r['us']:8.1f} us ({r['tflops']:6.1f} TFLOP/s"
                             f"{rate}{first}, {splits} split(s), err {r['err_sampled_f64']:.1e} on 16 rows")
