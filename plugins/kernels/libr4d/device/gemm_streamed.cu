@@ -12,16 +12,16 @@
 //
 // Work: a block owns GS_ROWS = 16 GS_TILES GS_WARPS consecutive weight rows (a warp GS_TILES tiles
 // of 16) and one chunk of K (gridDim.z > 1 splits K; each split's sums go to the scratch, and
-// r4d_streamed_reduce, launched after, adds them in split order over the whole card: a row
-// block's last block adding them itself, as gemv.cu does, would read splits x M x 256 rows of
-// partials on one multiprocessor, 512 KB at M = 64 and 8 splits, longer than the GEMM's own part). A k-step is 4 E elements of
-// every row (E = 8 GS_CHUNKS bf16 or 16 e4m3: GS_CHUNKS or one 16-byte loads a lane a row): lane
-// (g, t) loads the step's E elements t of its rows g and g + 8 of each tile. A dot product may add its k in any order, so those
-// E elements fill the lane's k slots of E / 4 MMAs (MMA q: elements 4q .. 4q + 3 of the lane's E;
-// slots 2t, 2t + 1 the first two, 2t + 8, 2t + 9 the last two), and x's B fragments take the same
-// elements of x's rows (16 bytes of bf16 a lane an n-tile for 2 MMAs), as gemv.cu's tensor-core
-// path does. GS_PIPE steps of weights stay in flight a lane, the first loaded before the chain's
-// wait (the weights are no kernel's output).
+// r4d_streamed_reduce, launched after, adds them in split order over the whole card: a row block's
+// last block adding them itself, as gemv.cu does, would read splits x M x 256 rows of partials on
+// one multiprocessor, 512 KB at M = 64 and 8 splits, longer than the GEMM's own part). A k-step is
+// 4 E elements of every row (E = 8 GS_CHUNKS bf16 or 16 e4m3: GS_CHUNKS or one 16-byte loads a lane
+// a row): lane (g, t) loads the step's E elements t of its rows g and g + 8 of each tile. A dot
+// product may add its k in any order, so those E elements fill the lane's k slots of E / 4 MMAs
+// (MMA q: elements 4q .. 4q + 3 of the lane's E; slots 2t, 2t + 1 the first two, 2t + 8, 2t + 9
+// the last two), and x's B fragments take the same elements of x's rows (16 bytes of bf16 a lane
+// an n-tile for 2 MMAs), as gemv.cu's tensor-core path does. GS_PIPE steps of weights stay in
+// flight a lane, the first loaded before the chain's wait (the weights are no kernel's output).
 //
 // x: f32 rows read by the block GS_STAGE elements of K at a time, rounded to bf16 (nearest even,
 // the tensor-core GEMM rows' contract) into one of two shared-memory stages: stage s + 1 sits in
