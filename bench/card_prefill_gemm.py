@@ -8,9 +8,11 @@ over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shap
     R4D_TC_KERNEL=mma python3 bench/card_prefill_gemm.py   # mma.sync's kernel (gemm_mma.cu) on the same card
     R4D_WG_GROUP=1 python3 bench/card_prefill_gemm.py      # wgmma's tiles in the old order (a wave along a row tile)
     python3 bench/card_prefill_gemm.py --carveout          # the GEMM hinted to the most shared memory first
+    python3 bench/card_prefill_gemm.py --tokens 16 32 64 --lm-head --streamed 1 8,2,64,3   # batched decode's M:
+        # the tile GEMM against gemm_streamed.cu's cuts ('1' its default; warps,tiles,stage,pipe[,chunks]), weight TB/s
 
-Shapes (M = --tokens): qkv 4096 -> 6144, o 4096 -> 4096, gate+up 4096 -> 28672, down 14336 -> 4096,
-and with --lm-head 4096 -> 128256. radiance: x f32 [M, K] and the weight bf16 [N, K] as the engine
+Shapes (M = each of --tokens, one after another a shape): qkv 4096 -> 6144, o 4096 -> 4096, gate+up 4096 -> 28672, down 14336 -> 4096,
+with --streamed k/v 4096 -> 1024, and with --lm-head 4096 -> 128256. radiance: x f32 [M, K] and the weight bf16 [N, K] as the engine
 holds them, y f32; the row's launches (the narrowing and the GEMM: the row's whole cost) captured in
 a graph as chained launches (bench/device_ops.py's Timer), microseconds a row, the median of 10
 replays of --repeats rows; TFLOP/s of 2 M N K. The peer: torch.matmul(x, w.T) of bf16 x and w (bf16
@@ -20,7 +22,10 @@ gemm_wgmma.cu's cuts in turn (device_tensor_cores.WGMMA_CUT set between launches
 compile) against the same torch figure, and a layer's total a cut. Agreement: max |y - ref| / max |ref| against torch's f32 product of the same bf16 values
 on the card (TF32 off), and against float64 numpy on 16 sampled rows where torch is missing; the
 row's tolerance is device_tensor_cores.TOLERANCE. --fp8: the fp8_channel row too (x quantised per row
-to e4m3), against its own tolerance. Runs where radiance is not installed (checkout_shim). Writes
+to e4m3), against its own tolerance. --streamed: at M <= 64, the same row again with
+device_streamed_gemm.CUT set to each cut given (the streamed GEMM of batched decode, x rounded to bf16
+for both formats); every figure at M <= 64 also as TB/s of the weight's bytes (the copy rate of an
+H200 is ~4.25), with the streamed GEMM's speed against the tile GEMM's and torch's. Runs where radiance is not installed (checkout_shim). Writes
 $OUT/card_prefill_gemm.json."""
 
 import argparse
@@ -46,11 +51,19 @@ from test_libr4d_support import activations, plain_weight  # noqa: E402
 SHAPES = [("qkv 4096->6144", 6144, 4096), ("o 4096->4096", 4096, 4096), ("gate+up 4096->28672", 28672, 4096),
           ("down 14336->4096", 4096, 14336)]
 LM_HEAD = ("lm head 4096->128256", 128256, 4096)
+# with --streamed: k's and v's own shape too (the batch path runs q, k and v as three GEMMs), whose 4
+# row blocks of the streamed GEMM fill half the card even at 16 splits
+NARROW = ("k/v 4096->1024", 1024, 4096)
 ROWS = {"bf16": "r4dchain_gemm_tc_bf16_dev", "fp8_channel": "r4dchain_gemm_tc_fp8_dev"}
 
 
 def tflops(m, n, k, us) -> float:
     return 2 * m * n * k / (us * 1e-6) / 1e12
+
+
+def weight_tbs(n, k, fmt, us) -> float:
+    """The weight's bytes a microsecond, in TB/s (bf16 2 bytes a value, e4m3 1)."""
+    return n * k * (2 if fmt == "bf16" else 1) / (us * 1e-6) / 1e12
 
 
 def bench_radiance(on_card, row, timer, fmt, x, w, weight, repeats) -> tuple:
@@ -68,7 +81,8 @@ def bench_radiance(on_card, row, timer, fmt, x, w, weight, repeats) -> tuple:
 
 def first_step_us(on_card, row, args, timer) -> float | None:
     """The row's first launch alone where it has two (r4d_narrow_bf16_dev before wgmma's bf16 GEMM,
-    r4d_quantize_e4m3_dev before e4m3's): µs, timed as the row is; None for one launch."""
+    r4d_quantize_e4m3_dev before e4m3's; the streamed GEMM before r4d_streamed_reduce where K is
+    split): µs, timed as the row is; None for one launch."""
     package = row.plugin.module.__name__
     batch = importlib.import_module(f"{package}.device_batch_rows")
     address = importlib.import_module(f"{package}.device_rows")._address
@@ -131,7 +145,8 @@ def blocks_a_multiprocessor(stream, tc, kind, kernel) -> int | str:
 
 
 def sampled_err(got, x, w_values, rows) -> float:
-    """max |y - ref| / max |ref| on the sampled rows, ref in float64 of bf16(x) and the weight's values."""
+    """max |y - ref| / max |ref| on the sampled rows, ref in float64 of bf16(x) and the weight's values
+    (float64, converted once a shape: the lm head's are 4 GB so)."""
     ref = x[rows].astype(ml_dtypes.bfloat16).astype(np.float64) @ w_values.T
     return float(np.abs(got[rows] - ref).max() / np.abs(ref).max())
 
@@ -148,7 +163,7 @@ def cuts_of(tc, texts, kernels) -> list:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[2048], help="M, one or several")
     parser.add_argument("--repeats", type=int, default=4, help="rows a graph replay holds")
     parser.add_argument("--lm-head", action="store_true", help="the 128256-row lm head too")
     parser.add_argument("--fp8", action="store_true", help="the fp8_channel row too")
@@ -158,10 +173,16 @@ def main():
                         help="gemm_wgmma.cu's cuts to compare in this run, each 'rows,cols,k_bytes,stages[,depth]' "
                              "(device_tensor_cores.WgmmaCut), or 'all' (device_tensor_cores.CUTS); default: the "
                              "process's own (R4D_WG_CUT, else CUTS[0])")
+    parser.add_argument("--streamed", nargs="+", metavar="CUT",
+                        help="at M <= 64, gemm_streamed.cu's cuts to time too, each '1' (the default) or "
+                             "'warps,tiles,stage,pipe[,chunks]' (device_streamed_gemm.StreamedCut)")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     rows = {row.name: row for row in lib.rows}
     tc = importlib.import_module(f"{rows[ROWS['bf16']].plugin.module.__name__}.device_tensor_cores")
+    sg = importlib.import_module(f"{rows[ROWS['bf16']].plugin.module.__name__}.device_streamed_gemm")
+    streamed = [sg.StreamedCut.parse(text) for text in args.streamed or []]
+    own_streamed = sg.CUT
     on_card = Card(device, stream)
     timer = Timer(on_card)
     try:
@@ -169,14 +190,13 @@ def main():
         peer = f"torch {torch.__version__}"
     except ImportError as error:
         torch, peer = None, f"no PyTorch ({error})"
-    m = args.tokens
     kernels = {kind: tc.kernel_for("cuda", device.target, kind) for kind in tc.KINDS}
     cuts = cuts_of(tc, args.cuts, kernels)
     own = tc.WGMMA_CUT
-    results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer, "tokens": m,
+    results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer, "tokens": args.tokens,
                "kernels": kernels, "wgmma_group": tc.WGMMA_GROUP, "tolerance": tc.TOLERANCE, "cases": [],
-               "cuts": [str(cut or own) for cut in cuts]}
-    print(f"card {results['card']} ({device.target}); M = {m}; kernels {kernels} (wgmma's tiles in groups of "
+               "cuts": [str(cut or own) for cut in cuts], "streamed_cuts": [str(cut) for cut in streamed]}
+    print(f"card {results['card']} ({device.target}); M = {args.tokens}; streamed cuts {results['streamed_cuts']}; kernels {kernels} (wgmma's tiles in groups of "
           f"{tc.WGMMA_GROUP} row tiles; cuts rows,cols,k_bytes,stages[,depth]: {'; '.join(results['cuts'])}); {peer}", flush=True)
     kinds = ["bf16", "e4m3"] if args.fp8 else ["bf16"]
     if args.carveout:
@@ -186,56 +206,85 @@ def main():
             results["carveout"] += [prefer_shared_memory(stream, tc, kind, kernels[kind]) for kind in kinds]
         tc.WGMMA_CUT = own
         print(f"  {'; '.join(results['carveout'])}", flush=True)
-    total = {"torch": 0.0, **{f"radiance {cut or own}": 0.0 for cut in cuts}}
-    for name, n, k in SHAPES + ([LM_HEAD] if args.lm_head else []):
-        x = activations(m, k, n + k)
+    total = {}  # (M, what) -> microseconds of a layer's GEMMs
+    for name, n, k in SHAPES + ([NARROW] if streamed else []) + ([LM_HEAD] if args.lm_head else []):
         # fp8_weight's own draw, so that both formats hold the same values before quantising
         w = (np.random.default_rng(n + k).standard_normal((n, k)) * 0.02).astype(np.float32)
         w_bf16 = w.astype(ml_dtypes.bfloat16)
-        ref = peer_case = None
-        if torch is not None:
-            try:
-                ref, xt, wt = torch_product(x, w_bf16)
-                peer_case = bench_torch(xt, wt, args.repeats)
-                del xt, wt
-                torch.cuda.empty_cache()
-                total["torch"] += peer_case["us"]
-                print(f"  {name:21} torch bf16 {peer_case['us']:8.1f} us ({peer_case['tflops']:6.1f} TFLOP/s)", flush=True)
-            except Exception as error:  # said, not fatal
-                peer_case = {"error": f"{type(error).__name__}: {error}"}
-                print(f"  {name:21} torch: {type(error).__name__}: {str(error)[:120]}", flush=True)
-        for fmt in ["bf16"] + (["fp8_channel"] if args.fp8 else []):
-            kind = "bf16" if fmt == "bf16" else "e4m3"
-            weight = plain_weight(w, "bf16") if fmt == "bf16" else fp8_weight(registry, n, k, n + k, "channel")
-            for cut in cuts:
-                tc.WGMMA_CUT = cut or own
-                label = str(tc.wgmma_cut(kind)) if kernels[kind] == "wgmma" else kernels[kind]
-                case = {"case": name, "format": fmt, "M": m, "N": n, "K": k, "cut": label,
-                        "splits": tc.split(m, n, k, kind, kernels[kind])[0]}
-                r, got = bench_radiance(on_card, rows[ROWS[fmt]], timer, fmt, x, w, weight, args.repeats)
-                case["radiance"] = r
-                samples = np.unique(np.linspace(0, m - 1, 16).astype(int))
-                # bf16: against the same bf16 values, held to the row's tolerance; fp8: against the weight
-                # before quantising, so the weight's own e4m3 rounding is in it too (said, not held)
-                r["err_sampled_f64"] = sampled_err(got, x, (w_bf16 if fmt == "bf16" else w).astype(np.float64), samples)
-                first = "" if r["first_step_us"] is None else f", x's narrowing {r['first_step_us']:.1f} us of it"
-                line = (f"  {name:21} {fmt:11} {label:14} radiance {r['us']:8.1f} us ({r['tflops']:6.1f} TFLOP/s{first}, "
-                        f"{case['splits']} split(s), err {r['err_sampled_f64']:.1e} on 16 rows")
-                if fmt == "bf16" and ref is not None:
-                    r["err_torch_f32"] = float(np.abs(got - ref).max() / np.abs(ref).max())
-                    line += f", {r['err_torch_f32']:.1e} against torch f32)"
-                    if "us" in peer_case:
-                        case["torch"] = peer_case
-                        total[f"radiance {cut or own}"] += r["us"]
-                        line += f"; radiance at {peer_case['us'] / r['us']:.2f}x torch's speed"
-                else:
-                    line += ")" if fmt == "bf16" else " against the unquantised weight)"
-                if fmt == "bf16":
-                    r["within_tolerance"] = ok = max(r["err_sampled_f64"], r.get("err_torch_f32", 0.0)) <= tc.TOLERANCE["bf16"]
-                    line += "" if ok else f"  OUTSIDE THE TOLERANCE {tc.TOLERANCE['bf16']:.0e}"
-                print(line, flush=True)
-                results["cases"].append(case)
-                on_card.close()
+        weights = {"bf16": plain_weight(w, "bf16")}
+        values = {"bf16": w_bf16.astype(np.float64)}
+        if args.fp8:
+            weights["fp8_channel"] = fp8_weight(registry, n, k, n + k, "channel")
+            values["fp8_channel"] = w.astype(np.float64)
+        for m in args.tokens:
+            x = activations(m, k, n + k)
+            ref = peer_case = None
+            layer = name not in (LM_HEAD[0], NARROW[0])  # a layer: qkv, o, gate+up, down
+            if torch is not None:
+                try:
+                    ref, xt, wt = torch_product(x, w_bf16)
+                    peer_case = bench_torch(xt, wt, args.repeats)
+                    del xt, wt
+                    torch.cuda.empty_cache()
+                    if layer:
+                        total[(m, "torch")] = total.get((m, "torch"), 0.0) + peer_case["us"]
+                    rate = f", {weight_tbs(n, k, 'bf16', peer_case['us']):.2f} TB/s" if m <= 64 else ""
+                    print(f"  {name:21} M {m:<5} torch bf16 {peer_case['us']:8.1f} us ({peer_case['tflops']:6.1f} TFLOP/s{rate})",
+                          flush=True)
+                except Exception as error:  # said, not fatal
+                    peer_case = {"error": f"{type(error).__name__}: {error}"}
+                    print(f"  {name:21} M {m:<5} torch: {type(error).__name__}: {str(error)[:120]}", flush=True)
+            for fmt, weight in weights.items():
+                kind = "bf16" if fmt == "bf16" else "e4m3"
+                variants = [("tile", cut) for cut in cuts] + [("streamed", cut) for cut in (streamed if m <= sg.MAX_M else [])]
+                tile_us = None
+                for path, cut in variants:
+                    if path == "tile":
+                        tc.WGMMA_CUT, sg.CUT = cut or own, None
+                        label = str(tc.wgmma_cut(kind)) if kernels[kind] == "wgmma" else kernels[kind]
+                        label = f"tile {label}" if streamed and m <= sg.MAX_M else label
+                        splits = tc.split(m, n, k, kind, kernels[kind])[0]
+                    else:
+                        tc.WGMMA_CUT, sg.CUT = own, cut
+                        label, splits = f"streamed {cut}", sg.split(m, n, k, kind, cut)[0]
+                    case = {"case": name, "format": fmt, "M": m, "N": n, "K": k, "path": path, "cut": label,
+                            "splits": splits}
+                    r, got = bench_radiance(on_card, rows[ROWS[fmt]], timer, fmt, x, w, weight, args.repeats)
+                    case["radiance"] = r
+                    r["weight_tbs"] = weight_tbs(n, k, fmt, r["us"])
+                    samples = np.unique(np.linspace(0, m - 1, 16).astype(int))
+                    # bf16: against the same bf16 values, held to the row's tolerance; fp8: against the weight
+                    # before quantising, so the weight's own e4m3 rounding is in it too (said, not held)
+                    r["err_sampled_f64"] = sampled_err(got, x, values[fmt], samples)
+                    first = "" if r["first_step_us"] is None else (
+                        f", x's narrowing {r['first_step_us']:.1f} us of it" if path == "tile"
+                        else f", {r['first_step_us']:.1f} us before r4d_streamed_reduce")
+                    rate = f", {r['weight_tbs']:.2f} TB/s" if m <= 64 else ""
+                    line = (f"  {name:21} M {m:<5} {fmt:11} {label:22} radiance {r['us']:8.1f} us ({r['tflops']:6.1f} TFLOP/s"
+                            f"{rate}{first}, {splits} split(s), err {r['err_sampled_f64']:.1e} on 16 rows")
+                    if fmt == "bf16" and ref is not None:
+                        r["err_torch_f32"] = float(np.abs(got - ref).max() / np.abs(ref).max())
+                        line += f", {r['err_torch_f32']:.1e} against torch f32)"
+                        if "us" in peer_case:
+                            case["torch"] = peer_case
+                            if layer:
+                                key = (m, f"radiance {label}")
+                                total[key] = total.get(key, 0.0) + r["us"]
+                            line += f"; at {peer_case['us'] / r['us']:.2f}x torch's speed"
+                    else:
+                        line += ")" if fmt == "bf16" else " against the unquantised weight)"
+                    if path == "tile" and tile_us is None:
+                        tile_us = r["us"]
+                    elif path == "streamed" and tile_us:
+                        case["speed_against_tile"] = tile_us / r["us"]
+                        line += f"; {case['speed_against_tile']:.2f}x the tile GEMM's"
+                    if fmt == "bf16":
+                        r["within_tolerance"] = ok = max(r["err_sampled_f64"], r.get("err_torch_f32", 0.0)) <= tc.TOLERANCE["bf16"]
+                        line += "" if ok else f"  OUTSIDE THE TOLERANCE {tc.TOLERANCE['bf16']:.0e}"
+                    print(line, flush=True)
+                    results["cases"].append(case)
+                    on_card.close()
+    tc.WGMMA_CUT, sg.CUT = own, own_streamed
     results["blocks_a_multiprocessor"] = {}
     for cut in cuts:
         tc.WGMMA_CUT = cut or own
@@ -246,13 +295,12 @@ def main():
             results["blocks_a_multiprocessor"][label] = {"allowed": allowed, "planned": planned}
             print(f"  blocks a multiprocessor the driver allows the GEMM, {label}: {allowed} (planned: {planned})", flush=True)
     tc.WGMMA_CUT = own
-    if total["torch"]:
-        results["layer_us"] = total
-        for cut in cuts:
-            us = total[f"radiance {cut or own}"]
-            if us:
-                print(f"  one layer's bf16 GEMMs, cut {cut or own}: radiance {us:.1f} us, torch {total['torch']:.1f} us; "
-                      f"radiance at {total['torch'] / us:.2f}x torch's speed", flush=True)
+    results["layer_us"] = {f"M {m} {what}": us for (m, what), us in total.items()}
+    for (m, what), us in total.items():
+        peer_us = total.get((m, "torch"))
+        if what != "torch" and peer_us:
+            print(f"  one layer's bf16 GEMMs at M {m}, {what}: {us:.1f} us, torch {peer_us:.1f} us; "
+                  f"at {peer_us / us:.2f}x torch's speed", flush=True)
     registry.close()
     out = os.environ.get("OUT")
     if out:

@@ -1,6 +1,7 @@
 """libr4d's device rows for batches on a real card against libref (device_batch_rows.py): the
 tensor-core gemm above the GEMV band, bf16 and fp8, each kernel the card can run (forced by
-device_tensor_cores.KERNEL); the fp8 decode GEMV and its fused rows. The
+device_tensor_cores.KERNEL), and the streamed GEMM of batched decode in several cuts
+(device_streamed_gemm.CUT set); the fp8 decode GEMV and its fused rows. The
 tolerances are docs/OPS.md's ("Agreement with libref"): device_tensor_cores.TOLERANCE and
 device_kernels.TOLERANCE. A prefill-sized M is checked on a sample of its rows (libref's ordered
 sums over all 2048 would take minutes on the host; the rows of a GEMM are independent). Skips where no
@@ -66,7 +67,8 @@ def reference_rows(registry, x, weight, params, rows):
     return want
 
 
-def gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m, seed=3):
+def gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m, seed=3, kind=None):
+    """The row against libref within the tolerance of `kind` (the weights' kind unless given)."""
     tc = module(registry, "device_tensor_cores")
     monkeypatch.setattr(tc, "KERNEL", kernel)
     weight, x = weight_of(registry, fmt, n, k, seed), activations(m, k, seed + m)
@@ -76,7 +78,7 @@ def gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m, seed=3):
     rows = np.arange(m) if m <= 80 else np.unique(np.r_[0:8, m // 2 - 4:m // 2 + 4, m - 8:m])
     err = rel_err(got[rows], reference_rows(registry, x, weight, params, rows))
     assert np.isfinite(got).all()
-    assert err <= tc.TOLERANCE["bf16" if fmt == "bf16" else "e4m3"], (kernel, fmt, n, k, m, err)
+    assert err <= tc.TOLERANCE[kind or ("bf16" if fmt == "bf16" else "e4m3")], (kernel, fmt, n, k, m, err)
     return got
 
 
@@ -135,6 +137,55 @@ def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_card,
             results.append(on_card.download(a.t[2], operands[2]))
         np.testing.assert_array_equal(results[0], results[1])
         np.testing.assert_array_equal(results[0], results[2])
+
+
+# ---- the streamed GEMM of batched decode (gemm_streamed.cu), turned on here -------------------------
+
+STREAMED = [("bf16", 4096, 4096, 9), ("bf16", 1024, 4096, 32), ("bf16", 14336, 4096, 64), ("bf16", 4096, 14336, 33),
+            ("bf16", 576, 1536, 17), ("fp8_channel", 4096, 4096, 64), ("fp8", 1024, 4096, 16),
+            ("fp8_channel", 4096, 14336, 32)]
+
+
+def streamed_case(registry, on_card, monkeypatch, cut, fmt, n, k, m):
+    sg, tc = module(registry, "device_streamed_gemm"), module(registry, "device_tensor_cores")
+    kind = "bf16" if fmt == "bf16" else "e4m3"
+    kernel = tc.kernel_for(DEVICE.vendor, DEVICE.target, kind)
+    monkeypatch.setattr(sg, "CUT", sg.StreamedCut.parse(cut))
+    if not sg.serves(kernel, kind, m):
+        pytest.skip(f"{DEVICE.target}: no streamed GEMM for {kind} ({kernel})")
+    # x is only rounded to bf16 for both kinds: bf16's tolerance for fp8 weights too
+    return gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m, kind="bf16")
+
+
+@pytest.mark.parametrize("fmt,n,k,m", STREAMED)
+def test_the_streamed_gemm_agrees_with_libref(registry, on_card, monkeypatch, fmt, n, k, m):
+    """Llama-3-8B's shapes and SmolLM2's, M in each of the three entries, split K, bf16 and both fp8
+    scalings, in the default cut."""
+    streamed_case(registry, on_card, monkeypatch, "1", fmt, n, k, m)
+
+
+@pytest.mark.parametrize("cut", ["8,2,128,2", "8,2,64,1,2", "2,1,64,1"])
+@pytest.mark.parametrize("fmt,n,k,m", [STREAMED[1], STREAMED[6]])
+def test_other_streamed_cuts_agree_with_libref(registry, on_card, monkeypatch, cut, fmt, n, k, m):
+    streamed_case(registry, on_card, monkeypatch, cut, fmt, n, k, m)
+
+
+def test_a_split_streamed_gemm_gives_the_same_bits_launch_after_launch(registry, on_card, monkeypatch):
+    sg, tc = module(registry, "device_streamed_gemm"), module(registry, "device_tensor_cores")
+    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    if not sg.serves(tc.kernel_for(DEVICE.vendor, DEVICE.target, "bf16"), "bf16", 24):
+        pytest.skip(f"{DEVICE.target}: no streamed GEMM")
+    row = dev_row(registry, BF16)
+    params = {"M": 24, "N": 1024, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    operands = [activations(24, 4096, 5), None, np.zeros((24, 1024), np.float32)]
+    a = on_card.args(row, operands, params, {1: weight_of(registry, "bf16", 1024, 4096, 9)})
+    assert sg.split(24, 1024, 4096, "bf16", sg.CUT)[0] > 1
+    results = []
+    for _ in range(3):
+        assert row.info.launch(a) == 0
+        results.append(on_card.download(a.t[2], operands[2]))
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
 
 
 # ---- fp8 decode: the GEMV and its fused rows ------------------------------------------------------

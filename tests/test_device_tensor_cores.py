@@ -256,6 +256,110 @@ def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_fake)
     np.testing.assert_array_equal(results[0], results[2])
 
 
+# ---- the streamed GEMM (gemm_streamed.cu) for batched decode, where turned on ------------------------
+
+def test_the_streamed_gemm_serves_up_to_64_rows_on_mma_cards_where_turned_on(registry, monkeypatch):
+    sg = module(registry, "device_streamed_gemm")
+    monkeypatch.setattr(sg, "CUT", None)
+    assert not sg.serves("wgmma", "bf16", 32)
+    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    assert sg.serves("wgmma", "bf16", 9) and sg.serves("mma", "e4m3", 64)
+    assert not sg.serves("wgmma", "bf16", 65) and not sg.serves("simt", "bf16", 32)
+    assert [sg.variant(m) for m in (9, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    with pytest.raises(ValueError, match="M <= 64"):
+        sg.variant(65)
+
+
+@pytest.mark.parametrize("text,match", [("8,2,64", "four or five integers"), ("8,2,96,2", "stage 64"),
+                                        ("16,2,64,2", "warps 1, 2, 4 or 8"), ("8,3,64,2", "tiles 1 or 2"),
+                                        ("8,2,64,x", "four or five integers"), ("8,2,64,2,3", "chunks 1 or 2")])
+def test_a_streamed_cut_says_what_is_wrong(registry, text, match):
+    sg = module(registry, "device_streamed_gemm")
+    assert sg.StreamedCut.parse("1") == sg.StreamedCut() and sg.StreamedCut.parse("4,1,128,3").rows == 64
+    assert str(sg.StreamedCut.parse("8,2,64,1,2")) == "8,2,64,1,2" and str(sg.StreamedCut()) == "8,2,64,2"
+    with pytest.raises(ValueError, match=match):
+        sg.StreamedCut.parse(text)
+
+
+@pytest.mark.parametrize("m,n,k,splits", [
+    # Llama-3-8B's o at M = 64 (16 row blocks of 256, one block a multiprocessor): 8 splits, 128 blocks;
+    # at M = 32 (two a multiprocessor) 16; gate+up: 112 row blocks fill a wave alone at 64, take 2 at 32
+    (64, 4096, 4096, 8), (32, 4096, 4096, 16), (64, 28672, 4096, 1), (32, 28672, 4096, 2), (64, 4096, 14336, 8),
+    (16, 128256, 4096, 1), (64, 576, 64, 1)])
+def test_the_streamed_split_fills_a_wave_with_whole_stages(registry, m, n, k, splits):
+    sg = module(registry, "device_streamed_gemm")
+    cut = sg.StreamedCut()
+    got, k_chunk = sg.split(m, n, k, "bf16", cut)
+    assert got == splits and k_chunk % cut.stage == 0 and (got - 1) * k_chunk < k <= got * k_chunk
+    layout = sg.scratch_layout(m, n, k, "bf16", cut)
+    assert layout["total"] == (0 if splits == 1 else layout["partial"] + 4 * splits * m * n)
+
+
+def test_a_streamed_plan_is_one_launch_of_its_entry_in_its_cut(registry, monkeypatch):
+    sg = module(registry, "device_streamed_gemm")
+    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    stream, row = Recording("sm_90"), device_row(registry, BF16)
+    w, x, y = device_weight("bf16", 4096, 4096, 0x7000000), dev(0x1000, (37, 4096)), dev(0x2000, (37, 4096))
+    params = {"M": 37, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    need = row.info.scratch({**params, "M": 256})
+    assert launch(row, [x, w, y], params, stream, 0x9000000, need) == RAD_OK
+    (kernel, grid, block, args), (reduce, rgrid, rblock, rargs) = stream.launches
+    splits, k_chunk = sg.split(37, 4096, 4096, "bf16", sg.CUT)
+    assert (kernel, grid, block) == ("r4d_streamed_gemm_bf16_m64", (16, 1, splits), (256, 1, 1)) and splits > 1
+    options = ("-DGS_ONLY=3", *sg.CUT.defines())
+    assert stream.compiled == [(kernel, options), ("r4d_streamed_reduce", options)]  # one module
+    layout = sg.scratch_layout(37, 4096, 4096, "bf16", sg.CUT)
+    assert layout["total"] == 4 * splits * 37 * 4096 and layout["partial"] == 0
+    assert pointers(args, [0, 1, 2, 4, 5]) == [0x1000, 0x7000000, 0, 0x2000, 0x9000000]
+    assert ints(args, [3, 6, 7, 8, 9]) == [0, 37, 4096, 4096, k_chunk]
+    # the reduction: every output, 4 a thread, the splits in the scratch
+    assert (reduce, rgrid, rblock) == ("r4d_streamed_reduce", (-(-37 * 4096 // 4 // 256), 1, 1), (256, 1, 1))
+    assert pointers(rargs, [0, 1, 3]) == [0x9000000, 0, 0x2000] and ints(rargs, [2, 4, 5, 6]) == [0, 37, 4096, splits]
+    # too little scratch for the split: the row says so, it does not overrun
+    assert launch(row, [x, w, y], dict(params), stream, 0x9000000, layout["total"] - 1) == RAD_E_NOMEM
+    # above 64 rows, the tile GEMM as before
+    assert launch(row, [dev(0x1000, (65, 4096)), w, y], {**params, "M": 65}, stream, 0x9000000, need) == RAD_OK
+    assert stream.launches[-1][0] == "r4d_wgmma_gemm_bf16"
+
+
+@pytest.mark.parametrize("fmt,n,k,m", [("bf16", 576, 576, 9), ("bf16", 1536, 576, 64), ("bf16", 1024, 4096, 16),
+                                       ("bf16", 576, 1536, 33), ("fp8_channel", 1536, 576, 37),
+                                       ("fp8_channel", 576, 1536, 9), ("fp8", 512, 1024, 20)])
+def test_the_streamed_gemm_agrees_with_libref_within_the_stated_tolerance(registry, on_fake, monkeypatch, fmt, n, k, m):
+    sg, tc = module(registry, "device_streamed_gemm"), module(registry, "device_tensor_cores")
+    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    weight = make_weight(fmt, n, k, n + k) if fmt == "bf16" else fp8_weight(registry, n, k, n + k, fmt[4:] or "tensor")
+    x = activations(m, k, m)
+    params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
+    row = device_row(registry, BF16 if fmt == "bf16" else FP8)
+    before = len(on_fake.device.launches)
+    got = on_fake.run(row, [x, None, np.zeros((m, n), np.float32)], params, {1: weight}, read=(2,))[2]
+    kind = "bf16" if fmt == "bf16" else "e4m3"
+    split = sg.split(m, n, k, kind, sg.CUT)[0] > 1
+    assert [launch.name for launch in on_fake.device.launches[before:]] == [sg.entry(kind, m)] + ["r4d_streamed_reduce"] * split
+    want = np.zeros((m, n), np.float32)
+    assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
+    # bf16's tolerance for both kinds: x is only rounded to bf16, never quantised to e4m3
+    assert 0 < rel_err(got, want) <= tc.TOLERANCE["bf16"], (fmt, n, k, m, rel_err(got, want))
+
+
+def test_a_split_streamed_gemm_gives_the_same_bits_launch_after_launch(registry, on_fake, monkeypatch):
+    sg = module(registry, "device_streamed_gemm")
+    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    row = device_row(registry, BF16)
+    params = {"M": 12, "N": 1024, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    operands = [activations(12, 4096, 1), None, np.zeros((12, 1024), np.float32)]
+    a = on_fake.args(row, operands, params, {1: make_weight("bf16", 1024, 4096, 2)})
+    results = []
+    for _ in range(3):
+        assert row.info.launch(a) == RAD_OK
+        results.append(on_fake.download(a.t[2], operands[2]))
+    gemm, reduce = on_fake.device.launches[-2:]
+    assert (gemm.name, reduce.name) == ("r4d_streamed_gemm_bf16_m16", "r4d_streamed_reduce") and gemm.grid[2] > 1
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+
+
 # ---- nvrtc, as the engine compiles ------------------------------------------------------------------
 
 def nvrtc_or_skip():
@@ -301,6 +405,19 @@ def test_the_wgmma_gemm_compiles_for_sm_90a_to_warpgroup_instructions(registry, 
         # both operands by descriptor (wgmma's SS form; A from registers would name a register first)
         mmas = [line for line in listing.splitlines() if instruction in line]
         assert mmas and all(re.search(r"R\d+, gdesc\[UR\d+\], R\d+", line) for line in mmas), mmas
+
+
+@pytest.mark.parametrize("entry", ["r4d_streamed_gemm_bf16_m16", "r4d_streamed_gemm_bf16_m64", "r4d_streamed_gemm_e4m3_m32"])
+def test_the_streamed_gemm_compiles_through_nvrtc_to_bf16_mma_without_spills(registry, entry):
+    """As the row compiles it for an H200 (sm_90; mma.sync needs no sm_90a): bf16 HMMAs, the
+    weights' 16-byte loads (LDG.E...128), no local memory."""
+    compile_ = nvrtc_or_skip()
+    dk, sg = module(registry, "device_kernels"), module(registry, "device_streamed_gemm")
+    cubin = compile_(dk.source("gemm_streamed"), "sm_90", sg.options(entry, sg.StreamedCut()))
+    assert entry.encode() in cubin
+    listing = sass(cubin)
+    if listing is not None:
+        assert "HMMA.16816.F32.BF16" in listing and re.search(r"LDG\.E[.\w]*128", listing) and "LDL" not in listing, entry
 
 
 def test_the_e4m3_quantiser_compiles_through_nvrtc(registry):

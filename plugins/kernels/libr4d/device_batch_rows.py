@@ -13,6 +13,7 @@ from radiance.abi import RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE, RAD_DOMAI
 
 from . import device_attention_tiles as at
 from . import device_kernels as dk
+from . import device_streamed_gemm as sg
 from . import device_tensor_cores as tc
 from .device_formats import FP8_FORMATS, layout_as_stored
 from .device_rows import (
@@ -45,8 +46,31 @@ def _simt(a, x: int, w: DeviceWeight, y: int) -> Step:
     return Step("r4d_gemm_dev", "gemm", grid, (256, 1, 1), args)
 
 
+def _streamed(a, x: int, w: DeviceWeight, y: int, kind: str) -> list:
+    """gemm_streamed.cu's launch (device_streamed_gemm.py), x read as it is; where K is split, its
+    partial sums in the scratch, then r4d_streamed_reduce adding them (same module, same options)."""
+    m, n, k, cut = int(a.params["M"]), w.rows, w.cols, sg.CUT
+    splits, k_chunk = sg.split(m, n, k, kind, cut)
+    layout = sg.scratch_layout(m, n, k, kind, cut)
+    if layout["total"] > int(a.scratch_bytes or 0):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the streamed gemm needs {layout['total']}")
+    partial = int(a.scratch or 0) + layout["partial"] if splits > 1 else 0
+    scale = w.scale if kind == "e4m3" else 0
+    stride = 1 if w.label == "fp8_channel" else 0
+    name, options = sg.entry(kind, m), sg.options(sg.entry(kind, m), cut)
+    grid, block = sg.grid(n, splits, cut)
+    args = (KernelArgs(name).pointer(x).pointer(w.codes).pointer(scale).i32(stride).pointer(y).pointer(partial)
+            .i32(m).i32(n).i32(k).i32(k_chunk))
+    steps = [Step(name, "gemm_streamed", grid, block, args, 0, options)]
+    if splits > 1:
+        add = KernelArgs(sg.REDUCE).pointer(partial).pointer(scale).i32(stride).pointer(y).i32(m).i32(n).i32(splits)
+        steps.append(Step(sg.REDUCE, "gemm_streamed", *sg.reduce_grid(m, n), add, 0, options))
+    return steps
+
+
 def tc_gemm_steps(a, x: int, weight, y: int) -> list:
-    """The launches of y = x . w^T for M above the GEMV band: for e4m3, x's rows quantised into the
+    """The launches of y = x . w^T for M above the GEMV band: up to 64 rows, where turned on
+    (device_streamed_gemm.serves), the streamed GEMM; else for e4m3, x's rows quantised into the
     scratch first (for wgmma's bf16, narrowed to bf16 there); then the tile kernel the card runs
     (device_tensor_cores.kernel_for)."""
     w = DeviceWeight(weight)
@@ -56,6 +80,8 @@ def tc_gemm_steps(a, x: int, weight, y: int) -> list:
         return [_simt(a, x, w, y)]
     for name, address in (("x", x), ("w", w.codes)):
         _aligned16(name, address)
+    if sg.serves(kernel, kind, m):
+        return _streamed(a, x, w, y, kind)
     splits, per = tc.split(m, n, k, kind, kernel)
     layout = tc.scratch_layout(m, n, k, kind, kernel)
     if layout["total"] > int(a.scratch_bytes or 0):
@@ -84,8 +110,11 @@ def _tc_gemm(a):
 
 
 def _tc_gemm_scratch(kind):
+    """The tile GEMMs' most, or the streamed GEMM's where that is more (whether it serves is the
+    process's choice, made after the scratch is sized)."""
     def scratch(geometry) -> int:
-        return tc.scratch_bytes(int(geometry["M"]), int(geometry["N"]), int(geometry["K"]), kind)
+        m, n, k = int(geometry["M"]), int(geometry["N"]), int(geometry["K"])
+        return max(tc.scratch_bytes(m, n, k, kind), sg.scratch_bytes(m, n, k, kind))
     return scratch
 
 
