@@ -182,7 +182,7 @@ def main():
     tc = importlib.import_module(f"{rows[ROWS['bf16']].plugin.module.__name__}.device_tensor_cores")
     sg = importlib.import_module(f"{rows[ROWS['bf16']].plugin.module.__name__}.device_streamed_gemm")
     streamed = [sg.StreamedCut.parse(text) for text in args.streamed or []]
-    own_streamed = sg.CUT
+    own_streamed, own_limit = sg.CUT, sg.LIMIT
     on_card = Card(device, stream)
     timer = Timer(on_card)
     try:
@@ -245,7 +245,7 @@ def main():
                         label = f"tile {label}" if streamed and m <= sg.MAX_M else label
                         splits = tc.split(m, n, k, kind, kernels[kind])[0]
                     else:
-                        tc.WGMMA_CUT, sg.CUT = own, cut
+                        tc.WGMMA_CUT, sg.CUT, sg.LIMIT = own, cut, sg.MAX_M  # every M of the bench, 64 too
                         label, splits = f"streamed {cut}", sg.split(m, n, k, kind, cut)[0]
                     case = {"case": name, "format": fmt, "M": m, "N": n, "K": k, "path": path, "cut": label,
                             "splits": splits}
@@ -284,7 +284,7 @@ def main():
                     print(line, flush=True)
                     results["cases"].append(case)
                     on_card.close()
-    tc.WGMMA_CUT, sg.CUT = own, own_streamed
+    tc.WGMMA_CUT, sg.CUT, sg.LIMIT = own, own_streamed, own_limit
     results["blocks_a_multiprocessor"] = {}
     for cut in cuts:
         tc.WGMMA_CUT = cut or own

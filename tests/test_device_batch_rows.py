@@ -151,6 +151,7 @@ def streamed_case(registry, on_card, monkeypatch, cut, fmt, n, k, m):
     kind = "bf16" if fmt == "bf16" else "e4m3"
     kernel = tc.kernel_for(DEVICE.vendor, DEVICE.target, kind)
     monkeypatch.setattr(sg, "CUT", sg.StreamedCut.parse(cut))
+    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
     if not sg.serves(kernel, kind, m):
         pytest.skip(f"{DEVICE.target}: no streamed GEMM for {kind} ({kernel})")
     # x is only rounded to bf16 for both kinds: bf16's tolerance for fp8 weights too
@@ -173,6 +174,7 @@ def test_other_streamed_cuts_agree_with_libref(registry, on_card, monkeypatch, c
 def test_a_split_streamed_gemm_gives_the_same_bits_launch_after_launch(registry, on_card, monkeypatch):
     sg, tc = module(registry, "device_streamed_gemm"), module(registry, "device_tensor_cores")
     monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
     if not sg.serves(tc.kernel_for(DEVICE.vendor, DEVICE.target, "bf16"), "bf16", 24):
         pytest.skip(f"{DEVICE.target}: no streamed GEMM")
     row = dev_row(registry, BF16)

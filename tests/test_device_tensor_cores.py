@@ -5,6 +5,7 @@ arithmetic in numpy) against libref within the tolerance docs/OPS.md states, and
 compiled by nvrtc as the engine compiles it (skipped, saying so, where nvrtc is not installed).
 The same rows on a real card: tests/test_device_batch_rows.py."""
 
+import os
 import re
 
 import numpy as np
@@ -222,8 +223,9 @@ def on_fake(request):
 
 
 @pytest.mark.parametrize("fmt,n,k,m", CASES)
-def test_the_kernels_arithmetic_agrees_with_libref_within_the_stated_tolerance(registry, on_fake, fmt, n, k, m):
+def test_the_kernels_arithmetic_agrees_with_libref_within_the_stated_tolerance(registry, on_fake, monkeypatch, fmt, n, k, m):
     tc = module(registry, "device_tensor_cores")
+    monkeypatch.setattr(module(registry, "device_streamed_gemm"), "CUT", None)  # the tile kernels, at every M
     weight = make_weight(fmt, n, k, n + k) if fmt == "bf16" else fp8_weight(registry, n, k, n + k, fmt[4:] or "tensor")
     x = activations(m, k, m)
     params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
@@ -258,11 +260,20 @@ def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_fake)
 
 # ---- the streamed GEMM (gemm_streamed.cu) for batched decode, where turned on ------------------------
 
+def test_the_streamed_gemm_serves_up_to_32_rows_unless_told_otherwise(registry, monkeypatch):
+    sg = module(registry, "device_streamed_gemm")
+    if os.environ.get("R4D_STREAMED_GEMM"):
+        pytest.skip("R4D_STREAMED_GEMM is set in this environment: the default is not what loaded")
+    assert sg.CUT == sg.StreamedCut() and sg.LIMIT == sg.DEFAULT_MAX_M == 32
+    assert sg.serves("wgmma", "bf16", 9) and sg.serves("mma", "e4m3", 32) and not sg.serves("wgmma", "bf16", 33)
+
+
 def test_the_streamed_gemm_serves_up_to_64_rows_on_mma_cards_where_turned_on(registry, monkeypatch):
     sg = module(registry, "device_streamed_gemm")
     monkeypatch.setattr(sg, "CUT", None)
     assert not sg.serves("wgmma", "bf16", 32)
     monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
     assert sg.serves("wgmma", "bf16", 9) and sg.serves("mma", "e4m3", 64)
     assert not sg.serves("wgmma", "bf16", 65) and not sg.serves("simt", "bf16", 32)
     assert [sg.variant(m) for m in (9, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
@@ -298,6 +309,7 @@ def test_the_streamed_split_fills_a_wave_with_whole_stages(registry, m, n, k, sp
 def test_a_streamed_plan_is_one_launch_of_its_entry_in_its_cut(registry, monkeypatch):
     sg = module(registry, "device_streamed_gemm")
     monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
     stream, row = Recording("sm_90"), device_row(registry, BF16)
     w, x, y = device_weight("bf16", 4096, 4096, 0x7000000), dev(0x1000, (37, 4096)), dev(0x2000, (37, 4096))
     params = {"M": 37, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
@@ -328,6 +340,7 @@ def test_a_streamed_plan_is_one_launch_of_its_entry_in_its_cut(registry, monkeyp
 def test_the_streamed_gemm_agrees_with_libref_within_the_stated_tolerance(registry, on_fake, monkeypatch, fmt, n, k, m):
     sg, tc = module(registry, "device_streamed_gemm"), module(registry, "device_tensor_cores")
     monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
     weight = make_weight(fmt, n, k, n + k) if fmt == "bf16" else fp8_weight(registry, n, k, n + k, fmt[4:] or "tensor")
     x = activations(m, k, m)
     params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
@@ -346,6 +359,7 @@ def test_the_streamed_gemm_agrees_with_libref_within_the_stated_tolerance(regist
 def test_a_split_streamed_gemm_gives_the_same_bits_launch_after_launch(registry, on_fake, monkeypatch):
     sg = module(registry, "device_streamed_gemm")
     monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
+    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
     row = device_row(registry, BF16)
     params = {"M": 12, "N": 1024, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
     operands = [activations(12, 4096, 1), None, np.zeros((12, 1024), np.float32)]

@@ -4,9 +4,10 @@ docs/LIBR4D.md "Tensor cores").
 
 The streamed GEMM serves the tensor-core gemm rows for M = 9..64 (batched decode) on NVIDIA cards
 from sm_80 (e4m3 weights from sm_89): weights streamed once into registers as mma.sync's A operand,
-x through shared memory as bf16 (the rows' contract, device_tensor_cores.TOLERANCE). Off unless
-R4D_STREAMED_GEMM is set (1, or a cut 'warps,tiles,stage,pipe[,chunks]'): the tile GEMMs stay the
-default until a card has timed it (bench/card_prefill_gemm.py --tokens 16 32 64 --streamed ...)."""
+x through shared memory as bf16 (the rows' contract, device_tensor_cores.TOLERANCE). Unless
+R4D_STREAMED_GEMM says otherwise, it serves M <= 32 in its default cut (below); 1 or a cut
+'warps,tiles,stage,pipe[,chunks]' extends it to M <= 64, 0 turns it off (bench/card_prefill_gemm.py
+--tokens 16 32 64 --streamed ... times the cuts)."""
 
 import os
 from dataclasses import dataclass
@@ -75,17 +76,22 @@ class StreamedCut:
         return cut
 
 
-# R4D_STREAMED_GEMM=1 (or a cut) turns the streamed GEMM on for a process, 0 or unset leaves it off;
-# CUT is read at every launch's plan, so the bench sets it between shapes to compare cuts in one run
+# Unset: the default cut serves M <= DEFAULT_MAX_M, where an H200 timed it 1.2-2.6x the tile GEMM on
+# every 8B shape (batch 32's decode step 19.88 -> 17.24 ms); at M = 64 the lm head took 0.61x the tile
+# GEMM's speed, so M = 33..64 stays on the tile GEMM (bench/results/h200_card_runs_2026-12-03f.md).
+# R4D_STREAMED_GEMM=1 (or a cut) serves every M <= MAX_M, 0 leaves it off. CUT is read at every
+# launch's plan, so the bench sets it between shapes to compare cuts in one run.
+DEFAULT_MAX_M = 32
 _SETTING = os.environ.get("R4D_STREAMED_GEMM", "").strip()
-CUT = StreamedCut.parse(_SETTING) if _SETTING not in ("", "0") else None
+CUT = None if _SETTING == "0" else StreamedCut.parse(_SETTING) if _SETTING else StreamedCut()
+LIMIT = MAX_M if _SETTING not in ("", "0") else DEFAULT_MAX_M
 MULTIPROCESSORS = 132   # an H200's: the waves the split plans for, whatever the card (the same sums everywhere)
 
 
 def serves(kernel: str, kind: str, m: int) -> bool:
     """Whether the streamed GEMM takes this launch: turned on, a card with mma.sync for the kind
-    (device_tensor_cores.kernel_for gave 'wgmma' or 'mma'), and M <= MAX_M."""
-    return CUT is not None and kernel in ("wgmma", "mma") and kind in KINDS and m <= MAX_M
+    (device_tensor_cores.kernel_for gave 'wgmma' or 'mma'), and M <= LIMIT."""
+    return CUT is not None and kernel in ("wgmma", "mma") and kind in KINDS and m <= LIMIT
 
 
 def variant(m: int) -> int:
