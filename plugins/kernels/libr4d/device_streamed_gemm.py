@@ -76,7 +76,7 @@ class StreamedCut:
         return cut
 
 
-# Unset: the default cut serves M <= DEFAULT_MAX_M, where an H200 timed it 1.2-2.6x the tile GEMM on
+# Unset: the default cut serves M <= DEFAULT_MAX_M, where an H200 timed it 1.0-3.4x the tile GEMM on
 # every 8B shape (batch 32's decode step 19.88 -> 17.24 ms); at M = 64 the lm head took 0.61x the tile
 # GEMM's speed, so M = 33..64 stays on the tile GEMM (bench/results/h200_card_runs_2026-12-03f.md).
 # R4D_STREAMED_GEMM=1 (or a cut) serves every M <= MAX_M, 0 leaves it off. CUT is read at every
