@@ -4,7 +4,9 @@ over enough copies to be read from HBM, not from the 60 MB L2; the median of 10 
 
     PYTHONUNBUFFERED=1 python3 bench/device_ops.py [--sweep] [--quick]
 
-- GEMV bandwidth at M = 1, 2, 4, 8 on every Llama-3-8B linear shape (bf16, q8_0, q4_1): weight
+- GEMV bandwidth at M = 1, 2, 4, 8 on every Llama-3-8B linear shape (bf16, q8_0, q4_1; fp8_channel
+  when --formats asks, with --fp8-bits its codes also decoded by r4d_fp8's bit tricks, R4D_FP8_CVT=0,
+  beside the card's conversion): weight
   bytes read per second, against 4.8 TB/s and against the device-to-device copy measured first;
   the kernel the row picks (gemv.cu; gemv_stream.cu where R4D_GEMV_STREAM asks for it and it
   serves) and, with --both, the two side by side.
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 
 from radiance.abi import RadArgs  # noqa: E402
+from device_batch_support import fp8_weight  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import activations, launch, make_weight, rel_err, row_of  # noqa: E402
 
@@ -46,11 +49,18 @@ SWEEP_SHAPES = [("qkv 6144x4096", 6144, 4096), ("o 4096x4096", 4096, 4096), ("ga
 
 
 def weight_bytes(fmt, n, k):
+    if fmt == "fp8_channel":  # a code an element, an f32 scale a row
+        return n * k + 4 * n
     return n * k * {"bf16": 2, "f16": 2, "f32": 4, "q8_0": 1 + 2 / 32, "q4_1": 0.5 + 4 / 32}[fmt]
 
 
 def label_of(fmt):
-    return fmt if fmt in ("q4_1", "q8_0") else "plain"
+    return fmt if fmt in ("q4_1", "q8_0") else "fp8" if fmt == "fp8_channel" else "plain"
+
+
+def weight_of(registry, fmt, n, k, seed):
+    """A weight as the rows read it: fp8_channel through the fp8 quantiser, as rad-convert writes it."""
+    return fp8_weight(registry, n, k, seed) if fmt == "fp8_channel" else make_weight(fmt, n, k, seed)
 
 
 class Timer:
@@ -120,7 +130,7 @@ def issuer(on_card, stream_shape):
 
 
 def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, results, kernels, stream_shape=None):
-    weight = make_weight(fmt, n, k, 1)
+    weight = weight_of(registry, fmt, n, k, 1)
     row = rows[f"r4dchain_gemv_{label_of(fmt)}_dev"]
     copies = copies_for(weight_bytes(fmt, n, k))
     for m in ms_list:
@@ -140,8 +150,12 @@ def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, result
             entry = {"fmt": fmt, "shape": label, "M": m, "N": n, "K": k, "kernel": kernel, "us": ms * 1e3,
                      "weight_GBps": gbps, "of_4.8TBps": gbps * 1e9 / HBM, "of_copy": gbps * 1e9 / results["copy_Bps"],
                      "rel_err": err}
+            shown = kernel
+            if fmt == "fp8_channel":  # how its codes were decoded, the card's conversion or r4d_fp8's bits
+                entry["fp8_cvt"] = DEVICE_ROWS[0].dk.FP8_CVT
+                shown = "cvt" if entry["fp8_cvt"] else "bits"
             results["gemv"].append(entry)
-            print(f"  gemv {fmt:5} {label:22} M={m} {kernel:6} {ms * 1e3:8.2f} us  {gbps:6.0f} GB/s  "
+            print(f"  gemv {fmt:5} {label:22} M={m} {shown:6} {ms * 1e3:8.2f} us  {gbps:6.0f} GB/s  "
                   f"{entry['of_4.8TBps']:6.1%} of 4.8 TB/s  {entry['of_copy']:6.1%} of the copy  err {err:.1e}", flush=True)
             on_card.close()
 
@@ -256,8 +270,10 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="time other cuts of the GEMV's work first")
     parser.add_argument("--quick", action="store_true", help="bf16 only, M = 1 and 8")
     parser.add_argument("--both", action="store_true", help="time gemv_stream.cu beside gemv.cu where both serve")
-    parser.add_argument("--formats", nargs="+", choices=("bf16", "q8_0", "q4_1"),
+    parser.add_argument("--formats", nargs="+", choices=("bf16", "q8_0", "q4_1", "fp8_channel"),
                         help="the GEMVs' weight formats (default bf16 q8_0 q4_1; --quick: bf16)")
+    parser.add_argument("--fp8-bits", action="store_true",
+                        help="fp8_channel: each GEMV also with R4D_FP8_CVT=0 (r4d_fp8's bit tricks), after the default")
     parser.add_argument("--ms", nargs="+", type=int, help="activation rows M (default 1 2 4 8; --quick: 1 8)")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
@@ -277,13 +293,18 @@ def main():
     kernels = ["stream", "split"] if args.both or args.sweep else ["stream" if DEVICE_ROWS[0].dk.STREAM else "split"]
     formats = args.formats or (("bf16",) if args.quick else ("bf16", "q8_0", "q4_1"))
     ms = args.ms or ((1, 8) if args.quick else (1, 2, 4, 8))
+    dk = DEVICE_ROWS[0].dk
+    default_cvt = dk.FP8_CVT
     for fmt in formats:
         for label, n, k in SHAPES if fmt == "bf16" else SHAPES[:-1]:  # the quantised lm heads: slow to make here
             for m in ms:  # gemv.cu where the stream kernel does not serve
-                served = len(results["gemv"])
-                bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, kernels)
-                if len(results["gemv"]) == served:
-                    bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, ["split"])
+                for cvt in (default_cvt, 0) if fmt == "fp8_channel" and args.fp8_bits and default_cvt else (default_cvt,):
+                    dk.FP8_CVT = cvt  # read by gemv_options as each launch is built
+                    served = len(results["gemv"])
+                    bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, kernels)
+                    if len(results["gemv"]) == served:
+                        bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, ["split"])
+                dk.FP8_CVT = default_cvt
     bench_fused(on_card, registry, rows, timer, results)
     registry.close()
     out = os.environ.get("OUT")

@@ -87,6 +87,9 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, i
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r)
             if (mine && e + p * S < k_end) v[p][r] = r4d_stream16(rows[r].codes + chunk_byte<FMT>(rows[r].row, K, e + p * S));
+    u32 sc[GEMV_ROWS];  // fp8: each row's f32 scale, read once here; q8_0, q4_1: each step's block scales
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) sc[r] = R4D_FP8(FMT) ? gemv_scales<FMT>(rows[r], K, 0) : 0u;
     R4D_CHAIN_PROLOGUE();
     GemvInput<MT> in = gemv_input<MT>(x, norm, norm_fmt, M, K, k_begin, k_end, eps, index, x_rows, normed, gathered);
     float acc[GEMV_ROWS][MT];
@@ -106,9 +109,9 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, i
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; ++r) v[p][r] = r4d_stream16(rows[r].codes + chunk_byte<FMT>(rows[r].row, K, ahead));
             }
-            u32 sc[GEMV_ROWS];
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; ++r) sc[r] = gemv_scales<FMT>(rows[r], K, at);
+            for (int r = 0; r < GEMV_ROWS; ++r)
+                if (!R4D_FP8(FMT)) sc[r] = gemv_scales<FMT>(rows[r], K, at);
             consume<FMT, MT, GEMV_ROWS>(now, sc, at, in, acc);
         }
     }

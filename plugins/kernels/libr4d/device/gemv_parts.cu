@@ -62,7 +62,7 @@ __device__ __forceinline__ void decode4(const uint4& v, int j, float* w) {
         u32 a = word[j] ^ 0x80808080u;
         for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(0x4B000000u | ((a >> (8 * i)) & 0xffu)) - 8388736.0f;
     } else if (R4D_FP8(FMT)) {
-        for (int i = 0; i < 4; ++i) w[i] = r4d_fp8((word[j] >> (8 * i)) & 0xffu);
+        r4d_fp8x4(word[j], w);
     } else {
         u32 a = word[j / 2] >> (16 * (j % 2));
         for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(0x4B000000u | ((a >> (4 * i)) & 15u)) - 8388608.0f;
