@@ -11,7 +11,7 @@ over enough copies to be read from HBM, not from the 60 MB L2; the median of 10 
   the kernel the row picks (gemv.cu; gemv_stream.cu where R4D_GEMV_STREAM asks for it and it
   serves) and, with --both, the two side by side.
 - The fused rows against the launches they replace: rmsnorm + q, k, v (rmsnorm_gemm3), rmsnorm +
-  gate, up + silu_mul (rmsnorm_gemm2_silu_mul), o + add (gemm_add).
+  gate, up + silu_mul (rmsnorm_gemm2_silu_mul), o + add (gemm_add), bf16; --skip-fused leaves them out.
 - --sweep: gemv_stream.cu's cut of the work (device_kernels.StreamShape: warps a block, steps in
   flight, units prefetched ahead) at M = 1 on one 8B layer's bf16 GEMVs, to choose the default; the
   GEMVs after it use the fastest cut.
@@ -275,6 +275,7 @@ def main():
     parser.add_argument("--fp8-bits", action="store_true",
                         help="fp8_channel: each GEMV also with R4D_FP8_CVT=0 (r4d_fp8's bit tricks), after the default")
     parser.add_argument("--ms", nargs="+", type=int, help="activation rows M (default 1 2 4 8; --quick: 1 8)")
+    parser.add_argument("--skip-fused", action="store_true", help="the GEMVs alone: not the bf16 fused rows after them")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     rows = {row.name: row for row in lib.rows}
@@ -305,7 +306,8 @@ def main():
                     if len(results["gemv"]) == served:
                         bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, ["split"])
                 dk.FP8_CVT = default_cvt
-    bench_fused(on_card, registry, rows, timer, results)
+    if not args.skip_fused:
+        bench_fused(on_card, registry, rows, timer, results)
     registry.close()
     out = os.environ.get("OUT")
     if out:
