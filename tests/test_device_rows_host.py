@@ -70,6 +70,9 @@ def test_every_kernel_name_is_defined_in_its_source(registry):
     for mt in (1, 2, 4, 8):
         assert f"GEMV_ENTRY({mt})" in gemv
     assert dk.gemv_options("q4_1", 2, 1)[:3] == ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=2", "-DR4D_GEMV_NORM=1")
+    # e4m3 weights say how their codes are decoded (R4D_FP8_CVT, on unless the process says 0); others do not
+    assert dk.gemv_options("fp8_channel")[-1] == f"-DR4D_FP8_CVT={dk.FP8_CVT}" and dk.FP8_CVT in (0, 1)
+    assert not any("R4D_FP8_CVT" in option for option in dk.gemv_options("bf16"))
     assert dk.attention_options(128, 4) == ("-DR4D_ATT_D=128", "-DR4D_ATT_G=4", "-DR4D_ATT_AHEAD=0")
     assert [dk.gemv_variant(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     with pytest.raises(ValueError):
