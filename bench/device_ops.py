@@ -300,7 +300,7 @@ def main():
         for label, n, k in SHAPES if fmt == "bf16" else SHAPES[:-1]:  # the quantised lm heads: slow to make here
             for m in ms:  # gemv.cu where the stream kernel does not serve
                 for cvt in (default_cvt, 0) if fmt == "fp8_channel" and args.fp8_bits and default_cvt else (default_cvt,):
-                    dk.FP8_CVT = cvt  # read by gemv_options as each launch is built
+                    dk.FP8_CVT = cvt  # read by fp8_options as each launch is built
                     served = len(results["gemv"])
                     bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, kernels)
                     if len(results["gemv"]) == served:

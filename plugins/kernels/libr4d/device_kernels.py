@@ -169,11 +169,9 @@ def gemv_grid(n: int, warp: int = 32, splits: int = 1, shape: GemvShape = GEMV) 
 
 
 def gemv_options(fmt: str, mode: int = 0, norm: int = 0, shape: GemvShape = GEMV) -> tuple:
-    """The compile options of gemv.cu for a weight format, an epilogue mode and a folded norm (e4m3
-    weights: also how their codes are decoded, FP8_CVT)."""
-    fp8 = (f"-DR4D_FP8_CVT={FP8_CVT}",) if fmt in ("fp8_channel", "fp8") else ()
+    """The compile options of gemv.cu for a weight format, an epilogue mode and a folded norm."""
     return (f"-DR4D_GEMV_FMT={FMT_MACROS[fmt]}", f"-DR4D_GEMV_MODE={mode}", f"-DR4D_GEMV_NORM={norm}",
-            *shape.defines(), *fp8)
+            *shape.defines())
 
 
 GEMV_CHUNK_ELEMENTS = {"f32": 4, "f16": 8, "bf16": 8, "q8_0": 16, "q4_1": 32,  # one lane's 16 bytes
@@ -239,6 +237,13 @@ def setting(name: str, text: str, low: int, high: int) -> int:
 # cards too, in place of the card's conversion (common.cu's r4d_fp8x4; the same values), for a
 # process (read at load): how a card compares the two (bench/device_ops.py --formats fp8_channel).
 FP8_CVT = setting("R4D_FP8_CVT", os.environ["R4D_FP8_CVT"], 0, 1) if os.environ.get("R4D_FP8_CVT") else 1
+
+
+def fp8_options(fmt: str) -> tuple:
+    """What gemv.cu's compile options add for a weight format: e4m3 codes' decode (FP8_CVT)."""
+    return (f"-DR4D_FP8_CVT={FP8_CVT}",) if fmt in ("fp8_channel", "fp8") else ()
+
+
 # R4D_ATT_SPLITS=n gives every attention launch of a process n splits per (token, kv head) in its
 # grid in place of attention_splits' choice (read at load, as GEMV above; bench/card_attention.py
 # --splits sets ATT_SPLITS itself between its cases): how a card sweeps the cut of a short context.

@@ -82,14 +82,14 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, i
     uint4 v[GEMV_PIPE][GEMV_ROWS];
     int e = k_begin + lane * E;
     bool mine = first < N;
+    u32 sc[GEMV_ROWS];  // fp8: each row's f32 scale, read once here; q8_0, q4_1: each step's block scales
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r) sc[r] = R4D_FP8(FMT) ? gemv_scales<FMT>(rows[r], K, 0) : 0u;
 #pragma unroll
     for (int p = 0; p < GEMV_PIPE; ++p)
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r)
             if (mine && e + p * S < k_end) v[p][r] = r4d_stream16(rows[r].codes + chunk_byte<FMT>(rows[r].row, K, e + p * S));
-    u32 sc[GEMV_ROWS];  // fp8: each row's f32 scale, read once here; q8_0, q4_1: each step's block scales
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) sc[r] = R4D_FP8(FMT) ? gemv_scales<FMT>(rows[r], K, 0) : 0u;
     R4D_CHAIN_PROLOGUE();
     GemvInput<MT> in = gemv_input<MT>(x, norm, norm_fmt, M, K, k_begin, k_end, eps, index, x_rows, normed, gathered);
     float acc[GEMV_ROWS][MT];
