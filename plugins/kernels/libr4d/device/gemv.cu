@@ -249,11 +249,11 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
                     if (FMT == FMT_BF16) {
                         u32 word[4] = {now[i].x, now[i].y, now[i].z, now[i].w};
                         b0 = word[2 * j]; b1 = word[2 * j + 1];
-                    } else {  // e4m3, q8_0 and q4_1 codes: exact in bf16, whose bits are the f32's upper half
+                    } else {  // e4m3, q8_0 and q4_1 codes: exact in bf16, so the pairs' conversion rounds nothing
                         float c[4];
                         decode4<FMT>(now[i], j, c);
-                        b0 = (__float_as_uint(c[0]) >> 16) | (__float_as_uint(c[1]) & 0xffff0000u);
-                        b1 = (__float_as_uint(c[2]) >> 16) | (__float_as_uint(c[3]) & 0xffff0000u);
+                        b0 = gemv_bf16x2(c[0], c[1]);
+                        b1 = gemv_bf16x2(c[2], c[3]);
                     }
                     gemv_mma(BLOCKS ? block[i] : d[i], a, b0, b1);
                 }
