@@ -5,8 +5,8 @@ over enough copies to be read from HBM, not from the 60 MB L2; the median of 10 
     PYTHONUNBUFFERED=1 python3 bench/device_ops.py [--sweep] [--quick]
 
 - GEMV bandwidth at M = 1, 2, 4, 8 on every Llama-3-8B linear shape (bf16, q8_0, q4_1; fp8_channel
-  when --formats asks, with --fp8-bits its codes also decoded by r4d_fp8's bit tricks, R4D_FP8_CVT=0,
-  beside the card's conversion): weight
+  when --formats asks, with --fp8-bits its codes also decoded by r4d_fp8's bit tricks, gemv.cu
+  compiled with -DR4D_FP8_CVT=0, beside the card's conversion): weight
   bytes read per second, against 4.8 TB/s and against the device-to-device copy measured first;
   the kernel the row picks (gemv.cu; gemv_stream.cu where R4D_GEMV_STREAM asks for it and it
   serves) and, with --both, the two side by side.
@@ -113,9 +113,10 @@ def gemv_args(on_card, row, weight, m, n, k, fmt, copies):
     return [first, *rest], x, y, params
 
 
-def issuer(on_card, stream_shape):
+def issuer(on_card, stream_shape, fp8_bits=False):
     """A launch of the GEMV row's one kernel through device_rows.gemv_step, with gemv_stream.cu cut
-    as `stream_shape` (None: gemv.cu, split K where the shape is narrow)."""
+    as `stream_shape` (None: gemv.cu, split K where the shape is narrow); `fp8_bits`: e4m3 codes
+    decoded by r4d_fp8's shifts, masks and multiply (common.cu's R4D_FP8_CVT=0), not the card's conversion."""
     device_rows = DEVICE_ROWS[0]
     stream = on_card.stream
 
@@ -123,20 +124,22 @@ def issuer(on_card, stream_shape):
         step = device_rows.gemv_step(a, device_rows._address(a.t[0]), [(a.t[1], device_rows._address(a.t[2]))],
                                      scratch=int(a.scratch or 0), scratch_bytes=a.scratch_bytes,
                                      stream_shape=stream_shape)
-        kernel = stream.kernel(device_rows.dk.source(step.source), step.kernel, step.options)
+        options = tuple(step.options) + (("-DR4D_FP8_CVT=0",) if fp8_bits else ())
+        kernel = stream.kernel(device_rows.dk.source(step.source), step.kernel, options)
         stream.launch(kernel, step.grid, step.block, step.args.pack(), step.shared)
         return step.source
     return issue
 
 
-def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, results, kernels, stream_shape=None):
+def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, results, kernels, stream_shape=None,
+               fp8_bits=False):
     weight = weight_of(registry, fmt, n, k, 1)
     row = rows[f"r4dchain_gemv_{label_of(fmt)}_dev"]
     copies = copies_for(weight_bytes(fmt, n, k))
     for m in ms_list:
         for kernel in kernels:
             args, x, y, params = gemv_args(on_card, row, weight, m, n, k, fmt, copies)
-            issue = issuer(on_card, None if kernel == "split" else (stream_shape or STREAM_DEFAULT()))
+            issue = issuer(on_card, None if kernel == "split" else (stream_shape or STREAM_DEFAULT()), fp8_bits)
             source = issue(args[0])
             if kernel != source.replace("gemv_stream", "stream").replace("gemv", "split"):
                 on_card.close()
@@ -152,8 +155,7 @@ def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, result
                      "rel_err": err}
             shown = kernel
             if fmt == "fp8_channel":  # how its codes were decoded, the card's conversion or r4d_fp8's bits
-                entry["fp8_cvt"] = DEVICE_ROWS[0].dk.FP8_CVT
-                shown = "cvt" if entry["fp8_cvt"] else "bits"
+                entry["fp8_decode"] = shown = "bits" if fp8_bits else "cvt"
             results["gemv"].append(entry)
             print(f"  gemv {fmt:5} {label:22} M={m} {shown:6} {ms * 1e3:8.2f} us  {gbps:6.0f} GB/s  "
                   f"{entry['of_4.8TBps']:6.1%} of 4.8 TB/s  {entry['of_copy']:6.1%} of the copy  err {err:.1e}", flush=True)
@@ -273,7 +275,7 @@ def main():
     parser.add_argument("--formats", nargs="+", choices=("bf16", "q8_0", "q4_1", "fp8_channel"),
                         help="the GEMVs' weight formats (default bf16 q8_0 q4_1; --quick: bf16)")
     parser.add_argument("--fp8-bits", action="store_true",
-                        help="fp8_channel: each GEMV also with R4D_FP8_CVT=0 (r4d_fp8's bit tricks), after the default")
+                        help="fp8_channel: each GEMV also with -DR4D_FP8_CVT=0 (r4d_fp8's bit tricks), after the default")
     parser.add_argument("--ms", nargs="+", type=int, help="activation rows M (default 1 2 4 8; --quick: 1 8)")
     parser.add_argument("--skip-fused", action="store_true", help="the GEMVs alone: not the bf16 fused rows after them")
     args = parser.parse_args()
@@ -294,18 +296,14 @@ def main():
     kernels = ["stream", "split"] if args.both or args.sweep else ["stream" if DEVICE_ROWS[0].dk.STREAM else "split"]
     formats = args.formats or (("bf16",) if args.quick else ("bf16", "q8_0", "q4_1"))
     ms = args.ms or ((1, 8) if args.quick else (1, 2, 4, 8))
-    dk = DEVICE_ROWS[0].dk
-    default_cvt = dk.FP8_CVT
     for fmt in formats:
         for label, n, k in SHAPES if fmt == "bf16" else SHAPES[:-1]:  # the quantised lm heads: slow to make here
             for m in ms:  # gemv.cu where the stream kernel does not serve
-                for cvt in (default_cvt, 0) if fmt == "fp8_channel" and args.fp8_bits and default_cvt else (default_cvt,):
-                    dk.FP8_CVT = cvt  # read by fp8_options as each launch is built
+                for bits in (False, True) if fmt == "fp8_channel" and args.fp8_bits else (False,):
                     served = len(results["gemv"])
-                    bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, kernels)
+                    bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, kernels, fp8_bits=bits)
                     if len(results["gemv"]) == served:
-                        bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, ["split"])
-                dk.FP8_CVT = default_cvt
+                        bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, ["split"], fp8_bits=bits)
     if not args.skip_fused:
         bench_fused(on_card, registry, rows, timer, results)
     registry.close()

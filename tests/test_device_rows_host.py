@@ -70,9 +70,6 @@ def test_every_kernel_name_is_defined_in_its_source(registry):
     for mt in (1, 2, 4, 8):
         assert f"GEMV_ENTRY({mt})" in gemv
     assert dk.gemv_options("q4_1", 2, 1)[:3] == ("-DR4D_GEMV_FMT=FMT_Q4_1", "-DR4D_GEMV_MODE=2", "-DR4D_GEMV_NORM=1")
-    # e4m3 weights say how their codes are decoded (R4D_FP8_CVT, on unless the process says 0); others do not
-    assert dk.fp8_options("fp8_channel") == dk.fp8_options("fp8") == (f"-DR4D_FP8_CVT={dk.FP8_CVT}",)
-    assert dk.FP8_CVT in (0, 1) and dk.fp8_options("bf16") == dk.fp8_options("q8_0") == ()
     assert dk.attention_options(128, 4) == ("-DR4D_ATT_D=128", "-DR4D_ATT_G=4", "-DR4D_ATT_AHEAD=0")
     assert [dk.gemv_variant(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     with pytest.raises(ValueError):
@@ -149,25 +146,6 @@ def test_gemv_and_gemm_plans_pack_the_plane_addresses_and_are_cached(registry):
     gemm = device_row(registry, "r4dchain_gemm_q4_1_dev")
     assert launch(gemm, [x, w, y], {**params, "M": 70}, stream) == RAD_OK
     assert stream.launches[-1][:3] == ("r4d_gemm_dev", (3, 2, 1), (256, 1, 1))
-
-
-def test_an_fp8_gemv_plan_says_how_its_codes_are_decoded(registry):
-    """gemv.cu compiled for e4m3 codes carries R4D_FP8_CVT (the card's conversion unless the process
-    says 0) after the format's, mode's and norm's options; its codes and row scales are the planes'."""
-    from device_batch_support import fp8_weight
-
-    stream, dk = Recorder(), module(registry, "device_kernels")
-    host = fp8_weight(registry, 96, 512, 1)
-    planes = [rad_device_tensor(0x7000000 + 0x100000 * i, 6, (t.data.size,), 1) for i, t in enumerate(host.planes)]
-    w = RadTensor(data=RadWeightPlanes(encoding=host.encoding, rows=96, cols=512, planes=planes), dtype=RAD_DT_ENCODED,
-                  ndim=2, shape=(96, 512, 0, 0))
-    params = {"M": 1, "N": 96, "K": 512, "wdtype": "fp8_channel", "dtype": "f32", "split_k": 1}
-    assert launch(device_row(registry, "r4dchain_gemv_fp8_dev"), [dev(0x1000, (1, 512)), w, dev(0x2000, (1, 96))],
-                  params, stream) == RAD_OK
-    (name, options), = stream.compiled
-    assert name == "r4d_gemv_m1" and options[0] == "-DR4D_GEMV_FMT=FMT_FP8_ROW"
-    assert options[-1] == f"-DR4D_FP8_CVT={dk.FP8_CVT}"
-    assert pointers(stream.launches[-1][3], [6, 7]) == [0x7000000, 0x7100000]
 
 
 def pointers(args, indices):

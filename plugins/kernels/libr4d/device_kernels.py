@@ -233,17 +233,6 @@ def setting(name: str, text: str, low: int, high: int) -> int:
     return value
 
 
-# R4D_FP8_CVT=0 has the GEMVs decode e4m3 codes with r4d_fp8's shifts, masks and multiply on NVIDIA
-# cards too, in place of the card's conversion (common.cu's r4d_fp8x4; the same values), for a
-# process (read at load): how a card compares the two (bench/device_ops.py --formats fp8_channel).
-FP8_CVT = setting("R4D_FP8_CVT", os.environ["R4D_FP8_CVT"], 0, 1) if os.environ.get("R4D_FP8_CVT") else 1
-
-
-def fp8_options(fmt: str) -> tuple:
-    """What gemv.cu's compile options add for a weight format: e4m3 codes' decode (FP8_CVT)."""
-    return (f"-DR4D_FP8_CVT={FP8_CVT}",) if fmt in ("fp8_channel", "fp8") else ()
-
-
 # R4D_ATT_SPLITS=n gives every attention launch of a process n splits per (token, kv head) in its
 # grid in place of attention_splits' choice (read at load, as GEMV above; bench/card_attention.py
 # --splits sets ATT_SPLITS itself between its cases): how a card sweeps the cut of a short context.

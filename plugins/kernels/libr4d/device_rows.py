@@ -183,7 +183,7 @@ def gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None =
     options = dk.gemv_options(fmt, mode, extras.norm, shape)
     if stream:
         return Step(name, "gemv_stream", grid, block, args, 0, options[:3] + stream_shape.defines())
-    return Step(name, "gemv", grid, block, args, 0, options + dk.fp8_options(fmt))
+    return Step(name, "gemv", grid, block, args, 0, options)
 
 
 def _gemv(a):

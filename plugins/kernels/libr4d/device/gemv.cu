@@ -77,14 +77,11 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, i
     long long first = ((long long)blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
     GemvRow rows[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = gemv_row(w, min(first + r, (long long)N - 1));  // past N: row N-1, stored nowhere
+    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = gemv_row(w, min(first + r, (long long)N - 1), true);  // past N: row N-1, stored nowhere
     // the weights' first steps, before waiting on the kernel this one is chained to
     uint4 v[GEMV_PIPE][GEMV_ROWS];
     int e = k_begin + lane * E;
     bool mine = first < N;
-    u32 sc[GEMV_ROWS];  // fp8: each row's f32 scale, read once here; q8_0, q4_1: each step's block scales
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) sc[r] = R4D_FP8(FMT) ? gemv_scales<FMT>(rows[r], K, 0) : 0u;
 #pragma unroll
     for (int p = 0; p < GEMV_PIPE; ++p)
 #pragma unroll
@@ -109,9 +106,9 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, i
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; ++r) v[p][r] = r4d_stream16(rows[r].codes + chunk_byte<FMT>(rows[r].row, K, ahead));
             }
+            u32 sc[GEMV_ROWS];
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; ++r)
-                if (!R4D_FP8(FMT)) sc[r] = gemv_scales<FMT>(rows[r], K, at);
+            for (int r = 0; r < GEMV_ROWS; ++r) sc[r] = gemv_scales<FMT>(rows[r], K, at);
             consume<FMT, MT, GEMV_ROWS>(now, sc, at, in, acc);
         }
     }
