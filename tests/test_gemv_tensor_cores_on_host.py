@@ -5,7 +5,8 @@ numpy arrays as a card's launch would pass them. What a card's run cannot show i
 owners, the permuted k slots a lane's bytes fill, the activation remainders, q8_0's block scales, the
 rows past N, the warps' K parts met in shared memory, split K, the folded rmsnorm and the epilogues.
 Against a float64 reference within the GEMV's tolerance, and against the FMA path (the same source
-with the tensor-core path turned off). Skipped, saying so, where g++ is missing."""
+with the tensor-core path turned off); and the FMA path's e4m3 case at M = 1, the fp8 decode's. Skipped,
+saying so, where g++ is missing."""
 
 import ctypes
 import functools
@@ -155,7 +156,7 @@ def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, spl
 def test_the_fp8_fma_path_at_one_row_agrees_with_f64_and_with_the_eight_row_entry(splits):
     """e4m3 codes (negative, and subnormal ones written in) at M = 1, the decode GEMV's case: the
     MT = 1 entry against f64 and bit for bit against the MT = 8 entry given one row (a lane's sums
-    are the same whatever MT); each row's f32 scale is read once, before the loop."""
+    are the same whatever MT); each row's f32 scale is read once, as its rows are set up (gemv_row's hold)."""
     n, k = 40, 1536
     rng = np.random.default_rng(17 + splits)
     w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
