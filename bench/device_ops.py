@@ -4,12 +4,14 @@ over enough copies to be read from HBM, not from the 60 MB L2; the median of 10 
 
     PYTHONUNBUFFERED=1 python3 bench/device_ops.py [--sweep] [--quick]
 
-- GEMV bandwidth at M = 1, 2, 4, 8 on every Llama-3-8B linear shape (bf16, q8_0, q4_1): weight
+- GEMV bandwidth at M = 1, 2, 4, 8 on every Llama-3-8B linear shape (bf16, q8_0, q4_1; fp8_channel
+  when --formats asks, with --fp8-bits its codes also decoded by r4d_fp8's bit tricks, gemv.cu
+  compiled with -DR4D_FP8_CVT=0, beside the card's conversion): weight
   bytes read per second, against 4.8 TB/s and against the device-to-device copy measured first;
   the kernel the row picks (gemv.cu; gemv_stream.cu where R4D_GEMV_STREAM asks for it and it
   serves) and, with --both, the two side by side.
 - The fused rows against the launches they replace: rmsnorm + q, k, v (rmsnorm_gemm3), rmsnorm +
-  gate, up + silu_mul (rmsnorm_gemm2_silu_mul), o + add (gemm_add).
+  gate, up + silu_mul (rmsnorm_gemm2_silu_mul), o + add (gemm_add), bf16; --skip-fused leaves them out.
 - --sweep: gemv_stream.cu's cut of the work (device_kernels.StreamShape: warps a block, steps in
   flight, units prefetched ahead) at M = 1 on one 8B layer's bf16 GEMVs, to choose the default; the
   GEMVs after it use the fastest cut.
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 
 from radiance.abi import RadArgs  # noqa: E402
+from device_batch_support import fp8_weight  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import activations, launch, make_weight, rel_err, row_of  # noqa: E402
 
@@ -46,11 +49,18 @@ SWEEP_SHAPES = [("qkv 6144x4096", 6144, 4096), ("o 4096x4096", 4096, 4096), ("ga
 
 
 def weight_bytes(fmt, n, k):
+    if fmt == "fp8_channel":  # a code an element, an f32 scale a row
+        return n * k + 4 * n
     return n * k * {"bf16": 2, "f16": 2, "f32": 4, "q8_0": 1 + 2 / 32, "q4_1": 0.5 + 4 / 32}[fmt]
 
 
 def label_of(fmt):
-    return fmt if fmt in ("q4_1", "q8_0") else "plain"
+    return fmt if fmt in ("q4_1", "q8_0") else "fp8" if fmt == "fp8_channel" else "plain"
+
+
+def weight_of(registry, fmt, n, k, seed):
+    """A weight as the rows read it: fp8_channel through the fp8 quantiser, as rad-convert writes it."""
+    return fp8_weight(registry, n, k, seed) if fmt == "fp8_channel" else make_weight(fmt, n, k, seed)
 
 
 class Timer:
@@ -103,9 +113,10 @@ def gemv_args(on_card, row, weight, m, n, k, fmt, copies):
     return [first, *rest], x, y, params
 
 
-def issuer(on_card, stream_shape):
+def issuer(on_card, stream_shape, fp8_bits=False):
     """A launch of the GEMV row's one kernel through device_rows.gemv_step, with gemv_stream.cu cut
-    as `stream_shape` (None: gemv.cu, split K where the shape is narrow)."""
+    as `stream_shape` (None: gemv.cu, split K where the shape is narrow); `fp8_bits`: e4m3 codes
+    decoded by r4d_fp8's shifts, masks and multiply (common.cu's R4D_FP8_CVT=0), not the card's conversion."""
     device_rows = DEVICE_ROWS[0]
     stream = on_card.stream
 
@@ -113,20 +124,22 @@ def issuer(on_card, stream_shape):
         step = device_rows.gemv_step(a, device_rows._address(a.t[0]), [(a.t[1], device_rows._address(a.t[2]))],
                                      scratch=int(a.scratch or 0), scratch_bytes=a.scratch_bytes,
                                      stream_shape=stream_shape)
-        kernel = stream.kernel(device_rows.dk.source(step.source), step.kernel, step.options)
+        options = tuple(step.options) + (("-DR4D_FP8_CVT=0",) if fp8_bits else ())
+        kernel = stream.kernel(device_rows.dk.source(step.source), step.kernel, options)
         stream.launch(kernel, step.grid, step.block, step.args.pack(), step.shared)
         return step.source
     return issue
 
 
-def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, results, kernels, stream_shape=None):
-    weight = make_weight(fmt, n, k, 1)
+def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, results, kernels, stream_shape=None,
+               fp8_bits=False):
+    weight = weight_of(registry, fmt, n, k, 1)
     row = rows[f"r4dchain_gemv_{label_of(fmt)}_dev"]
     copies = copies_for(weight_bytes(fmt, n, k))
     for m in ms_list:
         for kernel in kernels:
             args, x, y, params = gemv_args(on_card, row, weight, m, n, k, fmt, copies)
-            issue = issuer(on_card, None if kernel == "split" else (stream_shape or STREAM_DEFAULT()))
+            issue = issuer(on_card, None if kernel == "split" else (stream_shape or STREAM_DEFAULT()), fp8_bits)
             source = issue(args[0])
             if kernel != source.replace("gemv_stream", "stream").replace("gemv", "split"):
                 on_card.close()
@@ -140,8 +153,11 @@ def bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, ms_list, result
             entry = {"fmt": fmt, "shape": label, "M": m, "N": n, "K": k, "kernel": kernel, "us": ms * 1e3,
                      "weight_GBps": gbps, "of_4.8TBps": gbps * 1e9 / HBM, "of_copy": gbps * 1e9 / results["copy_Bps"],
                      "rel_err": err}
+            shown = kernel
+            if fmt == "fp8_channel":  # how its codes were decoded, the card's conversion or r4d_fp8's bits
+                entry["fp8_decode"] = shown = "bits" if fp8_bits else "cvt"
             results["gemv"].append(entry)
-            print(f"  gemv {fmt:5} {label:22} M={m} {kernel:6} {ms * 1e3:8.2f} us  {gbps:6.0f} GB/s  "
+            print(f"  gemv {fmt:5} {label:22} M={m} {shown:6} {ms * 1e3:8.2f} us  {gbps:6.0f} GB/s  "
                   f"{entry['of_4.8TBps']:6.1%} of 4.8 TB/s  {entry['of_copy']:6.1%} of the copy  err {err:.1e}", flush=True)
             on_card.close()
 
@@ -256,9 +272,12 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="time other cuts of the GEMV's work first")
     parser.add_argument("--quick", action="store_true", help="bf16 only, M = 1 and 8")
     parser.add_argument("--both", action="store_true", help="time gemv_stream.cu beside gemv.cu where both serve")
-    parser.add_argument("--formats", nargs="+", choices=("bf16", "q8_0", "q4_1"),
+    parser.add_argument("--formats", nargs="+", choices=("bf16", "q8_0", "q4_1", "fp8_channel"),
                         help="the GEMVs' weight formats (default bf16 q8_0 q4_1; --quick: bf16)")
+    parser.add_argument("--fp8-bits", action="store_true",
+                        help="fp8_channel: each GEMV also with -DR4D_FP8_CVT=0 (r4d_fp8's bit tricks), after the default")
     parser.add_argument("--ms", nargs="+", type=int, help="activation rows M (default 1 2 4 8; --quick: 1 8)")
+    parser.add_argument("--skip-fused", action="store_true", help="the GEMVs alone: not the bf16 fused rows after them")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     rows = {row.name: row for row in lib.rows}
@@ -280,11 +299,13 @@ def main():
     for fmt in formats:
         for label, n, k in SHAPES if fmt == "bf16" else SHAPES[:-1]:  # the quantised lm heads: slow to make here
             for m in ms:  # gemv.cu where the stream kernel does not serve
-                served = len(results["gemv"])
-                bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, kernels)
-                if len(results["gemv"]) == served:
-                    bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, ["split"])
-    bench_fused(on_card, registry, rows, timer, results)
+                for bits in (False, True) if fmt == "fp8_channel" and args.fp8_bits else (False,):
+                    served = len(results["gemv"])
+                    bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, kernels, fp8_bits=bits)
+                    if len(results["gemv"]) == served:
+                        bench_gemv(on_card, registry, rows, timer, fmt, label, n, k, [m], results, ["split"], fp8_bits=bits)
+    if not args.skip_fused:
+        bench_fused(on_card, registry, rows, timer, results)
     registry.close()
     out = os.environ.get("OUT")
     if out:

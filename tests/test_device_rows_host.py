@@ -463,3 +463,30 @@ def test_a_llama_graph_takes_the_fused_add_rmsnorm_above_the_decode_band_alone(t
     assert prefill.count("r4dchain_add_rmsnorm_dev") == 2 * layers - 1, prefill
     assert "r4dchain_add_dev" in prefill and prefill.count("r4dchain_rmsnorm_dev") == 1, prefill
     assert "r4dchain_add_rmsnorm_dev" not in decode and any(name.startswith("r4dchain_gemm_add") for name in decode)
+
+
+def test_an_fp8_llama_decodes_on_the_fused_fp8_rows(tmp_path):
+    """bench/fp8_channel.toml's conversion (e4m3, a scale per output channel; lm head untied), TP 1 on
+    an NVIDIA card: a decode step is the fused rows, five a layer, every GEMV in them the fp8 form,
+    as a bf16 model's are the plain form (the 163 launches of the 8B shape's step)."""
+    from device_batch_support import nvidia_fake
+    from radiance.config import Config
+    from radiance.convert.api import convert_synthetic
+    from radiance.engine.loading.registry import Registry
+    from radiance.ranks.worker import Worker
+    recipe = Path(__file__).resolve().parent.parent / "bench" / "fp8_channel.toml"
+    model = tmp_path / "fp8.rad"
+    convert_synthetic(model, "llama", dict(hidden=128, layers=2, heads=4, kv_heads=2, ffn=256, vocab=512, context=256,
+                                           tie_embeddings=False), seed=5, recipe=recipe)
+    config = Config(model=str(model), radiance_home="", kernels="libr4d,libref", progress=False, max_context=128)
+    registry, device = Registry(radiance_home="", kernels="libr4d,libref"), nvidia_fake("sm_90")
+    worker = Worker(config, device=device, registry=registry).build()
+    try:
+        decode = [launch.band.row.name for launch in worker.graph.launches(1, 1)]
+    finally:
+        worker.close()
+        device.close()
+        registry.close()
+    fused = ["r4dchain_rmsnorm_gemm3_fp8_dev", "r4dchain_rope_attention_dev", "r4dchain_gemm_add_fp8_dev",
+             "r4dchain_rmsnorm_gemm2_silu_mul_fp8_dev", "r4dchain_gemm_add_fp8_dev"]
+    assert decode == ["r4dchain_embedding_dev", *fused, *fused, "r4dchain_take_rows_rmsnorm_gemm_sample_fp8_dev"], decode

@@ -442,10 +442,18 @@ def test_the_e4m3_quantiser_compiles_through_nvrtc(registry):
 
 @pytest.mark.parametrize("fmt", ["fp8_channel", "fp8"])
 def test_the_fp8_gemv_compiles_through_nvrtc(registry, fmt):
+    """Where cuobjdump is found: the plain GEMV's M = 1 entry converts its codes on the card
+    (common.cu's r4d_fp8x4: F2FP.F16.E4M3.UNPACK), with no FMUL left of r4d_fp8's multiply by 2^120
+    (the folded norm's and silu's products are FMULs: mode 0, no norm)."""
     compile_ = nvrtc_or_skip()
     dk = module(registry, "device_kernels")
     cubin = compile_(dk.source("gemv"), "sm_90", dk.gemv_options(fmt, 2, 1))
     assert b"r4d_gemv_m1" in cubin and b"r4d_gemv_m8" in cubin
+    listing = sass(compile_(dk.source("gemv"), "sm_90", dk.gemv_options(fmt)))
+    if listing is not None:
+        entry = listing[listing.index("Function : r4d_gemv_m1"):]
+        entry = entry[:entry.index("Function :", 10)] if "Function :" in entry[10:] else entry
+        assert "F2FP.F16.E4M3.UNPACK" in entry and "FMUL" not in entry
 
 
 # ---- attention for batches (attention_tiles.cu) ----------------------------------------------------

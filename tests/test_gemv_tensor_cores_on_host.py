@@ -5,7 +5,8 @@ numpy arrays as a card's launch would pass them. What a card's run cannot show i
 owners, the permuted k slots a lane's bytes fill, the activation remainders, q8_0's block scales, the
 rows past N, the warps' K parts met in shared memory, split K, the folded rmsnorm and the epilogues.
 Against a float64 reference within the GEMV's tolerance, and against the FMA path (the same source
-with the tensor-core path turned off). Skipped, saying so, where g++ is missing."""
+with the tensor-core path turned off); and the FMA path's e4m3 case at M = 1, the fp8 decode's. Skipped,
+saying so, where g++ is missing."""
 
 import ctypes
 import functools
@@ -95,9 +96,9 @@ def encode(fmt, w):
     return codes.view(np.uint8), scale, codes.astype(np.float64) * scale[:, None]
 
 
-def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, eps=1e-5, shape=DEFAULT):
-    """r4d_gemv_m8 over one row group per warps x rows rows; `weights` [(codes, scale)] and `outputs` [y]
-    per segment (up to three); returns the lanes that took part in an MMA."""
+def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, eps=1e-5, shape=DEFAULT, entry=8):
+    """r4d_gemv_m{entry} (8 unless asked) over one row group per warps x rows rows; `weights` [(codes,
+    scale)] and `outputs` [y] per segment (up to three); returns the lanes that took part in an MMA."""
     ptr = Pointers()
 
     n_total = sum(weight[0].shape[0] for weight in weights)
@@ -119,7 +120,8 @@ def launch(lib, x, m, k, weights, outputs, splits=1, norm=None, residual=None, e
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
     lanes = ctypes.c_longlong.in_dll(lib, "r4d_mma16_lanes")
     before = lanes.value
-    assert lib.r4d_host_launch(b"r4d_gemv_m8", -(-n_total // group), splits, 1, warps * 32, 1, 1, params) == 0
+    name = f"r4d_gemv_m{entry}".encode()
+    assert lib.r4d_host_launch(name, -(-n_total // group), splits, 1, warps * 32, 1, 1, params) == 0
     assert not counters.any(), "the last block of each row group leaves its counter zero"
     return lanes.value - before
 
@@ -148,6 +150,31 @@ def test_the_tensor_core_gemv_agrees_with_f64_and_the_fma_path(fmt, m, n, k, spl
         results[tensor_cores] = y
     # the two paths add in different orders: close, not the same bits
     assert rel(results[True], results[False]) <= dk.TOLERANCE["gemv"]
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_the_fp8_fma_path_at_one_row_agrees_with_f64_and_with_the_eight_row_entry(splits):
+    """e4m3 codes (negative, and subnormal ones written in) at M = 1, the decode GEMV's case: the
+    MT = 1 entry against f64 and bit for bit against the MT = 8 entry given one row (a lane's sums
+    are the same whatever MT); each row's f32 scale is read once, as its rows are set up (gemv_row's hold)."""
+    n, k = 40, 1536
+    rng = np.random.default_rng(17 + splits)
+    w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+    codes, scale, values = encode("fp8_channel", w)
+    subnormal = rng.choice(n * k, 64, replace=False)  # codes 0x01..0x07 and 0x81..0x87: e4m3's subnormals
+    codes.reshape(-1)[subnormal] = rng.integers(1, 8, 64).astype(np.uint8) | (rng.integers(0, 2, 64) << 7).astype(np.uint8)
+    values = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * scale[:, None].astype(np.float64)
+    assert (np.abs(codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)) < 2.0 ** -6).sum() >= 64
+    x = activations(1, k, 5)
+    want = x.astype(np.float64) @ values.T
+    results = []
+    for entry in (1, 8):
+        y = np.full((1, n), np.nan, np.float32)
+        lanes = launch(library("fp8_channel", 0, 0, False), x, 1, k, [(codes, scale)], [y], splits=splits, entry=entry)
+        assert lanes == 0
+        assert np.isfinite(y).all() and rel(y, want) <= dk.TOLERANCE["gemv"], (entry, rel(y, want))
+        results.append(y)
+    np.testing.assert_array_equal(results[0], results[1])
 
 
 def test_the_tensor_core_gemv_folds_the_norm_and_pairs_gate_with_up():

@@ -47,8 +47,32 @@ __device__ __forceinline__ float r4d_f16(u32 h) {
 
 // An OCP e4m3 code as f32, exactly: its sign, exponent and mantissa bits moved into an f32 whose
 // exponent is 120 short (127 - 7), then scaled by 2^120, a power of two. A subnormal code becomes an
-// f32 subnormal and scales exactly too. The NaN codes (0x7f, 0xff) read as 480: no quantiser writes them.
+// f32 subnormal and scales exactly too. The NaN codes (0x7f, 0xff) read as 480 here (and as NaN
+// through r4d_fp8x4's conversion on NVIDIA cards): no quantiser writes them.
 __device__ __forceinline__ float r4d_fp8(u32 b) { return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f; }
+
+// The four e4m3 codes of a word (the lowest byte first) as f32, the values r4d_fp8 gives. On NVIDIA
+// cards from sm_89 (R4D_FP8_CVT, on unless a build says 0) the card converts two codes at a time to
+// f16x2, exactly (every e4m3 value is an f16), then each f16 to f32: 1.5 instructions a code where
+// r4d_fp8 takes about six (two shifts, two masks and the multiply by 2^120, per code), which made
+// the fp8 decode GEMV at M = 1 bound by instruction issue rather than by the bytes it reads.
+#ifndef R4D_FP8_CVT
+#define R4D_FP8_CVT 1
+#endif
+__device__ __forceinline__ void r4d_fp8x4(u32 word, float* w) {
+#if R4D_FP8_CVT && !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("{\n\t.reg .b16 c01, c23, h0, h1, h2, h3;\n\t.reg .b32 p01, p23;\n\t"
+        "mov.b32 {c01, c23}, %4;\n\t"
+        "cvt.rn.f16x2.e4m3x2 p01, c01;\n\t"  // the upper code into the upper half
+        "cvt.rn.f16x2.e4m3x2 p23, c23;\n\t"
+        "mov.b32 {h0, h1}, p01;\n\t"
+        "mov.b32 {h2, h3}, p23;\n\t"
+        "cvt.f32.f16 %0, h0;\n\tcvt.f32.f16 %1, h1;\n\tcvt.f32.f16 %2, h2;\n\tcvt.f32.f16 %3, h3;\n\t}"
+        : "=f"(w[0]), "=f"(w[1]), "=f"(w[2]), "=f"(w[3]) : "r"(word));
+#else
+    for (int i = 0; i < 4; ++i) w[i] = r4d_fp8((word >> (8 * i)) & 0xffu);
+#endif
+}
 
 __device__ __forceinline__ float r4d_warp_sum(float v) {
     for (int o = R4D_WARP / 2; o > 0; o >>= 1) v += R4D_SHFL_XOR(v, o);

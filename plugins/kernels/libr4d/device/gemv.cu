@@ -77,7 +77,7 @@ __device__ __forceinline__ void gemv_fma(const GemvWeights& w, const u8* norm, i
     long long first = ((long long)blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
     GemvRow rows[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = gemv_row(w, min(first + r, (long long)N - 1));  // past N: row N-1, stored nowhere
+    for (int r = 0; r < GEMV_ROWS; ++r) rows[r] = gemv_row(w, min(first + r, (long long)N - 1), true);  // past N: row N-1, stored nowhere
     // the weights' first steps, before waiting on the kernel this one is chained to
     uint4 v[GEMV_PIPE][GEMV_ROWS];
     int e = k_begin + lane * E;
@@ -246,11 +246,11 @@ __device__ __forceinline__ void gemv_tc(const GemvWeights& w, const u8* norm, in
                     if (FMT == FMT_BF16) {
                         u32 word[4] = {now[i].x, now[i].y, now[i].z, now[i].w};
                         b0 = word[2 * j]; b1 = word[2 * j + 1];
-                    } else {  // e4m3, q8_0 and q4_1 codes: exact in bf16, whose bits are the f32's upper half
+                    } else {  // e4m3, q8_0 and q4_1 codes: exact in bf16, so the pairs' conversion rounds nothing
                         float c[4];
                         decode4<FMT>(now[i], j, c);
-                        b0 = (__float_as_uint(c[0]) >> 16) | (__float_as_uint(c[1]) & 0xffff0000u);
-                        b1 = (__float_as_uint(c[2]) >> 16) | (__float_as_uint(c[3]) & 0xffff0000u);
+                        b0 = gemv_bf16x2(c[0], c[1]);
+                        b1 = gemv_bf16x2(c[2], c[3]);
                     }
                     gemv_mma(BLOCKS ? block[i] : d[i], a, b0, b1);
                 }

@@ -62,7 +62,7 @@ __device__ __forceinline__ void decode4(const uint4& v, int j, float* w) {
         u32 a = word[j] ^ 0x80808080u;
         for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(0x4B000000u | ((a >> (8 * i)) & 0xffu)) - 8388736.0f;
     } else if (R4D_FP8(FMT)) {
-        for (int i = 0; i < 4; ++i) w[i] = r4d_fp8((word[j] >> (8 * i)) & 0xffu);
+        r4d_fp8x4(word[j], w);
     } else {
         u32 a = word[j / 2] >> (16 * (j % 2));
         for (int i = 0; i < 4; ++i) w[i] = __uint_as_float(0x4B000000u | ((a >> (4 * i)) & 15u)) - 8388608.0f;
@@ -85,6 +85,8 @@ struct GemvRow {
     const u16* minimum;
     long long row;  // inside its matrix
     int seg;
+    bool held;      // e4m3 weights: `held_scale` is the row's f32 scale (bits), read once by gemv_row
+    u32 held_scale;
 };
 
 __device__ __forceinline__ int gemv_rows(const GemvWeights& w) {
@@ -95,7 +97,8 @@ __device__ __forceinline__ int gemv_rows(const GemvWeights& w) {
 template <typename T>
 __device__ __forceinline__ T r4d_pick(const T* a, int seg) { return seg == 0 ? a[0] : seg == 1 ? a[1] : a[2]; }
 
-__device__ __forceinline__ GemvRow gemv_row(const GemvWeights& w, long long logical) {
+// Logical row `logical` of the launch's weights; `hold`: e4m3 weights' row scale read now, into the row
+__device__ __forceinline__ GemvRow gemv_row(const GemvWeights& w, long long logical, bool hold = false) {
     int seg = 0;
     long long row = logical;
     if (R4D_GEMV_MODE == 2) {
@@ -105,13 +108,18 @@ __device__ __forceinline__ GemvRow gemv_row(const GemvWeights& w, long long logi
         if (row >= w.n[0]) { row -= w.n[0]; seg = 1; }
         if (seg == 1 && row >= w.n[1]) { row -= w.n[1]; seg = 2; }
     }
-    GemvRow r = {r4d_pick(w.codes, seg), r4d_pick(w.scale, seg), r4d_pick(w.minimum, seg), row, seg};
+    GemvRow r = {r4d_pick(w.codes, seg), r4d_pick(w.scale, seg), r4d_pick(w.minimum, seg), row, seg, false, 0u};
+    if (hold && R4D_FP8(R4D_GEMV_FMT)) {  // the scale in a register: no load a step, no pointer kept live for it
+        r.held = true;
+        r.held_scale = __float_as_uint(((const float*)r.scale)[R4D_GEMV_FMT == FMT_FP8_ROW ? r.row : 0]);
+    }
     return r;
 }
 
 // the (scale | minimum << 16) bits of the 32-element block holding element e of a row (q8_0, q4_1)
 template <int FMT>
 __device__ __forceinline__ u32 gemv_scales(const GemvRow& r, int K, int e) {
+    if (R4D_FP8(FMT) && FMT == R4D_GEMV_FMT && r.held) return r.held_scale;
     if (R4D_FP8(FMT)) return __float_as_uint(((const float*)r.scale)[FMT == FMT_FP8_ROW ? r.row : 0]);  // the row's f32
     if (FMT != FMT_Q8_0 && FMT != FMT_Q4_1) return 0u;
     long long block = r.row * (K / 32) + e / 32;
