@@ -82,6 +82,13 @@ def gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m, seed=3, kind
     return got
 
 
+@pytest.fixture
+def tile_gemms(registry, monkeypatch):
+    """The tile kernels at every M: the streamed GEMM (by default the rows' kernel at M <= 32) set aside."""
+    monkeypatch.setattr(module(registry, "device_streamed_gemm"), "CUT", None)
+
+
+@pytest.mark.usefixtures("tile_gemms")
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", [9, 16, 64, 65, 300])
 def test_the_bf16_tensor_core_gemm_agrees_with_libref(registry, on_card, monkeypatch, n, k, m):
@@ -89,6 +96,7 @@ def test_the_bf16_tensor_core_gemm_agrees_with_libref(registry, on_card, monkeyp
         gemm_case(registry, on_card, monkeypatch, kernel, "bf16", n, k, m)
 
 
+@pytest.mark.usefixtures("tile_gemms")
 @pytest.mark.parametrize("fmt", ["fp8_channel", "fp8"])
 @pytest.mark.parametrize("n,k", SHAPES[:4])
 @pytest.mark.parametrize("m", [9, 64, 300])
@@ -97,6 +105,7 @@ def test_the_fp8_tensor_core_gemm_agrees_with_libref(registry, on_card, monkeypa
         gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m)
 
 
+@pytest.mark.usefixtures("tile_gemms")
 def test_a_prefill_sized_gemm_and_its_kernels_agree(registry, on_card, monkeypatch):
     """M = 2048 (a 2048-token prompt in one step): each kernel within the tolerance of libref on
     sampled rows, and the kernels within twice the tolerance of each other everywhere."""
@@ -107,6 +116,7 @@ def test_a_prefill_sized_gemm_and_its_kernels_agree(registry, on_card, monkeypat
         assert rel_err(other, results[0]) <= 2 * tc.TOLERANCE["bf16"]
 
 
+@pytest.mark.usefixtures("tile_gemms")
 @pytest.mark.parametrize("cut", [str(cut) for cut in CUTS])
 @pytest.mark.parametrize("fmt,n,k,m", [("bf16", 4096, 4096, 300), ("bf16", 576, 1536, 65), ("bf16", 1024, 4096, 9),
                                        ("fp8_channel", 14336, 4096, 300), ("fp8", 4096, 14336, 64)])
@@ -120,6 +130,7 @@ def test_every_wgmma_cut_agrees_with_libref(registry, on_card, monkeypatch, cut,
     gemm_case(registry, on_card, monkeypatch, "wgmma", fmt, n, k, m)
 
 
+@pytest.mark.usefixtures("tile_gemms")
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_channel"])
 def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_card, monkeypatch, fmt):
     tc = module(registry, "device_tensor_cores")
