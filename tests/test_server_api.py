@@ -308,3 +308,58 @@ def test_rad_bench_measures_the_server(server, tmp_path):
         assert level["ttft_s"]["p50"] > 0 and level["itl_s"]["p50"] > 0 and level["output_tokens_per_s"] > 0
     if plot:
         assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _Loading:
+    """A real HTTP server on a loopback port whose /health says 503 ("starting") `loading` times, then
+    200: a model server's load, held open long enough to be seen (SmolLM2 loads in ~0.5 s)."""
+
+    def __init__(self, loading: int):
+        import http.server
+        import threading
+
+        outer = self
+        self.asked = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.asked += 1
+                ready = outer.asked > loading
+                body = b'{"status": "ok"}' if ready else b'{"status": "starting"}'
+                self.send_response(200 if ready else 503)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_rad_bench_waits_for_a_server_still_loading_its_model(capsys):
+    import click
+    import httpx
+
+    from radiance.serving.bench import wait_until_ready
+
+    loading = _Loading(3)
+    try:
+        wait_until_ready(httpx, loading.url, 30)
+        assert loading.asked == 4
+        assert "is starting; waiting up to 30 s" in capsys.readouterr().err
+    finally:
+        loading.close()
+    loading = _Loading(10**6)
+    try:
+        with pytest.raises(click.ClickException, match=r"/health still says 'starting' after 1 s \(--wait-ready\)"):
+            wait_until_ready(httpx, loading.url, 1)
+    finally:
+        loading.close()

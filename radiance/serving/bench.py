@@ -160,6 +160,29 @@ def _ms(value) -> str:
     return "-" if value is None else f"{1000 * value:.1f}"
 
 
+def wait_until_ready(httpx, base: str, seconds: float) -> None:
+    """Return once `base`/health stops answering 503 (a Radiance server answers 503 while it loads its
+    model and 200 once it serves; a server without /health answers something else and is taken as
+    ready); a ClickException past `seconds`. A level measured against a loading server would be all
+    errors."""
+    deadline, said = time.monotonic() + seconds, False
+    while True:
+        try:
+            answer = httpx.get(f"{base}/health", timeout=10)
+            if answer.status_code != 503:
+                return
+            status = answer.json().get("status", "503") if answer.headers.get("content-type", "").startswith(
+                "application/json") else "503"
+        except httpx.TransportError as error:
+            raise click.ClickException(f"{base}: no server answers ({error})") from None
+        if time.monotonic() >= deadline:
+            raise click.ClickException(f"{base}: /health still says {status!r} after {seconds:.0f} s (--wait-ready)")
+        if not said:
+            click.echo(f"rad-bench: {base} is {status}; waiting up to {seconds:.0f} s for /health to answer 200", err=True)
+            said = True
+        time.sleep(0.5)
+
+
 @click.command()
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The server's base URL.")
 @click.option("--api-key", default=None, envvar="RADIANCE_API_KEY", help="Sent as 'Authorization: Bearer KEY'.")
@@ -174,10 +197,12 @@ def _ms(value) -> str:
 @click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
               help="Ask for exactly --max-tokens tokens (the server's ignore_eos extension).")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one request may take.")
+@click.option("--wait-ready", default=600.0, show_default=True,
+              help="Seconds to wait for a server still loading its model (/health answering 503) before measuring.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write a PNG plot here.")
 def main(url, api_key, model, concurrency, requests_per_client, max_seconds, max_tokens, prompt, chat, ignore_eos,
-         timeout, json_path, plot_path):
+         timeout, wait_ready, json_path, plot_path):
     """Measure a running server: time to first token, inter-token latency and throughput at each
     concurrency level."""
     try:
@@ -194,6 +219,7 @@ def main(url, api_key, model, concurrency, requests_per_client, max_seconds, max
         raise click.BadParameter(f"{concurrency!r} is not a list of integers", param_hint="--concurrency") from None
     if not levels or min(levels) < 1:
         raise click.BadParameter("every level must be at least 1", param_hint="--concurrency")
+    wait_until_ready(httpx, base, wait_ready)
     try:
         listed = httpx.get(f"{base}/v1/models", headers=headers, timeout=10).json()
         model = model or listed["data"][0]["id"]
