@@ -166,6 +166,18 @@ def gguf_of(fmt: str) -> Path:
     return smollm2_q8_0(kind=fmt)
 
 
+def libr4d_backend() -> str:
+    """libr4d's build as this process opens it (native.py's describe line): which build the figures
+    are of (a failed native build falls back to portable C, several times slower)."""
+    from radiance.engine.loading.registry import Registry
+
+    registry = Registry(radiance_home="", kernels="libr4d")
+    try:
+        return next(lib for lib in registry.hierarchy if lib.name == "libr4d").module.backend()
+    finally:
+        registry.close()
+
+
 def compare(fmt: str, args) -> None:
     """Both engines on one format, alternated, and the figures."""
     from radiance.convert.api import convert
@@ -198,6 +210,7 @@ def compare(fmt: str, args) -> None:
     busy = f", {args.busy} busy process{'es' if args.busy != 1 else ''}" if args.busy else ""
     print(f"{MODELS[fmt]}, {args.prompt_tokens}-token prompt, {args.decode_tokens} decoded tokens, "
           f"{args.threads} threads{busy}, median of {args.repeats} (load before: {load}; {others.line()})")
+    print(f"libr4d: {args.backend}")
     columns = ("prefill tok/s", "decode tok/s", "warm prefill")  # the order the runs return them
     print(f"{'':12}" + "".join(f"{name:>16}" for name in columns))
     named = lambda what, kind: f"{what} ({kind})" if len(kinds) > 1 else what  # noqa: E731
@@ -236,6 +249,7 @@ def main() -> None:
     if args.busy < 0:
         raise SystemExit(f"--busy must be 0 or more, not {args.busy}")
     os.environ["RADIANCE_THREADS"] = str(args.threads)
+    args.backend = libr4d_backend()
     for fmt in args.format:
         compare(fmt, args)
 
