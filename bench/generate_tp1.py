@@ -16,8 +16,9 @@ after the model loaded (what the issue measured: it pays every first touch of me
 prefill" a second prompt of the same length in the same process; the ratio is the median of the
 rounds' ratios. `--kv-cache-dtype` takes one or more of the engine's cache types (auto: f16 on the host);
 with several, each round runs the engine once per type, in the order given, then llama.cpp, and each
-type gets its own lines: a before/after of the cache in one run against the same peer. On a shared
-machine run it through bench/foreground.py.
+type gets its own lines: a before/after of the cache in one run against the same peer. Each file's
+figures name the libr4d build they ran on (a native build that failed leaves the portable one). On a
+shared machine run it through bench/foreground.py.
 """
 
 import argparse
