@@ -16,8 +16,9 @@ after the model loaded (what the issue measured: it pays every first touch of me
 prefill" a second prompt of the same length in the same process; the ratio is the median of the
 rounds' ratios. `--kv-cache-dtype` takes one or more of the engine's cache types (auto: f16 on the host);
 with several, each round runs the engine once per type, in the order given, then llama.cpp, and each
-type gets its own lines: a before/after of the cache in one run against the same peer. On a shared
-machine run it through bench/foreground.py.
+type gets its own lines: a before/after of the cache in one run against the same peer. Each file's
+figures name the libr4d build they ran on (a native build that failed leaves the portable one). On a
+shared machine run it through bench/foreground.py.
 """
 
 import argparse
@@ -166,6 +167,18 @@ def gguf_of(fmt: str) -> Path:
     return smollm2_q8_0(kind=fmt)
 
 
+def libr4d_backend() -> str:
+    """libr4d's build as this process opens it (native.py's describe line): which build the figures
+    are of (a failed native build falls back to portable C, several times slower)."""
+    from radiance.engine.loading.registry import Registry
+
+    registry = Registry(radiance_home="", kernels="libr4d")
+    try:
+        return next(lib for lib in registry.hierarchy if lib.name == "libr4d").module.backend()
+    finally:
+        registry.close()
+
+
 def compare(fmt: str, args) -> None:
     """Both engines on one format, alternated, and the figures."""
     from radiance.convert.api import convert
@@ -198,6 +211,7 @@ def compare(fmt: str, args) -> None:
     busy = f", {args.busy} busy process{'es' if args.busy != 1 else ''}" if args.busy else ""
     print(f"{MODELS[fmt]}, {args.prompt_tokens}-token prompt, {args.decode_tokens} decoded tokens, "
           f"{args.threads} threads{busy}, median of {args.repeats} (load before: {load}; {others.line()})")
+    print(f"libr4d: {args.backend}")
     columns = ("prefill tok/s", "decode tok/s", "warm prefill")  # the order the runs return them
     print(f"{'':12}" + "".join(f"{name:>16}" for name in columns))
     named = lambda what, kind: f"{what} ({kind})" if len(kinds) > 1 else what  # noqa: E731
@@ -236,6 +250,7 @@ def main() -> None:
     if args.busy < 0:
         raise SystemExit(f"--busy must be 0 or more, not {args.busy}")
     os.environ["RADIANCE_THREADS"] = str(args.threads)
+    args.backend = libr4d_backend()
     for fmt in args.format:
         compare(fmt, args)
 

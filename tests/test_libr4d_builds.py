@@ -165,15 +165,16 @@ def test_threads_follow_the_knobs(fresh):
     assert "2 thread(s)" in libr4d(fresh(RADIANCE_THREADS="", OMP_NUM_THREADS="2,1")).module.backend()
 
 
-def _cpu_has(flag):
+def cpu_flags() -> set:
+    """/proc/cpuinfo's flags (of the first CPU listed; none where there is no such file)"""
     try:
         with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and f" {flag}" in line for line in f)
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
     except OSError:
-        return False
+        return set()
 
 
-HASWELL = _cpu_has("avx2") and _cpu_has("fma") and _cpu_has("f16c")
+HASWELL = {"avx2", "fma", "f16c"} <= cpu_flags()
 X86_64 = platform.machine() in ("x86_64", "AMD64")
 AVX512_WITHOUT_DQ = ["-O3", "-march=icelake-server", "-mno-avx512dq"]
 VARIANTS = {"libr4d-native": functools.partial(variant, "native", {}),
@@ -182,6 +183,44 @@ VARIANTS = {"libr4d-native": functools.partial(variant, "native", {}),
             **({"libr4d-haswell": functools.partial(variant, "haswell", {"RADIANCE_R4D_MARCH": "haswell"})}
                if HASWELL else {})}
 EARLY_BUILDS = {**VARIANTS, **({"libr4d-avx512-no-dq": avx512_without_dq} if X86_64 else {})}
+
+
+def isa_of_a_native_build(flags: set) -> set:
+    """The ISA names (native.py's describe) of r4d.c built with -march=native on a CPU of `flags`:
+    r4d.c's R4D_AVX2, R4D_VNNI and R4D_AVX512 conditions (amx left out: the kernel grants it or not)."""
+    if not {"avx2", "fma", "f16c"} <= flags:
+        return {"portable C"}
+    isa = {"avx2+fma"}
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        isa.add("avx512")
+    if {"avx512_vnni", "avx512vl"} <= flags or "avx_vnni" in flags:
+        isa.add("vnni")
+    return isa
+
+
+def test_the_build_for_this_cpu_is_what_loads():
+    """libr4d's first opening with the default knobs and an empty cache (the early build, in a process
+    of its own) loads the native build with the paths this CPU reports: a native build that fails and
+    falls back to portable C (a run several times slower, with only a warning) fails here."""
+    environment = early_builds.environment()  # what the early build ran under
+    knobs = [key for key in ("RADIANCE_R4D_NATIVE", "RADIANCE_R4D_ISA", "RADIANCE_R4D_MARCH") if environment.get(key)]
+    if knobs:
+        pytest.skip(f"{', '.join(knobs)} set: not the default build")
+    _, backend = early_builds.result("libr4d-native", VARIANTS["libr4d-native"])
+    assert backend.startswith("native build ("), backend
+    isa = set(backend[len("native build ("):backend.index(")")].split(", "))
+    flags = cpu_flags()
+    assert isa - {"amx"} == isa_of_a_native_build(flags), (backend, sorted(flags))
+    assert "amx" not in isa or {"amx_tile", "amx_int8"} <= flags, backend
+
+
+def test_a_failed_native_build_warns_and_loads_portable_c(fresh, capsys):
+    cache, _ = early_builds.result("libr4d-portable", VARIANTS["libr4d-portable"])  # the portable build cached
+    registry = fresh(XDG_CACHE_HOME=str(cache), RADIANCE_R4D_MARCH="no-such-cpu")  # gcc refuses the -march
+    backend = libr4d(registry).module.backend()
+    assert backend.startswith("portable build"), backend
+    err = capsys.readouterr().err
+    assert "native build failed" in err and "no-such-cpu" in err and "running the portable build instead" in err, err
 
 
 @pytest.mark.skipif(not HASWELL, reason="no AVX2/FMA/F16C")

@@ -2,7 +2,8 @@
 
 Build: `$CC` (default gcc) with `-O3 -march=native -pthread -ffp-contract=off`; when that fails (an
 old compiler, a machine where -march=native means nothing) a portable `-O2` build (plain C loops, no
-intrinsics) is tried. `-march=native` is how the CPU in hand chooses its paths: the AVX-512 (VNNI)
+intrinsics) is tried, with a warning naming the failed build (the portable one decodes several times
+slower). `-march=native` is how the CPU in hand chooses its paths: the AVX-512 (VNNI)
 GEMVs where it reports AVX-512 F/BW/VL, the AVX2/FMA ones otherwise; the prefill GEMMs (q8_0, and
 the k-quants of one scale per 32) on AMX int8 tiles where it also reports AMX and the kernel grants
 the tile state (r4d_gemm_amx.h). The library is cached under `$XDG_CACHE_HOME/radiance/libr4d`
@@ -246,7 +247,11 @@ def load() -> Native:
             continue
         try:
             path = _build(variant, flags, cc, version, folder)
-            return Native(ctypes.CDLL(str(path)), variant, path)
+            loaded = Native(ctypes.CDLL(str(path)), variant, path)
         except (NativeUnavailable, OSError, subprocess.SubprocessError) as error:
             failures.append(str(error))
+            continue
+        if failures:  # a build that failed is said where it happens: the one loaded runs several times slower
+            log.warning("libr4d: %s; running the %s build instead", "; ".join(failures), variant)
+        return loaded
     raise NativeUnavailable("; ".join(failures))
