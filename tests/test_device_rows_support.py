@@ -103,6 +103,18 @@ class Card:
         assert status == RAD_OK, (row.name, status)
         return {i: self.download(a.t[i], operands[i]) for i in read}
 
+    def replays_agree(self, row, a: RadArgs, out: int, like, times: int = 3) -> np.ndarray:
+        """Launch `a` `times` times with the same scratch (as a graph replays it): operand `out` must
+        come out the same bits every time (split K's counters reset, partials added in one order);
+        returns it."""
+        results = []
+        for _ in range(times):
+            assert row.info.launch(a) == RAD_OK, row.name
+            results.append(self.download(a.t[out], like))
+        for other in results[1:]:
+            np.testing.assert_array_equal(results[0], other)
+        return results[0]
+
     def close(self):
         self.device.synchronize(self.stream.handle)
         for allocation in self.keep:
