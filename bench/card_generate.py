@@ -15,7 +15,8 @@
   and its kernels by name (bench/card_kernels.py). --launched: at TP 1 also through the launcher
   (one rank process, plans over the ring), the in-process path's time beside it (issue 13's
   "launched costs <= 3 % more"). --keep DIR: write the 8B model there once and reuse it. --stream-shape: the persistent GEMV
-  (gemv_stream.cu, opt-in) instead of gemv.cu.
+  (gemv_stream.cu, opt-in) instead of gemv.cu. --fused-only: the fused run alone (with --keep, one process a
+  setting, as a card call A/Bs the environment's knobs).
 
 Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
 checkout shim maps it). Launches need pyzmq (carry its wheel). Writes $OUT/card_generate.json."""
@@ -194,6 +195,9 @@ def main() -> int:
     parser.add_argument("--eight-b", action="store_true")
     parser.add_argument("--host-8b", action="store_true")
     parser.add_argument("--defaults-only", action="store_true", help="8B: graphs and chain on only (no on/off pairs)")
+    parser.add_argument("--fused-only", action="store_true", help="8B: the fused run of --defaults-only alone (no "
+                                                                  "unfused run): how a card call A/Bs a knob "
+                                                                  "process by process")
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--context", type=int, default=512, help="8B: tokens of the prompt decoding starts after")
@@ -244,7 +248,8 @@ def main() -> int:
             ids = [128000] + [int(i) for i in np.random.default_rng(3).integers(300, 120000, args.context - 1)]
             for tp in args.tp:
                 runs = {}
-                combos = ((True, True, True), (True, True, False)) if args.defaults_only else \
+                combos = ((True, True, True),) if args.fused_only else \
+                    ((True, True, True), (True, True, False)) if args.defaults_only else \
                     ((True, True, True), (True, True, False), (True, False, True), (False, True, True))
                 for graphs, chain, fusion in combos:
                     label = (f"card TP {tp}, {'fused' if fusion else 'unfused'}, {'graphs' if graphs else 'no graphs'}, "
