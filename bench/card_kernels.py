@@ -1,7 +1,8 @@
 """Where a captured decode step's time goes on the card (imported by bench/card_generate.py --kernels).
 
 Three figures of one in-process rank whose decode graph is captured:
-- the graph alone: `replays` launches back to back, card events around them (the card's time a step);
+- the graph alone: `replays` launches back to back, card events around them (the card's time a step;
+  profile_step takes the median of five such runs);
 - the step as the engine runs it (card_generate's ms/token), so the difference is the host's share;
 - each kernel of a few replays, by name, from CUPTI through torch.profiler where PyTorch is installed
   (the card machine has it; radiance never imports it): time summed per name, calls per step, and the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import re
+import statistics
 
 # bytes an element of a weight format takes, its scales included (q8_0: 34 bytes a block of 32)
 WEIGHT_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_1": 20 / 32, "fp8": 1.0, "fp8_channel": 1.0}
@@ -206,9 +208,13 @@ def profile_step(worker, seqs: int = 1) -> dict:
         return {}
     result = {}
     try:  # a diagnosis: its failure must not lose the figures
-        result["graph_ms"] = graph_ms(executor, key)
+        # the captured step alone, five times 50 replays: their median, and all five (the spread within a process)
+        times = [graph_ms(executor, key) for _ in range(5)]
+        result["graph_ms"] = None if None in times else statistics.median(times)
         if result["graph_ms"] is not None:
-            print(f"    ... the captured step alone: {result['graph_ms']:.3f} ms (50 replays back to back)")
+            result["graph_ms_all"] = times
+            print(f"    ... the captured step alone: {result['graph_ms']:.3f} ms (median of 5 x 50 replays back to back: "
+                  + ", ".join(f"{t:.3f}" for t in times) + ")")
         # captured again as it was (labelled), its kernels by name and by op (chained: their ends)
         result["kernels"] = kernel_table(executor, key, labels=capture_labelled(executor, key), span=executor.chain)
         if executor.chain:  # chained kernels overlap: each kernel's own time from a plainly launched capture
