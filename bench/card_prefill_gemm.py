@@ -23,7 +23,7 @@ compile) against the same torch figure, and a layer's total a cut. Agreement: ma
 on the card (TF32 off), and against float64 numpy on 16 sampled rows where torch is missing; the
 row's tolerance is device_tensor_cores.TOLERANCE. --fp8: the fp8_channel row too (x quantised per row
 to e4m3), against its own tolerance. --streamed: at M <= 64, the same row again with
-device_streamed_gemm.CUT set to each cut given (the streamed GEMM of batched decode, x rounded to bf16
+device_streamed_gemm.SERVING set to each cut given (the streamed GEMM of batched decode, x rounded to bf16
 for both formats); every figure at M <= 64 also as TB/s of the weight's bytes (the copy rate of an
 H200 is ~4.25), with the streamed GEMM's speed against the tile GEMM's and torch's. Runs where radiance is not installed (checkout_shim). Writes
 $OUT/card_prefill_gemm.json."""
@@ -182,7 +182,7 @@ def main():
     tc = importlib.import_module(f"{rows[ROWS['bf16']].plugin.module.__name__}.device_tensor_cores")
     sg = importlib.import_module(f"{rows[ROWS['bf16']].plugin.module.__name__}.device_streamed_gemm")
     streamed = [sg.StreamedCut.parse(text) for text in args.streamed or []]
-    own_streamed, own_limit = sg.CUT, sg.LIMIT
+    own_serving = sg.SERVING
     on_card = Card(device, stream)
     timer = Timer(on_card)
     try:
@@ -240,12 +240,12 @@ def main():
                 tile_us = None
                 for path, cut in variants:
                     if path == "tile":
-                        tc.WGMMA_CUT, sg.CUT = cut or own, None
+                        tc.WGMMA_CUT, sg.SERVING = cut or own, None
                         label = str(tc.wgmma_cut(kind)) if kernels[kind] == "wgmma" else kernels[kind]
                         label = f"tile {label}" if streamed and m <= sg.MAX_M else label
                         splits = tc.split(m, n, k, kind, kernels[kind])[0]
                     else:
-                        tc.WGMMA_CUT, sg.CUT, sg.LIMIT = own, cut, sg.MAX_M  # every M of the bench, 64 too
+                        tc.WGMMA_CUT, sg.SERVING = own, sg.Serving(cut)  # every M of the bench, 64 too
                         label, splits = f"streamed {cut}", sg.split(m, n, k, kind, cut)[0]
                     case = {"case": name, "format": fmt, "M": m, "N": n, "K": k, "path": path, "cut": label,
                             "splits": splits}
@@ -284,7 +284,7 @@ def main():
                     print(line, flush=True)
                     results["cases"].append(case)
                     on_card.close()
-    tc.WGMMA_CUT, sg.CUT, sg.LIMIT = own, own_streamed, own_limit
+    tc.WGMMA_CUT, sg.SERVING = own, own_serving
     results["blocks_a_multiprocessor"] = {}
     for cut in cuts:
         tc.WGMMA_CUT = cut or own

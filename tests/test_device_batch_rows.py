@@ -1,7 +1,7 @@
 """libr4d's device rows for batches on a real card against libref (device_batch_rows.py): the
 tensor-core gemm above the GEMV band, bf16 and fp8, each kernel the card can run (forced by
 device_tensor_cores.KERNEL), and the streamed GEMM of batched decode in several cuts
-(device_streamed_gemm.CUT set); the fp8 decode GEMV and its fused rows. The
+(device_streamed_gemm.SERVING set); the fp8 decode GEMV and its fused rows. The
 tolerances are docs/OPS.md's ("Agreement with libref"): device_tensor_cores.TOLERANCE and
 device_kernels.TOLERANCE. A prefill-sized M is checked on a sample of its rows (libref's ordered
 sums over all 2048 would take minutes on the host; the rows of a GEMM are independent). Skips where no
@@ -85,7 +85,7 @@ def gemm_case(registry, on_card, monkeypatch, kernel, fmt, n, k, m, seed=3, kind
 @pytest.fixture
 def tile_gemms(registry, monkeypatch):
     """The tile kernels at every M: the streamed GEMM (by default the rows' kernel at M <= 32) set aside."""
-    monkeypatch.setattr(module(registry, "device_streamed_gemm"), "CUT", None)
+    monkeypatch.setattr(module(registry, "device_streamed_gemm"), "SERVING", None)
 
 
 @pytest.mark.usefixtures("tile_gemms")
@@ -145,7 +145,7 @@ def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_card,
         on_card.replays_agree(row, a, 2, operands[2])
 
 
-# ---- the streamed GEMM of batched decode (gemm_streamed.cu), turned on here -------------------------
+# ---- the streamed GEMM of batched decode (gemm_streamed.cu), serving every M <= 64 here -------------------------
 
 STREAMED = [("bf16", 4096, 4096, 9), ("bf16", 1024, 4096, 32), ("bf16", 14336, 4096, 64), ("bf16", 4096, 14336, 33),
             ("bf16", 576, 1536, 17), ("fp8_channel", 4096, 4096, 64), ("fp8", 1024, 4096, 16),
@@ -156,8 +156,7 @@ def streamed_case(registry, on_card, monkeypatch, cut, fmt, n, k, m):
     sg, tc = module(registry, "device_streamed_gemm"), module(registry, "device_tensor_cores")
     kind = "bf16" if fmt == "bf16" else "e4m3"
     kernel = tc.kernel_for(DEVICE.vendor, DEVICE.target, kind)
-    monkeypatch.setattr(sg, "CUT", sg.StreamedCut.parse(cut))
-    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
+    monkeypatch.setattr(sg, "SERVING", sg.Serving(sg.StreamedCut.parse(cut)))
     if not sg.serves(kernel, kind, m):
         pytest.skip(f"{DEVICE.target}: no streamed GEMM for {kind} ({kernel})")
     # x is only rounded to bf16 for both kinds: bf16's tolerance for fp8 weights too
@@ -179,15 +178,14 @@ def test_other_streamed_cuts_agree_with_libref(registry, on_card, monkeypatch, c
 
 def test_a_split_streamed_gemm_gives_the_same_bits_launch_after_launch(registry, on_card, monkeypatch):
     sg, tc = module(registry, "device_streamed_gemm"), module(registry, "device_tensor_cores")
-    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
-    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
+    monkeypatch.setattr(sg, "SERVING", sg.Serving(sg.StreamedCut()))
     if not sg.serves(tc.kernel_for(DEVICE.vendor, DEVICE.target, "bf16"), "bf16", 24):
         pytest.skip(f"{DEVICE.target}: no streamed GEMM")
     row = dev_row(registry, BF16)
     params = {"M": 24, "N": 1024, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
     operands = [activations(24, 4096, 5), None, np.zeros((24, 1024), np.float32)]
     a = on_card.args(row, operands, params, {1: weight_of(registry, "bf16", 1024, 4096, 9)})
-    assert sg.split(24, 1024, 4096, "bf16", sg.CUT)[0] > 1
+    assert sg.split(24, 1024, 4096, "bf16", sg.SERVING.cut)[0] > 1
     on_card.replays_agree(row, a, 2, operands[2])
 
 

@@ -225,7 +225,7 @@ def on_fake(request):
 @pytest.mark.parametrize("fmt,n,k,m", CASES)
 def test_the_kernels_arithmetic_agrees_with_libref_within_the_stated_tolerance(registry, on_fake, monkeypatch, fmt, n, k, m):
     tc = module(registry, "device_tensor_cores")
-    monkeypatch.setattr(module(registry, "device_streamed_gemm"), "CUT", None)  # the tile kernels, at every M
+    monkeypatch.setattr(module(registry, "device_streamed_gemm"), "SERVING", None)  # the tile kernels, at every M
     weight = make_weight(fmt, n, k, n + k) if fmt == "bf16" else fp8_weight(registry, n, k, n + k, fmt[4:] or "tensor")
     x = activations(m, k, m)
     params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
@@ -253,22 +253,21 @@ def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_fake)
     assert module(registry, "device_tensor_cores").split(12, 1024, 4096, "bf16", on_fake.kernel)[0] > 1
 
 
-# ---- the streamed GEMM (gemm_streamed.cu) for batched decode, where turned on ------------------------
+# ---- the streamed GEMM (gemm_streamed.cu) for batched decode, where it serves ------------------------
 
 def test_the_streamed_gemm_serves_up_to_32_rows_unless_told_otherwise(registry, monkeypatch):
     sg = module(registry, "device_streamed_gemm")
     if os.environ.get("R4D_STREAMED_GEMM"):
         pytest.skip("R4D_STREAMED_GEMM is set in this environment: the default is not what loaded")
-    assert sg.CUT == sg.StreamedCut() and sg.LIMIT == sg.DEFAULT_MAX_M == 32
+    assert sg.SERVING == sg.Serving(sg.StreamedCut(), sg.DEFAULT_MAX_M) and sg.DEFAULT_MAX_M == 32
     assert sg.serves("wgmma", "bf16", 9) and sg.serves("mma", "e4m3", 32) and not sg.serves("wgmma", "bf16", 33)
 
 
 def test_the_streamed_gemm_serves_up_to_64_rows_on_mma_cards_where_turned_on(registry, monkeypatch):
     sg = module(registry, "device_streamed_gemm")
-    monkeypatch.setattr(sg, "CUT", None)
+    monkeypatch.setattr(sg, "SERVING", None)
     assert not sg.serves("wgmma", "bf16", 32)
-    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
-    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
+    monkeypatch.setattr(sg, "SERVING", sg.Serving(sg.StreamedCut()))
     assert sg.serves("wgmma", "bf16", 9) and sg.serves("mma", "e4m3", 64)
     assert not sg.serves("wgmma", "bf16", 65) and not sg.serves("simt", "bf16", 32)
     assert [sg.variant(m) for m in (9, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
@@ -303,19 +302,18 @@ def test_the_streamed_split_fills_a_wave_with_whole_stages(registry, m, n, k, sp
 
 def test_a_streamed_plan_is_one_launch_of_its_entry_in_its_cut(registry, monkeypatch):
     sg = module(registry, "device_streamed_gemm")
-    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
-    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
+    monkeypatch.setattr(sg, "SERVING", sg.Serving(sg.StreamedCut()))
     stream, row = Recording("sm_90"), device_row(registry, BF16)
     w, x, y = device_weight("bf16", 4096, 4096, 0x7000000), dev(0x1000, (37, 4096)), dev(0x2000, (37, 4096))
     params = {"M": 37, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
     need = row.info.scratch({**params, "M": 256})
     assert launch(row, [x, w, y], params, stream, 0x9000000, need) == RAD_OK
     (kernel, grid, block, args), (reduce, rgrid, rblock, rargs) = stream.launches
-    splits, k_chunk = sg.split(37, 4096, 4096, "bf16", sg.CUT)
+    splits, k_chunk = sg.split(37, 4096, 4096, "bf16", sg.SERVING.cut)
     assert (kernel, grid, block) == ("r4d_streamed_gemm_bf16_m64", (16, 1, splits), (256, 1, 1)) and splits > 1
-    options = ("-DGS_ONLY=3", *sg.CUT.defines())
+    options = ("-DGS_ONLY=3", *sg.SERVING.cut.defines())
     assert stream.compiled == [(kernel, options), ("r4d_streamed_reduce", options)]  # one module
-    layout = sg.scratch_layout(37, 4096, 4096, "bf16", sg.CUT)
+    layout = sg.scratch_layout(37, 4096, 4096, "bf16", sg.SERVING.cut)
     assert layout["total"] == 4 * splits * 37 * 4096 and layout["partial"] == 0
     assert pointers(args, [0, 1, 2, 4, 5]) == [0x1000, 0x7000000, 0, 0x2000, 0x9000000]
     assert ints(args, [3, 6, 7, 8, 9]) == [0, 37, 4096, 4096, k_chunk]
@@ -334,8 +332,7 @@ def test_a_streamed_plan_is_one_launch_of_its_entry_in_its_cut(registry, monkeyp
                                        ("fp8_channel", 576, 1536, 9), ("fp8", 512, 1024, 20)])
 def test_the_streamed_gemm_agrees_with_libref_within_the_stated_tolerance(registry, on_fake, monkeypatch, fmt, n, k, m):
     sg, tc = module(registry, "device_streamed_gemm"), module(registry, "device_tensor_cores")
-    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
-    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
+    monkeypatch.setattr(sg, "SERVING", sg.Serving(sg.StreamedCut()))
     weight = make_weight(fmt, n, k, n + k) if fmt == "bf16" else fp8_weight(registry, n, k, n + k, fmt[4:] or "tensor")
     x = activations(m, k, m)
     params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
@@ -343,7 +340,7 @@ def test_the_streamed_gemm_agrees_with_libref_within_the_stated_tolerance(regist
     before = len(on_fake.device.launches)
     got = on_fake.run(row, [x, None, np.zeros((m, n), np.float32)], params, {1: weight}, read=(2,))[2]
     kind = "bf16" if fmt == "bf16" else "e4m3"
-    split = sg.split(m, n, k, kind, sg.CUT)[0] > 1
+    split = sg.split(m, n, k, kind, sg.SERVING.cut)[0] > 1
     assert [launch.name for launch in on_fake.device.launches[before:]] == [sg.entry(kind, m)] + ["r4d_streamed_reduce"] * split
     want = np.zeros((m, n), np.float32)
     assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
@@ -353,8 +350,7 @@ def test_the_streamed_gemm_agrees_with_libref_within_the_stated_tolerance(regist
 
 def test_a_split_streamed_gemm_gives_the_same_bits_launch_after_launch(registry, on_fake, monkeypatch):
     sg = module(registry, "device_streamed_gemm")
-    monkeypatch.setattr(sg, "CUT", sg.StreamedCut())
-    monkeypatch.setattr(sg, "LIMIT", sg.MAX_M)
+    monkeypatch.setattr(sg, "SERVING", sg.Serving(sg.StreamedCut()))
     row = device_row(registry, BF16)
     params = {"M": 12, "N": 1024, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
     operands = [activations(12, 4096, 1), None, np.zeros((12, 1024), np.float32)]

@@ -176,9 +176,8 @@ def test_the_row_launches_the_real_kernel_that_agrees_with_libref(registry, monk
     lib = next(lib for lib in registry.hierarchy if lib.name == "libr4d")
     streamed = importlib.import_module(f"{lib.module.__name__}.device_streamed_gemm")
     tc = importlib.import_module(f"{lib.module.__name__}.device_tensor_cores")
-    monkeypatch.setattr(streamed, "CUT", SMALL)
-    monkeypatch.setattr(streamed, "LIMIT", streamed.MAX_M)
-    device = nvidia_fake("sm_90", ON_HOST.kernels(host_source(), lambda launch: streamed.CUT.defines()))
+    monkeypatch.setattr(streamed, "SERVING", streamed.Serving(SMALL))
+    device = nvidia_fake("sm_90", ON_HOST.kernels(host_source(), lambda launch: streamed.SERVING.cut.defines()))
     card = Card(device, EngineStream(device))
     try:
         n, k = 96, 576

@@ -49,7 +49,7 @@ def _simt(a, x: int, w: DeviceWeight, y: int) -> Step:
 def _streamed(a, x: int, w: DeviceWeight, y: int, kind: str) -> list:
     """gemm_streamed.cu's launch (device_streamed_gemm.py), x read as it is; where K is split, its
     partial sums in the scratch, then r4d_streamed_reduce adding them (same module, same options)."""
-    m, n, k, cut = int(a.params["M"]), w.rows, w.cols, sg.CUT
+    m, n, k, cut = int(a.params["M"]), w.rows, w.cols, sg.SERVING.cut
     splits, k_chunk = sg.split(m, n, k, kind, cut)
     layout = sg.scratch_layout(m, n, k, kind, cut)
     if layout["total"] > int(a.scratch_bytes or 0):
@@ -69,7 +69,7 @@ def _streamed(a, x: int, w: DeviceWeight, y: int, kind: str) -> list:
 
 
 def tc_gemm_steps(a, x: int, weight, y: int) -> list:
-    """The launches of y = x . w^T for M above the GEMV band: up to 64 rows, where turned on
+    """The launches of y = x . w^T for M above the GEMV band: up to 64 rows, where it serves
     (device_streamed_gemm.serves), the streamed GEMM; else for e4m3, x's rows quantised into the
     scratch first (for wgmma's bf16, narrowed to bf16 there); then the tile kernel the card runs
     (device_tensor_cores.kernel_for)."""

@@ -76,22 +76,29 @@ class StreamedCut:
         return cut
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What a process serves with the streamed GEMM: launches of M <= `most` rows, in `cut`."""
+    cut: StreamedCut
+    most: int = MAX_M
+
+
 # Unset: the default cut serves M <= DEFAULT_MAX_M, where an H200 timed it 1.0-3.4x the tile GEMM on
-# every 8B shape (batch 32's decode step 19.88 -> 17.24 ms); at M = 64 the lm head took 0.61x the tile
+# every 8B shape (batch 32's decode step 19.88 -> 16.49 ms); at M = 64 the lm head took 0.61x the tile
 # GEMM's speed, so M = 33..64 stays on the tile GEMM (bench/results/h200_card_runs_2026-12-03f.md).
-# R4D_STREAMED_GEMM=1 (or a cut) serves every M <= MAX_M, 0 leaves it off. CUT is read at every
-# launch's plan, so the bench sets it between shapes to compare cuts in one run.
+# R4D_STREAMED_GEMM=1 (or a cut) serves every M <= MAX_M, 0 leaves it off (SERVING None). SERVING is
+# read at every launch's plan, so the bench sets it between shapes to compare cuts in one run.
 DEFAULT_MAX_M = 32
 _SETTING = os.environ.get("R4D_STREAMED_GEMM", "").strip()
-CUT = None if _SETTING == "0" else StreamedCut.parse(_SETTING) if _SETTING else StreamedCut()
-LIMIT = MAX_M if _SETTING not in ("", "0") else DEFAULT_MAX_M
+SERVING = (None if _SETTING == "0" else Serving(StreamedCut.parse(_SETTING)) if _SETTING
+           else Serving(StreamedCut(), DEFAULT_MAX_M))
 MULTIPROCESSORS = 132   # an H200's: the waves the split plans for, whatever the card (the same sums everywhere)
 
 
 def serves(kernel: str, kind: str, m: int) -> bool:
     """Whether the streamed GEMM takes this launch: turned on, a card with mma.sync for the kind
-    (device_tensor_cores.kernel_for gave 'wgmma' or 'mma'), and M <= LIMIT."""
-    return CUT is not None and kernel in ("wgmma", "mma") and kind in KINDS and m <= LIMIT
+    (device_tensor_cores.kernel_for gave 'wgmma' or 'mma'), and M <= SERVING.most."""
+    return SERVING is not None and kernel in ("wgmma", "mma") and kind in KINDS and m <= SERVING.most
 
 
 def variant(m: int) -> int:
@@ -161,6 +168,6 @@ def scratch_layout(m: int, n: int, k: int, kind: str, cut: StreamedCut) -> dict:
 
 
 def scratch_bytes(max_m: int, n: int, k: int, kind: str, cut: StreamedCut | None = None) -> int:
-    """The most any M of [9, min(max_m, MAX_M)] needs in `cut` (CUT's, else the default cut)."""
-    cut = cut or CUT or StreamedCut()
+    """The most any M of [9, min(max_m, MAX_M)] needs in `cut` (SERVING's, else the default cut)."""
+    cut = cut or (SERVING.cut if SERVING else StreamedCut())
     return max((scratch_layout(m, n, k, kind, cut)["total"] for m in range(9, min(max_m, MAX_M) + 1)), default=0)
