@@ -346,13 +346,12 @@ class _Loading:
 
 def test_rad_bench_waits_for_a_server_still_loading_its_model(capsys):
     import click
-    import httpx
 
     from radiance.serving.bench import wait_until_ready
 
     loading = _Loading(3)
     try:
-        wait_until_ready(httpx, loading.url, 30)
+        wait_until_ready(loading.url, 30)
         assert loading.asked == 4
         assert "is starting; waiting up to 30 s" in capsys.readouterr().err
     finally:
@@ -360,6 +359,6 @@ def test_rad_bench_waits_for_a_server_still_loading_its_model(capsys):
     loading = _Loading(10**6)
     try:
         with pytest.raises(click.ClickException, match=r"/health still says 'starting' after 1 s \(--wait-ready\)"):
-            wait_until_ready(httpx, loading.url, 1)
+            wait_until_ready(loading.url, 1)
     finally:
         loading.close()

@@ -160,11 +160,13 @@ def _ms(value) -> str:
     return "-" if value is None else f"{1000 * value:.1f}"
 
 
-def wait_until_ready(httpx, base: str, seconds: float) -> None:
+def wait_until_ready(base: str, seconds: float) -> None:
     """Return once `base`/health stops answering 503 (a Radiance server answers 503 while it loads its
     model and 200 once it serves; a server without /health answers something else and is taken as
     ready); a ClickException past `seconds`. A level measured against a loading server would be all
     errors."""
+    import httpx  # main has said what to install where it is missing
+
     deadline, said = time.monotonic() + seconds, False
     while True:
         try:
@@ -219,7 +221,7 @@ def main(url, api_key, model, concurrency, requests_per_client, max_seconds, max
         raise click.BadParameter(f"{concurrency!r} is not a list of integers", param_hint="--concurrency") from None
     if not levels or min(levels) < 1:
         raise click.BadParameter("every level must be at least 1", param_hint="--concurrency")
-    wait_until_ready(httpx, base, wait_ready)
+    wait_until_ready(base, wait_ready)
     try:
         listed = httpx.get(f"{base}/v1/models", headers=headers, timeout=10).json()
         model = model or listed["data"][0]["id"]
