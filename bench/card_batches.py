@@ -3,7 +3,7 @@ conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each 
 
     PYTHONUNBUFFERED=1 python3 bench/card_batches.py [--formats bf16 fp8] [--prefill 2048]
         [--batches 8 32 64] [--context 1024] [--mixed] [--steps 32] [--clients 1,8,32,64]
-        [--max-tokens 64] [--skip-serving] [--peer]
+        [--max-tokens 64] [--skip-serving] [--peer [all|prefill|decode]]
     python3 bench/card_batches.py --small --device host ...   # the script's smoke run on host rows
 
 - **Prefill**: one --prefill-token prompt as one step (max_step_tokens = the prompt), the step's
@@ -20,7 +20,8 @@ conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each 
 --peer (bf16, the 8B shape) adds PyTorch on the same shapes in the same run, after radiance has let
 the card go: bench/torch_peer.py's compiled-graph mode (gpt-fast's recipe) for the prefill
 (`--prefill`) and for decode at each batch (`--batch B --context C`: every sequence at --context, so
-compare it with a run without --mixed); each figure is printed with radiance's / PyTorch's ratio.
+compare it with a run without --mixed); `--peer prefill` or `--peer decode` runs that half alone (each
+compiled shape costs the peer 100-200 s on an H200, so a call may afford only one half); each figure is printed with radiance's / PyTorch's ratio.
 Radiance's figures are wall time through the engine (planning and sampling included); the peer's
 are CUDA events around a graph replay (decode, its token read back each step) or a forward (prefill).
 `--kernels`: one more prefill step, untimed, and each batch's captured decode step, replayed alone,
@@ -213,7 +214,9 @@ def main() -> int:
     parser.add_argument("--clients", default="1,8,32,64", help="rad-bench's concurrency levels")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens each rad-bench request asks for")
     parser.add_argument("--skip-serving", action="store_true")
-    parser.add_argument("--peer", action="store_true", help="bf16: PyTorch (bench/torch_peer.py) on the same shapes")
+    parser.add_argument("--peer", nargs="?", const="all", choices=["all", "prefill", "decode"],
+                        help="bf16: PyTorch (bench/torch_peer.py) on the same shapes: all (the default), or the prefill "
+                             "or the decode batches alone")
     parser.add_argument("--small", action="store_true", help="a small synthetic model: the script's own smoke run")
     parser.add_argument("--device", default="auto", choices=["auto", "host"], help="host: host rows (a smoke run)")
     parser.add_argument("--kernels", action="store_true", help="also a prefill step's and each batch's captured decode step's kernels by "
@@ -246,9 +249,10 @@ def main() -> int:
                   f"({figures['decode_batch1']['of_bound']:.0%} of it)", flush=True)
             figures["decode"] = [batched_decode(model, batch, args.context, args.mixed, args.steps)
                                  for batch in args.batches]
-            if args.peer and fmt == "bf16":
+            if args.peer in ("all", "prefill") and fmt == "bf16":
                 figures["peer_prefill"] = compared(f"prefill {args.prefill}", figures["prefill"],
                                                    peer(["--prefill", str(args.prefill)]))
+            if args.peer in ("all", "decode") and fmt == "bf16":
                 for ours in figures["decode"]:
                     ours["peer"] = compared(f"decode batch {ours['batch']}", ours,
                                             peer(["--batch", str(ours["batch"]), "--context", str(args.context),
