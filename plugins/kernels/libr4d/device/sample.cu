@@ -4,9 +4,10 @@
 // head): s = logits / temperature; the values within 20 of the maximum (every other weight
 // exp(s - max) < 2**-25 leaves the running f32 sum, which starts at 1, unchanged) keyed
 // (order-preserving bits of -s) << 32 | index and bitonic-sorted in the row's scratch, which is the
-// stable descending order; the top_k first; weights exp(s - s0) in f64 rounded to f32 and their
-// running sum in order (one thread: the order is the contract); the top_p cut; u from
-// Philox4x64-10 (device_philox.py is its host mirror); the first running sum above f32(u) * total.
+// stable descending order; the top_k first; weights exp(s - s0) in f64 rounded to f32 (every
+// thread) and their running sum in order (one thread over the contiguous weights: the order is the
+// contract); the top_p cut; u from Philox4x64-10 (device_philox.py is its host mirror); the first
+// running sum above f32(u) * total (the cut and that index: a minimum over every thread's first hit).
 // Non-finite logits at temperature > 0 are not reproduced (docs/LIBR4D.md).
 #define SAMPLE_THREADS 1024
 
@@ -35,7 +36,8 @@ __device__ void r4d_sample(const float* logits, const float* temperature, const 
                            const int* best_index, int groups) {
     __shared__ float s_val[32];
     __shared__ int s_idx[32];
-    __shared__ int s_count, s_result;
+    __shared__ int s_count, s_result, s_first;
+    __shared__ float s_total;
     int row = blockIdx.x, tid = threadIdx.x, lane = tid % R4D_WARP, warp = tid / R4D_WARP;
     int warps = blockDim.x / R4D_WARP;
     const float* x = logits + (long long)row * vocab;
@@ -101,24 +103,46 @@ __device__ void r4d_sample(const float* logits, const float* temperature, const 
     bool cut_k = k > 0 && k < vocab;
     int n = cut_k ? min(k, count) : count;
     bool partial = cut_k ? k > count : count < vocab;
-    if (tid == 0) {
-        float first = x[(u32)keys[0]] / t, sum = 0.0f;
+    // The weights, every thread: weight j is a function of key j alone, the same expression libref
+    // rounds; only their running sum is serial (f32 additions in order are the contract).
+    float first = x[(u32)keys[0]] / t;
+    for (int j = tid; j < n; j += blockDim.x) {
+        float s = x[(u32)keys[j]] / t;
+        running[j] = (float)exp((double)(s - first));
+    }
+    __syncthreads();
+    if (tid == 0) {  // in place, over contiguous weights: the loads run ahead of the dependent adds
+        float sum = 0.0f;
+        #pragma unroll 8
         for (int j = 0; j < n; ++j) {
-            float s = x[(u32)keys[j]] / t;
-            sum += (float)exp((double)(s - first));
+            sum += running[j];
             running[j] = sum;
         }
-        float p = top_p[row];
-        if (p > 0.0f && p < 1.0f) {
-            float target = p * running[n - 1];
-            int cut = 0;
-            while (cut < n - 1 && running[cut] < target) ++cut;
-            n = cut + 1;
-            partial = false;  // libref cuts its order there
-        }
-        float threshold = (float)r4d_philox_uniform(rng[2 * row], rng[2 * row + 1]) * running[n - 1];
-        int index = 0;
-        while (index < n && !(running[index] > threshold)) ++index;
+        s_total = sum;
+    }
+    __syncthreads();
+    // The first index where a condition holds, found by every thread (a minimum of the indices
+    // that hold): what libref's scan in order finds.
+    float p = top_p[row];
+    if (p > 0.0f && p < 1.0f) {
+        float target = p * s_total;
+        if (tid == 0) s_first = n - 1;
+        __syncthreads();
+        for (int j = tid; j < n - 1; j += blockDim.x)
+            if (!(running[j] < target)) { atomicMin(&s_first, j); break; }
+        __syncthreads();
+        n = s_first + 1;
+        partial = false;  // libref cuts its order there
+        __syncthreads();  // every thread has read s_first before it is set again
+    }
+    float threshold = (float)r4d_philox_uniform(rng[2 * row], rng[2 * row + 1]) * running[n - 1];
+    if (tid == 0) s_first = n;
+    __syncthreads();
+    for (int j = tid; j < n; j += blockDim.x)
+        if (running[j] > threshold) { atomicMin(&s_first, j); break; }
+    __syncthreads();
+    if (tid == 0) {
+        int index = s_first;
         s_result = index < n ? (int)(u32)keys[index] : (!partial ? (int)(u32)keys[n - 1] : -1);
     }
     __syncthreads();
