@@ -13,6 +13,8 @@ For each model and each level of B clients:
 - **served**: `radiance --serve` with the same options, rad-bench's run_level at B clients (B x
   --requests requests, each client's back to back): output tokens/s over the level's wall time,
   TTFT p50, time per output token (TPOT) p50, and how rad-bench counted tokens.
+  Beside them the server's own steps over the level (/metrics): their mean ms (prefill steps
+  included) and the share of the level's wall time the engine thread spent in them ("busy").
 - **ratio**: served tokens/s / engine tokens/s (1.0: serving costs nothing), and served TPOT / the
   engine's ms a step (1.0: a served token costs one engine step).
 
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from checkout_shim import ROOT, SHIM_PATH  # noqa: F401  (first: maps the checkout under `radiance.`)
 
-from card_batches import SMALL  # noqa: E402
+from card_batches import SMALL, step_metrics  # noqa: E402
 
 
 def model_path(name: str, folder: Path) -> Path:
@@ -128,8 +130,14 @@ def served_side(path: Path, levels: list[int], args, folder: Path) -> dict:
         model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
 
         def level(clients: int, requests: int) -> dict:
-            return asyncio.run(run_level(url, {}, model, clients, requests, 600.0, args.max_tokens, DEFAULT_PROMPT,
-                                         False, True, 600.0, args.temperature))
+            before = step_metrics(url)
+            figures = asyncio.run(run_level(url, {}, model, clients, requests, 600.0, args.max_tokens, DEFAULT_PROMPT,
+                                            False, True, 600.0, args.temperature))
+            after = step_metrics(url)
+            steps, seconds = after["steps"] - before["steps"], after["seconds"] - before["seconds"]
+            figures["server_steps"] = {"steps": steps, "ms_per_step": 1e3 * seconds / steps if steps else None,
+                                       "busy": seconds / figures["wall_s"]}  # the share of the level in steps
+            return figures
 
         level(max(levels), max(levels))  # warm-up: the shapes the levels reach, as the engine side's
         return {clients: level(clients, clients * args.requests) for clients in levels}
@@ -169,7 +177,7 @@ def main() -> int:
             print(f"{name}: prompt {len(prompt_ids)} tokens, {args.max_tokens} generated, temperature "
                   f"{args.temperature}, device {args.device}", flush=True)
             print(f"  {'clients':>7} {'engine tok/s':>12} {'ms/step':>8} {'served tok/s':>12} {'TTFT p50':>9} "
-                  f"{'TPOT p50':>9} {'counted':>8} {'tok/s ratio':>11} {'TPOT/step':>9}")
+                  f"{'TPOT p50':>9} {'counted':>8} {'its steps':>9} {'busy':>5} {'tok/s ratio':>11} {'TPOT/step':>9}")
             for clients in levels:
                 ours, theirs = engine[clients], served[clients]
                 step = ours["ms_per_step"]
@@ -180,7 +188,8 @@ def main() -> int:
                 rows["levels"].append(row)
                 print(f"  {clients:>7} {ours['tokens_per_s']:>12.1f} {step or 0:>8.2f} "
                       f"{theirs['output_tokens_per_s']:>12.1f} {_ms(theirs['ttft_s']['p50']):>9} {_ms(tpot):>9} "
-                      f"{','.join(theirs['tokens_counted_by']):>8} {row['tokens_per_s_ratio']:>11.2f} "
+                      f"{','.join(theirs['tokens_counted_by']):>8} {theirs['server_steps']['ms_per_step'] or 0:>9.2f} "
+                      f"{theirs['server_steps']['busy']:>5.0%} {row['tokens_per_s_ratio']:>11.2f} "
                       f"{'-' if row['tpot_per_step'] is None else format(row['tpot_per_step'], '.2f'):>9}"
                       + (f"  errors: {theirs['first_errors']}" if theirs["errors"] else ""), flush=True)
     if os.environ.get("OUT"):

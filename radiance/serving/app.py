@@ -335,22 +335,28 @@ def _stream(state: ServerState, job: Job, head: dict, first_choice: dict | None,
         try:
             if first_choice is not None:
                 yield _sse({**head, "choices": [first_choice]})
-            while True:
-                event = await job.queue.get()
-                if event.error is not None:
-                    job.ended = True
-                    yield _sse(event.error.body())
-                    break
-                if event.text or event.finish is not None or job.every_step:
-                    chunk = {**head, "choices": [make_choice(event.text, event.finish)]}
-                    if job.every_step:  # the usage so far, as vLLM's continuous_usage_stats has it
-                        chunk["usage"] = event.usage
-                    yield _sse(chunk)
-                if event.finish is not None:
-                    job.ended = True
-                    if include_usage:
-                        yield _sse({**head, "choices": [], "usage": event.usage})
-                    break
+            while not job.ended:
+                events = [await job.queue.get()]
+                while not job.queue.empty():  # steps that came while the last write went out: one write
+                    events.append(job.queue.get_nowait())
+                out = []
+                for event in events:
+                    if event.error is not None:
+                        job.ended = True
+                        out.append(_sse(event.error.body()))
+                        break
+                    if event.text or event.finish is not None or job.every_step:
+                        chunk = {**head, "choices": [make_choice(event.text, event.finish)]}
+                        if job.every_step:  # the usage so far, as vLLM's continuous_usage_stats has it
+                            chunk["usage"] = event.usage
+                        out.append(_sse(chunk))
+                    if event.finish is not None:
+                        job.ended = True
+                        if include_usage:
+                            out.append(_sse({**head, "choices": [], "usage": event.usage}))
+                        break
+                if out:
+                    yield "".join(out)
             yield "data: [DONE]\n\n"
         finally:
             if not job.ended:

@@ -57,10 +57,22 @@ class Job:
 
     def deliver(self, event: Event) -> None:
         """From the engine thread: hand an event to the request's event loop."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: the server is going down
-            pass
+        hand_over(self.loop, [(self, event)])
+
+
+def hand_over(loop: asyncio.AbstractEventLoop, events: list[tuple[Job, Event]]) -> None:
+    """From the engine thread: put each event on its job's queue, in loop's thread, with one wake-up
+    of that loop for them all (each call_soon_threadsafe writes the loop's self-pipe, and the HTTP
+    thread it wakes takes the GIL from the engine thread: once a step, not once a request)."""
+
+    def put():
+        for job, event in events:
+            job.queue.put_nowait(event)
+
+    try:
+        loop.call_soon_threadsafe(put)
+    except RuntimeError:  # the event loop is closed: the server is going down
+        pass
 
 
 @dataclass
@@ -88,6 +100,7 @@ class EngineLoop:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.running_jobs: dict[int, Job] = {}
+        self.outbox: list[tuple[Job, Event]] = []  # a step's events, handed over together after it
         self.shapes = StepShapes()
         self.failure: BaseException | None = None
         self.steps = 0
@@ -200,6 +213,18 @@ class EngineLoop:
             job = self.running_jobs.get(sequence_id)
             if job is not None:
                 self._advance(job, new, now)
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The step's events, one wake-up for each event loop the jobs belong to (the server has one)."""
+        if not self.outbox:
+            return
+        by_loop: dict = {}
+        for job, event in self.outbox:
+            by_loop.setdefault(job.loop, []).append((job, event))
+        self.outbox = []
+        for loop, events in by_loop.items():
+            hand_over(loop, events)
 
     def _advance(self, job: Job, tokens: list[int], now: float) -> None:
         sequence, output = job.sequence, job.output
@@ -219,7 +244,8 @@ class EngineLoop:
         elif sequence.finished:
             self._finish(job, "".join(text) + output.rest(), sequence.finish_reason, len(tokens))
         elif any(text) or job.every_step:  # else nothing to hand over while a character or a stop string is pending
-            job.deliver(Event(text="".join(text), tokens=len(tokens), usage=self._usage(job) if job.every_step else None))
+            self.outbox.append((job, Event(text="".join(text), tokens=len(tokens),
+                                           usage=self._usage(job) if job.every_step else None)))
 
     @staticmethod
     def _usage(job: Job) -> dict:
@@ -231,10 +257,11 @@ class EngineLoop:
         self.running_jobs.pop(job.sequence.id, None)
         self.metrics.finished.labels(reason=reason).inc()
         self.metrics.e2e.observe(time.perf_counter() - job.arrival)
-        job.deliver(Event(text=text, tokens=tokens, finish=reason, usage=self._usage(job)))
+        self.outbox.append((job, Event(text=text, tokens=tokens, finish=reason, usage=self._usage(job))))
 
     def _end_all(self) -> None:
         """The loop is over (asked to stop, or failed): every request still here gets an error."""
+        self._hand_over()  # what a step made before it all ended goes first
         if self.failure is not None:
             error = APIError(500, f"the engine failed: {type(self.failure).__name__}: {self.failure}",
                              type="server_error", code="engine_failed")
