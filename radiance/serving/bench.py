@@ -99,12 +99,13 @@ async def one_request(client, url: str, headers: dict, body: dict, chat: bool, t
 
 async def run_level(base: str, headers: dict, model: str, concurrency: int, requests: int, max_seconds: float,
                     max_tokens: int, prompt: str, chat: bool, ignore_eos: bool, timeout: float,
-                    temperature: float = 0.7) -> dict:
+                    temperature: float = 0.7, continuous_usage: bool = True) -> dict:
     import httpx
 
     url = f"{base}/v1/chat/completions" if chat else f"{base}/v1/completions"
     body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "ignore_eos": ignore_eos}
+            "stream_options": {"include_usage": True, **({"continuous_usage_stats": True} if continuous_usage else {})},
+            "ignore_eos": ignore_eos}
     body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     samples: list[Sample] = []
     issued = 0
@@ -214,13 +215,16 @@ def wait_until_ready(base: str, seconds: float) -> None:
 @click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
               help="Ask for exactly --max-tokens tokens (the server's ignore_eos extension).")
 @click.option("--temperature", default=0.7, show_default=True, help="Every request's temperature (0: greedy).")
+@click.option("--continuous-usage/--no-continuous-usage", default=True, show_default=True,
+              help="Ask for the usage in every chunk (stream_options.continuous_usage_stats, vLLM's extension) to time "
+                   "tokens that add no text; off for a server that refuses the field (then only text marks a token).")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one request may take.")
 @click.option("--wait-ready", default=600.0, show_default=True,
               help="Seconds to wait for a server still loading its model (/health answering 503) before measuring.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write a PNG plot here.")
 def main(url, api_key, model, concurrency, requests_per_client, max_seconds, max_tokens, prompt, chat, ignore_eos,
-         temperature, timeout, wait_ready, json_path, plot_path):
+         temperature, continuous_usage, timeout, wait_ready, json_path, plot_path):
     """Measure a running server: time to first token, inter-token latency and throughput at each
     concurrency level."""
     try:
@@ -252,7 +256,7 @@ def main(url, api_key, model, concurrency, requests_per_client, max_seconds, max
                f"{'tpot':>8}{'tok/s':>9}{'req/s':>7}   (ms)", err=True)
     for level in levels:
         result = asyncio.run(run_level(base, headers, model, level, level * requests_per_client, max_seconds,
-                                       max_tokens, prompt, chat, ignore_eos, timeout, temperature))
+                                       max_tokens, prompt, chat, ignore_eos, timeout, temperature, continuous_usage))
         report["levels"].append(result)
         click.echo(f"{level:>7}{result['requests']:>6}{result['errors']:>6}{_ms(result['ttft_s']['p50']):>10}"
                    f"{_ms(result['ttft_s']['p90']):>10}{_ms(result['itl_s']['p50']):>9}{_ms(result['itl_s']['p90']):>9}"

@@ -3,8 +3,8 @@
 // temperature > 0: libref's procedure (docs/OPS.md, plugins/kernels/libr4d/sample.py explains the
 // head): s = logits / temperature; the values within 20 of the maximum (every other weight
 // exp(s - max) < 2**-25 leaves the running f32 sum, which starts at 1, unchanged) keyed
-// (order-preserving bits of -s) << 32 | index and bitonic-sorted in the row's scratch, which is the
-// stable descending order; the top_k first; weights exp(s - s0) in f64 rounded to f32 (every
+// (order-preserving bits of -s) << 32 | index and bitonic-sorted in the row's scratch (tile by tile
+// in shared memory where a pass allows), which is the stable descending order; the top_k first; weights exp(s - s0) in f64 rounded to f32 (every
 // thread) and their running sum in order (one thread over the contiguous weights: the order is the
 // contract); the top_p cut; u from Philox4x64-10 (device_philox.py is its host mirror); the first
 // running sum above f32(u) * total (the cut and that index: a minimum over every thread's first hit).
@@ -15,6 +15,58 @@ __device__ __forceinline__ u64 r4d_key(float s, int index) {
     u32 bits = __float_as_uint(-s + 0.0f);  // -0.0 -> +0.0, as argsort compares them equal
     bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
     return ((u64)bits << 32) | (u32)index;
+}
+
+#define SAMPLE_TILE 4096  // keys a block sorts in shared memory at a time (32 KB)
+
+// The bitonic passes of `size` from `stride` down to 1 over the keys [base, base + tile) held in
+// shared memory `t`; each pair's direction is its global index's (ascending where (base + i) & size is 0).
+__device__ void r4d_tile_passes(u64* t, int base, int tile, int size, int stride) {
+    for (; stride > 0; stride >>= 1) {
+        for (int i = threadIdx.x; i < tile; i += blockDim.x) {
+            int j = i ^ stride;
+            if (j > i) {
+                u64 a = t[i], b = t[j];
+                if ((a > b) == (((base + i) & size) == 0)) { t[i] = b; t[j] = a; }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// keys[0, span) sorted ascending (span a power of two) by a bitonic network. A pass whose pairs lie
+// within aligned tiles of SAMPLE_TILE keys (stride below the tile) runs in shared memory, a tile at
+// a time, with the passes after it of the same size; only the strides of a tile or more go through
+// global memory (15 of the 153 passes of 2**17 keys). The keys are unique (the index is in their low
+// bits), so the order is the one any sort gives.
+__device__ void r4d_sort_keys(u64* keys, int span, u64* t) {
+    int tile = min(span, SAMPLE_TILE);
+    for (int base = 0; base < span; base += tile) {  // every size up to the tile's, tile by tile
+        for (int i = threadIdx.x; i < tile; i += blockDim.x) t[i] = keys[base + i];
+        __syncthreads();
+        for (int size = 2; size <= tile; size <<= 1) r4d_tile_passes(t, base, tile, size, size >> 1);
+        for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = t[i];
+        __syncthreads();
+    }
+    for (int size = tile << 1; size <= span; size <<= 1) {
+        for (int stride = size >> 1; stride >= tile; stride >>= 1) {  // pairs across tiles: global memory
+            for (int i = threadIdx.x; i < span; i += blockDim.x) {
+                int j = i ^ stride;
+                if (j > i) {
+                    u64 a = keys[i], b = keys[j];
+                    if ((a > b) == ((i & size) == 0)) { keys[i] = b; keys[j] = a; }
+                }
+            }
+            __syncthreads();
+        }
+        for (int base = 0; base < span; base += tile) {  // the strides below the tile's, tile by tile
+            for (int i = threadIdx.x; i < tile; i += blockDim.x) t[i] = keys[base + i];
+            __syncthreads();
+            r4d_tile_passes(t, base, tile, size, tile >> 1);
+            for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = t[i];
+            __syncthreads();
+        }
+    }
 }
 
 __device__ double r4d_philox_uniform(u64 seed, u64 step) {
@@ -38,6 +90,7 @@ __device__ void r4d_sample(const float* logits, const float* temperature, const 
     __shared__ int s_idx[32];
     __shared__ int s_count, s_result, s_first;
     __shared__ float s_total;
+    __shared__ u64 s_tile[SAMPLE_TILE];
     int row = blockIdx.x, tid = threadIdx.x, lane = tid % R4D_WARP, warp = tid / R4D_WARP;
     int warps = blockDim.x / R4D_WARP;
     const float* x = logits + (long long)row * vocab;
@@ -88,17 +141,7 @@ __device__ void r4d_sample(const float* logits, const float* temperature, const 
     while (span < count) span <<= 1;
     for (int i = count + tid; i < span; i += blockDim.x) keys[i] = ~0ull;
     __syncthreads();
-    for (int size = 2; size <= span; size <<= 1)  // bitonic sort, ascending keys
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = tid; i < span; i += blockDim.x) {
-                int j = i ^ stride;
-                if (j > i) {
-                    u64 a = keys[i], b = keys[j];
-                    if ((a > b) == ((i & size) == 0)) { keys[i] = b; keys[j] = a; }
-                }
-            }
-            __syncthreads();
-        }
+    r4d_sort_keys(keys, span, s_tile);
     int k = top_k[row];
     bool cut_k = k > 0 && k < vocab;
     int n = cut_k ? min(k, count) : count;
