@@ -1,7 +1,8 @@
 #!/bin/bash
 # h20v (issue 20, serving overhead): run from the repository root after `source bench/card_setup.sh`.
 # 1. The sampler's exactness on the card against libref (device/sample.cu now computes the weights and
-#    the two scans with every thread; only the running f32 sum stays on one thread): 40 s at most.
+#    the two scans with every thread, only the running f32 sum stays on one thread, and the key sort
+#    runs its passes within 4096-key tiles in shared memory): 40 s at most.
 # 2. bench/card_batches.py as issue 20's serving call ran it, now with batch 1 also timed sampled at
 #    rad-bench's temperature (0.7), rad-bench counting tokens by the chunks' usage (TTFT/ITL/TPOT
 #    measurable on the synthetic model), and the server's own step figures from /metrics: 150 s at most.
