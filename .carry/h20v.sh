@@ -17,6 +17,6 @@ echo "== sampler card tests (40 s at most)"
 timeout 40 python3 -P -m pytest -q -x tests/test_device_rows.py -k "sample" 2>&1 | tail -4 | tee "$OUT/h20v_tests.txt"
 LEFT=$((190 - (SECONDS - START)))
 echo "== card_batches with serving ($((SECONDS - START)) s in; $LEFT s at most)"
-OUT="$OUT/batches" timeout $LEFT python3 bench/card_batches.py --formats bf16 --batches 8 --steps 4 \
+OUT="$OUT/batches" timeout -s INT -k 10 $LEFT python3 bench/card_batches.py --formats bf16 --batches 8 --steps 4 \
     --clients 1,8,32,64 --max-tokens 32 2>&1 | grep -v "^\s*$" | tee "$OUT/h20v_batches.txt" | tail -25
 echo "== done in $((SECONDS - START)) s"
