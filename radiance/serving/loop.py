@@ -1,6 +1,6 @@
 """The engine thread: the one thread that owns the Engine. Every add, cancel and step happens here;
 requests arrive through a thread-safe queue, and each request's text goes back to its own asyncio
-queue through `loop.call_soon_threadsafe`. The loop steps while there is work and sleeps while there
+queue, a step's events for every request through one `loop.call_soon_threadsafe`. The loop steps while there is work and sleeps while there
 is none (in the ranks' `idle`, on an Event that a new request sets; a launch's heartbeats are taken
 meanwhile).
 
