@@ -100,7 +100,9 @@ class EngineLoop:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.running_jobs: dict[int, Job] = {}
-        self.outbox: list[tuple[Job, Event]] = []  # a step's events, handed over together after it
+        # a step's events, handed over together once the next step is on its way to the ranks
+        self.outbox: list[tuple[Job, Event]] = []
+        self._submissions = 0
         self.shapes = StepShapes()
         self.failure: BaseException | None = None
         self.steps = 0
@@ -120,7 +122,13 @@ class EngineLoop:
         def counted(arrays, feed):
             shapes.append((len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS])))
             self.shapes.add(*shapes[-1])
-            return submit(arrays, feed)
+            submitted = submit(arrays, feed)
+            self._submissions += 1
+            # Now, not before the plan: the HTTP thread the hand-over wakes takes the GIL for every
+            # request's chunk, and meanwhile the ranks (the card, or the host rows' threads, which
+            # run without the GIL) compute this step instead of waiting for its plan.
+            self._hand_over()
+            return submitted
 
         def noted():
             tokens = collect()
@@ -155,6 +163,7 @@ class EngineLoop:
                 if self.engine.scheduler.has_work:
                     self._step()
                 else:
+                    self._hand_over()  # the last step's events: no next step to wait for
                     self.engine.settle()  # run ahead: a step of ended sequences only, still on the ranks
                     self._collected = None  # no step of a request's: nothing for the step metrics
                     self.ranks.idle(self.wake)
@@ -196,7 +205,7 @@ class EngineLoop:
             self.metrics.finished.labels(reason="cancelled").inc()
 
     def _step(self) -> None:
-        start = time.perf_counter()
+        start, submissions = time.perf_counter(), self._submissions
         produced = self.engine.step()
         now = time.perf_counter()
         self.steps += 1
@@ -213,10 +222,12 @@ class EngineLoop:
             job = self.running_jobs.get(sequence_id)
             if job is not None:
                 self._advance(job, new, now)
-        self._hand_over()
+        if self._submissions == submissions:  # no step went out: nothing to wait for
+            self._hand_over()
 
     def _hand_over(self) -> None:
-        """The step's events, one wake-up for each event loop the jobs belong to (the server has one)."""
+        """The events made since the last hand-over, one wake-up for each event loop the jobs belong
+        to (the server has one). Called once the next step has gone to the ranks (or none will)."""
         if not self.outbox:
             return
         by_loop: dict = {}
