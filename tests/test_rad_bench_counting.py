@@ -43,7 +43,8 @@ class _Streamer:
                     if continuous:
                         chunk["usage"] = {"prompt_tokens": 3, "completion_tokens": index + 1,
                                           "total_tokens": 4 + index}
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    # non-ASCII text unescaped, as the server writes it (app.py's _sse)
+                    self.wfile.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
                     self.wfile.flush()
                 usage = {"prompt_tokens": 3, "completion_tokens": len(texts), "total_tokens": 3 + len(texts)}
                 self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
@@ -90,3 +91,15 @@ def test_without_usage_in_the_chunks_only_text_marks_a_token(texts, timed):
         streamer.close()
     assert sample.ok and sample.counted_by == "text" and sample.tokens == TOKENS  # the count from the last usage
     assert (sample.ttft is not None) == (timed > 0) and len(sample.gaps) == max(0, timed - 1)
+
+
+def test_a_chunk_whose_text_holds_a_unicode_line_break_stays_one_line():
+    """SSE ends a line at LF; U+2028, U+2029 and U+0085, which JSON leaves unescaped, are text (a
+    synthetic model's byte-level tokens decode to them; httpx's aiter_lines cut the chunk there)."""
+    streamer = _Streamer(["a\u2028b", "", "c\x85d\u2029", "", "", "e"], continuous=True)
+    try:
+        sample = _request(streamer)
+    finally:
+        streamer.close()
+    assert sample.ok, sample.error
+    assert sample.tokens == TOKENS and len(sample.gaps) == TOKENS - 1

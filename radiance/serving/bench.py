@@ -47,6 +47,20 @@ def summary(values: list[float]) -> dict:
             "p99": percentile(values, 99)}
 
 
+async def sse_lines(response):
+    """The lines of a server-sent event stream: split at LF (a CR before it dropped) as the SSE format
+    ends its lines, not at every Unicode line break as httpx's aiter_lines does, which cut a chunk
+    whose text holds U+2028, U+2029 or U+0085 (JSON leaves them unescaped) in two."""
+    pending = b""
+    async for data in response.aiter_bytes():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.removesuffix(b"\r").decode("utf-8")
+    if pending:
+        yield pending.removesuffix(b"\r").decode("utf-8")
+
+
 async def one_request(client, url: str, headers: dict, body: dict, chat: bool, timeout: float) -> Sample:
     """One streamed request, timed on the client. A token arrives with the chunk whose usage
     (stream_options.continuous_usage_stats, which run_level asks for) counts more completion tokens
@@ -62,7 +76,7 @@ async def one_request(client, url: str, headers: dict, body: dict, chat: bool, t
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 return Sample(False, error=f"HTTP {response.status_code}: {text[:200]}")
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
