@@ -15,6 +15,9 @@ For each model and each level of B clients:
   TTFT p50, time per output token (TPOT) p50, and how rad-bench counted tokens.
   Beside them the server's own steps over the level (/metrics): their mean ms (prefill steps
   included) and the share of the level's wall time the engine thread spent in them ("busy").
+- **CPU a token**: the CPU ms each side's process spent per output token (the engine's process
+  while it ran its level; the server's, every thread, HTTP included, while it served its level; the
+  client's is not counted): what other load on a shared host changes far less than wall time.
 - **ratio**: served tokens/s / engine tokens/s (1.0: serving costs nothing), and served TPOT / the
   engine's ms a step (1.0: a served token costs one engine step).
 
@@ -76,7 +79,7 @@ def engine_level(engine, prompt_ids: list[int], clients: int, args) -> dict:
     from radiance.generation.sequence import SamplingParams
 
     tokens, decode_steps, decode_seconds = 0, 0, 0.0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), process_cpu(os.getpid())
     for round_ in range(args.requests):
         sequences = [engine.add(prompt_ids, SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                                            seed=1000 * round_ + index, ignore_eos=True))
@@ -88,9 +91,18 @@ def engine_level(engine, prompt_ids: list[int], clients: int, args) -> dict:
             if decoding and not any(sequence.finished for sequence in sequences):
                 decode_steps, decode_seconds = decode_steps + 1, decode_seconds + time.perf_counter() - before
         tokens += sum(len(sequence.output_ids) for sequence in sequences)
-    wall = time.perf_counter() - start
-    return {"tokens": tokens, "tokens_per_s": tokens / wall,
+    wall, cpu = time.perf_counter() - start, process_cpu(os.getpid()) - cpu
+    return {"tokens": tokens, "tokens_per_s": tokens / wall, "cpu_ms_per_token": 1e3 * cpu / tokens,
             "ms_per_step": 1e3 * decode_seconds / decode_steps if decode_steps else None}
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds a process has used, every thread's (what other load on a shared host changes far
+    less than wall time)."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 @contextlib.contextmanager
@@ -136,10 +148,11 @@ def server_of(path: Path, levels: list[int], args, folder: Path):
         model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
 
         def level(clients: int, requests: int) -> dict:
-            before = step_metrics(url)
+            before, cpu = step_metrics(url), process_cpu(server.pid)
             figures = asyncio.run(run_level(url, {}, model, clients, requests, 600.0, args.max_tokens, DEFAULT_PROMPT,
                                             False, True, 600.0, args.temperature, not args.text_chunks))
-            after = step_metrics(url)
+            after, cpu = step_metrics(url), process_cpu(server.pid) - cpu
+            figures["server_cpu_ms_per_token"] = 1e3 * cpu / max(1, figures["output_tokens"])
             steps, seconds = after["steps"] - before["steps"], after["seconds"] - before["seconds"]
             figures["server_steps"] = {"steps": steps, "ms_per_step": 1e3 * seconds / steps if steps else None,
                                        "busy": seconds / figures["wall_s"]}  # the share of the level in steps
@@ -200,7 +213,8 @@ def main() -> int:
             print(f"{name}: prompt {len(prompt_ids)} tokens, {args.max_tokens} generated, temperature "
                   f"{args.temperature}, device {args.device}; medians of {args.repeat} alternated runs", flush=True)
             print(f"  {'clients':>7} {'engine tok/s':>12} {'ms/step':>8} {'served tok/s':>12} {'TTFT p50':>9} "
-                  f"{'TPOT p50':>9} {'counted':>8} {'its steps':>9} {'busy':>5} {'tok/s ratio':>11} {'TPOT/step':>9}")
+                  f"{'TPOT p50':>9} {'counted':>8} {'its steps':>9} {'busy':>5} {'tok/s ratio':>11} {'TPOT/step':>9} "
+                  f"{'CPU ms/token engine':>19} {'served':>6}")
             for clients in levels:
                 ours, theirs = engine_runs[clients], served_runs[clients]
                 step, tpot = median_of(ours, "ms_per_step"), median_of(theirs, "tpot_s", "p50")
@@ -215,7 +229,8 @@ def main() -> int:
                       f"{median_of(theirs, 'output_tokens_per_s'):>12.1f} {_ms(median_of(theirs, 'ttft_s', 'p50')):>9} "
                       f"{_ms(tpot):>9} {','.join(counted):>8} {median_of(theirs, 'server_steps', 'ms_per_step') or 0:>9.2f} "
                       f"{median_of(theirs, 'server_steps', 'busy'):>5.0%} {row['tokens_per_s_ratio']:>11.2f} "
-                      f"{'-' if row['tpot_per_step'] is None else format(row['tpot_per_step'], '.2f'):>9}"
+                      f"{'-' if row['tpot_per_step'] is None else format(row['tpot_per_step'], '.2f'):>9} "
+                      f"{median_of(ours, 'cpu_ms_per_token'):>19.2f} {median_of(theirs, 'server_cpu_ms_per_token'):>6.2f}"
                       + (f"  errors: {errors[:3]}" if errors else ""), flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "serving_overhead.json").write_text(json.dumps(results, indent=2) + "\n")
