@@ -12,9 +12,9 @@ conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each 
   spread evenly from 64 to --context, so the batch reads a mix of lengths) prefilled, then decode
   steps of all B timed by the wall clock: output tokens per second and ms per step.
 - **Decode at batch 1** (the fp8 Show item): ms/token against the bound (the bytes of every weight
-  but the embedding table / 4.8 TB/s, as card_generate.py counts it); greedy, and again sampled at
-  --temperature (what the served requests ask for; 0: not), so the served time per token has the
-  engine's own at the same sampling beside it.
+  but the embedding table / 4.8 TB/s, as card_generate.py counts it); greedy, and, unless
+  --skip-serving, again sampled at --temperature (what the served requests ask for; 0: not), so the
+  served time per token has the engine's own at the same sampling beside it.
 - **Serving**: `radiance --serve` on the card (--max-seqs the largest level, max_context the
   prompt plus --max-tokens), driven by `rad-bench --concurrency --clients --temperature --json`:
   tokens/s, TTFT, inter-token latency and time per output token percentiles at each client count;
@@ -237,7 +237,7 @@ def main() -> int:
     parser.add_argument("--clients", default="1,8,32,64", help="rad-bench's concurrency levels")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens each rad-bench request asks for")
     parser.add_argument("--temperature", type=float, default=0.7,
-                        help="rad-bench's requests sample at it; batch 1 is also timed sampled at it (0: greedy only)")
+                        help="rad-bench's requests sample at it; with serving, batch 1 is also timed sampled at it (0: not)")
     parser.add_argument("--skip-serving", action="store_true")
     parser.add_argument("--peer", nargs="?", const="all", choices=["all", "prefill", "decode"],
                         help="bf16: PyTorch (bench/torch_peer.py) on the same shapes: all (the default), or the prefill "
@@ -270,7 +270,7 @@ def main() -> int:
             one = batched_decode(model, 1, args.context, False, args.steps)
             figures["decode_batch1"] = {**one, "ms_per_token": one["ms_per_step"],
                                         "of_bound": figures["bound_ms"] / one["ms_per_step"]}
-            if args.temperature > 0:  # what a served request samples with: the engine's own figure beside the served one
+            if args.temperature > 0 and not args.skip_serving:  # the engine's own figure beside the served one
                 figures["decode_batch1_sampled"] = batched_decode(model, 1, args.context, False, args.steps,
                                                                   args.temperature)
             print(f"    batch 1: {one['ms_per_step']:.3f} ms/token, bound {figures['bound_ms']:.3f} ms "
