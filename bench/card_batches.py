@@ -3,7 +3,7 @@ conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each 
 
     PYTHONUNBUFFERED=1 python3 bench/card_batches.py [--formats bf16 fp8] [--prefill 2048]
         [--batches 8 32 64] [--context 1024] [--mixed] [--steps 32] [--clients 1,8,32,64]
-        [--max-tokens 64] [--skip-serving] [--peer [all|prefill|decode]]
+        [--max-tokens 64] [--temperature 0.7] [--skip-serving] [--peer [all|prefill|decode]]
     python3 bench/card_batches.py --small --device host ...   # the script's smoke run on host rows
 
 - **Prefill**: one --prefill-token prompt as one step (max_step_tokens = the prompt), the step's
@@ -12,10 +12,13 @@ conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each 
   spread evenly from 64 to --context, so the batch reads a mix of lengths) prefilled, then decode
   steps of all B timed by the wall clock: output tokens per second and ms per step.
 - **Decode at batch 1** (the fp8 Show item): ms/token against the bound (the bytes of every weight
-  but the embedding table / 4.8 TB/s, as card_generate.py counts it).
+  but the embedding table / 4.8 TB/s, as card_generate.py counts it); greedy, and, unless
+  --skip-serving, again sampled at --temperature (what the served requests ask for; 0: not), so the
+  served time per token has the engine's own at the same sampling beside it.
 - **Serving**: `radiance --serve` on the card (--max-seqs the largest level, max_context the
-  prompt plus --max-tokens), driven by `rad-bench --concurrency --clients --json`: tokens/s,
-  TTFT, inter-token latency and time per output token percentiles at each client count.
+  prompt plus --max-tokens), driven by `rad-bench --concurrency --clients --temperature --json`:
+  tokens/s, TTFT, inter-token latency and time per output token percentiles at each client count;
+  then the server's own step figures (/metrics: steps, mean seconds, sequences a step).
 
 --peer (bf16, the 8B shape) adds PyTorch on the same shapes in the same run, after radiance has let
 the card go: bench/torch_peer.py's compiled-graph mode (gpt-fast's recipe) for the prefill
@@ -105,8 +108,9 @@ def prefill(model: Path, length: int) -> dict:
     return result
 
 
-def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: int) -> dict:
-    """Output tokens per second over `steps` decode steps of all `batch` sequences, after their prefills."""
+def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: int, temperature: float = 0.0) -> dict:
+    """Output tokens per second over `steps` decode steps of all `batch` sequences, after their prefills;
+    greedy, or sampled at `temperature` (seeded)."""
     from radiance.generation.sequence import SamplingParams
 
     lengths = [int(x) for x in np.linspace(64, context, batch)] if mixed and batch > 1 else [context] * batch
@@ -120,7 +124,7 @@ def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: in
                                             sum(length + outputs for length in lengths))
     with ranks_context as ranks:
         engine = engine_over(ranks)
-        params = SamplingParams(max_tokens=outputs, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=outputs, temperature=temperature, seed=7, ignore_eos=True)
         sequences = [engine.add(prompt(length, 10 + i), params) for i, length in enumerate(lengths)]
         while not all(len(sequence.output_ids) >= 2 for sequence in sequences):  # prefilled, a decode step run
             engine.step()
@@ -138,14 +142,28 @@ def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: in
             profile_step(ranks.worker, batch)
         run_all(engine, sequences)
     result = {"batch": batch, "contexts": [min(lengths), max(lengths)], "steps": steps, "tokens": produced,
-              "tokens_per_s": produced / seconds, "ms_per_step": 1e3 * seconds / steps}
-    print(f"    decode batch {batch} (contexts {min(lengths)}..{max(lengths)}): {result['tokens_per_s']:.0f} tokens/s, "
+              "tokens_per_s": produced / seconds, "ms_per_step": 1e3 * seconds / steps, "temperature": temperature}
+    how = f", sampled at temperature {temperature}" if temperature else ""
+    print(f"    decode batch {batch} (contexts {min(lengths)}..{max(lengths)}{how}): {result['tokens_per_s']:.0f} tokens/s, "
           f"{result['ms_per_step']:.2f} ms a step", flush=True)
     return result
 
 
-def serving(model: Path, clients: str, max_tokens: int, folder: Path, label: str) -> dict:
-    """rad-bench against `radiance --serve` on the card; its report, or the failure's words."""
+def step_metrics(url: str) -> dict:
+    """The server's own step figures from /metrics: steps, their seconds, and the sequences in them."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    found = {name: float(value) for name, value in re.findall(
+        r"^(radiance_step_(?:seconds|sequences)_(?:sum|count)) (\S+)$", text, re.M)}
+    steps = int(found.get("radiance_step_seconds_count", 0))
+    return {"steps": steps, "seconds": found.get("radiance_step_seconds_sum", 0.0),
+            "sequences": found.get("radiance_step_sequences_sum", 0.0)}
+
+
+def serving(model: Path, clients: str, max_tokens: int, folder: Path, label: str, temperature: float) -> dict:
+    """rad-bench against `radiance --serve` on the card; its report (with the server's own step
+    figures over the whole run, /metrics), or the failure's words."""
     most = max(int(level) for level in clients.split(","))
     log_path = folder / f"serve_{label}.log"
     # -P: run from the checkout, its own radiance/ folder must not shadow the shim's mapping (a card machine)
@@ -164,9 +182,14 @@ def serving(model: Path, clients: str, max_tokens: int, folder: Path, label: str
             return {"error": f"the server did not start: {log_path.read_text()[-2000:]}"}
         report_path = folder / f"rad_bench_{label}.json"
         done = subprocess.run([sys.executable, "-P", "-m", "radiance.serving.bench", "--url", url, "--concurrency", clients,
-                               "--max-tokens", str(max_tokens), "--json", str(report_path)], timeout=1800)
+                               "--max-tokens", str(max_tokens), "--temperature", str(temperature),
+                               "--json", str(report_path)], timeout=1800)
         report = json.loads(report_path.read_text()) if report_path.exists() else {}
         report["returncode"] = done.returncode
+        steps = report["server_steps"] = step_metrics(url)
+        if steps["steps"]:
+            print(f"    served: {steps['steps']} steps, {1e3 * steps['seconds'] / steps['steps']:.2f} ms a step on "
+                  f"average ({steps['sequences'] / steps['steps']:.1f} sequences), the server's own /metrics", flush=True)
         return report
     finally:
         server.send_signal(2)  # SIGINT: the server's own orderly exit
@@ -213,6 +236,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed at each batch")
     parser.add_argument("--clients", default="1,8,32,64", help="rad-bench's concurrency levels")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens each rad-bench request asks for")
+    parser.add_argument("--temperature", type=float, default=0.7,
+                        help="rad-bench's requests sample at it; with serving, batch 1 is also timed sampled at it (0: not)")
     parser.add_argument("--skip-serving", action="store_true")
     parser.add_argument("--peer", nargs="?", const="all", choices=["all", "prefill", "decode"],
                         help="bf16: PyTorch (bench/torch_peer.py) on the same shapes: all (the default), or the prefill "
@@ -245,6 +270,9 @@ def main() -> int:
             one = batched_decode(model, 1, args.context, False, args.steps)
             figures["decode_batch1"] = {**one, "ms_per_token": one["ms_per_step"],
                                         "of_bound": figures["bound_ms"] / one["ms_per_step"]}
+            if args.temperature > 0 and not args.skip_serving:  # the engine's own figure beside the served one
+                figures["decode_batch1_sampled"] = batched_decode(model, 1, args.context, False, args.steps,
+                                                                  args.temperature)
             print(f"    batch 1: {one['ms_per_step']:.3f} ms/token, bound {figures['bound_ms']:.3f} ms "
                   f"({figures['decode_batch1']['of_bound']:.0%} of it)", flush=True)
             figures["decode"] = [batched_decode(model, batch, args.context, args.mixed, args.steps)
@@ -258,7 +286,7 @@ def main() -> int:
                                             peer(["--batch", str(ours["batch"]), "--context", str(args.context),
                                                   "--tokens", str(args.steps)]))
             if not args.skip_serving:
-                figures["serving"] = serving(model, args.clients, args.max_tokens, out, fmt)
+                figures["serving"] = serving(model, args.clients, args.max_tokens, out, fmt, args.temperature)
             results["formats"][fmt] = figures
             model.unlink()
     Path(out, "card_batches.json").write_text(json.dumps(results, indent=1))

@@ -65,6 +65,23 @@ def test_streamed_completion_equals_the_whole_one(client):
     assert chunks[-1].usage.completion_tokens == 16 and len([c for c in chunks if c.choices]) > 4
 
 
+def test_continuous_usage_gives_a_chunk_for_every_token(client):
+    """stream_options.continuous_usage_stats (vLLM's extension): a chunk for every generated token,
+    whether or not it added text, each with the usage so far; the text is the whole completion's."""
+    answer = complete(client, "Water boils at", max_tokens=12, temperature=0.8, seed=6)
+    whole = answer.choices[0].text
+    chunks = list(complete(client, "Water boils at", max_tokens=12, temperature=0.8, seed=6, stream=True,
+                           stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    streamed = [c for c in chunks if c.choices]
+    assert [c.usage.completion_tokens for c in streamed] == list(range(1, 13))
+    assert {c.usage.prompt_tokens for c in streamed} == {answer.usage.prompt_tokens}
+    assert "".join(c.choices[0].text for c in streamed) == whole
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    plain = list(complete(client, "Water boils at", max_tokens=12, temperature=0.8, seed=6, stream=True,
+                          stream_options={"include_usage": True}))  # without it: no usage before the end
+    assert all(c.usage is None for c in plain[:-1]) and plain[-1].usage.completion_tokens == 12
+
+
 def test_streamed_chat(client):
     stream = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=40, stream=True,
                                             messages=[{"role": "user", "content": "What is the capital of France?"}])

@@ -97,6 +97,41 @@ def test_a_request_that_does_not_fit_yet_waits_for_blocks(server, tiny_model):
         running.stop()
 
 
+def test_a_step_s_events_reach_the_http_loop_with_one_wake_up(server, tiny_model, monkeypatch):
+    """Four streams decoding together: each step's events go to the HTTP thread's loop in one
+    hand-over (one self-pipe write, one GIL hand-off), not one a request: never more hand-overs
+    than steps; every stream is whole."""
+    from radiance.serving import loop as engine_loop
+
+    handed = []
+    original = engine_loop.hand_over
+    monkeypatch.setattr(engine_loop, "hand_over", lambda loop, events: (handed.append(len(events)),
+                                                                       original(loop, events)))
+    running = Running(server, *make_engine(tiny_model, max_seqs=4))
+    try:
+        results, start = {}, threading.Barrier(4)
+
+        def ask(i):
+            start.wait()
+            with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                              json=body(max_tokens=24, ignore_eos=True, stream=True, seed=i,
+                                        stream_options={"include_usage": True, "continuous_usage_stats": True})) as reply:
+                results[i] = [line for line in reply.iter_lines() if line.startswith("data:")]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        for i in range(4):  # 24 token chunks, the usage chunk, [DONE]
+            assert len(results[i]) == 26 and results[i][-1] == "data: [DONE]", results[i]
+        assert sum(handed) == 4 * 24, handed
+        assert len(handed) <= running.loop.steps, (handed, running.loop.steps)  # one hand-over a step at most
+        assert max(handed) >= 2, handed  # the streams shared steps (a request each would have been 96 hand-overs)
+    finally:
+        running.stop()
+
+
 def test_an_engine_failure_ends_the_requests_in_flight_with_500(server, tiny_model):
     engine, ranks = make_engine(tiny_model)
     execute, calls = engine.execute, []

@@ -241,7 +241,8 @@ def _completion_routes(app: FastAPI, state: ServerState) -> None:
         state.check_top_k(body.top_k)
         prompt_ids = await state.completion_prompt(body.prompt)
         params = state.sampling(body, prompt_ids, body.max_tokens, "prompt")
-        job = Job(prompt_ids, params, asyncio.get_running_loop(), arrival)
+        include_usage, continuous = _usage_options(body)
+        job = Job(prompt_ids, params, asyncio.get_running_loop(), arrival, every_step=continuous)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": state.model_name, "system_fingerprint": _fingerprint(state)}
 
@@ -249,7 +250,6 @@ def _completion_routes(app: FastAPI, state: ServerState) -> None:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return _stream(state, job, head, None, lambda text, finish: choice(text, finish), include_usage)
         text, last = await _collect(state, job, request)
         return {**head, "choices": [choice(text, last.finish)], "usage": last.usage}
@@ -264,12 +264,12 @@ def _completion_routes(app: FastAPI, state: ServerState) -> None:
         prompt_ids = await state.chat_prompt(body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = state.sampling(body, prompt_ids, max_tokens, "messages")
-        job = Job(prompt_ids, params, asyncio.get_running_loop(), arrival)
+        include_usage, continuous = _usage_options(body)
+        job = Job(prompt_ids, params, asyncio.get_running_loop(), arrival, every_step=continuous)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.model_name,
                 "system_fingerprint": _fingerprint(state)}
 
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
             def chunk_choice(text: str, finish: str | None) -> dict:
@@ -281,6 +281,15 @@ def _completion_routes(app: FastAPI, state: ServerState) -> None:
         return {**head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                              "finish_reason": last.finish}], "usage": last.usage}
+
+
+def _usage_options(body: Sampling) -> tuple[bool, bool]:
+    """(include_usage: a last chunk with the usage, continuous: the usage so far in every chunk and a
+    chunk for every step that generated a token, text or none), for a streamed request; continuous
+    only with include_usage, as vLLM reads its continuous_usage_stats."""
+    options = body.stream_options if body.stream else None
+    include = bool(options and options.include_usage)
+    return include, include and options.continuous_usage_stats
 
 
 def _fingerprint(state: ServerState) -> str | None:
@@ -326,19 +335,28 @@ def _stream(state: ServerState, job: Job, head: dict, first_choice: dict | None,
         try:
             if first_choice is not None:
                 yield _sse({**head, "choices": [first_choice]})
-            while True:
-                event = await job.queue.get()
-                if event.error is not None:
-                    job.ended = True
-                    yield _sse(event.error.body())
-                    break
-                if event.text or event.finish is not None:
-                    yield _sse({**head, "choices": [make_choice(event.text, event.finish)]})
-                if event.finish is not None:
-                    job.ended = True
-                    if include_usage:
-                        yield _sse({**head, "choices": [], "usage": event.usage})
-                    break
+            while not job.ended:
+                events = [await job.queue.get()]
+                while not job.queue.empty():  # steps that came while the last write went out: one write
+                    events.append(job.queue.get_nowait())
+                out = []
+                for event in events:
+                    if event.error is not None:
+                        job.ended = True
+                        out.append(_sse(event.error.body()))
+                        break
+                    if event.text or event.finish is not None or job.every_step:
+                        chunk = {**head, "choices": [make_choice(event.text, event.finish)]}
+                        if job.every_step:  # the usage so far, as vLLM's continuous_usage_stats has it
+                            chunk["usage"] = event.usage
+                        out.append(_sse(chunk))
+                    if event.finish is not None:
+                        job.ended = True
+                        if include_usage:
+                            out.append(_sse({**head, "choices": [], "usage": event.usage}))
+                        break
+                if out:
+                    yield "".join(out)
             yield "data: [DONE]\n\n"
         finally:
             if not job.ended:

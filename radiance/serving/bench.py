@@ -29,6 +29,7 @@ class Sample:
     tokens: int = 0
     latency: float = 0.0
     error: str | None = None
+    counted_by: str = "text"  # what marked a token's arrival: "usage" (the chunks' usage so far) or "text"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -46,51 +47,79 @@ def summary(values: list[float]) -> dict:
             "p99": percentile(values, 99)}
 
 
+async def sse_lines(response):
+    """The lines of a server-sent event stream: split at LF (a CR before it dropped) as the SSE format
+    ends its lines, not at every Unicode line break as httpx's aiter_lines does, which cut a chunk
+    whose text holds U+2028, U+2029 or U+0085 (JSON leaves them unescaped) in two."""
+    pending = b""
+    async for data in response.aiter_bytes():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.removesuffix(b"\r").decode("utf-8")
+    if pending:
+        yield pending.removesuffix(b"\r").decode("utf-8")
+
+
 async def one_request(client, url: str, headers: dict, body: dict, chat: bool, timeout: float) -> Sample:
+    """One streamed request, timed on the client. A token arrives with the chunk whose usage
+    (stream_options.continuous_usage_stats, which run_level asks for) counts more completion tokens
+    than the chunk before it, whether or not its text is empty: a model's tokens may decode to
+    nothing (a synthetic model's, or half a character). From a server that sends no usage before the
+    end, a token arrives with each chunk of non-empty text, as the only sign there is. TTFT: to the
+    first token's chunk; the gaps: between token chunks (a chunk of k tokens is one gap)."""
     start = time.perf_counter()
     first = last = None
-    gaps, tokens, finished = [], 0, False
+    gaps, tokens, finished, counted_by = [], 0, False, "text"
     try:
         async with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 return Sample(False, error=f"HTTP {response.status_code}: {text[:200]}")
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
+                now = time.perf_counter()
                 chunk = json.loads(data)
                 if "error" in chunk:
                     return Sample(False, error=chunk["error"].get("message", "an error event"))
+                arrived = False
+                choices = chunk.get("choices", [])
                 if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                for choice in chunk.get("choices", []):
+                    count = chunk["usage"]["completion_tokens"]
+                    if choices:  # a usage beside a choice: the server counts as it streams
+                        counted_by = "usage"
+                    arrived, tokens = count > tokens, max(tokens, count)
+                for choice in choices:
                     text = choice["delta"].get("content") if chat else choice.get("text")
-                    now = time.perf_counter()
-                    if text:
-                        if first is None:
-                            first = now
-                        else:
-                            gaps.append(now - last)
-                        last = now
+                    arrived = arrived or (counted_by == "text" and bool(text))
                     finished = finished or choice.get("finish_reason") is not None
+                if arrived and choices:
+                    if first is None:
+                        first = now
+                    else:
+                        gaps.append(now - last)
+                    last = now
     except Exception as error:  # a failed request is counted, never fatal to the run
         return Sample(False, error=f"{type(error).__name__}: {error}")
     if not finished:
         return Sample(False, error="the stream ended without a finish_reason")
     return Sample(True, ttft=None if first is None else first - start, gaps=gaps, tokens=tokens,
-                  latency=time.perf_counter() - start)
+                  latency=time.perf_counter() - start, counted_by=counted_by)
 
 
 async def run_level(base: str, headers: dict, model: str, concurrency: int, requests: int, max_seconds: float,
-                    max_tokens: int, prompt: str, chat: bool, ignore_eos: bool, timeout: float) -> dict:
+                    max_tokens: int, prompt: str, chat: bool, ignore_eos: bool, timeout: float,
+                    temperature: float = 0.7, continuous_usage: bool = True) -> dict:
     import httpx
 
     url = f"{base}/v1/chat/completions" if chat else f"{base}/v1/completions"
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0.7, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
+    body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
+            "stream_options": {"include_usage": True, **({"continuous_usage_stats": True} if continuous_usage else {})},
+            "ignore_eos": ignore_eos}
     body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     samples: list[Sample] = []
     issued = 0
@@ -117,7 +146,8 @@ async def run_level(base: str, headers: dict, model: str, concurrency: int, requ
             "requests_per_s": len(good) / wall if wall else 0.0,
             "ttft_s": summary([s.ttft for s in good if s.ttft is not None]),
             "itl_s": summary([gap for s in good for gap in s.gaps]), "tpot_s": summary(tpot),
-            "latency_s": summary([s.latency for s in good])}
+            "latency_s": summary([s.latency for s in good]),
+            "tokens_counted_by": sorted({s.counted_by for s in good})}
 
 
 def plot(report: dict, path: str) -> None:
@@ -198,13 +228,17 @@ def wait_until_ready(base: str, seconds: float) -> None:
 @click.option("--chat", is_flag=True, help="Use /v1/chat/completions (default: /v1/completions).")
 @click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
               help="Ask for exactly --max-tokens tokens (the server's ignore_eos extension).")
+@click.option("--temperature", default=0.7, show_default=True, help="Every request's temperature (0: greedy).")
+@click.option("--continuous-usage/--no-continuous-usage", default=True, show_default=True,
+              help="Ask for the usage in every chunk (stream_options.continuous_usage_stats, vLLM's extension) to time "
+                   "tokens that add no text; off for a server that refuses the field (then only text marks a token).")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one request may take.")
 @click.option("--wait-ready", default=600.0, show_default=True,
               help="Seconds to wait for a server still loading its model (/health answering 503) before measuring.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the report here.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write a PNG plot here.")
 def main(url, api_key, model, concurrency, requests_per_client, max_seconds, max_tokens, prompt, chat, ignore_eos,
-         timeout, wait_ready, json_path, plot_path):
+         temperature, continuous_usage, timeout, wait_ready, json_path, plot_path):
     """Measure a running server: time to first token, inter-token latency and throughput at each
     concurrency level."""
     try:
@@ -231,12 +265,12 @@ def main(url, api_key, model, concurrency, requests_per_client, max_seconds, max
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
         raise click.ClickException(f"{base}: not an OpenAI-compatible server that answers ({error})") from None
     report = {"url": base, "model": model, "max_tokens": max_tokens, "prompt_tokens": prompt_tokens,
-              "chat": chat, "ignore_eos": ignore_eos, "levels": []}
+              "chat": chat, "ignore_eos": ignore_eos, "temperature": temperature, "levels": []}
     click.echo(f"{'clients':>7}{'reqs':>6}{'errs':>6}{'ttft p50':>10}{'ttft p90':>10}{'itl p50':>9}{'itl p90':>9}"
                f"{'tpot':>8}{'tok/s':>9}{'req/s':>7}   (ms)", err=True)
     for level in levels:
         result = asyncio.run(run_level(base, headers, model, level, level * requests_per_client, max_seconds,
-                                       max_tokens, prompt, chat, ignore_eos, timeout))
+                                       max_tokens, prompt, chat, ignore_eos, timeout, temperature, continuous_usage))
         report["levels"].append(result)
         click.echo(f"{level:>7}{result['requests']:>6}{result['errors']:>6}{_ms(result['ttft_s']['p50']):>10}"
                    f"{_ms(result['ttft_s']['p90']):>10}{_ms(result['itl_s']['p50']):>9}{_ms(result['itl_s']['p90']):>9}"

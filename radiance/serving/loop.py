@@ -1,6 +1,6 @@
 """The engine thread: the one thread that owns the Engine. Every add, cancel and step happens here;
 requests arrive through a thread-safe queue, and each request's text goes back to its own asyncio
-queue through `loop.call_soon_threadsafe`. The loop steps while there is work and sleeps while there
+queue, a step's events for every request through one `loop.call_soon_threadsafe`. The loop steps while there is work and sleeps while there
 is none (in the ranks' `idle`, on an Event that a new request sets; a launch's heartbeats are taken
 meanwhile).
 
@@ -42,8 +42,10 @@ class Job:
     engine state, and only the asyncio side reads its queue."""
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, loop: asyncio.AbstractEventLoop,
-                 arrival: float | None = None):
-        self.prompt_ids, self.params, self.loop = prompt_ids, params, loop
+                 arrival: float | None = None, every_step: bool = False):
+        """`every_step`: an event for every step that generated a token, with the usage so far, even
+        where the tokens added no text (stream_options.continuous_usage_stats)."""
+        self.prompt_ids, self.params, self.loop, self.every_step = prompt_ids, params, loop, every_step
         self.arrival = arrival if arrival is not None else time.perf_counter()
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.sequence: Sequence | None = None
@@ -55,10 +57,22 @@ class Job:
 
     def deliver(self, event: Event) -> None:
         """From the engine thread: hand an event to the request's event loop."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: the server is going down
-            pass
+        hand_over(self.loop, [(self, event)])
+
+
+def hand_over(loop: asyncio.AbstractEventLoop, events: list[tuple[Job, Event]]) -> None:
+    """From the engine thread: put each event on its job's queue, in loop's thread, with one wake-up
+    of that loop for them all (each call_soon_threadsafe writes the loop's self-pipe, and the HTTP
+    thread it wakes takes the GIL from the engine thread: once a step, not once a request)."""
+
+    def put():
+        for job, event in events:
+            job.queue.put_nowait(event)
+
+    try:
+        loop.call_soon_threadsafe(put)
+    except RuntimeError:  # the event loop is closed: the server is going down
+        pass
 
 
 @dataclass
@@ -86,6 +100,9 @@ class EngineLoop:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.running_jobs: dict[int, Job] = {}
+        # a step's events, handed over together once the next step is on its way to the ranks
+        self.outbox: list[tuple[Job, Event]] = []
+        self._submissions = 0
         self.shapes = StepShapes()
         self.failure: BaseException | None = None
         self.steps = 0
@@ -105,7 +122,13 @@ class EngineLoop:
         def counted(arrays, feed):
             shapes.append((len(arrays[RAD_STEP_IDS]), len(arrays[RAD_STEP_CONTEXT_LENS])))
             self.shapes.add(*shapes[-1])
-            return submit(arrays, feed)
+            submitted = submit(arrays, feed)
+            self._submissions += 1
+            # Now, not before the plan: the HTTP thread the hand-over wakes takes the GIL for every
+            # request's chunk, and meanwhile the ranks (the card, or the host rows' threads, which
+            # run without the GIL) compute this step instead of waiting for its plan.
+            self._hand_over()
+            return submitted
 
         def noted():
             tokens = collect()
@@ -140,6 +163,7 @@ class EngineLoop:
                 if self.engine.scheduler.has_work:
                     self._step()
                 else:
+                    self._hand_over()  # the last step's events: no next step to wait for
                     self.engine.settle()  # run ahead: a step of ended sequences only, still on the ranks
                     self._collected = None  # no step of a request's: nothing for the step metrics
                     self.ranks.idle(self.wake)
@@ -181,7 +205,7 @@ class EngineLoop:
             self.metrics.finished.labels(reason="cancelled").inc()
 
     def _step(self) -> None:
-        start = time.perf_counter()
+        start, submissions = time.perf_counter(), self._submissions
         produced = self.engine.step()
         now = time.perf_counter()
         self.steps += 1
@@ -198,6 +222,20 @@ class EngineLoop:
             job = self.running_jobs.get(sequence_id)
             if job is not None:
                 self._advance(job, new, now)
+        if self._submissions == submissions:  # no step went out: nothing to wait for
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The events made since the last hand-over, one wake-up for each event loop the jobs belong
+        to (the server has one). Called once the next step has gone to the ranks (or none will)."""
+        if not self.outbox:
+            return
+        by_loop: dict = {}
+        for job, event in self.outbox:
+            by_loop.setdefault(job.loop, []).append((job, event))
+        self.outbox = []
+        for loop, events in by_loop.items():
+            hand_over(loop, events)
 
     def _advance(self, job: Job, tokens: list[int], now: float) -> None:
         sequence, output = job.sequence, job.output
@@ -216,20 +254,25 @@ class EngineLoop:
             self._finish(job, "".join(text), "stop", len(tokens))
         elif sequence.finished:
             self._finish(job, "".join(text) + output.rest(), sequence.finish_reason, len(tokens))
-        elif any(text):  # nothing to hand over while a character or a stop string is pending
-            job.deliver(Event(text="".join(text), tokens=len(tokens)))
+        elif any(text) or job.every_step:  # else nothing to hand over while a character or a stop string is pending
+            self.outbox.append((job, Event(text="".join(text), tokens=len(tokens),
+                                           usage=self._usage(job) if job.every_step else None)))
+
+    @staticmethod
+    def _usage(job: Job) -> dict:
+        completion = len(job.sequence.output_ids)
+        return {"prompt_tokens": len(job.prompt_ids), "completion_tokens": completion,
+                "total_tokens": len(job.prompt_ids) + completion}
 
     def _finish(self, job: Job, text: str, reason: str, tokens: int) -> None:
         self.running_jobs.pop(job.sequence.id, None)
-        completion = len(job.sequence.output_ids)
-        usage = {"prompt_tokens": len(job.prompt_ids), "completion_tokens": completion,
-                 "total_tokens": len(job.prompt_ids) + completion}
         self.metrics.finished.labels(reason=reason).inc()
         self.metrics.e2e.observe(time.perf_counter() - job.arrival)
-        job.deliver(Event(text=text, tokens=tokens, finish=reason, usage=usage))
+        self.outbox.append((job, Event(text=text, tokens=tokens, finish=reason, usage=self._usage(job))))
 
     def _end_all(self) -> None:
         """The loop is over (asked to stop, or failed): every request still here gets an error."""
+        self._hand_over()  # what a step made before it all ended goes first
         if self.failure is not None:
             error = APIError(500, f"the engine failed: {type(self.failure).__name__}: {self.failure}",
                              type="server_error", code="engine_failed")

@@ -39,6 +39,10 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    # vLLM's extension: with include_usage, every chunk carries the usage so far, and a chunk goes out
+    # for every step that generated a token of the request, even where the token added no text
+    # (rad-bench times tokens by it: a model's tokens may decode to nothing yet)
+    continuous_usage_stats: bool = False
 
 
 class Sampling(_Request):

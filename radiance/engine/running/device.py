@@ -26,7 +26,7 @@ from radiance.engine.selection.resolve import Launch, ResolvedGraph
 
 from .device_memory import DeviceMemory
 from .device_stream import EngineStream
-from .executor import MAX_CACHED_SHAPES, Executor, check_status
+from .executor import MAX_CACHED_SHAPES, Executor, ShapePlans, check_status
 from .rank_weights import RankWeights
 
 
@@ -53,7 +53,7 @@ class DeviceExecutor(Executor):
                 if nbytes > 0:  # a hook may say a band needs none (an unsplit GEMV)
                     self._scratch[id(band)] = (self.memory.zeros(nbytes, f"scratch {band.row.name}").ptr, nbytes)
         device.synchronize()  # scratch zeroed on the device's own stream
-        self._plans: dict = {}
+        self._plans = ShapePlans()  # (tokens, seqs) -> [(launch, args)]
         self._graphs: dict = {}  # (tokens, seqs) -> instantiated graph
         self._seen: set = set()
         self._events = []  # card events of a profiled step, one after each launch
@@ -91,13 +91,8 @@ class DeviceExecutor(Executor):
 
     def _plan(self, tokens: int, seqs: int) -> list:
         """[(launch, args)] of one step shape, built once."""
-        plan = self._plans.get((tokens, seqs))
-        if plan is None:
-            if len(self._plans) >= MAX_CACHED_SHAPES:
-                self._plans.clear()
-            plan = self._plans[(tokens, seqs)] = [self._build(launch, tokens, seqs)
-                                                  for launch in self.graph.launches(tokens, seqs)]
-        return plan
+        return self._plans.get((tokens, seqs), lambda: [self._build(launch, tokens, seqs)
+                                                        for launch in self.graph.launches(tokens, seqs)])
 
     # ---- running a step -------------------------------------------------------------------------
     def _issue(self, plan: list, events=None) -> None:

@@ -15,7 +15,7 @@ from radiance.collectives.chain import ChainWords
 from radiance.collectives.gate import LinkScheduler
 from radiance.engine.selection.resolve import Launch, ResolvedGraph
 
-from .executor import MAX_CACHED_SHAPES, Executor, check_status
+from .executor import Executor, ShapePlans, check_status
 from .overlap import Overlap, runs
 from .rank_weights import RankWeights
 from .step_inputs import StepInputs
@@ -44,7 +44,7 @@ class HostExecutor(Executor):
             for band in resolution.bands:
                 if band.row.info.scratch:
                     self._scratch[id(band)] = np.zeros(int(band.row.info.scratch(dict(band.geometry))), np.uint8)
-        self._plans: dict = {}  # (tokens, seqs) -> [(first index, [(launch, args), ...]), ...]
+        self._plans = ShapePlans()  # (tokens, seqs) -> [(first index, [(launch, args), ...]), ...]
         self.overlap = Overlap()
 
     def weight(self, name: str, band) -> RadTensor:
@@ -79,11 +79,7 @@ class HostExecutor(Executor):
         still hold (a plan never writes the sampled tokens)."""
         if feed is not None:
             feed.apply(self.inputs[RAD_STEP_IDS], self.inputs[RAD_STEP_TOKENS])
-        plan = self._plans.get((tokens, seqs))
-        if plan is None:
-            if len(self._plans) >= MAX_CACHED_SHAPES:
-                self._plans.clear()
-            plan = self._plans[(tokens, seqs)] = self._plan(tokens, seqs)
+        plan = self._plans.get((tokens, seqs), lambda: self._plan(tokens, seqs))
         self._done[0] = 0
         for index, group in plan:
             if len(group) == 1:

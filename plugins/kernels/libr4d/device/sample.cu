@@ -3,10 +3,11 @@
 // temperature > 0: libref's procedure (docs/OPS.md, plugins/kernels/libr4d/sample.py explains the
 // head): s = logits / temperature; the values within 20 of the maximum (every other weight
 // exp(s - max) < 2**-25 leaves the running f32 sum, which starts at 1, unchanged) keyed
-// (order-preserving bits of -s) << 32 | index and bitonic-sorted in the row's scratch, which is the
-// stable descending order; the top_k first; weights exp(s - s0) in f64 rounded to f32 and their
-// running sum in order (one thread: the order is the contract); the top_p cut; u from
-// Philox4x64-10 (device_philox.py is its host mirror); the first running sum above f32(u) * total.
+// (order-preserving bits of -s) << 32 | index and bitonic-sorted in the row's scratch (tile by tile
+// in shared memory where a pass allows), which is the stable descending order; the top_k first; weights exp(s - s0) in f64 rounded to f32 (every
+// thread) and their running sum in order (one thread over the contiguous weights: the order is the
+// contract); the top_p cut; u from Philox4x64-10 (device_philox.py is its host mirror); the first
+// running sum above f32(u) * total (the cut and that index: a minimum over every thread's first hit).
 // Non-finite logits at temperature > 0 are not reproduced (docs/LIBR4D.md).
 #define SAMPLE_THREADS 1024
 
@@ -14,6 +15,58 @@ __device__ __forceinline__ u64 r4d_key(float s, int index) {
     u32 bits = __float_as_uint(-s + 0.0f);  // -0.0 -> +0.0, as argsort compares them equal
     bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
     return ((u64)bits << 32) | (u32)index;
+}
+
+#define SAMPLE_TILE 4096  // keys a block sorts in shared memory at a time (32 KB)
+
+// The bitonic passes of `size` from `stride` down to 1 over the keys [base, base + tile) held in
+// shared memory `t`; each pair's direction is its global index's (ascending where (base + i) & size is 0).
+__device__ void r4d_tile_passes(u64* t, int base, int tile, int size, int stride) {
+    for (; stride > 0; stride >>= 1) {
+        for (int i = threadIdx.x; i < tile; i += blockDim.x) {
+            int j = i ^ stride;
+            if (j > i) {
+                u64 a = t[i], b = t[j];
+                if ((a > b) == (((base + i) & size) == 0)) { t[i] = b; t[j] = a; }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// keys[0, span) sorted ascending (span a power of two) by a bitonic network. A pass whose pairs lie
+// within aligned tiles of SAMPLE_TILE keys (stride below the tile) runs in shared memory, a tile at
+// a time, with the passes after it of the same size; only the strides of a tile or more go through
+// global memory (15 of the 153 passes of 2**17 keys). The keys are unique (the index is in their low
+// bits), so the order is the one any sort gives.
+__device__ void r4d_sort_keys(u64* keys, int span, u64* t) {
+    int tile = min(span, SAMPLE_TILE);
+    for (int base = 0; base < span; base += tile) {  // every size up to the tile's, tile by tile
+        for (int i = threadIdx.x; i < tile; i += blockDim.x) t[i] = keys[base + i];
+        __syncthreads();
+        for (int size = 2; size <= tile; size <<= 1) r4d_tile_passes(t, base, tile, size, size >> 1);
+        for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = t[i];
+        __syncthreads();
+    }
+    for (int size = tile << 1; size <= span; size <<= 1) {
+        for (int stride = size >> 1; stride >= tile; stride >>= 1) {  // pairs across tiles: global memory
+            for (int i = threadIdx.x; i < span; i += blockDim.x) {
+                int j = i ^ stride;
+                if (j > i) {
+                    u64 a = keys[i], b = keys[j];
+                    if ((a > b) == ((i & size) == 0)) { keys[i] = b; keys[j] = a; }
+                }
+            }
+            __syncthreads();
+        }
+        for (int base = 0; base < span; base += tile) {  // the strides below the tile's, tile by tile
+            for (int i = threadIdx.x; i < tile; i += blockDim.x) t[i] = keys[base + i];
+            __syncthreads();
+            r4d_tile_passes(t, base, tile, size, tile >> 1);
+            for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = t[i];
+            __syncthreads();
+        }
+    }
 }
 
 __device__ double r4d_philox_uniform(u64 seed, u64 step) {
@@ -35,7 +88,9 @@ __device__ void r4d_sample(const float* logits, const float* temperature, const 
                            const int* best_index, int groups) {
     __shared__ float s_val[32];
     __shared__ int s_idx[32];
-    __shared__ int s_count, s_result;
+    __shared__ int s_count, s_result, s_first;
+    __shared__ float s_total;
+    __shared__ u64 s_tile[SAMPLE_TILE];
     int row = blockIdx.x, tid = threadIdx.x, lane = tid % R4D_WARP, warp = tid / R4D_WARP;
     int warps = blockDim.x / R4D_WARP;
     const float* x = logits + (long long)row * vocab;
@@ -86,39 +141,51 @@ __device__ void r4d_sample(const float* logits, const float* temperature, const 
     while (span < count) span <<= 1;
     for (int i = count + tid; i < span; i += blockDim.x) keys[i] = ~0ull;
     __syncthreads();
-    for (int size = 2; size <= span; size <<= 1)  // bitonic sort, ascending keys
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = tid; i < span; i += blockDim.x) {
-                int j = i ^ stride;
-                if (j > i) {
-                    u64 a = keys[i], b = keys[j];
-                    if ((a > b) == ((i & size) == 0)) { keys[i] = b; keys[j] = a; }
-                }
-            }
-            __syncthreads();
-        }
+    r4d_sort_keys(keys, span, s_tile);
     int k = top_k[row];
     bool cut_k = k > 0 && k < vocab;
     int n = cut_k ? min(k, count) : count;
     bool partial = cut_k ? k > count : count < vocab;
-    if (tid == 0) {
-        float first = x[(u32)keys[0]] / t, sum = 0.0f;
+    // The weights, every thread: weight j is a function of key j alone, the same expression libref
+    // rounds; only their running sum is serial (f32 additions in order are the contract).
+    float first = x[(u32)keys[0]] / t;
+    for (int j = tid; j < n; j += blockDim.x) {
+        float s = x[(u32)keys[j]] / t;
+        running[j] = (float)exp((double)(s - first));
+    }
+    __syncthreads();
+    if (tid == 0) {  // in place, over contiguous weights: the loads run ahead of the dependent adds
+        float sum = 0.0f;
+        #pragma unroll 8
         for (int j = 0; j < n; ++j) {
-            float s = x[(u32)keys[j]] / t;
-            sum += (float)exp((double)(s - first));
+            sum += running[j];
             running[j] = sum;
         }
-        float p = top_p[row];
-        if (p > 0.0f && p < 1.0f) {
-            float target = p * running[n - 1];
-            int cut = 0;
-            while (cut < n - 1 && running[cut] < target) ++cut;
-            n = cut + 1;
-            partial = false;  // libref cuts its order there
-        }
-        float threshold = (float)r4d_philox_uniform(rng[2 * row], rng[2 * row + 1]) * running[n - 1];
-        int index = 0;
-        while (index < n && !(running[index] > threshold)) ++index;
+        s_total = sum;
+    }
+    __syncthreads();
+    // The first index where a condition holds, found by every thread (a minimum of the indices
+    // that hold): what libref's scan in order finds.
+    float p = top_p[row];
+    if (p > 0.0f && p < 1.0f) {
+        float target = p * s_total;
+        if (tid == 0) s_first = n - 1;
+        __syncthreads();
+        for (int j = tid; j < n - 1; j += blockDim.x)
+            if (!(running[j] < target)) { atomicMin(&s_first, j); break; }
+        __syncthreads();
+        n = s_first + 1;
+        partial = false;  // libref cuts its order there
+        __syncthreads();  // every thread has read s_first before it is set again
+    }
+    float threshold = (float)r4d_philox_uniform(rng[2 * row], rng[2 * row + 1]) * running[n - 1];
+    if (tid == 0) s_first = n;
+    __syncthreads();
+    for (int j = tid; j < n; j += blockDim.x)
+        if (running[j] > threshold) { atomicMin(&s_first, j); break; }
+    __syncthreads();
+    if (tid == 0) {
+        int index = s_first;
         s_result = index < n ? (int)(u32)keys[index] : (!partial ? (int)(u32)keys[n - 1] : -1);
     }
     __syncthreads();
