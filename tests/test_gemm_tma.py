@@ -7,6 +7,8 @@ every cut the bench offers (registers, no spills: every PTX instruction assemble
 The same row on a real card: tests/test_device_batch_rows.py with R4D_TC_KERNEL=tma."""
 
 import functools
+import importlib
+import re
 import subprocess
 
 import numpy as np
@@ -14,9 +16,10 @@ import pytest
 
 import early_builds
 from device_batch_support import fp8_weight, nvidia_fake
-from device_sources import NVCC
+from device_sources import NVCC, sass
 from radiance.abi import RAD_E_NOMEM, RAD_OK
 from radiance.engine.running.device_stream import EngineStream
+from radiance.plugins.kernels.libr4d.device_tensor_cores import TMA_CUTS
 from test_device_rows_host import dev, device_weight, ints, launch, pointers
 from test_device_rows_support import Card
 from test_device_tensor_cores import BF16, FP8, CASES, Recording, device_row, module
@@ -99,8 +102,12 @@ def on_hopper():
     device.close()
 
 
-@pytest.mark.parametrize("cut", ["128,64,3", "256,64,2", "128,32,7"])
-@pytest.mark.parametrize("fmt,n,k,m", CASES)
+# every case in the default cut, a bf16 and an fp8 case (tails, split K) in the others
+ARITHMETIC = [(str(TMA_CUTS[0]), *case) for case in CASES] + [(str(cut), *case) for cut in TMA_CUTS[1:]
+                                                              for case in (CASES[2], CASES[6])]
+
+
+@pytest.mark.parametrize("cut,fmt,n,k,m", ARITHMETIC)
 def test_the_tma_kernels_arithmetic_agrees_with_libref(registry, on_hopper, monkeypatch, cut, fmt, n, k, m):
     tc = module(registry, "device_tensor_cores")
     monkeypatch.setattr(tc, "KERNEL", "tma")
@@ -123,28 +130,51 @@ def test_the_tma_kernels_arithmetic_agrees_with_libref(registry, on_hopper, monk
 
 # ---- nvcc's sm_90a build, as nvrtc builds it for a card --------------------------------------------
 
-def nvcc_build(registry, only: int, cut: str):
-    """nvcc's result (ptxas' report in its stderr) for entry R4D_TM_ONLY=only of gemm_tma.cu in `cut`."""
-    dk, tc = module(registry, "device_kernels"), module(registry, "device_tensor_cores")
+def tc_module():
+    return importlib.import_module("radiance.plugins.kernels.libr4d.device_tensor_cores")
+
+
+def nvcc_build(only: int, cut: str):
+    """nvcc's result (ptxas' report in its stderr) for entry R4D_TM_ONLY=only of gemm_tma.cu in `cut`,
+    with the options the row asks nvrtc for (device_tensor_cores.options) in that cut."""
+    dk = importlib.import_module("radiance.plugins.kernels.libr4d.device_kernels")
+    tc = importlib.import_module("radiance.plugins.kernels.libr4d.device_tensor_cores")
     folder = early_builds.folder() / "gemm_tma_sm_90a"
     folder.mkdir(exist_ok=True)
     source, cubin = folder / "gemm_tma.cu", folder / f"gemm_tma_{only}_{cut.replace(',', '_')}.cubin"
     source.write_text(dk.source("gemm_tma"))
-    options = tc.options(tc.TMA_ENTRIES[only - 1])[1:]  # the cut's macros as the row asks: TMA_CUT's
-    options = [o for o in options if not o.startswith("-DWG_")] + list(tc.TmaCut.parse(cut).defines())
+    options = [o for o in tc.options(tc.TMA_ENTRIES[only - 1])[1:] if not o.startswith("-DWG_")]
+    options += [*tc.TmaCut.parse(cut).defines(), f"-DWG_GROUP={tc.WGMMA_GROUP}"]
     return subprocess.run([NVCC, "-arch=sm_90a", "-fmad=false", *options, "-cubin", "-Xptxas", "-v", "-o", str(cubin),
                            str(source)], capture_output=True, text=True)
 
 
+# (cut, entry): each entry in the default cut; m64n256 bf16 and e4m3 and the 32-byte swizzle in
+# the others (the rest of a cut's text is the default's; ptxas takes ~5 s on a 256-column entry)
+BUILDS = [("128,64,3", 1), ("128,64,3", 2), ("128,64,3", 3), ("256,64,2", 1), ("256,32,5", 2), ("128,32,7", 3)]
+EARLY_BUILDS = {f"nvcc:gemm_tma:{only}:{cut}": functools.partial(nvcc_build, only, cut)
+                for cut, only in BUILDS} if NVCC is not None else {}
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: gemm_tma.cu's sm_90a build is not checked here")
-@pytest.mark.parametrize("cut", ["128,64,3", "256,64,2", "128,32,7"])
-@pytest.mark.parametrize("only,entry", [(1, "r4d_tma_gemm_bf16"), (2, "r4d_tma_gemm_e4m3"), (3, "r4d_tma_maps")])
-def test_gemm_tma_builds_for_sm_90a_without_spills(registry, cut, only, entry):
+@pytest.mark.parametrize("cut,only", BUILDS)
+def test_gemm_tma_builds_for_sm_90a_without_spills(cut, only):
     """ptxas assembles every instruction (TMA, mbarriers, tensormap.replace, wgmma) and keeps each
     entry in registers: two blocks a multiprocessor at 128 columns (at most 112 a thread), one at 256."""
-    result = early_builds.result(f"nvcc:gemm_tma:{only}:{cut}", functools.partial(nvcc_build, registry, only, cut))
+    entry = ("r4d_tma_gemm_bf16", "r4d_tma_gemm_e4m3", "r4d_tma_maps")[only - 1]
+    result = early_builds.result(f"nvcc:gemm_tma:{only}:{cut}", functools.partial(nvcc_build, only, cut))
     assert result.returncode == 0, result.stderr[-2000:]
     report = result.stderr
     assert f"Compiling entry function '{entry}' for 'sm_90a'" in report and "0 bytes spill stores" in report
+    assert "Potential Performance Loss" not in report, report  # ptxas serialising the wgmmas
     used = int(report.split("Used ")[1].split(" registers")[0])
     assert used <= (112 if cut.startswith("128,") or only == 3 else 224), (entry, cut, used)
+    cubin = early_builds.folder() / "gemm_tma_sm_90a" / f"gemm_tma_{only}_{cut.replace(',', '_')}.cubin"
+    listing = sass(cubin)
+    if listing is not None and only < 3:  # TMA's loads, the mbarriers, wgmma with both operands by descriptor
+        cols = tc_module().TmaCut.parse(cut).cols
+        mma = f"HGMMA.64x{cols}x16.F32.BF16" if only == 1 else f"QGMMA.64x{cols}x32.F32.E4M3.E4M3"
+        assert "UTMALDG.2D" in listing and "SYNCS.ARRIVE.TRANS64" in listing and "UTMACCTL.IV" in listing, entry
+        mmas = [line for line in listing.splitlines() if mma in line]
+        assert mmas and all(re.search(r"R\d+, gdesc\[UR\d+\], R\d+", line) for line in mmas), mmas
+        assert "LDL" not in listing and "STL" not in listing

@@ -192,9 +192,10 @@ class TmaCut:
 
 
 # The cuts bench/card_prefill_gemm.py --tma-cuts all compares, the first the default: 128 x 128 in 3
-# stages of 64 bytes of K (two blocks a multiprocessor: six stages in flight on it), 128 x 256 in 2
-# of 64 (one block, the wider tile's fewer L2 bytes a flop), 128 x 128 in 7 of 32 (more, smaller loads)
-TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "256,64,2", "128,32,7"))
+# stages of 64 bytes of K (two blocks a multiprocessor: six stages on it), 128 x 128 in 7 of 32
+# (more, smaller loads ahead), 128 x 256 in 5 of 32 and in 2 of 64 (one block, the wider tile's
+# fewer L2 bytes a flop). A consumer keeps one stage's MMAs in flight, so stages - 1 are loaded ahead.
+TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "128,32,7", "256,32,5", "256,64,2"))
 # R4D_TMA_CUT="cols,k_bytes,stages" cuts gemm_tma.cu's work otherwise for a process; read at every
 # launch's plan (the bench sets TMA_CUT between shapes)
 TMA_CUT = TmaCut.parse(os.environ["R4D_TMA_CUT"]) if os.environ.get("R4D_TMA_CUT") else TMA_CUTS[0]

@@ -39,7 +39,7 @@
 #error "gemm_tma.cu: a cut outside what the kernel is written for (device_tensor_cores.TmaCut says which)"
 #endif
 
-// ---- the mbarriers and TMA's PTX
+// ---- the mbarriers' and TMA's PTX (tests/test_gemm_tma_on_host.py puts host forms in place of this part)
 __device__ __forceinline__ void tm_init(u64* barrier, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(r4d_smem(barrier)), "r"(count) : "memory");
 }
@@ -189,17 +189,18 @@ __device__ void tm_gemm(const u8* maps, const TcGemm& p) {
     }
 }
 
-// ---- the tensor maps' PTX (tensormap.replace on a map in shared memory)
+// ---- the tensor maps' PTX (tensormap.replace on a map in shared memory; the host test replaces this part too)
 #define TM_REPLACE(FIELD, TYPE) "tensormap.replace.tile." FIELD ".shared::cta.b1024." TYPE " [%0], %1;\n"
 #define TM_REPLACE_AT(FIELD, TYPE) "tensormap.replace.tile." FIELD ".shared::cta.b1024." TYPE " [%0], %1, %2;\n"
 
 // The map of a [rows, row_bytes] matrix of bytes at `base`, its box WG_KB bytes by `box` rows, in
-// the swizzle of WG_KB bytes, written into `map` (shared, 128 zero bytes: the fields no replace
+// the swizzle of WG_KB bytes, written into `staged` (shared, 128 zero bytes: the fields no replace
 // names stay 0: element type u8, no interleave, zero fill, no L2 promotion). One thread.
-__device__ __forceinline__ void tm_fill(u32 map, const void* base, int rows, int row_bytes, int box) {
+__device__ __forceinline__ void tm_fill(u32* staged, const void* base, int rows, int row_bytes, int box) {
+    u32 map = r4d_smem(staged);
     // tensormap.replace's global_stride: the stride in bytes from PTX ISA 8.6 on; the PTX of older
     // compilers (CUDA <= 12.6: PTX <= 8.5) took it already divided by 16 (Triton's ptxas workaround)
-#if __CUDACC_VER_MAJOR__ < 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ <= 6)
+#if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ < 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ <= 6))
     u64 stride = (u64)row_bytes >> 4;
 #else
     u64 stride = (u64)row_bytes;
@@ -214,6 +215,12 @@ __device__ __forceinline__ void tm_fill(u32 map, const void* base, int rows, int
     asm volatile(TM_REPLACE_AT("element_stride", "b32") ::"r"(map), "n"(0), "r"(1) : "memory");
     asm volatile(TM_REPLACE_AT("element_stride", "b32") ::"r"(map), "n"(1), "r"(1) : "memory");
     asm volatile(TM_REPLACE("swizzle_mode", "b32") ::"r"(map), "n"(TM_SWIZZLE) : "memory");
+}
+// The staged map copied to `to` in global memory with the tensormap proxy's release: the whole warp
+__device__ __forceinline__ void tm_publish(u8* to, u32* staged) {
+    asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n"
+                 ::"l"(to), "r"(r4d_smem(staged))
+                 : "memory");
 }
 // ---- end of the tensor maps' PTX
 
@@ -231,12 +238,9 @@ extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps(const void* x, con
     for (int which = 0; which < 2; ++which) {
         staged[which][threadIdx.x] = 0u;
         __syncwarp();
-        if (threadIdx.x == 0)
-            tm_fill(r4d_smem(staged[which]), which ? w : x, which ? N : M, row_bytes, which ? WG_BN : TM_BM);
+        if (threadIdx.x == 0) tm_fill(staged[which], which ? w : x, which ? N : M, row_bytes, which ? WG_BN : TM_BM);
         __syncwarp();  // lane 0's fields in before the warp's copy
-        asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n"
-                     ::"l"(maps + 128 * which), "r"(r4d_smem(staged[which]))
-                     : "memory");
+        tm_publish(maps + 128 * which, staged[which]);
     }
 }
 #endif
