@@ -142,17 +142,21 @@ TC_KERNELS = ("mma", "wgmma", "tma")
 
 @dataclass(frozen=True)
 class TmaCut:
-    """gemm_tma.cu's cut (the WG_* macros it shares with gemm_wgmma.cu's PTX): a block of 128 rows (two
-    consumer warpgroups of 64) x `cols` columns (128: two blocks a multiprocessor, 64 f32
-    accumulators a thread; 256: one, 128), `k_bytes` of K a stage of each row (128, 64 or 32: the
-    tensor maps' swizzle and wgmma's layout of that width), a ring of `stages` stages; 288
-    threads (the consumers and one producer warp). The stages and 16 bytes of mbarriers a stage and
-    16 more within RAD_MAX_SHARED_BYTES (64 KiB a launch)."""
+    """gemm_tma.cu's cut (the WG_* macros it shares with gemm_wgmma.cu's PTX): a block of `rows` (128:
+    two consumer warpgroups of 64 and a producer warp, 288 threads; 192: three, 384 threads, thread 0
+    issuing the loads) x `cols` columns (128: two blocks a multiprocessor, 64 f32 accumulators a
+    thread; 256: one, 128; 192 rows only with 256 columns), `k_bytes` of K a stage of each row (128,
+    64 or 32: the tensor maps' swizzle and wgmma's layout of that width), a ring of `stages`
+    stages. The stages, 16 bytes of mbarriers a stage and 16 more within RAD_MAX_SHARED_BYTES (64
+    KiB a launch)."""
     cols: int = 128
     k_bytes: int = 64
     stages: int = 3
-    rows = 128
-    threads = 288
+    rows: int = 128
+
+    @property
+    def threads(self) -> int:
+        return 288 if self.rows == 128 else 384
 
     @property
     def stage_bytes(self) -> int:
@@ -164,40 +168,46 @@ class TmaCut:
 
     @property
     def blocks(self) -> int:
-        return 2 if self.cols == 128 else 1
+        return 2 if (self.rows, self.cols) == (128, 128) else 1
 
     def defines(self) -> tuple:
         # WG_DEPTH=1: gemm_wgmma.cu's own check of its macros holds for two stages (gemm_tma.cu keeps one
         # group of MMAs in flight whatever it says)
-        return ("-DWG_WARPGROUPS=2", f"-DWG_BN={self.cols}", f"-DWG_KB={self.k_bytes}", f"-DWG_STAGES={self.stages}",
-                "-DWG_DEPTH=1")
+        return (f"-DWG_WARPGROUPS={self.rows // 64}", f"-DWG_BN={self.cols}", f"-DWG_KB={self.k_bytes}",
+                f"-DWG_STAGES={self.stages}", "-DWG_DEPTH=1")
 
     def __str__(self) -> str:
-        return f"{self.cols},{self.k_bytes},{self.stages}"
+        return f"{self.cols},{self.k_bytes},{self.stages}" + (f",{self.rows}" if self.rows != 128 else "")
 
     @classmethod
     def parse(cls, text: str) -> "TmaCut":
-        """'cols,k_bytes,stages' (R4D_TMA_CUT): ValueError naming what is wrong."""
+        """'cols,k_bytes,stages[,rows]' (R4D_TMA_CUT): ValueError naming what is wrong."""
         try:
             parts = [int(part) for part in text.split(",")]
-            if len(parts) != 3:
+            if len(parts) not in (3, 4):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"R4D_TMA_CUT={text!r}: expected 'cols,k_bytes,stages', three integers") from None
+            raise ValueError(f"R4D_TMA_CUT={text!r}: expected 'cols,k_bytes,stages[,rows]', three or four "
+                             "integers") from None
         cut = cls(*parts)
-        if not (cut.cols in (128, 256) and cut.k_bytes in (32, 64, 128) and cut.stages >= 2 and cut.shared <= 65536):
-            raise ValueError(f"R4D_TMA_CUT={text!r}: cols 128 or 256, k_bytes 32, 64 or 128, stages >= 2, "
-                             f"stages x ((128 + cols) x k_bytes + 16) + 16 <= 65536")
+        if not (cut.cols in (128, 256) and cut.rows in (128, 192) and (cut.rows, cut.cols) != (192, 128)
+                and cut.k_bytes in (32, 64, 128) and cut.stages >= 2 and cut.shared <= 65536):
+            raise ValueError(f"R4D_TMA_CUT={text!r}: cols 128 or 256, rows 128 or 192 (192 with 256 cols), k_bytes "
+                             f"32, 64 or 128, stages >= 2, stages x ((rows + cols) x k_bytes + 16) + 16 <= 65536")
         return cut
 
 
 # The cuts bench/card_prefill_gemm.py --tma-cuts all compares, the first the default: 128 x 128 in 3
 # stages of 64 bytes of K (two blocks a multiprocessor: six stages on it), 128 x 128 in 7 of 32
-# (more, smaller loads ahead), 128 x 256 in 5 of 32 and in 2 of 64 (one block, the wider tile's
-# fewer L2 bytes a flop). A consumer keeps one stage's MMAs in flight, so stages - 1 are loaded ahead.
-TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "128,32,7", "256,32,5", "256,64,2"))
-# R4D_TMA_CUT="cols,k_bytes,stages" cuts gemm_tma.cu's work otherwise for a process; read at every
-# launch's plan (the bench sets TMA_CUT between shapes)
+# (more, smaller loads ahead), 128 x 256 in 5 of 32, 192 x 256 in 4 of 32 and in 2 of 64 (one block).
+# Why the wider ones: a block reads (rows + cols) x 2 bytes of L2 a K step for 2 rows cols flops, 1
+# byte for 64 flops at 128 x 128 (~12 TB/s at the card's 790 TFLOP/s), for 85 at 128 x 256, for 110
+# at 192 x 256 (~7 TB/s); gemm_wgmma.cu's 128 x 128 moved ~6 TB/s. Against that, 192 rows leave
+# N = 4096 at 176 tiles, 1.3 waves of 132. A consumer keeps one stage's MMAs in flight, so stages - 1
+# are loaded ahead.
+TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "128,32,7", "256,32,5", "256,32,4,192", "256,64,2,192"))
+# R4D_TMA_CUT="cols,k_bytes,stages[,rows]" cuts gemm_tma.cu's work otherwise for a process; read at
+# every launch's plan (the bench sets TMA_CUT between shapes)
 TMA_CUT = TmaCut.parse(os.environ["R4D_TMA_CUT"]) if os.environ.get("R4D_TMA_CUT") else TMA_CUTS[0]
 TMA_ENTRIES = ("r4d_tma_gemm_bf16", "r4d_tma_gemm_e4m3", "r4d_tma_maps")
 MAP_BYTES = 128         # a CUtensorMap; r4d_tma_maps writes x's then w's into the scratch
@@ -210,11 +220,11 @@ def wgmma_cut(kind: str) -> WgmmaCut:
 
 def tile_m(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
     """Rows of a block's tile: mma.sync 64 for batched decode's few rows, 128 for prefill; wgmma's
-    its cut's (128 or 192); TMA's 128."""
+    its cut's (128 or 192), TMA's its cut's (128 or 192)."""
     if kernel == "wgmma":
         return wgmma_cut(kind).rows
     if kernel == "tma":
-        return TmaCut.rows
+        return TMA_CUT.rows
     return 128 if m > 64 else 64
 
 
@@ -285,7 +295,7 @@ def options(name: str) -> tuple:
 def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -> tuple:
     """mma.sync: (column tiles, row tiles, splits) of 256 threads; wgmma: (tiles, 1, splits) of the
     cut's threads, the kernel ordering its tiles in groups of WGMMA_GROUP row tiles (gemm_wgmma.cu's
-    WG_GROUP); TMA's the same of 288 threads. Either way a split-K counter a tile."""
+    WG_GROUP); TMA's the same of its cut's threads. Either way a split-K counter a tile."""
     if kernel in ("wgmma", "tma"):
         cut = wgmma_cut(kind) if kernel == "wgmma" else TMA_CUT
         return (-(-n // cut.cols) * -(-m // cut.rows), 1, splits), (cut.threads, 1, 1)

@@ -8,7 +8,10 @@
 // device_kernels.PARTS puts gemm_wgmma.cu before this file, built with R4D_WG_ONLY=3 (none of its
 // entries): its wgmma PTX (wg_desc, wg_mma, wg_fence, wg_commit, wg_wait, wg_pin) is the one this
 // kernel runs, in the cut given by the same WG_* macros (device_tensor_cores.TmaCut.defines):
-//   WG_WARPGROUPS  2: the consumer warpgroups, 64 rows of x each (a block is TM_BM = 128 rows)
+//   WG_WARPGROUPS  the consumer warpgroups, 64 rows of x each: 2 (a block is TM_BM = 128 rows, and a
+//                  producer warp is the block's ninth) or 3 (192 rows, with 256 columns; no producer
+//                  warp: thread 0 issues the loads between its warpgroup's steps, as 13 warps would
+//                  leave a thread 128 registers and a warpgroup's 128 accumulators need ~155)
 //   WG_BN          columns of a block (w's rows): 128 (two blocks a multiprocessor) or 256 (one)
 //   WG_KB          bytes of K a stage holds of each row: 128, 64 or 32; TMA writes the tiles in the
 //                  swizzle of that width (the tensor map's swizzle mode), which is the layout wgmma's
@@ -27,15 +30,17 @@
 #define TM_CONSUMERS WG_WARPGROUPS
 #define TM_BM (64 * TM_CONSUMERS)
 #define TM_PRODUCER (4 * TM_CONSUMERS)                // the producer's warp: the one after the consumers'
-#define TM_THREADS (128 * TM_CONSUMERS + 32)
+#define TM_OWN_PRODUCER (TM_CONSUMERS == 2)           // a producer warp (else thread 0 loads)
+#define TM_THREADS (128 * TM_CONSUMERS + (TM_OWN_PRODUCER ? 32 : 0))
 #define TM_X_BYTES (TM_BM * WG_KB)                    // x's tile in a stage, then w's (WG_BN * WG_KB)
 #define TM_STAGE_BYTES ((TM_BM + WG_BN) * WG_KB)
 #define TM_BARRIERS (WG_STAGES * TM_STAGE_BYTES)      // full[WG_STAGES], empty[WG_STAGES], then the split flag
 #define TM_SHARED (TM_BARRIERS + 16 * WG_STAGES + 16)  // device_tensor_cores.TmaCut.shared
-#define TM_BLOCKS (WG_BN == 128 ? 2 : 1)              // 2 x 288 threads of at most 112 registers: 64 accumulators
+#define TM_BLOCKS (WG_BN == 128 && TM_CONSUMERS == 2 ? 2 : 1)  // 2 x 288 threads of at most 96 registers: 64 accumulators
 #define TM_SWIZZLE (WG_KB == 128 ? 3 : WG_KB == 64 ? 2 : 1)  // tensormap.replace's swizzle_mode: 128, 64, 32 bytes
 #define TM_ARRIVALS (4 * TM_CONSUMERS)                // a stage's release: lane 0 of every consumer warp
-#if WG_WARPGROUPS != 2 || WG_STAGES < 2 || TM_SHARED > 65536 || (WG_BN != 128 && WG_BN != 256)
+#if (WG_WARPGROUPS != 2 && !(WG_WARPGROUPS == 3 && WG_BN == 256)) || WG_STAGES < 2 || TM_SHARED > 65536 || \
+    (WG_BN != 128 && WG_BN != 256)
 #error "gemm_tma.cu: a cut outside what the kernel is written for (device_tensor_cores.TmaCut says which)"
 #endif
 
@@ -52,28 +57,25 @@ __device__ __forceinline__ void tm_arrive(u64* barrier) {
 __device__ __forceinline__ void tm_expect(u64* barrier, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(r4d_smem(barrier)), "r"(bytes) : "memory");
 }
-// whether the phase of `parity` has completed: a barrier in phase n (none of its phases done yet
-// when n = 0) answers true for parity (n - 1) & 1, the phase before, and false for n & 1
-__device__ __forceinline__ bool tm_done(u64* barrier, u32 parity) {
-    u32 done;
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(r4d_smem(barrier)), "r"(parity)
-                 : "memory");
-    return done != 0;
-}
-__device__ __forceinline__ u64 tm_now() {
-    u64 ns;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns));
-    return ns;
-}
-// Until the phase of `parity` has completed. A wait past 4 s traps (the launch fails with an error)
-// rather than hanging the card: a lost arrival or a load that never lands is a bug to be reported.
+// Until the phase of `parity` has completed: a barrier in phase n (none of its phases done yet when
+// n = 0) reports parity (n - 1) & 1, the phase before, done, and n & 1 not. A wait past 4 s traps
+// (the launch fails with an error) rather than hanging the card: a lost arrival or a load that
+// never lands is a bug to be reported. The loop is the asm's own: a C++ loop around try_wait is
+// divergent code to ptxas, which then serialises the wgmmas around it (C7518, "compiler-inserted
+// WG.DP in divergent path") in the three-warpgroup cut.
 __device__ __forceinline__ void tm_wait(u64* barrier, u32 parity) {
-    if (tm_done(barrier, parity)) return;
-    u64 start = tm_now();
-    while (!tm_done(barrier, parity))
-        if (tm_now() - start > 4000000000ull) __trap();
+    asm volatile("{\n\t.reg .pred p, late;\n\t.reg .u64 start, now;\n\t"
+                 "mov.u64 start, %%globaltimer;\n"
+                 "TM_WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@p bra TM_DONE_%=;\n\t"
+                 "mov.u64 now, %%globaltimer;\n\t"
+                 "sub.u64 now, now, start;\n\t"
+                 "setp.gt.u64 late, now, 4000000000;\n\t"
+                 "@late trap;\n\t"
+                 "bra TM_WAIT_%=;\n"
+                 "TM_DONE_%=:\n}\n" ::"r"(r4d_smem(barrier)), "r"(parity)
+                 : "memory");
 }
 // The box of the map at (byte k of a row, row `row`) into `into`, completing its bytes on `barrier`
 __device__ __forceinline__ void tm_load(void* into, const void* map, int k, int row, u64* barrier) {
@@ -87,6 +89,17 @@ __device__ __forceinline__ void tm_load(void* into, const void* map, int k, int 
 __device__ __forceinline__ void tm_acquire(const void* map) {
     asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n\tcp.async.bulk.commit_group;\n\t"
                  "cp.async.bulk.wait_group.read 0;\n" ::"l"(map)
+                 : "memory");
+}
+// tm_expect and both tm_loads of a stage where `issue` holds: predicated instructions, so that every
+// thread runs the same code (thread 0 without a producer warp)
+__device__ __forceinline__ void tm_refill(bool issue, u8* into, const u8* maps, int k, int m0, int n0, u64* barrier) {
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t"
+                 "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%1], %2;\n\t"
+                 "@p cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%3], [%4, {%5, %6}], [%1];\n\t"
+                 "@p cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%7], [%8, {%5, %9}], [%1];\n}\n"
+                 ::"r"((u32)issue), "r"(r4d_smem(barrier)), "r"((u32)TM_STAGE_BYTES), "r"(r4d_smem(into)), "l"(maps), "r"(k),
+                 "r"(m0), "r"(r4d_smem(into + TM_X_BYTES)), "l"(maps + 128), "r"(n0)
                  : "memory");
 }
 // ---- end of the mbarriers' and TMA's PTX
@@ -122,7 +135,7 @@ __device__ void tm_gemm(const u8* maps, const TcGemm& p) {
     // barrier cannot run two phases ahead of a waiter: stage s is not refilled (full[s]'s next phase)
     // before every consumer warp has released it (empty[s]), which each does only after its own wait
     // on full[s] in that round.
-    if (warp == TM_PRODUCER) {
+    if (TM_OWN_PRODUCER && warp == TM_PRODUCER) {
         if (lane == 0 && count > 0) {
             const u8 *map_x = maps, *map_w = maps + 128;
             tm_acquire(map_x);
@@ -138,6 +151,21 @@ __device__ void tm_gemm(const u8* maps, const TcGemm& p) {
                 tm_load(stage + TM_X_BYTES, map_w, k, n0, full + s);
             }
         }
+    }
+    // Without a producer warp (three consumer warpgroups) the whole block runs the loads' code and
+    // thread 0 alone issues them, by predicate: the ring filled first (round 0: every stage empty),
+    // then after step i's release, once every warp has released tile i - 1 (the phase of its round
+    // of empty[]), that stage refilled with tile i - 1 + WG_STAGES. No wait can hold itself up: the
+    // full[] wait of step i is for a tile loaded at step i - WG_STAGES + 1 or before, the empty[]
+    // wait of step i for releases every warp makes at step i before it waits.
+    bool loader = !TM_OWN_PRODUCER && threadIdx.x == 0 && count > 0;
+    if (!TM_OWN_PRODUCER) {
+        if (loader) {
+            tm_acquire(maps);
+            tm_acquire(maps + 128);
+        }
+        for (int i = 0; i < min(count, WG_STAGES); ++i)
+            tm_refill(loader, tm_shared + i * TM_STAGE_BYTES, maps, (t0 + i) * WG_KB, m0, n0, full + i);
     }
     float d[WG_ACC];
 #pragma unroll
@@ -158,7 +186,17 @@ __device__ void tm_gemm(const u8* maps, const TcGemm& p) {
             for (int j = 0; j < WG_KB / 32; ++j) wg_mma<KIND, WG_BN>(d, a + 2 * j, b + 2 * j);
             wg_commit();
             wg_wait<1>();
+            __syncwarp();  // every lane past its wait (wait_group is .aligned: this only says so)
             if (i > 0 && lane == 0) tm_arrive(empty + (i - 1) % WG_STAGES);
+            if (!TM_OWN_PRODUCER && i > 0 && i - 1 + WG_STAGES < count) {
+                // the stage tile i - 1 leaves, refilled with tile i - 1 + WG_STAGES once every warp
+                // has released it (its round's phase of empty[]). Every thread waits, the same code
+                // for all (the block's warps keep within a step of each other: tile i's MMAs are in
+                // flight meanwhile); thread 0 alone issues, by predicate
+                int back = (i - 1) % WG_STAGES, k = (t0 + i - 1 + WG_STAGES) * WG_KB;
+                tm_wait(empty + back, (u32)((i - 1) / WG_STAGES) & 1);
+                tm_refill(loader, tm_shared + back * TM_STAGE_BYTES, maps, k, m0, n0, full + back);
+            }
         }
         wg_wait<0>();
         wg_pin(d);
