@@ -182,3 +182,15 @@ def test_gemm_tma_builds_for_sm_90a_without_spills(cut, only):
         mmas = [line for line in listing.splitlines() if mma in line]
         assert mmas and all(re.search(r"R\d+, gdesc\[UR\d+\], R\d+", line) for line in mmas), mmas
         assert "LDL" not in listing and "STL" not in listing
+
+
+def test_the_streamed_gemm_keeps_batched_decode_where_tma_takes_the_tiles(registry, monkeypatch):
+    """R4D_TC_KERNEL=tma replaces the tile kernel only: M <= 32 still takes the streamed GEMM."""
+    tc, sg = module(registry, "device_tensor_cores"), module(registry, "device_streamed_gemm")
+    monkeypatch.setattr(tc, "KERNEL", "tma")
+    monkeypatch.setattr(sg, "SERVING", sg.Serving(sg.StreamedCut()))
+    stream, row = Recording("sm_90"), device_row(registry, BF16)
+    w, y = device_weight("bf16", 4096, 4096, 0x7000000), dev(0x2000, (16, 4096))
+    params = {"M": 16, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+    assert launch(row, [dev(0x1000, (16, 4096)), w, y], params, stream, 0x9000000, row.info.scratch({**params, "M": 256})) == RAD_OK
+    assert stream.launches[0][0] == sg.entry("bf16", 16) and "r4d_tma_maps" not in [name for name, *_ in stream.launches]
