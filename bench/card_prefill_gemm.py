@@ -6,6 +6,8 @@ over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shap
     python3 bench/card_prefill_gemm.py --cuts all          # every cut of device_tensor_cores.CUTS, one after another a shape
     python3 bench/card_prefill_gemm.py --cuts 128,128,64,4 128,256,32,5,2   # these cuts (rows,cols,k_bytes,stages[,depth])
     R4D_TC_KERNEL=mma python3 bench/card_prefill_gemm.py   # mma.sync's kernel (gemm_mma.cu) on the same card
+    python3 bench/card_prefill_gemm.py --kernels tma wgmma # gemm_tma.cu and gemm_wgmma.cu one after the other a shape
+    python3 bench/card_prefill_gemm.py --kernels tma --tma-cuts all   # every cut of device_tensor_cores.TMA_CUTS
     R4D_WG_GROUP=1 python3 bench/card_prefill_gemm.py      # wgmma's tiles in the old order (a wave along a row tile)
     python3 bench/card_prefill_gemm.py --carveout          # the GEMM hinted to the most shared memory first
     python3 bench/card_prefill_gemm.py --tokens 16 32 64 --lm-head --streamed 1 8,2,64,3   # batched decode's M:
@@ -19,7 +21,9 @@ replays of --repeats rows; TFLOP/s of 2 M N K. The peer: torch.matmul(x, w.T) of
 out, cuBLAS), captured and replayed the same way (bench/torch_graph_time.py); its microseconds and
 the ratio; the row's first launch alone (x narrowed or quantised) too. With --cuts, each of
 gemm_wgmma.cu's cuts in turn (device_tensor_cores.WGMMA_CUT set between launches, each cut its own
-compile) against the same torch figure, and a layer's total a cut. Agreement: max |y - ref| / max |ref| against torch's f32 product of the same bf16 values
+compile) against the same torch figure, and a layer's total a cut. With --kernels, each tile kernel
+named in turn (device_tensor_cores.KERNEL set between launches; tma in each of --tma-cuts, its
+launches r4d_tma_maps included). Agreement: max |y - ref| / max |ref| against torch's f32 product of the same bf16 values
 on the card (TF32 off), and against float64 numpy on 16 sampled rows where torch is missing; the
 row's tolerance is device_tensor_cores.TOLERANCE. --fp8: the fp8_channel row too (x quantised per row
 to e4m3), against its own tolerance. --streamed: at M <= 64, the same row again with
@@ -173,6 +177,11 @@ def main():
                         help="gemm_wgmma.cu's cuts to compare in this run, each 'rows,cols,k_bytes,stages[,depth]' "
                              "(device_tensor_cores.WgmmaCut), or 'all' (device_tensor_cores.CUTS); default: the "
                              "process's own (R4D_WG_CUT, else CUTS[0])")
+    parser.add_argument("--kernels", nargs="+", choices=["wgmma", "tma", "mma", "simt"],
+                        help="the tile kernels to time one after another (device_tensor_cores.KERNEL); default: the card's")
+    parser.add_argument("--tma-cuts", nargs="+", metavar="CUT",
+                        help="gemm_tma.cu's cuts with --kernels tma, each 'cols,k_bytes,stages' or 'all' "
+                             "(device_tensor_cores.TMA_CUTS); default: the process's (R4D_TMA_CUT, else TMA_CUTS[0])")
     parser.add_argument("--streamed", nargs="+", metavar="CUT",
                         help="at M <= 64, gemm_streamed.cu's cuts to time too, each '1' (the default) or "
                              "'warps,tiles,stage,pipe[,chunks]' (device_streamed_gemm.StreamedCut)")
@@ -191,11 +200,14 @@ def main():
     except ImportError as error:
         torch, peer = None, f"no PyTorch ({error})"
     kernels = {kind: tc.kernel_for("cuda", device.target, kind) for kind in tc.KINDS}
-    cuts = cuts_of(tc, args.cuts, kernels)
-    own = tc.WGMMA_CUT
+    cuts = cuts_of(tc, args.cuts, {**kernels, "named": "wgmma" if "wgmma" in (args.kernels or []) else None})
+    own, own_kernel, own_tma = tc.WGMMA_CUT, tc.KERNEL, tc.TMA_CUT
+    tma_cuts = (list(tc.TMA_CUTS) if args.tma_cuts == ["all"] else [tc.TmaCut.parse(text) for text in args.tma_cuts or []]
+                ) or [own_tma]
     results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer, "tokens": args.tokens,
                "kernels": kernels, "wgmma_group": tc.WGMMA_GROUP, "tolerance": tc.TOLERANCE, "cases": [],
-               "cuts": [str(cut or own) for cut in cuts], "streamed_cuts": [str(cut) for cut in streamed]}
+               "cuts": [str(cut or own) for cut in cuts], "streamed_cuts": [str(cut) for cut in streamed],
+               "named_kernels": args.kernels, "tma_cuts": [str(cut) for cut in tma_cuts]}
     print(f"card {results['card']} ({device.target}); M = {args.tokens}; streamed cuts {results['streamed_cuts']}; kernels {kernels} (wgmma's tiles in groups of "
           f"{tc.WGMMA_GROUP} row tiles; cuts rows,cols,k_bytes,stages[,depth]: {'; '.join(results['cuts'])}); {peer}", flush=True)
     kinds = ["bf16", "e4m3"] if args.fp8 else ["bf16"]
@@ -236,14 +248,25 @@ def main():
                     print(f"  {name:21} M {m:<5} torch: {type(error).__name__}: {str(error)[:120]}", flush=True)
             for fmt, weight in weights.items():
                 kind = "bf16" if fmt == "bf16" else "e4m3"
-                variants = [("tile", cut) for cut in cuts] + [("streamed", cut) for cut in (streamed if m <= sg.MAX_M else [])]
+                named = args.kernels or [None]  # None: the card's own kernel (R4D_TC_KERNEL or kernel_for)
+                variants = [("tile", kernel, cut) for kernel in named
+                            for cut in (tma_cuts if kernel == "tma" else cuts if kernel in (None, "wgmma") else [None])]
+                variants += [("streamed", None, cut) for cut in (streamed if m <= sg.MAX_M else [])]
                 tile_us = None
-                for path, cut in variants:
+                for path, kernel, cut in variants:
+                    tc.KERNEL = kernel or own_kernel
+                    running = tc.kernel_for("cuda", device.target, kind)
                     if path == "tile":
-                        tc.WGMMA_CUT, sg.SERVING = cut or own, None
-                        label = str(tc.wgmma_cut(kind)) if kernels[kind] == "wgmma" else kernels[kind]
+                        tc.WGMMA_CUT, tc.TMA_CUT, sg.SERVING = own, own_tma, None
+                        if running == "tma":
+                            tc.TMA_CUT = cut or own_tma
+                            label = f"tma {tc.TMA_CUT}"
+                        else:
+                            tc.WGMMA_CUT = cut or own
+                            label = str(tc.wgmma_cut(kind)) if running == "wgmma" else running
+                            label = f"wgmma {label}" if args.kernels and running == "wgmma" else label
                         label = f"tile {label}" if streamed and m <= sg.MAX_M else label
-                        splits = tc.split(m, n, k, kind, kernels[kind])[0]
+                        splits = tc.split(m, n, k, kind, running)[0]
                     else:
                         tc.WGMMA_CUT, sg.SERVING = own, sg.Serving(cut)  # every M of the bench, 64 too
                         label, splits = f"streamed {cut}", sg.split(m, n, k, kind, cut)[0]
@@ -284,7 +307,7 @@ def main():
                     print(line, flush=True)
                     results["cases"].append(case)
                     on_card.close()
-    tc.WGMMA_CUT, sg.SERVING = own, own_serving
+    tc.WGMMA_CUT, tc.TMA_CUT, tc.KERNEL, sg.SERVING = own, own_tma, own_kernel, own_serving
     results["blocks_a_multiprocessor"] = {}
     for cut in cuts:
         tc.WGMMA_CUT = cut or own

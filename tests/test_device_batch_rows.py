@@ -1,6 +1,6 @@
 """libr4d's device rows for batches on a real card against libref (device_batch_rows.py): the
 tensor-core gemm above the GEMV band, bf16 and fp8, each kernel the card can run (forced by
-device_tensor_cores.KERNEL), and the streamed GEMM of batched decode in several cuts
+device_tensor_cores.KERNEL; on Hopper gemm_tma.cu in each of its cuts too), and the streamed GEMM of batched decode in several cuts
 (device_streamed_gemm.SERVING set); the fp8 decode GEMV and its fused rows. The
 tolerances are docs/OPS.md's ("Agreement with libref"): device_tensor_cores.TOLERANCE and
 device_kernels.TOLERANCE. A prefill-sized M is checked on a sample of its rows (libref's ordered
@@ -10,7 +10,7 @@ card is visible. Without a card: tests/test_device_tensor_cores.py runs the same
 import numpy as np
 import pytest
 
-from radiance.plugins.kernels.libr4d.device_tensor_cores import CUTS
+from radiance.plugins.kernels.libr4d.device_tensor_cores import CUTS, TMA_CUTS
 from test_device_rows_support import Card, card
 from device_batch_support import fp8_weight
 from test_libr4d_support import activations, launch, make_weight, registry, rel_err, row_of  # noqa: F401
@@ -128,6 +128,22 @@ def test_every_wgmma_cut_agrees_with_libref(registry, on_card, monkeypatch, cut,
         pytest.skip(f"{DEVICE.target} runs no wgmma")
     monkeypatch.setattr(tc, "WGMMA_CUT", tc.WgmmaCut.parse(cut))
     gemm_case(registry, on_card, monkeypatch, "wgmma", fmt, n, k, m)
+
+
+@pytest.mark.usefixtures("tile_gemms")
+@pytest.mark.parametrize("cut", [str(cut) for cut in TMA_CUTS])
+@pytest.mark.parametrize("fmt,n,k,m", [("bf16", 4096, 4096, 300), ("bf16", 576, 1536, 65),
+                                       ("bf16", 1024, 4096, 9), ("fp8_channel", 14336, 4096, 300),
+                                       ("fp8", 4096, 14336, 64)])
+def test_every_tma_cut_agrees_with_libref(registry, on_card, monkeypatch, cut, fmt, n, k, m):
+    """gemm_tma.cu (R4D_TC_KERNEL=tma) in each cut device_tensor_cores.TMA_CUTS offers, on Hopper:
+    its tensor maps built on the card, M, N and K tails through TMA's zero fill, split K (M 9, 64
+    and 65), bf16 and both fp8 scalings (a prefill's M: the tests above, with R4D_TC_KERNEL=tma)."""
+    tc = module(registry, "device_tensor_cores")
+    if DEVICE.vendor != "cuda" or tc.sm_of(DEVICE.target) != 90:
+        pytest.skip(f"{DEVICE.target} is no Hopper: no TMA and wgmma")
+    monkeypatch.setattr(tc, "TMA_CUT", tc.TmaCut.parse(cut))
+    gemm_case(registry, on_card, monkeypatch, "tma", fmt, n, k, m)
 
 
 @pytest.mark.usefixtures("tile_gemms")

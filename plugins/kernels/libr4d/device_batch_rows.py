@@ -71,8 +71,9 @@ def _streamed(a, x: int, w: DeviceWeight, y: int, kind: str) -> list:
 def tc_gemm_steps(a, x: int, weight, y: int) -> list:
     """The launches of y = x . w^T for M above the GEMV band: up to 64 rows, where it serves
     (device_streamed_gemm.serves), the streamed GEMM; else for e4m3, x's rows quantised into the
-    scratch first (for wgmma's bf16, narrowed to bf16 there); then the tile kernel the card runs
-    (device_tensor_cores.kernel_for)."""
+    scratch first (for wgmma's and TMA's bf16, narrowed to bf16 there); for TMA, r4d_tma_maps
+    writing the tensor maps of those rows and of w into the scratch; then the tile kernel the card
+    runs (device_tensor_cores.kernel_for)."""
     w = DeviceWeight(weight)
     kind, m, n, k = _kind(w), int(a.params["M"]), w.rows, w.cols
     kernel = tc.kernel_for(_vendor(a), getattr(a.stream, "target", ""), kind)
@@ -97,8 +98,15 @@ def tc_gemm_steps(a, x: int, weight, y: int) -> list:
         narrow = KernelArgs("r4d_narrow_bf16_dev").pointer(x).i64(m * k).pointer(at("codes"))
         steps.append(Step("r4d_narrow_bf16_dev", "gemm_inputs", *tc.narrow_grid(m, k), narrow))
     grid, block = tc.grid(m, n, splits, kernel, kind)
-    args = (KernelArgs(name).pointer(at("codes") if "codes" in layout else x).pointer(at("scales")).pointer(w.codes)
-            .pointer(w.scale if kind == "e4m3" else 0).i32(1 if w.label == "fp8_channel" else 0).pointer(y)
+    rows = at("codes") if "codes" in layout else x  # the x the GEMM reads: bf16 rows or e4m3 codes, else f32
+    if kernel == "tma":  # its tensor maps of x's rows and w's, built on the card into the scratch
+        row_bytes = k * (2 if kind == "bf16" else 1)
+        maps = KernelArgs("r4d_tma_maps").pointer(rows).pointer(w.codes).i32(m).i32(n).i32(row_bytes).pointer(at("maps"))
+        steps.append(Step("r4d_tma_maps", "gemm_tma", (1, 1, 1), (32, 1, 1), maps, 0, tc.options("r4d_tma_maps")))
+        args = KernelArgs(name).pointer(at("maps")).pointer(at("scales"))
+    else:
+        args = KernelArgs(name).pointer(rows).pointer(at("scales")).pointer(w.codes)
+    args = (args.pointer(w.scale if kind == "e4m3" else 0).i32(1 if w.label == "fp8_channel" else 0).pointer(y)
             .pointer(at("partial")).pointer(at("counters")).i32(m).i32(n).i32(k).i32(per))
     steps.append(Step(name, tc.source(kernel), grid, block, args, tc.shared_bytes(m, kernel, kind), tc.options(name)))
     return steps

@@ -6,8 +6,9 @@ Kernels, chosen by the card (`kernel_for`): gemm_wgmma.cu's warpgroup MMA on Hop
 for sm_90a: the way to its fp8 tensor cores and full bf16 rate; its bf16 kind reads x as bf16 rows
 that r4d_narrow_bf16_dev writes into the scratch first), gemm_mma.cu's mma.sync from sm_80
 (its e4m3 kind from sm_89), and elsewhere (AMD, older NVIDIA) gemm.cu's f32 SIMT tiles, which every
-format reads. R4D_TC_KERNEL=wgmma|mma|simt forces one for a process (the card tests compare
-them)."""
+format reads. gemm_tma.cu (the same MMAs fed by TMA from a producer warp, r4d_tma_maps building its
+tensor maps in the scratch first) runs where R4D_TC_KERNEL=tma asks for it, until a card shows it
+faster. R4D_TC_KERNEL=wgmma|tma|mma|simt forces one for a process (the card tests compare them)."""
 
 import os
 from dataclasses import dataclass, replace
@@ -22,7 +23,7 @@ TARGET_BLOCKS = 264     # split K until about two blocks a multiprocessor of an 
 MAX_SPLITS = 8
 MIN_TILES_PER_SPLIT = 4
 KINDS = ("bf16", "e4m3")
-KERNELS = ("wgmma", "mma", "simt")
+KERNELS = ("wgmma", "tma", "mma", "simt")
 KERNEL = os.environ.get("R4D_TC_KERNEL") or None
 
 # max|y - ref| / max|ref| against libref's f32 gemm (docs/OPS.md "Agreement"): x rounded to bf16
@@ -43,7 +44,7 @@ def sm_of(target: str) -> int:
 
 
 def kernel_for(vendor: str, target: str, kind: str) -> str:
-    """'wgmma', 'mma' or 'simt' for a GEMM of `kind` on this card."""
+    """'wgmma', 'mma' or 'simt' for a GEMM of `kind` on this card ('tma' only where R4D_TC_KERNEL asks)."""
     if kind not in KINDS:
         raise ValueError(f"no tensor-core kind {kind!r} (known: {', '.join(KINDS)})")
     if KERNEL is not None:
@@ -136,7 +137,80 @@ WGMMA_CUT = WgmmaCut.parse(os.environ["R4D_WG_CUT"]) if os.environ.get("R4D_WG_C
 WGMMA_GROUP = int(os.environ.get("R4D_WG_GROUP") or 16)
 NARROW_THREADS = 256    # r4d_narrow_bf16_dev: 8 values a thread a step
 NARROW_MAX_BLOCKS = 4096
-TC_KERNELS = ("mma", "wgmma")
+TC_KERNELS = ("mma", "wgmma", "tma")
+
+
+@dataclass(frozen=True)
+class TmaCut:
+    """gemm_tma.cu's cut (the WG_* macros it shares with gemm_wgmma.cu's PTX): a block of `rows` (128:
+    two consumer warpgroups of 64 and a producer warp, 288 threads; 192: three, 384 threads, thread 0
+    issuing the loads) x `cols` columns (128: two blocks a multiprocessor, 64 f32 accumulators a
+    thread; 256: one, 128; 192 rows only with 256 columns), `k_bytes` of K a stage of each row (128,
+    64 or 32: the tensor maps' swizzle and wgmma's layout of that width), a ring of `stages`
+    stages. The stages, 16 bytes of mbarriers a stage and 16 more within RAD_MAX_SHARED_BYTES (64
+    KiB a launch)."""
+    cols: int = 128
+    k_bytes: int = 64
+    stages: int = 3
+    rows: int = 128
+
+    @property
+    def threads(self) -> int:
+        return 288 if self.rows == 128 else 384
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.rows + self.cols) * self.k_bytes
+
+    @property
+    def shared(self) -> int:
+        return self.stages * self.stage_bytes + 16 * self.stages + 16
+
+    @property
+    def blocks(self) -> int:
+        return 2 if (self.rows, self.cols) == (128, 128) else 1
+
+    def defines(self) -> tuple:
+        # WG_DEPTH=1: gemm_wgmma.cu's own check of its macros holds for two stages (gemm_tma.cu keeps one
+        # group of MMAs in flight whatever it says)
+        return (f"-DWG_WARPGROUPS={self.rows // 64}", f"-DWG_BN={self.cols}", f"-DWG_KB={self.k_bytes}",
+                f"-DWG_STAGES={self.stages}", "-DWG_DEPTH=1")
+
+    def __str__(self) -> str:
+        return f"{self.cols},{self.k_bytes},{self.stages}" + (f",{self.rows}" if self.rows != 128 else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "TmaCut":
+        """'cols,k_bytes,stages[,rows]' (R4D_TMA_CUT): ValueError naming what is wrong."""
+        try:
+            parts = [int(part) for part in text.split(",")]
+            if len(parts) not in (3, 4):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"R4D_TMA_CUT={text!r}: expected 'cols,k_bytes,stages[,rows]', three or four "
+                             "integers") from None
+        cut = cls(*parts)
+        if not (cut.cols in (128, 256) and cut.rows in (128, 192) and (cut.rows, cut.cols) != (192, 128)
+                and cut.k_bytes in (32, 64, 128) and cut.stages >= 2 and cut.shared <= 65536):
+            raise ValueError(f"R4D_TMA_CUT={text!r}: cols 128 or 256, rows 128 or 192 (192 with 256 cols), k_bytes "
+                             f"32, 64 or 128, stages >= 2, stages x ((rows + cols) x k_bytes + 16) + 16 <= 65536")
+        return cut
+
+
+# The cuts bench/card_prefill_gemm.py --tma-cuts all compares, the first the default: 128 x 128 in 3
+# stages of 64 bytes of K (two blocks a multiprocessor: six stages on it), 128 x 128 in 7 of 32
+# (more, smaller loads ahead), 128 x 256 in 5 of 32, 192 x 256 in 4 of 32 and in 2 of 64 (one block).
+# Why the wider ones: a block reads (rows + cols) x 2 bytes of L2 a K step for 2 rows cols flops, 1
+# byte for 64 flops at 128 x 128 (~12 TB/s at the card's 790 TFLOP/s), for 85 at 128 x 256, for 110
+# at 192 x 256 (~7 TB/s); gemm_wgmma.cu's 128 x 128 moved ~6 TB/s. Against that, 192 rows leave
+# N = 4096 at 176 tiles, 1.3 waves of 132. A consumer keeps one stage's MMAs in flight, so stages - 1
+# are loaded ahead.
+TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "128,32,7", "256,32,5", "256,32,4,192", "256,64,2,192"))
+# R4D_TMA_CUT="cols,k_bytes,stages[,rows]" cuts gemm_tma.cu's work otherwise for a process; read at
+# every launch's plan (the bench sets TMA_CUT between shapes)
+TMA_CUT = TmaCut.parse(os.environ["R4D_TMA_CUT"]) if os.environ.get("R4D_TMA_CUT") else TMA_CUTS[0]
+TMA_ENTRIES = ("r4d_tma_gemm_bf16", "r4d_tma_gemm_e4m3", "r4d_tma_maps")
+MAP_BYTES = 128         # a CUtensorMap; r4d_tma_maps writes x's then w's into the scratch
 
 
 def wgmma_cut(kind: str) -> WgmmaCut:
@@ -146,27 +220,29 @@ def wgmma_cut(kind: str) -> WgmmaCut:
 
 def tile_m(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
     """Rows of a block's tile: mma.sync 64 for batched decode's few rows, 128 for prefill; wgmma's
-    its cut's (128 or 192)."""
+    its cut's (128 or 192), TMA's its cut's (128 or 192)."""
     if kernel == "wgmma":
         return wgmma_cut(kind).rows
+    if kernel == "tma":
+        return TMA_CUT.rows
     return 128 if m > 64 else 64
 
 
 def tile_n(kernel: str = "mma", kind: str = "bf16") -> int:
-    """Columns of a block's tile: mma.sync 128, wgmma its cut's (128 or 256)."""
-    return wgmma_cut(kind).cols if kernel == "wgmma" else TILE_N
+    """Columns of a block's tile: mma.sync 128, wgmma's and TMA's their cut's (128 or 256)."""
+    return wgmma_cut(kind).cols if kernel == "wgmma" else TMA_CUT.cols if kernel == "tma" else TILE_N
 
 
 def k_tile(kind: str, kernel: str = "mma") -> int:
     """K elements of one shared-memory step: 64 bytes for mma.sync (32 bf16, 64 e4m3), the cut's
-    k_bytes for wgmma (128: 64 bf16, 128 e4m3; 64; 32)."""
-    step = wgmma_cut(kind).k_bytes if kernel == "wgmma" else 64
+    k_bytes for wgmma and TMA (128: 64 bf16, 128 e4m3; 64; 32)."""
+    step = wgmma_cut(kind).k_bytes if kernel == "wgmma" else TMA_CUT.k_bytes if kernel == "tma" else 64
     return step // 2 if kind == "bf16" else step
 
 
 def split(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> tuple[int, int]:
     """(splits, k-tiles a split): K cut where the output tiles alone give fewer than a wave's blocks
-    (TARGET_BLOCKS for mma.sync, MULTIPROCESSORS x the cut's blocks a multiprocessor for wgmma),
+    (TARGET_BLOCKS for mma.sync, MULTIPROCESSORS x the cut's blocks a multiprocessor for wgmma and TMA),
     into at most ceil(target / tiles) splits (and MAX_SPLITS), each at least
     MIN_TILES_PER_SPLIT tiles, none empty: of those counts the one that takes the fewest k-tile
     steps end to end, ceil(tiles * splits / target) waves of ceil(steps / splits) steps (the
@@ -174,7 +250,8 @@ def split(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> tuple[int, 
     (384 blocks, two waves of 22: 44). From shapes and the kernel only, so every card of a kind adds
     the same partial sums in the same order."""
     tiles = -(-m // tile_m(m, kernel, kind)) * -(-n // tile_n(kernel, kind))
-    target = MULTIPROCESSORS * wgmma_cut(kind).blocks if kernel == "wgmma" else TARGET_BLOCKS
+    target = (MULTIPROCESSORS * wgmma_cut(kind).blocks if kernel == "wgmma" else MULTIPROCESSORS * TMA_CUT.blocks
+              if kernel == "tma" else TARGET_BLOCKS)
     steps = -(-k // k_tile(kind, kernel))
     best, best_steps = 1, None
     for splits in range(1, max(1, min(-(-target // tiles), MAX_SPLITS, steps // MIN_TILES_PER_SPLIT)) + 1):
@@ -192,11 +269,13 @@ WGMMA_ENTRIES = ("r4d_wgmma_gemm_bf16", "r4d_wgmma_gemm_e4m3")
 
 
 def entry(kind: str, m: int, kernel: str = "mma") -> str:
-    return f"r4d_wgmma_gemm_{kind}" if kernel == "wgmma" else f"r4d_mma_gemm_{kind}_m{tile_m(m)}"
+    if kernel in ("wgmma", "tma"):
+        return f"r4d_{kernel}_gemm_{kind}"
+    return f"r4d_mma_gemm_{kind}_m{tile_m(m)}"
 
 
 def source(kernel: str) -> str:
-    return "gemm_wgmma" if kernel == "wgmma" else "gemm_mma"
+    return {"wgmma": "gemm_wgmma", "tma": "gemm_tma"}.get(kernel, "gemm_mma")
 
 
 def options(name: str) -> tuple:
@@ -207,15 +286,18 @@ def options(name: str) -> tuple:
         kind = KINDS[WGMMA_ENTRIES.index(name)]
         return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", *wgmma_cut(kind).defines(),
                 f"-DWG_GROUP={WGMMA_GROUP}")
+    if name in TMA_ENTRIES:  # gemm_wgmma.cu's PTX before it, none of its entries (R4D_WG_ONLY=3)
+        return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", f"-DR4D_TM_ONLY={TMA_ENTRIES.index(name) + 1}",
+                *TMA_CUT.defines(), f"-DWG_GROUP={WGMMA_GROUP}")
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
 
 def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -> tuple:
     """mma.sync: (column tiles, row tiles, splits) of 256 threads; wgmma: (tiles, 1, splits) of the
     cut's threads, the kernel ordering its tiles in groups of WGMMA_GROUP row tiles (gemm_wgmma.cu's
-    WG_GROUP). Either way a split-K counter a tile."""
-    if kernel == "wgmma":
-        cut = wgmma_cut(kind)
+    WG_GROUP); TMA's the same of its cut's threads. Either way a split-K counter a tile."""
+    if kernel in ("wgmma", "tma"):
+        cut = wgmma_cut(kind) if kernel == "wgmma" else TMA_CUT
         return (-(-n // cut.cols) * -(-m // cut.rows), 1, splits), (cut.threads, 1, 1)
     return (-(-n // TILE_N), -(-m // tile_m(m, kernel)), splits), (THREADS, 1, 1)
 
@@ -223,9 +305,11 @@ def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -
 def shared_bytes(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
     """Dynamic shared memory: gemm_mma.cu's TC_STAGES stages of an A and a B tile, or
     gemm_wgmma.cu's stages of swizzled x and w tiles (no slack: the kernel has no static shared
-    memory, so its dynamic area starts 1024-aligned)."""
+    memory, so its dynamic area starts 1024-aligned); gemm_tma.cu's stages and mbarriers."""
     if kernel == "wgmma":
         return wgmma_cut(kind).shared
+    if kernel == "tma":
+        return TMA_CUT.shared
     return STAGES * (tile_m(m) + TILE_N) * ROW_BYTES
 
 
@@ -235,9 +319,9 @@ def narrow_grid(m: int, k: int) -> tuple:
 
 
 def narrows(kind: str, kernel: str) -> bool:
-    """Whether x goes through the scratch as bf16 rows first: gemm_wgmma.cu's bf16 kind reads both
-    operands as bytes (gemm_mma.cu narrows its f32 x itself)."""
-    return kind == "bf16" and kernel == "wgmma"
+    """Whether x goes through the scratch as bf16 rows first: gemm_wgmma.cu's and gemm_tma.cu's bf16
+    kinds read both operands as bytes (gemm_mma.cu narrows its f32 x itself)."""
+    return kind == "bf16" and kernel in ("wgmma", "tma")
 
 
 def _aligned(nbytes: int) -> int:
@@ -246,8 +330,8 @@ def _aligned(nbytes: int) -> int:
 
 def scratch_layout(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> dict:
     """Offsets in the row's scratch: split-K counters (a u32 a tile) and partial sums [splits, M, N]
-    f32 where K is split; for e4m3, x's codes [M, K] and row scales [M]; for wgmma's bf16, x's bf16
-    rows [M, K] ("codes"); and the total."""
+    f32 where K is split; for e4m3, x's codes [M, K] and row scales [M]; for wgmma's and TMA's bf16,
+    x's bf16 rows [M, K] ("codes"); for TMA, the two tensor maps (x's, w's: "maps"); and the total."""
     splits, _ = split(m, n, k, kind, kernel)
     at, layout = 0, {}
     if splits > 1:
@@ -259,12 +343,14 @@ def scratch_layout(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> di
         layout["scales"], at = at, _aligned(at + 4 * m)
     elif narrows(kind, kernel):
         layout["codes"], at = at, _aligned(at + 2 * m * k)
+    if kernel == "tma":
+        layout["maps"], at = at, _aligned(at + 2 * MAP_BYTES)
     layout["total"] = at
     return layout
 
 
 def scratch_bytes(max_m: int, n: int, k: int, kind: str) -> int:
-    """The most any M of the band [GEMV_MAX_M + 1, max_m] needs with either tensor-core kernel (the
+    """The most any M of the band [GEMV_MAX_M + 1, max_m] needs with any tensor-core kernel (the
     split, so the partials, vary with M and the kernel; the hook does not know the card)."""
     return max((scratch_layout(m, n, k, kind, kernel)["total"] for kernel in TC_KERNELS
                 for m in range(GEMV_MAX_M + 1, max(max_m, GEMV_MAX_M + 1) + 1)), default=0)

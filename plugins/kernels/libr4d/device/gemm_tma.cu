@@ -1,0 +1,300 @@
+// libr4d device rows: gemm_wgmma.cu's GEMM (y[M, N] = x[M, K] . w[N, K]^T above the GEMV band, the
+// same two kinds, arguments, split K and epilogue) fed by the Tensor Memory Accelerator, warp
+// specialised: one producer warp issues TMA tile loads into a ring of stages, two consumer
+// warpgroups run wgmma on them, and full/empty mbarriers hand each stage back and forth. So the
+// loads of later k-tiles run under the MMAs of this one inside a block (gemm_wgmma.cu's every thread
+// copies, then waits at a barrier: its copies and MMAs take turns). Compiled for sm_90a.
+//
+// device_kernels.PARTS puts gemm_wgmma.cu before this file, built with R4D_WG_ONLY=3 (none of its
+// entries): its wgmma PTX (wg_desc, wg_mma, wg_fence, wg_commit, wg_wait, wg_pin) is the one this
+// kernel runs, in the cut given by the same WG_* macros (device_tensor_cores.TmaCut.defines):
+//   WG_WARPGROUPS  the consumer warpgroups, 64 rows of x each: 2 (a block is TM_BM = 128 rows, and a
+//                  producer warp is the block's ninth) or 3 (192 rows, with 256 columns; no producer
+//                  warp: thread 0 issues the loads between its warpgroup's steps, as 13 warps would
+//                  leave a thread 128 registers and a warpgroup's 128 accumulators need ~155)
+//   WG_BN          columns of a block (w's rows): 128 (two blocks a multiprocessor) or 256 (one)
+//   WG_KB          bytes of K a stage holds of each row: 128, 64 or 32; TMA writes the tiles in the
+//                  swizzle of that width (the tensor map's swizzle mode), which is the layout wgmma's
+//                  descriptor names (wg_desc's layout type): x's 128 rows then w's WG_BN rows
+//   WG_STAGES      stages in the ring; every stage plus the barriers within the 64 KiB a launch may
+//                  have (RAD_MAX_SHARED_BYTES, abi/rad_stream.h)
+//
+// The tensor maps. TMA reads a matrix through a 128-byte CUtensorMap. The plugin calls no driver
+// function: r4d_tma_maps (a one-warp launch before the GEMM, the same stream) builds both maps in
+// the row's scratch on the card: 128 zero bytes in shared memory, each field set by
+// tensormap.replace (sm_90a), then tensormap.cp_fenceproxy copies it to global memory with the
+// release fence of the tensormap proxy; the GEMM's producer acquires it (fence.proxy.tensormap
+// ...acquire) before its first load. Both matrices are maps of bytes (element type u8: a bf16 row
+// is 2 K bytes, an e4m3 row K): dimension 0 the row's bytes, dimension 1 the rows; the box WG_KB
+// bytes by the tile's rows; out-of-range rows and bytes are filled with zeros (the M, N and K tails).
+#define TM_CONSUMERS WG_WARPGROUPS
+#define TM_BM (64 * TM_CONSUMERS)
+#define TM_PRODUCER (4 * TM_CONSUMERS)                // the producer's warp: the one after the consumers'
+#define TM_OWN_PRODUCER (TM_CONSUMERS == 2)           // a producer warp (else thread 0 loads)
+#define TM_THREADS (128 * TM_CONSUMERS + (TM_OWN_PRODUCER ? 32 : 0))
+#define TM_X_BYTES (TM_BM * WG_KB)                    // x's tile in a stage, then w's (WG_BN * WG_KB)
+#define TM_STAGE_BYTES ((TM_BM + WG_BN) * WG_KB)
+#define TM_BARRIERS (WG_STAGES * TM_STAGE_BYTES)      // full[WG_STAGES], empty[WG_STAGES], then the split flag
+#define TM_SHARED (TM_BARRIERS + 16 * WG_STAGES + 16)  // device_tensor_cores.TmaCut.shared
+#define TM_BLOCKS (WG_BN == 128 && TM_CONSUMERS == 2 ? 2 : 1)  // 2 x 288 threads of at most 96 registers: 64 accumulators
+#define TM_SWIZZLE (WG_KB == 128 ? 3 : WG_KB == 64 ? 2 : 1)  // tensormap.replace's swizzle_mode: 128, 64, 32 bytes
+#define TM_ARRIVALS (4 * TM_CONSUMERS)                // a stage's release: lane 0 of every consumer warp
+#if (WG_WARPGROUPS != 2 && !(WG_WARPGROUPS == 3 && WG_BN == 256)) || WG_STAGES < 2 || TM_SHARED > 65536 || \
+    (WG_BN != 128 && WG_BN != 256)
+#error "gemm_tma.cu: a cut outside what the kernel is written for (device_tensor_cores.TmaCut says which)"
+#endif
+
+// ---- the mbarriers' and TMA's PTX (tests/test_gemm_tma_on_host.py puts host forms in place of this part)
+__device__ __forceinline__ void tm_init(u64* barrier, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(r4d_smem(barrier)), "r"(count) : "memory");
+}
+// the initialised barriers made visible to the async proxy (TMA's complete_tx) before any use
+__device__ __forceinline__ void tm_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void tm_arrive(u64* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(r4d_smem(barrier)) : "memory");
+}
+// the producer's arrival on a full barrier, saying how many bytes TMA will complete on it
+__device__ __forceinline__ void tm_expect(u64* barrier, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(r4d_smem(barrier)), "r"(bytes) : "memory");
+}
+// Until the phase of `parity` has completed: a barrier in phase n (none of its phases done yet when
+// n = 0) reports parity (n - 1) & 1, the phase before, done, and n & 1 not. A wait past 4 s traps
+// (the launch fails with an error) rather than hanging the card: a lost arrival or a load that
+// never lands is a bug to be reported. The loop is the asm's own: a C++ loop around try_wait is
+// divergent code to ptxas, which then serialises the wgmmas around it (C7518, "compiler-inserted
+// WG.DP in divergent path") in the three-warpgroup cut.
+__device__ __forceinline__ void tm_wait(u64* barrier, u32 parity) {
+    asm volatile("{\n\t.reg .pred p, late;\n\t.reg .u64 start, now;\n\t"
+                 "mov.u64 start, %%globaltimer;\n"
+                 "TM_WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@p bra TM_DONE_%=;\n\t"
+                 "mov.u64 now, %%globaltimer;\n\t"
+                 "sub.u64 now, now, start;\n\t"
+                 "setp.gt.u64 late, now, 4000000000;\n\t"
+                 "@late trap;\n\t"
+                 "bra TM_WAIT_%=;\n"
+                 "TM_DONE_%=:\n}\n" ::"r"(r4d_smem(barrier)), "r"(parity)
+                 : "memory");
+}
+// The box of the map at (byte k of a row, row `row`) into `into`, completing its bytes on `barrier`
+__device__ __forceinline__ void tm_load(void* into, const void* map, int k, int row, u64* barrier) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(r4d_smem(into)), "l"(map), "r"(k), "r"(row), "r"(r4d_smem(barrier))
+                 : "memory");
+}
+// A map another launch wrote (r4d_tma_maps' release) acquired by the tensormap proxy before TMA
+// reads it. The bulk-group commit and wait after it: Triton's workaround for ptxas leaving out a
+// fence after the acquire (nothing is in flight then: they cost nothing).
+__device__ __forceinline__ void tm_acquire(const void* map) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n\tcp.async.bulk.commit_group;\n\t"
+                 "cp.async.bulk.wait_group.read 0;\n" ::"l"(map)
+                 : "memory");
+}
+// tm_expect and both tm_loads of a stage where `issue` holds: predicated instructions, so that every
+// thread runs the same code (thread 0 without a producer warp)
+__device__ __forceinline__ void tm_refill(bool issue, u8* into, const u8* maps, int k, int m0, int n0, u64* barrier) {
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t"
+                 "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%1], %2;\n\t"
+                 "@p cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%3], [%4, {%5, %6}], [%1];\n\t"
+                 "@p cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%7], [%8, {%5, %9}], [%1];\n}\n"
+                 ::"r"((u32)issue), "r"(r4d_smem(barrier)), "r"((u32)TM_STAGE_BYTES), "r"(r4d_smem(into)), "l"(maps), "r"(k),
+                 "r"(m0), "r"(r4d_smem(into + TM_X_BYTES)), "l"(maps + 128), "r"(n0)
+                 : "memory");
+}
+// ---- end of the mbarriers' and TMA's PTX
+
+template <int KIND>
+__device__ void tm_gemm(const u8* maps, const TcGemm& p) {
+    extern __shared__ __align__(1024) u8 tm_shared[];
+    if (r4d_smem(tm_shared) % 1024) __trap();  // the swizzle's atoms would not be where TMA and wgmma put them
+    u64* full = (u64*)(tm_shared + TM_BARRIERS);  // full[s]: stage s's bytes have landed
+    u64* empty = full + WG_STAGES;                 // empty[s]: every consumer warp is done reading stage s
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warpgroup = warp / 4, g = lane / 4, tq = lane % 4;
+    // the output tile: gemm_wgmma.cu's order (groups of WG_GROUP row tiles, then right)
+    int tiles_m = (p.M + TM_BM - 1) / TM_BM, tiles_n = (p.N + WG_BN - 1) / WG_BN;
+    int span = WG_GROUP * tiles_n, first = (int)blockIdx.x / span * WG_GROUP, group = min(WG_GROUP, tiles_m - first);
+    int m0 = (first + (int)blockIdx.x % span % group) * TM_BM, n0 = (int)blockIdx.x % span / group * WG_BN;
+    int tiles = (p.K * (KIND == TC_BF16 ? 2 : 1) + WG_KB - 1) / WG_KB;  // k-tiles of WG_KB bytes
+    int t0 = blockIdx.z * p.tiles_per_split, t1 = min(tiles, t0 + p.tiles_per_split), count = max(0, t1 - t0);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WG_STAGES; ++s) {
+            tm_init(full + s, 1);             // the producer's expect_tx arrival (and TMA's bytes)
+            tm_init(empty + s, TM_ARRIVALS);  // lane 0 of each consumer warp
+        }
+        tm_init_fence();
+    }
+    __syncthreads();
+    R4D_CHAIN_PROLOGUE();  // the maps, x's rows (and e4m3's scales) are the launches' before this one
+    // k-tile i lives in stage s = i % WG_STAGES, its round r = i / WG_STAGES: the r-th time stage s
+    // is filled, which completes phase r of full[s]; the consumers' release of it completes phase r
+    // of empty[s]. Parity: in round r the consumers wait full[s] for parity r & 1 (phase r done);
+    // the producer, before filling stage s in round r, waits empty[s] for parity (r & 1) ^ 1, the
+    // phase before r: in round 0 that is the barrier's phase "-1", reported done at once (the ring
+    // starts empty); in round r > 0 it is phase r - 1, the consumers' release of round r - 1. A
+    // barrier cannot run two phases ahead of a waiter: stage s is not refilled (full[s]'s next phase)
+    // before every consumer warp has released it (empty[s]), which each does only after its own wait
+    // on full[s] in that round.
+    if (TM_OWN_PRODUCER && warp == TM_PRODUCER) {
+        if (lane == 0 && count > 0) {
+            const u8 *map_x = maps, *map_w = maps + 128;
+            tm_acquire(map_x);
+            tm_acquire(map_w);
+            for (int i = 0; i < count; ++i) {
+                int s = i % WG_STAGES;
+                u32 round = (u32)(i / WG_STAGES);
+                tm_wait(empty + s, (round & 1) ^ 1);
+                u8* stage = tm_shared + s * TM_STAGE_BYTES;
+                tm_expect(full + s, TM_STAGE_BYTES);  // both boxes, zero-filled parts included
+                int k = (t0 + i) * WG_KB;
+                tm_load(stage, map_x, k, m0, full + s);
+                tm_load(stage + TM_X_BYTES, map_w, k, n0, full + s);
+            }
+        }
+    }
+    // Without a producer warp (three consumer warpgroups) the whole block runs the loads' code and
+    // thread 0 alone issues them, by predicate: the ring filled first (round 0: every stage empty),
+    // then after step i's release, once every warp has released tile i - 1 (the phase of its round
+    // of empty[]), that stage refilled with tile i - 1 + WG_STAGES. No wait can hold itself up: the
+    // full[] wait of step i is for a tile loaded at step i - WG_STAGES + 1 or before, the empty[]
+    // wait of step i for releases every warp makes at step i before it waits.
+    bool loader = !TM_OWN_PRODUCER && threadIdx.x == 0 && count > 0;
+    if (!TM_OWN_PRODUCER) {
+        if (loader) {
+            tm_acquire(maps);
+            tm_acquire(maps + 128);
+        }
+        for (int i = 0; i < min(count, WG_STAGES); ++i)
+            tm_refill(loader, tm_shared + i * TM_STAGE_BYTES, maps, (t0 + i) * WG_KB, m0, n0, full + i);
+    }
+    float d[WG_ACC];
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) d[i] = 0.0f;
+    int r0 = m0 + warpgroup * 64 + warp % 4 * 16 + g;  // a consumer lane's output rows: r0 and r0 + 8
+    if (warp < TM_PRODUCER) {
+        // A step: wait for the stage's bytes, issue its WG_KB / 32 MMAs (K 16 bf16 or 32 e4m3 each,
+        // the descriptors advanced 32 bytes), commit; wait_group 1: this warpgroup's MMAs of the
+        // step before have retired (read their stage), so the warp releases that stage. One group
+        // stays in flight under the next stage's wait; the last stage needs no release.
+        for (int i = 0; i < count; ++i) {
+            int s = i % WG_STAGES;
+            tm_wait(full + s, (u32)(i / WG_STAGES) & 1);
+            u8* stage = tm_shared + s * TM_STAGE_BYTES;
+            u64 a = wg_desc(stage + warpgroup * 64 * WG_KB), b = wg_desc(stage + TM_X_BYTES);
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < WG_KB / 32; ++j) wg_mma<KIND, WG_BN>(d, a + 2 * j, b + 2 * j);
+            wg_commit();
+            wg_wait<1>();
+            __syncwarp();  // every lane past its wait (wait_group is .aligned: this only says so)
+            if (i > 0 && lane == 0) tm_arrive(empty + (i - 1) % WG_STAGES);
+            if (!TM_OWN_PRODUCER && i > 0 && i - 1 + WG_STAGES < count) {
+                // the stage tile i - 1 leaves, refilled with tile i - 1 + WG_STAGES once every warp
+                // has released it (its round's phase of empty[]). Every thread waits, the same code
+                // for all (the block's warps keep within a step of each other: tile i's MMAs are in
+                // flight meanwhile); thread 0 alone issues, by predicate
+                int back = (i - 1) % WG_STAGES, k = (t0 + i - 1 + WG_STAGES) * WG_KB;
+                tm_wait(empty + back, (u32)((i - 1) / WG_STAGES) & 1);
+                tm_refill(loader, tm_shared + back * TM_STAGE_BYTES, maps, k, m0, n0, full + back);
+            }
+        }
+        wg_wait<0>();
+        wg_pin(d);
+    }
+    // gemm_wgmma.cu's epilogue (D's layout: d[i] is row r0 + 8 ((i >> 1) & 1), column
+    // n0 + 8 (i >> 2) + 2 tq + (i & 1)); the producer's warp holds no outputs
+    bool split = gridDim.z > 1, consumer = warp < TM_PRODUCER;
+    if (consumer) {
+#pragma unroll
+        for (int i = 0; i < WG_ACC; ++i) {
+            int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
+            if (m < p.M && n < p.N) {
+                if (split) p.partial[((long long)blockIdx.z * p.M + m) * p.N + n] = d[i];
+                else p.y[(long long)m * p.N + n] = tc_finish<KIND>(p, m, n, d[i]);
+            }
+            if ((i & 3) == 3) asm volatile("" ::: "memory");
+        }
+    }
+    // every thread of the block passes r4d_last_split's barriers, the producer's warp too
+    if (!split || !r4d_last_split(p.counters, (int*)(tm_shared + TM_BARRIERS + 16 * WG_STAGES)) || !consumer) return;
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) {  // the tile's last block: every split's sums, added in split order
+        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
+        if (m >= p.M || n >= p.N) continue;
+        float sum = 0.0f;
+        for (int s = 0; s < (int)gridDim.z; ++s) sum += r4d_load_l2(p.partial + ((long long)s * p.M + m) * p.N + n);
+        p.y[(long long)m * p.N + n] = tc_finish<KIND>(p, m, n, sum);
+    }
+}
+
+// ---- the tensor maps' PTX (tensormap.replace on a map in shared memory; the host test replaces this part too)
+#define TM_REPLACE(FIELD, TYPE) "tensormap.replace.tile." FIELD ".shared::cta.b1024." TYPE " [%0], %1;\n"
+#define TM_REPLACE_AT(FIELD, TYPE) "tensormap.replace.tile." FIELD ".shared::cta.b1024." TYPE " [%0], %1, %2;\n"
+
+// The map of a [rows, row_bytes] matrix of bytes at `base`, its box WG_KB bytes by `box` rows, in
+// the swizzle of WG_KB bytes, written into `staged` (shared, 128 zero bytes: the fields no replace
+// names stay 0: element type u8, no interleave, zero fill, no L2 promotion). One thread.
+__device__ __forceinline__ void tm_fill(u32* staged, const void* base, int rows, int row_bytes, int box) {
+    u32 map = r4d_smem(staged);
+    // tensormap.replace's global_stride: the stride in bytes from PTX ISA 8.6 on; the PTX of older
+    // compilers (CUDA <= 12.6: PTX <= 8.5) took it already divided by 16 (Triton's ptxas workaround)
+#if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ < 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ <= 6))
+    u64 stride = (u64)row_bytes >> 4;
+#else
+    u64 stride = (u64)row_bytes;
+#endif
+    asm volatile(TM_REPLACE("global_address", "b64") ::"r"(map), "l"((u64)base) : "memory");
+    asm volatile(TM_REPLACE("rank", "b32") ::"r"(map), "n"(1) : "memory");  // rank - 1: two dimensions
+    asm volatile(TM_REPLACE_AT("box_dim", "b32") ::"r"(map), "n"(0), "r"(WG_KB) : "memory");
+    asm volatile(TM_REPLACE_AT("box_dim", "b32") ::"r"(map), "n"(1), "r"(box) : "memory");
+    asm volatile(TM_REPLACE_AT("global_dim", "b32") ::"r"(map), "n"(0), "r"(row_bytes) : "memory");
+    asm volatile(TM_REPLACE_AT("global_dim", "b32") ::"r"(map), "n"(1), "r"(rows) : "memory");
+    asm volatile(TM_REPLACE_AT("global_stride", "b64") ::"r"(map), "n"(0), "l"(stride) : "memory");
+    asm volatile(TM_REPLACE_AT("element_stride", "b32") ::"r"(map), "n"(0), "r"(1) : "memory");
+    asm volatile(TM_REPLACE_AT("element_stride", "b32") ::"r"(map), "n"(1), "r"(1) : "memory");
+    asm volatile(TM_REPLACE("swizzle_mode", "b32") ::"r"(map), "n"(TM_SWIZZLE) : "memory");
+}
+// The staged map copied to `to` in global memory with the tensormap proxy's release: the whole warp
+__device__ __forceinline__ void tm_publish(u8* to, u32* staged) {
+    asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n"
+                 ::"l"(to), "r"(r4d_smem(staged))
+                 : "memory");
+}
+// ---- end of the tensor maps' PTX
+
+#ifndef R4D_TM_ONLY
+#define R4D_TM_ONLY 0
+#endif
+
+// maps[0..127]: x's map ([M, row_bytes], boxes of TM_BM rows); maps[128..255]: w's ([N, row_bytes],
+// boxes of WG_BN rows). One warp; maps 128-aligned (the scratch's parts are 256-aligned).
+#if R4D_TM_ONLY == 0 || R4D_TM_ONLY == 3
+extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps(const void* x, const void* w, int M, int N, int row_bytes,
+                                                              u8* maps) {
+    __shared__ __align__(128) u32 staged[2][32];
+    R4D_CHAIN_PROLOGUE();  // the launch after this one waits for this one alone: wait for the one before
+    for (int which = 0; which < 2; ++which) {
+        staged[which][threadIdx.x] = 0u;
+        __syncwarp();
+        if (threadIdx.x == 0) tm_fill(staged[which], which ? w : x, which ? N : M, row_bytes, which ? WG_BN : TM_BM);
+        __syncwarp();  // lane 0's fields in before the warp's copy
+        tm_publish(maps + 128 * which, staged[which]);
+    }
+}
+#endif
+
+#define TM_GEMM_ENTRY(KIND, NAME)                                                                               \
+    extern "C" __global__ void __launch_bounds__(TM_THREADS, TM_BLOCKS) NAME(                                        \
+        const u8* maps, const float* x_scale, const float* w_scale, int w_stride, float* y, float* partial,      \
+        u32* counters, int M, int N, int K, int tiles_per_split) {                                             \
+        TcGemm p = {nullptr, x_scale, nullptr, w_scale, w_stride, y, partial, counters, M, N, K, tiles_per_split}; \
+        tm_gemm<KIND>(maps, p);                                                                                \
+    }
+
+// One entry a compile (-DR4D_TM_ONLY=1 bf16, 2 e4m3, 3 the maps; 0: all, the compile test)
+#if R4D_TM_ONLY == 0 || R4D_TM_ONLY == 1
+TM_GEMM_ENTRY(TC_BF16, r4d_tma_gemm_bf16)
+#endif
+#if R4D_TM_ONLY == 0 || R4D_TM_ONLY == 2
+TM_GEMM_ENTRY(TC_E4M3, r4d_tma_gemm_e4m3)
+#endif
