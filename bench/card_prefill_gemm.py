@@ -255,7 +255,7 @@ def main():
                 tile_us = None
                 for path, kernel, cut in variants:
                     tc.KERNEL = kernel or own_kernel
-                    running = tc.kernel_for("cuda", device.target, kind)
+                    running = tc.kernel_for("cuda", device.target, kind, m)
                     if path == "tile":
                         tc.WGMMA_CUT, tc.TMA_CUT, sg.SERVING = own, own_tma, None
                         if running == "tma":

@@ -42,10 +42,13 @@ def dev_row(registry, name):
 
 def kernels_here(registry, kind="bf16") -> list:
     """The tensor-core kernels this card runs for `kind`: the one it is given first, and on Hopper
-    (given wgmma) mma.sync's as well, which it runs too."""
+    (given wgmma) mma.sync's as well, which it runs too, and for bf16 the TMA kernel it is given
+    from device_tensor_cores.TMA_FROM rows."""
     tc = module(registry, "device_tensor_cores")
     given = tc.kernel_for(DEVICE.vendor, DEVICE.target, kind)
-    return [given, "mma"] if given == "wgmma" else [given]
+    if given != "wgmma":
+        return [given]
+    return [given, "mma"] + (["tma"] if tc.kernel_for(DEVICE.vendor, DEVICE.target, kind, tc.TMA_FROM) == "tma" else [])
 
 
 _WEIGHTS: dict = {}

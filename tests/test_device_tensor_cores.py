@@ -55,8 +55,14 @@ def test_each_card_gets_the_kernel_its_tensor_cores_run(registry, monkeypatch):
              ("cuda", "sm_75"): ("simt", "simt"), ("hip", "gfx942"): ("simt", "simt"), ("fake", "fake_90"): ("simt", "simt")}
     for (vendor, target), kernels in table.items():
         assert (tc.kernel_for(vendor, target, "bf16"), tc.kernel_for(vendor, target, "e4m3")) == kernels, target
+    # Hopper's bf16 GEMMs from TMA_FROM rows on the TMA kernel; e4m3's and smaller ones on wgmma
+    assert [tc.kernel_for("cuda", "sm_90a", "bf16", m) for m in (9, tc.TMA_FROM - 1, tc.TMA_FROM, 2048)] == \
+        ["wgmma", "wgmma", "tma", "tma"]
+    assert tc.kernel_for("cuda", "sm_90a", "e4m3", 2048) == "wgmma"
+    assert tc.kernel_for("cuda", "sm_89", "bf16", 2048) == "mma"
     monkeypatch.setattr(tc, "KERNEL", "simt")
     assert tc.kernel_for("cuda", "sm_90", "bf16") == "simt"
+    assert tc.kernel_for("cuda", "sm_90", "bf16", 2048) == "simt"
     monkeypatch.setattr(tc, "KERNEL", "tensor")
     with pytest.raises(ValueError, match="R4D_TC_KERNEL='tensor'"):
         tc.kernel_for("cuda", "sm_90", "bf16")

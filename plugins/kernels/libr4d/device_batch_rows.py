@@ -76,7 +76,7 @@ def tc_gemm_steps(a, x: int, weight, y: int) -> list:
     runs (device_tensor_cores.kernel_for)."""
     w = DeviceWeight(weight)
     kind, m, n, k = _kind(w), int(a.params["M"]), w.rows, w.cols
-    kernel = tc.kernel_for(_vendor(a), getattr(a.stream, "target", ""), kind)
+    kernel = tc.kernel_for(_vendor(a), getattr(a.stream, "target", ""), kind, m)
     if kernel == "simt":
         return [_simt(a, x, w, y)]
     for name, address in (("x", x), ("w", w.codes)):

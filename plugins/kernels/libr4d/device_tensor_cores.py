@@ -43,8 +43,17 @@ def sm_of(target: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def kernel_for(vendor: str, target: str, kind: str) -> str:
-    """'wgmma', 'mma' or 'simt' for a GEMM of `kind` on this card ('tma' only where R4D_TC_KERNEL asks)."""
+# The fewest rows of x for which an sm_90 takes gemm_tma.cu over gemm_wgmma.cu, bf16 only. On an H200
+# (bench/results/h200_card_runs_2026-12-03g.md) a layer's 8B GEMMs at M = 2048 ran 2069 us against wgmma's
+# 2516 (1.22x; the whole 2048-token prefill 98.6 -> 85.7 ms), but at M = 64 497 against 443: its 64-byte
+# stages lose where K is split 8 ways. 256 lies between the two measured points, where splits are few;
+# e4m3 stays on wgmma until the TMA kernel's fp8 path is timed.
+TMA_FROM = 256
+
+
+def kernel_for(vendor: str, target: str, kind: str, m: int = 0) -> str:
+    """'tma', 'wgmma', 'mma' or 'simt' for a GEMM of `kind` with `m` rows of x on this card (0: a
+    GEMM of any M: the tile kernel of the small ones)."""
     if kind not in KINDS:
         raise ValueError(f"no tensor-core kind {kind!r} (known: {', '.join(KINDS)})")
     if KERNEL is not None:
@@ -53,7 +62,7 @@ def kernel_for(vendor: str, target: str, kind: str) -> str:
         return KERNEL
     sm = sm_of(target) if vendor == "cuda" else 0
     if sm == 90:
-        return "wgmma"
+        return "tma" if kind == "bf16" and m >= TMA_FROM else "wgmma"
     if sm >= (89 if kind == "e4m3" else 80):
         return "mma"
     return "simt"
