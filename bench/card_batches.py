@@ -47,6 +47,7 @@ from checkout_shim import ROOT, SHIM_PATH  # noqa: F401  (first: maps the checko
 
 import numpy as np  # noqa: E402
 from card_kernels import profile_step, step_kernels  # noqa: E402
+from server_process import running_server  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12
 EIGHT_B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, context=8192,
@@ -170,14 +171,7 @@ def serving(model: Path, clients: str, max_tokens: int, folder: Path, label: str
     command = [sys.executable, "-P", "-m", "radiance.tools.generate", "--model", str(model), "--serve", "--host", "127.0.0.1",
                "--port", "0", "--device", DEVICE, "--max-seqs", str(most), "--max-context", str(512 + max_tokens)]
     command += ["--debug-accept-reference-kernels"] if DEVICE == "host" else []
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-    try:
-        url, deadline = None, time.monotonic() + 600
-        while url is None and time.monotonic() < deadline and server.poll() is None:
-            found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log_path.read_text())
-            url = found.group(1) if found else None
-            time.sleep(0.2)
+    with running_server(command, log_path) as (_, url):
         if url is None:
             return {"error": f"the server did not start: {log_path.read_text()[-2000:]}"}
         report_path = folder / f"rad_bench_{label}.json"
@@ -191,13 +185,6 @@ def serving(model: Path, clients: str, max_tokens: int, folder: Path, label: str
             print(f"    served: {steps['steps']} steps, {1e3 * steps['seconds'] / steps['steps']:.2f} ms a step on "
                   f"average ({steps['sequences'] / steps['steps']:.1f} sequences), the server's own /metrics", flush=True)
         return report
-    finally:
-        server.send_signal(2)  # SIGINT: the server's own orderly exit
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def peer(arguments: list[str]) -> dict:

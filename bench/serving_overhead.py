@@ -33,9 +33,7 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,7 @@ from pathlib import Path
 from checkout_shim import ROOT, SHIM_PATH  # noqa: F401  (first: maps the checkout under `radiance.`)
 
 from card_batches import SMALL, step_metrics  # noqa: E402
+from server_process import running_server  # noqa: E402
 
 
 def model_path(name: str, folder: Path) -> Path:
@@ -134,14 +133,7 @@ def server_of(path: Path, levels: list[int], args, folder: Path):
                "127.0.0.1", "--port", "0", "--device", given["device"], "--max-seqs", str(given["max_seqs"]),
                "--max-context", str(given["max_context"]), "--max-step-tokens", str(given["max_step_tokens"])]
     command += ["--debug-accept-reference-kernels"] if given["accept_reference"] else []
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-    try:
-        url, deadline = None, time.monotonic() + 600
-        while url is None and time.monotonic() < deadline and server.poll() is None:
-            found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log_path.read_text())
-            url = found.group(1) if found else None
-            time.sleep(0.1)
+    with running_server(command, log_path) as (server, url):
         if url is None:
             raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
         wait_until_ready(url, 600)
@@ -160,13 +152,6 @@ def server_of(path: Path, levels: list[int], args, folder: Path):
 
         level(max(levels), max(levels))
         yield lambda clients: level(clients, clients * args.requests)
-    finally:
-        server.send_signal(2)  # SIGINT: the server's own orderly exit
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def median_of(runs: list[dict], *keys) -> float | None:
