@@ -7,8 +7,8 @@ for sm_90a: the way to its fp8 tensor cores and full bf16 rate; its bf16 kind re
 that r4d_narrow_bf16_dev writes into the scratch first), gemm_mma.cu's mma.sync from sm_80
 (its e4m3 kind from sm_89), and elsewhere (AMD, older NVIDIA) gemm.cu's f32 SIMT tiles, which every
 format reads. gemm_tma.cu (the same MMAs fed by TMA from a producer warp, r4d_tma_maps building its
-tensor maps in the scratch first) runs where R4D_TC_KERNEL=tma asks for it, until a card shows it
-faster. R4D_TC_KERNEL=wgmma|tma|mma|simt forces one for a process (the card tests compare them)."""
+tensor maps in the scratch first) takes Hopper's bf16 GEMMs from TMA_FROM rows (faster there on an
+H200). R4D_TC_KERNEL=wgmma|tma|mma|simt forces one for a process (the card tests compare them)."""
 
 import os
 from dataclasses import dataclass, replace
