@@ -29,6 +29,7 @@ def test_health_is_503_until_every_rank_is_ready(launch):
     assert launch.statuses[0] == 503 and launch.statuses[-1] == 200
     assert set(launch.statuses) == {503, 200}, launch.statuses
     assert httpx.get(f"{launch.url}/health").json() == {"status": "ok", "model": "smollm2", "world": 3}
+    assert "warmed up in" in launch.output()  # before /health said 200 (radiance/serving/warmup.py)
 
 
 def test_chat_and_streaming_over_three_ranks(launch):

@@ -18,6 +18,7 @@ from .app import ServerState, create_app
 from .loop import EngineLoop
 from .metrics import Metrics
 from .options import ServeSettings
+from .warmup import warm_up
 
 log = get_logger("radiance.serving")
 
@@ -115,6 +116,8 @@ def serve(config: Config, settings: ServeSettings) -> None:
     try:
         with open_ranks(config) as ranks:
             engine = engine_over(ranks)
+            steps, seconds = warm_up(engine)
+            log.info("warmed up in %.2f s (%d steps of a greedy and a sampled request)", seconds, steps)
             loop = server.attach(engine, ranks)
             log.info("ready: %s, %d rank%s, up to %d sequences a step, context %d tokens, %d KV blocks",
                      server.state.model_name, ranks.world, "" if ranks.world == 1 else "s",
