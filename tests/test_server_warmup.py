@@ -42,3 +42,12 @@ def test_the_first_request_after_warm_up_gets_a_fresh_engines_tokens(tiny_model)
         assert greedy(warmed, prompt) == expected
     finally:
         warmed_ranks.close()
+
+
+def test_warm_up_fits_a_context_smaller_than_its_prompt(tiny_model):
+    engine, ranks = make_engine(tiny_model, max_context=5)
+    try:
+        steps, _ = warm_up(engine)
+        assert steps >= 2 and not engine.scheduler.has_work
+    finally:
+        ranks.close()

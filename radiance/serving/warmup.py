@@ -16,7 +16,9 @@ def warm_up(engine: Engine) -> tuple[int, float]:
     """Runs the two requests through `engine` (nothing of theirs is left: their KV blocks freed, no
     step in flight); the steps run and the seconds taken."""
     start, steps = time.perf_counter(), 0
-    prompt = engine.text.encode(WARMUP_PROMPT) or [0]
+    # within the smallest context a server may be given (a prompt and its tokens must fit it)
+    room = max(1, engine.config.max_context - WARMUP_TOKENS)
+    prompt = (engine.text.encode(WARMUP_PROMPT) or [0])[:room]
     for temperature in (0.0, 0.7):
         sequence = engine.add(prompt, SamplingParams(max_tokens=WARMUP_TOKENS, temperature=temperature, seed=0,
                                                      ignore_eos=True))
