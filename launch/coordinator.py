@@ -27,6 +27,10 @@ from .supervisor import RankFailed, Supervisor
 
 log = get_logger("radiance.launch")
 DROPPED_REPORT_SECONDS = 10.0  # unauthenticated messages are logged at most this often while they come
+# zmq (heartbeats, a rank's error, a rogue message) and the processes are looked after at least this
+# often while steps run: the rings call the watch only once a wait outlasts a 20 ms slice, and a run of
+# shorter steps (SmolLM2 on a fast CPU: ~5 ms) would otherwise never read them until the launch ends
+LOOK_AFTER_SECONDS = 0.1
 
 
 class LaunchError(RuntimeError):
@@ -40,6 +44,7 @@ class Coordinator:
         self.world, self.stage_timeout, self.step_timeout = config.world, config.stage_timeout, config.step_timeout
         self.layout = Layout.of(config)
         self.heartbeat_timeout = heartbeat_timeout
+        self.looked = time.monotonic()  # when look_after last ran
         self.context = zmq.Context()
         self.front = Front(config, self.context) if config.nnodes > 1 else None  # the keys, the TCP bind, the agents
         self.folder = RunFolder(self.front.keys.signing if self.front else None)
@@ -203,6 +208,8 @@ class Coordinator:
         except ResultRecordError as error:
             raise LaunchError(f"step: rank {self.layout.answering}'s {error}") from None
         self.last_step, self.last_result = meta, result
+        if time.monotonic() - self.looked >= LOOK_AFTER_SECONDS:
+            self.look_after()
         return result["tokens"]
 
     def idle(self) -> None:
@@ -214,6 +221,7 @@ class Coordinator:
     def look_after(self) -> None:
         """Take what zmq brought (heartbeats; an error ends the launch naming its rank; nothing else
         is due once the ranks are ready), then check the processes and the heartbeats' ages."""
+        self.looked = time.monotonic()
         while (message := self.wire.recv(timeout_ms=0, routed=True)) is not None:
             route, kind, meta, arrays = message
             if kind == "heartbeat":
