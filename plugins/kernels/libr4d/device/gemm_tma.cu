@@ -201,30 +201,12 @@ __device__ void tm_gemm(const u8* maps, const TcGemm& p) {
         wg_wait<0>();
         wg_pin(d);
     }
-    // gemm_wgmma.cu's epilogue (D's layout: d[i] is row r0 + 8 ((i >> 1) & 1), column
-    // n0 + 8 (i >> 2) + 2 tq + (i & 1)); the producer's warp holds no outputs
+    // gemm_wgmma.cu's epilogue; the producer's warp holds no outputs
     bool split = gridDim.z > 1, consumer = warp < TM_PRODUCER;
-    if (consumer) {
-#pragma unroll
-        for (int i = 0; i < WG_ACC; ++i) {
-            int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
-            if (m < p.M && n < p.N) {
-                if (split) p.partial[((long long)blockIdx.z * p.M + m) * p.N + n] = d[i];
-                else p.y[(long long)m * p.N + n] = tc_finish<KIND>(p, m, n, d[i]);
-            }
-            if ((i & 3) == 3) asm volatile("" ::: "memory");
-        }
-    }
+    if (consumer) wg_store<KIND>(p, d, r0, n0, tq, split);
     // every thread of the block passes r4d_last_split's barriers, the producer's warp too
     if (!split || !r4d_last_split(p.counters, (int*)(tm_shared + TM_BARRIERS + 16 * WG_STAGES)) || !consumer) return;
-#pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) {  // the tile's last block: every split's sums, added in split order
-        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
-        if (m >= p.M || n >= p.N) continue;
-        float sum = 0.0f;
-        for (int s = 0; s < (int)gridDim.z; ++s) sum += r4d_load_l2(p.partial + ((long long)s * p.M + m) * p.N + n);
-        p.y[(long long)m * p.N + n] = tc_finish<KIND>(p, m, n, sum);
-    }
+    wg_add_splits<KIND>(p, r0, n0, tq);
 }
 
 // ---- the tensor maps' PTX (tensormap.replace on a map in shared memory; the host test replaces this part too)

@@ -152,6 +152,36 @@ __device__ __forceinline__ void wg_load(u8* tile, const u8* matrix, int rows, in
     }
 }
 
+// The epilogue, gemm_tma.cu's too. D's layout (as mma.sync's C per warp of 16 rows): d[i] is row
+// r0 + 8 ((i >> 1) & 1), column n0 + 8 (i >> 2) + 2 tq + (i & 1). Split K: this split's sums into
+// the partials; else y, finished (tc_finish: the scales, for e4m3).
+template <int KIND>
+__device__ __forceinline__ void wg_store(const TcGemm& p, const float* d, int r0, int n0, int tq, bool split) {
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) {
+        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
+        if (m < p.M && n < p.N) {
+            if (split) p.partial[((long long)blockIdx.z * p.M + m) * p.N + n] = d[i];
+            else p.y[(long long)m * p.N + n] = tc_finish<KIND>(p, m, n, d[i]);
+        }
+        // one column tile's scales at a time: hoisting all the outputs' loads spilled the e4m3 kernel
+        if ((i & 3) == 3) asm volatile("" ::: "memory");
+    }
+}
+// The tile's last block (r4d_last_split said so): every split's sums of this lane's outputs, added in
+// split order, finished into y.
+template <int KIND>
+__device__ __forceinline__ void wg_add_splits(const TcGemm& p, int r0, int n0, int tq) {
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) {
+        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
+        if (m >= p.M || n >= p.N) continue;
+        float sum = 0.0f;
+        for (int s = 0; s < (int)gridDim.z; ++s) sum += r4d_load_l2(p.partial + ((long long)s * p.M + m) * p.N + n);
+        p.y[(long long)m * p.N + n] = tc_finish<KIND>(p, m, n, sum);
+    }
+}
+
 template <int KIND>
 __device__ void wg_gemm(const TcGemm& p) {
     enum { EB = KIND == TC_BF16 ? 2 : 1, KT = WG_KB / EB };  // KT: K elements a stage
@@ -219,29 +249,11 @@ __device__ void wg_gemm(const TcGemm& p) {
     }
     wg_wait<0>();
     wg_pin(d);
-    // D's layout (as mma.sync's C per warp of 16 rows): d[i] is row r0 + 8 ((i >> 1) & 1), column
-    // n0 + 8 (i >> 2) + 2 tq + (i & 1)
     bool split = gridDim.z > 1;
-#pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) {
-        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
-        if (m < p.M && n < p.N) {
-            if (split) p.partial[((long long)blockIdx.z * p.M + m) * p.N + n] = d[i];
-            else p.y[(long long)m * p.N + n] = tc_finish<KIND>(p, m, n, d[i]);
-        }
-        // one column tile's scales at a time: hoisting all the outputs' loads spilled the e4m3 kernel
-        if ((i & 3) == 3) asm volatile("" ::: "memory");
-    }
+    wg_store<KIND>(p, d, r0, n0, tq, split);
     // the flag of the tile's last block in the stages' first word: every copy and MMA has ended
     if (!split || !r4d_last_split(p.counters, (int*)wg_shared)) return;
-#pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) {  // the tile's last block: every split's sums, added in split order
-        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
-        if (m >= p.M || n >= p.N) continue;
-        float sum = 0.0f;
-        for (int s = 0; s < (int)gridDim.z; ++s) sum += r4d_load_l2(p.partial + ((long long)s * p.M + m) * p.N + n);
-        p.y[(long long)m * p.N + n] = tc_finish<KIND>(p, m, n, sum);
-    }
+    wg_add_splits<KIND>(p, r0, n0, tq);
 }
 
 #define WG_GEMM_ENTRY(KIND, NAME)                                                                                \
