@@ -227,25 +227,30 @@ def wgmma_cut(kind: str) -> WgmmaCut:
     return WGMMA_CUT.for_kind(kind)
 
 
+def hopper_cut(kernel: str, kind: str) -> "WgmmaCut | TmaCut | None":
+    """The cut in force of a Hopper tile kernel (wgmma's for the kind, TMA's), None for mma.sync's
+    fixed tiles: both cuts say rows, cols, k_bytes, threads, blocks (a multiprocessor) and shared."""
+    return wgmma_cut(kind) if kernel == "wgmma" else TMA_CUT if kernel == "tma" else None
+
+
 def tile_m(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
     """Rows of a block's tile: mma.sync 64 for batched decode's few rows, 128 for prefill; wgmma's
-    its cut's (128 or 192), TMA's its cut's (128 or 192)."""
-    if kernel == "wgmma":
-        return wgmma_cut(kind).rows
-    if kernel == "tma":
-        return TMA_CUT.rows
-    return 128 if m > 64 else 64
+    and TMA's their cut's (128 or 192)."""
+    cut = hopper_cut(kernel, kind)
+    return cut.rows if cut else 128 if m > 64 else 64
 
 
 def tile_n(kernel: str = "mma", kind: str = "bf16") -> int:
     """Columns of a block's tile: mma.sync 128, wgmma's and TMA's their cut's (128 or 256)."""
-    return wgmma_cut(kind).cols if kernel == "wgmma" else TMA_CUT.cols if kernel == "tma" else TILE_N
+    cut = hopper_cut(kernel, kind)
+    return cut.cols if cut else TILE_N
 
 
 def k_tile(kind: str, kernel: str = "mma") -> int:
     """K elements of one shared-memory step: 64 bytes for mma.sync (32 bf16, 64 e4m3), the cut's
     k_bytes for wgmma and TMA (128: 64 bf16, 128 e4m3; 64; 32)."""
-    step = wgmma_cut(kind).k_bytes if kernel == "wgmma" else TMA_CUT.k_bytes if kernel == "tma" else 64
+    cut = hopper_cut(kernel, kind)
+    step = cut.k_bytes if cut else 64
     return step // 2 if kind == "bf16" else step
 
 
@@ -259,8 +264,8 @@ def split(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> tuple[int, 
     (384 blocks, two waves of 22: 44). From shapes and the kernel only, so every card of a kind adds
     the same partial sums in the same order."""
     tiles = -(-m // tile_m(m, kernel, kind)) * -(-n // tile_n(kernel, kind))
-    target = (MULTIPROCESSORS * wgmma_cut(kind).blocks if kernel == "wgmma" else MULTIPROCESSORS * TMA_CUT.blocks
-              if kernel == "tma" else TARGET_BLOCKS)
+    cut = hopper_cut(kernel, kind)
+    target = MULTIPROCESSORS * cut.blocks if cut else TARGET_BLOCKS
     steps = -(-k // k_tile(kind, kernel))
     best, best_steps = 1, None
     for splits in range(1, max(1, min(-(-target // tiles), MAX_SPLITS, steps // MIN_TILES_PER_SPLIT)) + 1):
@@ -305,8 +310,8 @@ def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -
     """mma.sync: (column tiles, row tiles, splits) of 256 threads; wgmma: (tiles, 1, splits) of the
     cut's threads, the kernel ordering its tiles in groups of WGMMA_GROUP row tiles (gemm_wgmma.cu's
     WG_GROUP); TMA's the same of its cut's threads. Either way a split-K counter a tile."""
-    if kernel in ("wgmma", "tma"):
-        cut = wgmma_cut(kind) if kernel == "wgmma" else TMA_CUT
+    cut = hopper_cut(kernel, kind)
+    if cut:
         return (-(-n // cut.cols) * -(-m // cut.rows), 1, splits), (cut.threads, 1, 1)
     return (-(-n // TILE_N), -(-m // tile_m(m, kernel)), splits), (THREADS, 1, 1)
 
@@ -315,11 +320,8 @@ def shared_bytes(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
     """Dynamic shared memory: gemm_mma.cu's TC_STAGES stages of an A and a B tile, or
     gemm_wgmma.cu's stages of swizzled x and w tiles (no slack: the kernel has no static shared
     memory, so its dynamic area starts 1024-aligned); gemm_tma.cu's stages and mbarriers."""
-    if kernel == "wgmma":
-        return wgmma_cut(kind).shared
-    if kernel == "tma":
-        return TMA_CUT.shared
-    return STAGES * (tile_m(m) + TILE_N) * ROW_BYTES
+    cut = hopper_cut(kernel, kind)
+    return cut.shared if cut else STAGES * (tile_m(m) + TILE_N) * ROW_BYTES
 
 
 def narrow_grid(m: int, k: int) -> tuple:
