@@ -4,13 +4,15 @@ conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each 
     PYTHONUNBUFFERED=1 python3 bench/card_batches.py [--formats bf16 fp8] [--prefill 2048]
         [--batches 8 32 64] [--context 1024] [--mixed] [--steps 32] [--clients 1,8,32,64]
         [--max-tokens 64] [--temperature 0.7] [--skip-serving] [--peer [all|prefill|decode]]
+        [--run-ahead auto|on|off ...]
     python3 bench/card_batches.py --small --device host ...   # the script's smoke run on host rows
 
 - **Prefill**: one --prefill-token prompt as one step (max_step_tokens = the prompt), the step's
   seconds and tokens/s; the first run compiles, so the figure is the second prompt's.
 - **Batched decode**: at each --batches B, B sequences of a --context-token prompt (--mixed: contexts
   spread evenly from 64 to --context, so the batch reads a mix of lengths) prefilled, then decode
-  steps of all B timed by the wall clock: output tokens per second and ms per step.
+  steps of all B timed by the wall clock: output tokens per second and ms per step; --run-ahead on off
+  times each B twice, the engine planning the next step while the card runs one, and not.
 - **Decode at batch 1** (the fp8 Show item): ms/token against the bound (the bytes of every weight
   but the embedding table / 4.8 TB/s, as card_generate.py counts it); greedy, and, unless
   --skip-serving, again sampled at --temperature (what the served requests ask for; 0: not), so the
@@ -64,9 +66,11 @@ def prompt(length: int, seed: int) -> list[int]:
     return [int(i) for i in np.random.default_rng(seed).integers(3, min(VOCAB - 1, 120000), length)]
 
 
-def engine_for(model: Path, max_seqs: int, max_step_tokens: int, max_context: int, tokens: int | None = None):
+def engine_for(model: Path, max_seqs: int, max_step_tokens: int, max_context: int, tokens: int | None = None,
+               run_ahead: bool | None = None):
     """Ranks over one card (the host's rows where there is none) and the engine maker; `tokens`: the
-    KV cache holds that many slots in all (default: max_seqs sequences of max_context)."""
+    KV cache holds that many slots in all (default: max_seqs sequences of max_context); `run_ahead`:
+    Config.run_ahead (None: the runtime's default)."""
     from radiance.config import Config
     from radiance.launch import engine_over, open_ranks
 
@@ -75,7 +79,7 @@ def engine_for(model: Path, max_seqs: int, max_step_tokens: int, max_context: in
     blocks = -(-tokens // 16) + max_seqs if tokens else 0
     options = Config(model=str(model), progress=False, device=DEVICE, max_seqs=max_seqs,
                      max_step_tokens=max_step_tokens, max_context=max_context, num_blocks=blocks,
-                     accept_reference=DEVICE == "host")  # host rows read fp8 only through libref
+                     run_ahead=run_ahead, accept_reference=DEVICE == "host")  # host rows read fp8 only through libref
     return open_ranks(options), engine_over
 
 
@@ -109,9 +113,10 @@ def prefill(model: Path, length: int) -> dict:
     return result
 
 
-def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: int, temperature: float = 0.0) -> dict:
+def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: int, temperature: float = 0.0,
+                   run_ahead: bool | None = None) -> dict:
     """Output tokens per second over `steps` decode steps of all `batch` sequences, after their prefills;
-    greedy, or sampled at `temperature` (seeded)."""
+    greedy, or sampled at `temperature` (seeded); `run_ahead` as engine_for takes it."""
     from radiance.generation.sequence import SamplingParams
 
     lengths = [int(x) for x in np.linspace(64, context, batch)] if mixed and batch > 1 else [context] * batch
@@ -122,9 +127,10 @@ def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: in
     prefill_steps = -(-sum(lengths) // 2048)
     outputs = steps + prefill_steps + 8
     ranks_context, engine_over = engine_for(model, batch, 2048, context + outputs,
-                                            sum(length + outputs for length in lengths))
+                                            sum(length + outputs for length in lengths), run_ahead)
     with ranks_context as ranks:
         engine = engine_over(ranks)
+        ahead = engine.run_ahead
         params = SamplingParams(max_tokens=outputs, temperature=temperature, seed=7, ignore_eos=True)
         sequences = [engine.add(prompt(length, 10 + i), params) for i, length in enumerate(lengths)]
         while not all(len(sequence.output_ids) >= 2 for sequence in sequences):  # prefilled, a decode step run
@@ -143,8 +149,9 @@ def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: in
             profile_step(ranks.worker, batch)
         run_all(engine, sequences)
     result = {"batch": batch, "contexts": [min(lengths), max(lengths)], "steps": steps, "tokens": produced,
-              "tokens_per_s": produced / seconds, "ms_per_step": 1e3 * seconds / steps, "temperature": temperature}
-    how = f", sampled at temperature {temperature}" if temperature else ""
+              "tokens_per_s": produced / seconds, "ms_per_step": 1e3 * seconds / steps, "temperature": temperature,
+              "run_ahead": ahead}
+    how = (f", sampled at temperature {temperature}" if temperature else "") + (", run ahead" if ahead else "")
     print(f"    decode batch {batch} (contexts {min(lengths)}..{max(lengths)}{how}): {result['tokens_per_s']:.0f} tokens/s, "
           f"{result['ms_per_step']:.2f} ms a step", flush=True)
     return result
@@ -225,6 +232,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens each rad-bench request asks for")
     parser.add_argument("--temperature", type=float, default=0.7,
                         help="rad-bench's requests sample at it; with serving, batch 1 is also timed sampled at it (0: not)")
+    parser.add_argument("--run-ahead", nargs="+", default=["auto"], choices=["auto", "on", "off"],
+                        help="decode with the engine planning step n + 1 while the card runs step n (Config.run_ahead), "
+                             "or not, or as the runtime decides (auto); several: each batch timed under each, in turn")
     parser.add_argument("--skip-serving", action="store_true")
     parser.add_argument("--peer", nargs="?", const="all", choices=["all", "prefill", "decode"],
                         help="bf16: PyTorch (bench/torch_peer.py) on the same shapes: all (the default), or the prefill "
@@ -262,16 +272,20 @@ def main() -> int:
                                                                   args.temperature)
             print(f"    batch 1: {one['ms_per_step']:.3f} ms/token, bound {figures['bound_ms']:.3f} ms "
                   f"({figures['decode_batch1']['of_bound']:.0%} of it)", flush=True)
-            figures["decode"] = [batched_decode(model, batch, args.context, args.mixed, args.steps)
-                                 for batch in args.batches]
+            modes = [{"auto": None, "on": True, "off": False}[mode] for mode in args.run_ahead]
+            figures["decode"] = [batched_decode(model, batch, args.context, args.mixed, args.steps, run_ahead=mode)
+                                 for batch in args.batches for mode in modes]
             if args.peer in ("all", "prefill") and fmt == "bf16":
                 figures["peer_prefill"] = compared(f"prefill {args.prefill}", figures["prefill"],
                                                    peer(["--prefill", str(args.prefill)]))
             if args.peer in ("all", "decode") and fmt == "bf16":
+                theirs = {}  # a batch's peer runs once, however many --run-ahead modes ours ran in
                 for ours in figures["decode"]:
-                    ours["peer"] = compared(f"decode batch {ours['batch']}", ours,
-                                            peer(["--batch", str(ours["batch"]), "--context", str(args.context),
-                                                  "--tokens", str(args.steps)]))
+                    if ours["batch"] not in theirs:
+                        theirs[ours["batch"]] = peer(["--batch", str(ours["batch"]), "--context", str(args.context),
+                                                      "--tokens", str(args.steps)])
+                    label = f"decode batch {ours['batch']}" + (" run ahead" if ours["run_ahead"] else "")
+                    ours["peer"] = compared(label, ours, theirs[ours["batch"]])
             if not args.skip_serving:
                 figures["serving"] = serving(model, args.clients, args.max_tokens, out, fmt, args.temperature)
             results["formats"][fmt] = figures
