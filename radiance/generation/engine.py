@@ -121,7 +121,8 @@ class Engine:
         params = sequence.params
         if token in self.text.stop_ids and not params.ignore_eos:
             self.scheduler.finish(sequence, "stop")
-        elif len(sequence.output_ids) >= params.max_tokens or len(sequence.token_ids) >= self.config.max_context:
+        elif len(sequence.output_ids) >= params.max_tokens or \
+                len(sequence.prompt_ids) + len(sequence.output_ids) >= self.config.max_context:
             self.scheduler.finish(sequence, "length")
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[str]:

@@ -50,6 +50,15 @@ class Sequence:
         """The tokens known here (the pending ones not among them)."""
         return self.prompt_ids + self.output_ids
 
+    def known_ids(self, start: int, stop: int) -> list[int]:
+        """token_ids[start:stop] without building token_ids (a decode step asks for one of a long prompt's)."""
+        prompt = len(self.prompt_ids)
+        if stop <= prompt:
+            return self.prompt_ids[start:stop]
+        if start >= prompt:
+            return self.output_ids[start - prompt:stop - prompt]
+        return self.prompt_ids[start:] + self.output_ids[:stop - prompt]
+
     @property
     def num_tokens(self) -> int:
         """Every token, the pending ones too: what the scheduler plans and the KV cache holds."""
