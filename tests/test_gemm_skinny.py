@@ -288,14 +288,17 @@ def test_the_sm_90a_build_runs_hgmma_of_x_rows_without_spills(mx):
 
 # ---- on a card ------------------------------------------------------------------------------------
 
+CARD_CASES = [(4096, 4096, 9), (1000, 4096, 17), (14336, 4096, 33), (4096, 14336, 64), (1536, 576, 100),
+              (576, 1536, 64), (28672, 4096, 64), (6144, 4096, 128)]
+
+
 @pytest.mark.skipif(DEVICE is None or tc.sm_of(getattr(DEVICE, "target", "")) != 90,
                     reason=f"the skinny kernel needs an sm_90 card: {WHY or getattr(DEVICE, 'target', '')}")
-@pytest.mark.parametrize("cut", [str(cut) for cut in tc.SKINNY_CUTS])
-@pytest.mark.parametrize("n,k,m", [(4096, 4096, 9), (1000, 4096, 17), (14336, 4096, 33), (4096, 14336, 64),
-                                   (1536, 576, 100), (576, 1536, 64), (6144, 4096, 128)])
+@pytest.mark.parametrize("cut,n,k,m", [(str(tc.SKINNY_CUTS[0]), *case) for case in CARD_CASES]
+                         + [(str(tc.SKINNY_CUTS[1]), *CARD_CASES[i]) for i in (1, 3, 7)])
 def test_the_skinny_kernel_agrees_with_libref_on_a_card(registry, monkeypatch, cut, n, k, m):
-    """M's tails of every SK_MX, N not a multiple of 64 (1000), K split (most) and not (14336 x 4096
-    at 33 rows: 224 blocks x 2 splits; 576 x 1536: 9 blocks, split 16)."""
+    """M's tails of every SK_MX, N not a multiple of 64 (1000), K split (most) and not (28672 x 4096 at
+    64 rows: 448 blocks, one split); the two-warpgroup cut on three of them."""
     tc = module(registry, "device_tensor_cores")
     monkeypatch.setattr(tc, "SKINNY_CUT", tc.SkinnyCut.parse(cut))
     monkeypatch.setattr(module(registry, "device_streamed_gemm"), "SERVING", None)
