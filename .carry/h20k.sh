@@ -2,6 +2,7 @@
 # h20k (issue 20): gemm_skinny.cu, the swap-AB wgmma GEMM of batched decode's few rows (M 9..128 on an
 # sm_90, bf16), on one H200. Run from the repository root after `source bench/card_setup.sh`; under 280 s.
 # Writes under $OUT: h20k_tests.txt, h20k_gemm.txt, card_prefill_gemm.json, h20k_batches.txt, card_batches.json
+# (and h20k_gemv.txt where time is left: M = 8, the GEMV against the skinny kernel)
 OUT=${OUT:-/tmp/h20k_out}; mkdir -p "$OUT"
 SECONDS=0
 echo "-- A: the skinny kernel against libref on the card (M 9, 17, 33, 64, 100, 128; N 1000 and 576 tails; K split"
@@ -27,5 +28,11 @@ echo "-- C: the engine's batched decode, bf16 8B, batch 8 / 32 / 64 (skinny by d
 if [ "$LEFT" -gt 40 ]; then
     timeout -s INT $LEFT python3 bench/card_batches.py --formats bf16 --batches 8 32 64 --steps 8 --skip-serving \
         2>&1 | grep -v "^      #" | tee "$OUT/h20k_batches.txt" | tail -14
+fi
+if [ "$SECONDS" -lt 240 ]; then
+    echo "-- D: M = 8 (the GEMV band): the decode GEMV row against the skinny kernel (SK_MX 8), a layer's GEMMs [${SECONDS}s]"
+    mkdir -p /tmp/h20k_gemv; OUT=/tmp/h20k_gemv timeout $((276 - SECONDS)) python3 bench/card_prefill_gemm.py --tokens 8 --kernels skinny --gemv \
+        > "$OUT/h20k_gemv.txt" 2>&1  # its JSON apart: B's stays
+    grep -E "one layer|OUTSIDE|Error|Traceback" "$OUT/h20k_gemv.txt" | cut -c1-200
 fi
 echo "-- done in ${SECONDS}s"

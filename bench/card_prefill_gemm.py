@@ -10,6 +10,7 @@ over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shap
     python3 bench/card_prefill_gemm.py --kernels tma --tma-cuts all   # every cut of device_tensor_cores.TMA_CUTS
     python3 bench/card_prefill_gemm.py --tokens 16 32 64 128 --kernels skinny wgmma tma --skinny-cuts all
         # batched decode's M: gemm_skinny.cu (each cut of device_tensor_cores.SKINNY_CUTS) against the tile kernels
+    python3 bench/card_prefill_gemm.py --tokens 8 64 --kernels skinny --gemv   # at M <= 8: the GEMV row against skinny
     R4D_WG_GROUP=1 python3 bench/card_prefill_gemm.py      # wgmma's tiles in the old order (a wave along a row tile)
     python3 bench/card_prefill_gemm.py --carveout          # the GEMM hinted to the most shared memory first
     python3 bench/card_prefill_gemm.py --tokens 16 32 64 --lm-head --streamed 1 8,2,64,3   # batched decode's M:
@@ -30,7 +31,9 @@ on the card (TF32 off), and against float64 numpy on 16 sampled rows where torch
 row's tolerance is device_tensor_cores.TOLERANCE. --fp8: the fp8_channel row too (x quantised per row
 to e4m3), against its own tolerance. --streamed: at M <= 64, the same row again with
 device_streamed_gemm.SERVING set to each cut given (the streamed GEMM of batched decode, x rounded to bf16
-for both formats); every figure at M <= 128 also as TB/s of the weight's bytes (the copy rate of an
+for both formats); --gemv: at M <= 8 (the GEMV band) the decode GEMV row (`r4dchain_gemv_plain_dev`) and
+the --kernels named skinny alone (the tile kernels and the streamed GEMM are for M above the band);
+every figure at M <= 128 also as TB/s of the weight's bytes (the copy rate of an
 H200 is ~4.25), with the streamed GEMM's speed against the tile GEMM's and torch's. Runs where radiance is not installed (checkout_shim). Writes
 $OUT/card_prefill_gemm.json."""
 
@@ -61,6 +64,7 @@ LM_HEAD = ("lm head 4096->128256", 128256, 4096)
 # row blocks of the streamed GEMM fill half the card even at 16 splits
 NARROW = ("k/v 4096->1024", 1024, 4096)
 ROWS = {"bf16": "r4dchain_gemm_tc_bf16_dev", "fp8_channel": "r4dchain_gemm_tc_fp8_dev"}
+GEMV_ROW = "r4dchain_gemv_plain_dev"  # --gemv: bf16's decode GEMV (M <= 8)
 
 
 def tflops(m, n, k, us) -> float:
@@ -72,7 +76,7 @@ def weight_tbs(n, k, fmt, us) -> float:
     return n * k * (2 if fmt == "bf16" else 1) / (us * 1e-6) / 1e12
 
 
-def bench_radiance(on_card, row, timer, fmt, x, w, weight, repeats) -> tuple:
+def bench_radiance(on_card, row, timer, fmt, x, w, weight, repeats, first_step=True) -> tuple:
     m, k = x.shape
     n = w.shape[0]
     params = {"M": m, "N": n, "K": k, "wdtype": fmt, "dtype": "f32", "split_k": 1}
@@ -81,7 +85,7 @@ def bench_radiance(on_card, row, timer, fmt, x, w, weight, repeats) -> tuple:
     assert row.info.launch(args) == 0, row.name
     got = on_card.download(args.t[2], y)
     ms = timer.ms([lambda: row.info.launch(args)] * repeats)
-    first = first_step_us(on_card, row, args, timer)
+    first = first_step_us(on_card, row, args, timer) if first_step else None
     return {"us": ms * 1e3, "tflops": tflops(m, n, k, ms * 1e3), "first_step_us": first}, got
 
 
@@ -187,6 +191,8 @@ def main():
     parser.add_argument("--skinny-cuts", nargs="+", metavar="CUT",
                         help="gemm_skinny.cu's cuts with --kernels skinny, each 'warpgroups,k_bytes' or 'all' "
                              "(device_tensor_cores.SKINNY_CUTS); default: the process's (R4D_SKINNY_CUT, else SKINNY_CUTS[0])")
+    parser.add_argument("--gemv", action="store_true",
+                        help="at M <= 8, the decode GEMV row against the skinny kernel (the other kernels skipped there)")
     parser.add_argument("--streamed", nargs="+", metavar="CUT",
                         help="at M <= 64, gemm_streamed.cu's cuts to time too, each '1' (the default) or "
                              "'warps,tiles,stage,pipe[,chunks]' (device_streamed_gemm.StreamedCut)")
@@ -261,7 +267,9 @@ def main():
                             for cut in (tma_cuts if kernel == "tma" else skinny_cuts if kernel == "skinny"
                                         else cuts if kernel in (None, "wgmma") else [None])]
                 variants += [("streamed", None, cut) for cut in (streamed if m <= sg.MAX_M else [])]
-                tile_us = None
+                if args.gemv and m <= tc.GEMV_MAX_M and fmt == "bf16":
+                    variants = [("gemv", None, None)] + [v for v in variants if v[1] == "skinny"]
+                tile_us = gemv_us = None
                 for path, kernel, cut in variants:
                     tc.KERNEL = kernel or own_kernel
                     running = tc.kernel_for("cuda", device.target, kind, m)
@@ -279,12 +287,15 @@ def main():
                             label = f"wgmma {label}" if args.kernels and running == "wgmma" else label
                         label = f"tile {label}" if streamed and m <= sg.MAX_M else label
                         splits = tc.split(m, n, k, kind, running)[0]
+                    elif path == "gemv":
+                        label, splits = "gemv", 1
                     else:
                         tc.WGMMA_CUT, sg.SERVING = own, sg.Serving(cut)  # every M of the bench, 64 too
                         label, splits = f"streamed {cut}", sg.split(m, n, k, kind, cut)[0]
                     case = {"case": name, "format": fmt, "M": m, "N": n, "K": k, "path": path, "cut": label,
                             "splits": splits}
-                    r, got = bench_radiance(on_card, rows[ROWS[fmt]], timer, fmt, x, w, weight, args.repeats)
+                    row = rows[GEMV_ROW if path == "gemv" else ROWS[fmt]]
+                    r, got = bench_radiance(on_card, row, timer, fmt, x, w, weight, args.repeats, path != "gemv")
                     case["radiance"] = r
                     r["weight_tbs"] = weight_tbs(n, k, fmt, r["us"])
                     samples = np.unique(np.linspace(0, m - 1, 16).astype(int))
@@ -308,7 +319,13 @@ def main():
                             line += f"; at {peer_case['us'] / r['us']:.2f}x torch's speed"
                     else:
                         line += ")" if fmt == "bf16" else " against the unquantised weight)"
-                    if path == "tile" and tile_us is None:
+                    if path == "gemv":
+                        gemv_us = r["us"]
+                        line += "; the GEMV band's row"
+                    elif path == "tile" and gemv_us:
+                        case["speed_against_gemv"] = gemv_us / r["us"]
+                        line += f"; {case['speed_against_gemv']:.2f}x the GEMV's"
+                    elif path == "tile" and tile_us is None:
                         tile_us = r["us"]
                     elif path == "streamed" and tile_us:
                         case["speed_against_tile"] = tile_us / r["us"]

@@ -44,8 +44,8 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: gemm_
 
 def test_the_skinny_cuts_fit_the_launch_rule_and_say_what_is_wrong():
     assert tc.SKINNY_CUT == tc.SKINNY_CUTS[0] == tc.SkinnyCut(1, 128)
-    assert [tc.skinny_variant(m) for m in (9, 16, 17, 33, 64, 65, 100, 128, 129, 300)] == \
-        [16, 16, 32, 64, 64, 128, 128, 128, 128, 128]
+    assert [tc.skinny_variant(m) for m in (1, 8, 9, 16, 17, 33, 64, 65, 100, 128, 129, 300)] == \
+        [8, 8, 16, 16, 32, 64, 64, 128, 128, 128, 128, 128]
     for cut in tc.SKINNY_CUTS:
         assert tc.SkinnyCut.parse(str(cut)) == cut
         for mx in tc.SKINNY_VARIANTS:
@@ -53,7 +53,7 @@ def test_the_skinny_cuts_fit_the_launch_rule_and_say_what_is_wrong():
             # the stages fill the launch's 64 KiB, at least MIN_STAGES of them, whole 8-row swizzle atoms
             assert tc.SkinnyCut.MIN_STAGES <= stages <= tc.SkinnyCut.MAX_STAGES and step in (64, 128)
             assert cut.shared(mx) == stages * (cut.rows + mx) * step <= 64 << 10 < (stages + 1) * (cut.rows + mx) * step
-            assert (cut.rows + mx) * step % 1024 == 0 and cut.blocks(mx) in (2, 3)
+            assert (cut.rows + mx) * step % (8 * step) == 0 and cut.blocks(mx) in (2, 3)  # whole swizzle atoms
             assert f"-DSK_MX={mx}" in cut.defines(mx) and f"-DSK_STAGES={stages}" in cut.defines(mx)
     assert tc.SkinnyCut(1, 128).step(128) == 64 and tc.SkinnyCut(1, 128).step(64) == 128  # 2 stages of 128: halved
     for text, match in [("1", "two integers"), ("1,x", "two integers"), ("3,128", "warpgroups 1 or 2"),
@@ -217,11 +217,11 @@ def run_on_host(lib, m, n, k, splits, cut):
     return y, (*model, lib.r4d_wgmma_left()), x.astype(np.float64) @ w.astype(np.float64).T, (gx, gy, gz)
 
 
-# (M, N, K, splits): each SK_MX with tails in M (9 of 16, 17 of 32, 33 of 64, 100 of 128), N (w rows past
-# the matrix: 136 = 2 x 64 + 8) and K (520 bf16: a k-tile's part), split K (2 and 3, a last split short),
-# x in two tiles of 128 (M = 130)
-HOST_CASES = [(9, 136, 520, 1), (17, 200, 1024, 3), (33, 136, 640, 2), (64, 64, 256, 1), (100, 72, 384, 2),
-              (130, 64, 128, 1)]
+# (M, N, K, splits): each SK_MX with tails in M (3 of 8, 9 of 16, 17 of 32, 33 of 64, 100 of 128), N (w rows past
+# the matrix: 136 = 2 x 64 + 8) and K (520 bf16: a k-tile's part), split K (2 and 3, a last split short;
+# 16, the most: every load of sk_add_splits' batches), x in two tiles of 128 (M = 130)
+HOST_CASES = [(3, 136, 520, 2), (9, 136, 520, 1), (17, 200, 1024, 3), (33, 136, 640, 2), (64, 64, 256, 1), (100, 72, 384, 2),
+              (130, 64, 128, 1), (20, 72, 1024, 16)]
 
 
 @needs_gxx

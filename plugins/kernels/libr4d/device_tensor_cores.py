@@ -299,12 +299,13 @@ class SkinnyCut:
         return cut
 
 
-SKINNY_VARIANTS = (16, 32, 64, 128)  # SK_MX: wgmma's N of bf16 that gemm_skinny.cu is built for
+SKINNY_VARIANTS = (8, 16, 32, 64, 128)  # SK_MX: wgmma's N of bf16 that gemm_skinny.cu is built for (8: M <= 8, the bench's)
 SKINNY_MAX_SPLITS = 16  # a block's few hundred KB of w: K cut finer than the tile kernels' to fill 132 x 3 blocks
 
 
 def skinny_variant(m: int) -> int:
-    """SK_MX for M rows of x: the next of 16, 32, 64, 128 (128 past it: tiles of x along the grid's y)."""
+    """SK_MX for M rows of x: the next of 8, 16, 32, 64, 128 (128 past it: tiles of x along the grid's y;
+    8 only where asked below the rows' band, as bench/card_prefill_gemm.py --gemv does)."""
     return next((mx for mx in SKINNY_VARIANTS if m <= mx), SKINNY_VARIANTS[-1])
 
 

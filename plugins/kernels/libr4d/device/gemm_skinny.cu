@@ -7,7 +7,7 @@
 // bandwidth. gemm_wgmma.cu's 128 x 128 tiles put x's few rows in wgmma's M (64 a warpgroup: half of a
 // 128-row tile empty at M = 64) and leave few column tiles to spread over 132 multiprocessors. Here
 // the operands swap places ("swap AB", y^T = w . x^T): w's rows are wgmma's M (64 a warpgroup), x's
-// rows its N (SK_MX = 16, 32, 64 or 128: M rounded up), both K-major in shared memory, so a block
+// rows its N (SK_MX = 8, 16, 32, 64 or 128: M rounded up), both K-major in shared memory, so a block
 // owns 64 or 128 of w's rows, every one of them used, and N / 64 blocks (times the splits of K)
 // keep every multiprocessor streaming weights.
 //
@@ -15,8 +15,9 @@
 // entries), whose loader and PTX it runs: wg_load (cp.async of 16-byte chunks into the swizzle of
 // WG_KB bytes, zeros past the matrix), wg_desc, wg_mma<TC_BF16, SK_MX>, wg_fence, wg_commit,
 // wg_wait, wg_pin. The cut (device_tensor_cores.SkinnyCut.defines):
-//   SK_MX          x's rows a tile, wgmma's N: 16, 32, 64 or 128; M above it takes ceil(M / SK_MX)
-//                  tiles of x along the grid's y, each reading all of w again
+//   SK_MX          x's rows a tile, wgmma's N: 16, 32, 64 or 128 (8 for M <= 8, below the rows' band: the
+//                  bench's comparison with the GEMV); M above 128 takes ceil(M / SK_MX) tiles of x along
+//                  the grid's y, each reading all of w again
 //   WG_WARPGROUPS  warpgroups of 128 threads, 64 of w's rows each: a block is SK_BW = 64 WG_WARPGROUPS
 //                  rows of w (1 or 2)
 //   WG_KB          bytes of K a stage holds of each row (128 or 64), in the swizzle of that width
@@ -41,7 +42,7 @@
 #ifndef SK_BLOCKS
 #define SK_BLOCKS 3
 #endif
-#if (SK_MX != 16 && SK_MX != 32 && SK_MX != 64 && SK_MX != 128) || WG_WARPGROUPS < 1 || WG_WARPGROUPS > 2 || \
+#if (SK_MX != 8 && SK_MX != 16 && SK_MX != 32 && SK_MX != 64 && SK_MX != 128) || WG_WARPGROUPS < 1 || WG_WARPGROUPS > 2 || \
     (WG_KB != 128 && WG_KB != 64) || SK_STAGES < 2 || SK_STAGES * SK_STAGE_BYTES > 65536
 #error "gemm_skinny.cu: a cut outside what the kernel is written for (device_tensor_cores.SkinnyCut says which)"
 #endif
@@ -60,15 +61,36 @@ __device__ __forceinline__ void sk_store(const TcGemm& p, const float* d, int nr
     }
 }
 // The tile's last block (r4d_last_split said so): every split's sums of this lane's outputs, added in
-// split order (the same on every card: the split is the shapes'), into y.
+// split order (the same on every card: the split is the shapes'), into y. Four outputs' partials of
+// every split are asked for before any is added (up to 4 x SK_MAX_SPLITS loads in flight a thread):
+// added one load at a time, a tile's splits x 16 KB (MX 64) cost a round trip of L2 each, at the
+// end of the launch when little else runs.
+#define SK_MAX_SPLITS 16  // device_tensor_cores.SKINNY_MAX_SPLITS
 __device__ __forceinline__ void sk_add_splits(const TcGemm& p, int nr, int m0, int tq) {
+    int splits = (int)gridDim.z;
+    if (splits > SK_MAX_SPLITS) __trap();  // the plan never asks for more
+    long long plane = (long long)p.M * p.N;
 #pragma unroll
-    for (int i = 0; i < SK_ACC; ++i) {
-        int n = nr + ((i >> 1) & 1) * 8, m = m0 + (i >> 2) * 8 + 2 * tq + (i & 1);
-        if (m >= p.M || n >= p.N) continue;
-        float sum = 0.0f;
-        for (int s = 0; s < (int)gridDim.z; ++s) sum += r4d_load_l2(p.partial + ((long long)s * p.M + m) * p.N + n);
-        p.y[(long long)m * p.N + n] = sum;
+    for (int i0 = 0; i0 < SK_ACC; i0 += 4) {
+        float v[4][SK_MAX_SPLITS];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int i = i0 + j, n = nr + ((i >> 1) & 1) * 8, m = m0 + (i >> 2) * 8 + 2 * tq + (i & 1);
+            bool in = m < p.M && n < p.N;
+            const float* at = p.partial + (in ? (long long)m * p.N + n : 0);
+#pragma unroll
+            for (int s = 0; s < SK_MAX_SPLITS; ++s) v[j][s] = in && s < splits ? r4d_load_l2(at + s * plane) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int i = i0 + j, n = nr + ((i >> 1) & 1) * 8, m = m0 + (i >> 2) * 8 + 2 * tq + (i & 1);
+            if (m >= p.M || n >= p.N) continue;
+            float sum = 0.0f;
+#pragma unroll
+            for (int s = 0; s < SK_MAX_SPLITS; ++s)
+                if (s < splits) sum += v[j][s];
+            p.y[(long long)m * p.N + n] = sum;
+        }
     }
 }
 

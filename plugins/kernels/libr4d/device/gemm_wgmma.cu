@@ -97,11 +97,13 @@ __device__ __forceinline__ void wg_pin(float* d) {
 
 #define WG_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define WG_F16(i) WG_F4(i), WG_F4(i + 4), WG_F4(i + 8), WG_F4(i + 12)
+#define WG_D4 WG_F4(0)
 #define WG_D8 WG_F4(0), WG_F4(4)
 #define WG_D16 WG_F16(0)
 #define WG_D32 WG_F16(0), WG_F16(16)
 #define WG_D64 WG_F16(0), WG_F16(16), WG_F16(32), WG_F16(48)
 #define WG_D128 WG_D64, WG_F16(64), WG_F16(80), WG_F16(96), WG_F16(112)
+#define WG_D4_TEXT "{%0, %1, %2, %3}"
 #define WG_D8_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define WG_D16_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define WG_D32_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
@@ -118,14 +120,18 @@ __device__ __forceinline__ void wg_pin(float* d) {
     "%124, %125, %126, %127}"
 
 // d[N / 2] += A . B^T, A 64 x K and B N x K from their descriptors (K-major both), f32 accumulation:
-// m64nNk16 of bf16 (N 16, 32, 64: gemm_skinny.cu's few rows of x; 128, 256), m64nNk32 of e4m3 (N
+// m64nNk16 of bf16 (N 8, 16, 32, 64: gemm_skinny.cu's few rows of x; 128, 256), m64nNk32 of e4m3 (N
 // 128, 256). The immediates: scale d 1, A and B not negated, neither transposed (bf16 only: fp8 is
 // K-major always). d has N / 2 elements: only the branch of this N is compiled (if constexpr).
 template <int KIND, int N>
 __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b) {
-    static_assert(KIND == TC_BF16 ? N == 16 || N == 32 || N == 64 || N == 128 || N == 256 : N == 128 || N == 256,
-                  "wg_mma: m64n16, n32, n64, n128, n256 of bf16; n128, n256 of e4m3");
-    if constexpr (KIND == TC_BF16 && N == 16)
+    static_assert(KIND == TC_BF16 ? N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256 : N == 128 || N == 256,
+                  "wg_mma: m64n8, n16, n32, n64, n128, n256 of bf16; n128, n256 of e4m3");
+    if constexpr (KIND == TC_BF16 && N == 8)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 " WG_D4_TEXT ", %4, %5, 1, 1, 1, 0, 0;\n"
+                     : WG_D4
+                     : "l"(a), "l"(b));
+    else if constexpr (KIND == TC_BF16 && N == 16)
         asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_D8_TEXT ", %8, %9, 1, 1, 1, 0, 0;\n"
                      : WG_D8
                      : "l"(a), "l"(b));
