@@ -50,14 +50,20 @@ def test_the_skinny_cuts_fit_the_launch_rule_and_say_what_is_wrong():
         assert tc.SkinnyCut.parse(str(cut)) == cut
         for mx in tc.SKINNY_VARIANTS:
             stages, step = cut.stages(mx), cut.step(mx)
-            # the stages fill the launch's 64 KiB, at least MIN_STAGES of them, whole 8-row swizzle atoms
+            # the stages fill the block's share (64 KiB, the launch's most, or less at four blocks), at least
+            # MIN_STAGES of them, whole 8-row swizzle atoms; the blocks fit a multiprocessor's 228 KiB
+            stage, budget = (cut.rows + mx) * step, cut.budget(mx)
             assert tc.SkinnyCut.MIN_STAGES <= stages <= tc.SkinnyCut.MAX_STAGES and step in (64, 128)
-            assert cut.shared(mx) == stages * (cut.rows + mx) * step <= 64 << 10 < (stages + 1) * (cut.rows + mx) * step
-            assert (cut.rows + mx) * step % (8 * step) == 0 and cut.blocks(mx) in (2, 3)  # whole swizzle atoms
+            assert cut.shared(mx) == stages * stage <= budget <= 64 << 10
+            assert stages == tc.SkinnyCut.MAX_STAGES or (stages + 1) * stage > budget
+            assert cut.blocks(mx) * (cut.shared(mx) + 1024) <= 228 << 10
+            assert (cut.rows + mx) * step % (8 * step) == 0 and cut.blocks(mx) in (2, 3, 4)  # whole swizzle atoms
             assert f"-DSK_MX={mx}" in cut.defines(mx) and f"-DSK_STAGES={stages}" in cut.defines(mx)
     assert tc.SkinnyCut(1, 128).step(128) == 64 and tc.SkinnyCut(1, 128).step(64) == 128  # 2 stages of 128: halved
-    for text, match in [("1", "two integers"), ("1,x", "two integers"), ("3,128", "warpgroups 1 or 2"),
-                        ("1,32", "k_bytes 64 or 128")]:
+    assert tc.SkinnyCut.parse("1,128,4").blocks(64) == 4 and tc.SkinnyCut.parse("1,128,4").budget(64) == 56 << 10
+    assert str(tc.SkinnyCut.parse("2,64,2")) == "2,64,2" and str(tc.SkinnyCut.parse("1,128")) == "1,128"
+    for text, match in [("1", "two or three integers"), ("1,x", "two or three integers"), ("3,128", "warpgroups 1 or 2"),
+                        ("1,32", "k_bytes 64 or 128"), ("1,128,5", "2, 3 or 4"), ("2,128,4", "at most 3")]:
         with pytest.raises(ValueError, match=match):
             tc.SkinnyCut.parse(text)
 
@@ -177,7 +183,7 @@ def library(mx: int, cut=tc.SKINNY_CUTS[0], broken: str | None = None):
     return early_builds.result(f"g++:gemm_skinny:{broken or 'as written'}:{mx}:{cut}", functools.partial(build, mx, cut, broken))
 
 
-HOST_BUILDS = [(mx, tc.SKINNY_CUTS[0]) for mx in tc.SKINNY_VARIANTS] + [(64, tc.SKINNY_CUTS[1])]
+HOST_BUILDS = [(mx, tc.SKINNY_CUTS[0]) for mx in tc.SKINNY_VARIANTS] + [(64, cut) for cut in tc.SKINNY_CUTS[1:]]
 EARLY_BUILDS = {}
 if ON_HOST.why() is None:
     EARLY_BUILDS.update({f"g++:gemm_skinny:as written:{mx}:{cut}": functools.partial(build, mx, cut, None)
@@ -239,8 +245,10 @@ def test_the_kernel_as_written_computes_the_product_on_the_modelled_card(m, n, k
 
 
 @needs_gxx
-def test_two_warpgroups_compute_the_product_on_the_modelled_card():
-    cut = tc.SKINNY_CUTS[1]
+@pytest.mark.parametrize("cut", [str(cut) for cut in tc.SKINNY_CUTS[1:]])
+def test_the_other_cuts_compute_the_product_on_the_modelled_card(cut):
+    """Four blocks a multiprocessor (64-byte stages at SK_MX 64), two warpgroups (128 of w's rows a block)."""
+    cut = tc.SkinnyCut.parse(cut)
     y, (faults, races, mmas, left), want, _ = run_on_host(library(64, cut), 40, 200, 640, 2, cut)
     assert (faults, races, left) == (0, 0, 0) and mmas > 0
     assert np.abs(y - want).max() / np.abs(want).max() <= 2e-6
@@ -295,10 +303,10 @@ CARD_CASES = [(4096, 4096, 9), (1000, 4096, 17), (14336, 4096, 33), (4096, 14336
 @pytest.mark.skipif(DEVICE is None or tc.sm_of(getattr(DEVICE, "target", "")) != 90,
                     reason=f"the skinny kernel needs an sm_90 card: {WHY or getattr(DEVICE, 'target', '')}")
 @pytest.mark.parametrize("cut,n,k,m", [(str(tc.SKINNY_CUTS[0]), *case) for case in CARD_CASES]
-                         + [(str(tc.SKINNY_CUTS[1]), *CARD_CASES[i]) for i in (1, 3, 7)])
+                         + [(str(cut), *CARD_CASES[i]) for cut in tc.SKINNY_CUTS[1:] for i in (1, 3, 7)])
 def test_the_skinny_kernel_agrees_with_libref_on_a_card(registry, monkeypatch, cut, n, k, m):
     """M's tails of every SK_MX, N not a multiple of 64 (1000), K split (most) and not (28672 x 4096 at
-    64 rows: 448 blocks, one split); the two-warpgroup cut on three of them."""
+    64 rows: 448 blocks, one split); the other cuts on three of them."""
     tc = module(registry, "device_tensor_cores")
     monkeypatch.setattr(tc, "SKINNY_CUT", tc.SkinnyCut.parse(cut))
     monkeypatch.setattr(module(registry, "device_streamed_gemm"), "SERVING", None)

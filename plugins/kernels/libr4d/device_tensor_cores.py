@@ -240,15 +240,19 @@ MAP_BYTES = 128         # a CUtensorMap; r4d_tma_maps writes x's then w's into t
 class SkinnyCut:
     """gemm_skinny.cu's cut: `warpgroups` of 128 threads a block (1 or 2), 64 of w's rows each (a
     block owns `rows` = 64 warpgroups rows of w, all of x's SK_MX = variant(M) rows), `k_bytes` of K
-    a stage (128 or 64; where 128 leave fewer than MIN_STAGES stages in 64 KiB, 64), as many stages
-    as fit RAD_MAX_SHARED_BYTES (64 KiB), at most MAX_STAGES. Three blocks a multiprocessor (3 x
-    64 KiB of an H200's 227) where their registers allow (`blocks`): with one k-tile's MMAs running,
-    stages - 1 k-tiles of copies are in flight a block."""
+    a stage (128 or 64; where 128 leave fewer than MIN_STAGES stages, 64), `per_multiprocessor`
+    blocks a multiprocessor (2, 3 or 4; 0: three where their registers allow, else two: `blocks`),
+    and as many stages as fit a block's share of a multiprocessor's shared memory (`budget`: 64 KiB,
+    RAD_MAX_SHARED_BYTES, at three blocks of an H200's 228 KiB; 55 KiB at four), at most MAX_STAGES:
+    with one k-tile's MMAs running, stages - 1 k-tiles of copies are in flight a block. More blocks
+    a multiprocessor keep more bytes in flight only while their stages stay as many."""
     warpgroups: int = 1
     k_bytes: int = 128
+    per_multiprocessor: int = 0
 
     MIN_STAGES = 4
     MAX_STAGES = 8
+    SHARED_PER_MULTIPROCESSOR = 233472  # an H200's (and H100's) 228 KiB; each block's 1 KiB of the system's out of it
 
     @property
     def rows(self) -> int:
@@ -258,18 +262,23 @@ class SkinnyCut:
     def threads(self) -> int:
         return 128 * self.warpgroups
 
+    def blocks(self, mx: int) -> int:
+        """Blocks a multiprocessor (__launch_bounds__): per_multiprocessor where given; else 3, but 2 for
+        two warpgroups from SK_MX = 64 (3 x 256 threads leave 85 registers a thread: 32 accumulators
+        spill there, 64 do not fit)."""
+        return self.per_multiprocessor or (3 if self.warpgroups == 1 or mx <= 32 else 2)
+
+    def budget(self, mx: int) -> int:
+        """Shared memory a block may have: 64 KiB, or less where `blocks` of them would not fit."""
+        return min(65536, self.SHARED_PER_MULTIPROCESSOR // self.blocks(mx) - 1024)
+
     def step(self, mx: int) -> int:
         """Bytes of K a stage for SK_MX = mx."""
-        whole = 65536 // ((self.rows + mx) * self.k_bytes) >= self.MIN_STAGES
+        whole = self.budget(mx) // ((self.rows + mx) * self.k_bytes) >= self.MIN_STAGES
         return self.k_bytes if whole or self.k_bytes == 64 else 64
 
     def stages(self, mx: int) -> int:
-        return min(self.MAX_STAGES, 65536 // ((self.rows + mx) * self.step(mx)))
-
-    def blocks(self, mx: int) -> int:
-        """Blocks a multiprocessor (__launch_bounds__): 3, but 2 for two warpgroups from SK_MX = 64
-        (3 x 256 threads leave 85 registers a thread: 32 accumulators spill there, 64 do not fit)."""
-        return 3 if self.warpgroups == 1 or mx <= 32 else 2
+        return min(self.MAX_STAGES, self.budget(mx) // ((self.rows + mx) * self.step(mx)))
 
     def shared(self, mx: int) -> int:
         return self.stages(mx) * (self.rows + mx) * self.step(mx)
@@ -282,20 +291,23 @@ class SkinnyCut:
                 "-DWG_DEPTH=1")
 
     def __str__(self) -> str:
-        return f"{self.warpgroups},{self.k_bytes}"
+        return f"{self.warpgroups},{self.k_bytes}" + (f",{self.per_multiprocessor}" if self.per_multiprocessor else "")
 
     @classmethod
     def parse(cls, text: str) -> "SkinnyCut":
-        """'warpgroups,k_bytes' (R4D_SKINNY_CUT): ValueError naming what is wrong."""
+        """'warpgroups,k_bytes[,blocks]' (R4D_SKINNY_CUT): ValueError naming what is wrong."""
         try:
             parts = [int(part) for part in text.split(",")]
-            if len(parts) != 2:
+            if len(parts) not in (2, 3):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"R4D_SKINNY_CUT={text!r}: expected 'warpgroups,k_bytes', two integers") from None
+            raise ValueError(f"R4D_SKINNY_CUT={text!r}: expected 'warpgroups,k_bytes[,blocks]', two or three "
+                             "integers") from None
         cut = cls(*parts)
-        if cut.warpgroups not in (1, 2) or cut.k_bytes not in (64, 128):
-            raise ValueError(f"R4D_SKINNY_CUT={text!r}: warpgroups 1 or 2, k_bytes 64 or 128")
+        if (cut.warpgroups not in (1, 2) or cut.k_bytes not in (64, 128) or cut.per_multiprocessor not in (0, 2, 3, 4)
+                or cut.warpgroups * cut.per_multiprocessor > 6):
+            raise ValueError(f"R4D_SKINNY_CUT={text!r}: warpgroups 1 or 2, k_bytes 64 or 128, blocks a "
+                             "multiprocessor 2, 3 or 4 (two warpgroups at most 3: registers)")
         return cut
 
 
@@ -310,9 +322,10 @@ def skinny_variant(m: int) -> int:
 
 
 # The cuts bench/card_prefill_gemm.py --skinny-cuts all compares, the first the default: one warpgroup
-# (64 of w's rows a block: N / 64 blocks, 3 a multiprocessor) or two (x read from L2 half as often)
-SKINNY_CUTS = tuple(SkinnyCut.parse(text) for text in ("1,128", "2,128"))
-# R4D_SKINNY_CUT="warpgroups,k_bytes" cuts gemm_skinny.cu's work otherwise for a process; read at every
+# (64 of w's rows a block: N / 64 blocks, 3 a multiprocessor), the same four a multiprocessor (in
+# smaller stages), or two warpgroups (x read from L2 half as often)
+SKINNY_CUTS = tuple(SkinnyCut.parse(text) for text in ("1,128", "1,128,4", "2,128"))
+# R4D_SKINNY_CUT="warpgroups,k_bytes[,blocks]" cuts gemm_skinny.cu's work otherwise for a process; read at every
 # launch's plan (the bench sets SKINNY_CUT between shapes)
 SKINNY_CUT = SkinnyCut.parse(os.environ["R4D_SKINNY_CUT"]) if os.environ.get("R4D_SKINNY_CUT") else SKINNY_CUTS[0]
 SKINNY_ENTRY = "r4d_skinny_gemm_bf16"
