@@ -7,10 +7,10 @@ OUT=${OUT:-/tmp/h20k_out}; mkdir -p "$OUT"
 SECONDS=0
 echo "-- A: the skinny kernel against libref on the card (M 9, 17, 33, 64, 100, 128; N 1000 and 576 tails; K split"
 echo "   and not; three cuts), then the tensor-core GEMM card tests with R4D_TC_KERNEL=skinny (M 9..300, split replays)"
-R4D_TC_KERNEL=skinny timeout 65 python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm_skinny.py tests/test_device_batch_rows.py \
+R4D_TC_KERNEL=skinny timeout 50 python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm_skinny.py tests/test_device_batch_rows.py \
     -k "on_a_card or split_gemm_gives or bf16_tensor_core_gemm" 2>&1 | tail -15 | tee "$OUT/h20k_tests.txt"
 echo "-- B: a layer's 8B GEMMs at M = 16, 32, 64, 128: torch (cuBLAS), skinny (its three cuts), wgmma, tma [${SECONDS}s]"
-timeout 110 python3 bench/card_prefill_gemm.py --tokens 16 32 64 128 --kernels skinny wgmma tma --skinny-cuts all \
+timeout 105 python3 bench/card_prefill_gemm.py --tokens 16 32 64 128 --kernels skinny wgmma tma --skinny-cuts all \
     > "$OUT/h20k_gemm.txt" 2>&1
 grep -E "^card|one layer|blocks a multi|OUTSIDE|Error|error|Traceback" "$OUT/h20k_gemm.txt" | cut -c1-200
 # every case in one short line: shape, M, kernel, us, weight TB/s, splits, error, speed against torch
@@ -23,7 +23,7 @@ for line in open(sys.argv[1]):
         print(f"{m[1]:8} M {m[2]:>3} {m[3] or 'torch':18} {float(m[4]):8.1f} us {m[5]} TB/s" + (f" {splits[1]:>2}sp err {err[1]}" if splits else "")
               + (f" {x[1]}x" if x else ""))
 PY
-LEFT=$((276 - SECONDS)); [ "$LEFT" -gt 125 ] && LEFT=125
+LEFT=$((276 - SECONDS)); [ "$LEFT" -gt 130 ] && LEFT=130
 echo "-- C: the engine's batched decode, bf16 8B, batch 64 / 32 / 8 (skinny by default at M 33..128) [${SECONDS}s, ${LEFT}s given]"
 if [ "$LEFT" -gt 40 ]; then
     timeout -s INT $LEFT python3 bench/card_batches.py --formats bf16 --batches 64 32 8 --steps 8 --skip-serving \

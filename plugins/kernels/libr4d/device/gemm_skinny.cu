@@ -22,12 +22,14 @@
 //                  rows of w (1 or 2)
 //   WG_KB          bytes of K a stage holds of each row (128 or 64), in the swizzle of that width
 //   SK_STAGES      stages of w's SK_BW rows then x's SK_MX rows, (SK_BW + SK_MX) WG_KB bytes each, all
-//                  in the 64 KiB a launch may have (RAD_MAX_SHARED_BYTES); SK_STAGES - 1 k-tiles of
-//                  copies are in flight while one k-tile's MMAs run
+//                  in a block's share of the multiprocessor (at most the 64 KiB a launch may have,
+//                  RAD_MAX_SHARED_BYTES); SK_STAGES - 1 k-tiles of copies are in flight while one
+//                  k-tile's MMAs run
+//   SK_BLOCKS      blocks a multiprocessor (__launch_bounds__): 3 (3 x 64 KiB of stages), 2 for two
+//                  warpgroups from SK_MX = 64 (registers), or the cut's 2, 3 or 4; the split of K plans
+//                  for 132 x SK_BLOCKS
 // (WG_BN, WG_STAGES and WG_DEPTH only satisfy gemm_wgmma.cu's own check of its macros: the cut's
 // defines set 128, 2 and 1.)
-//   SK_BLOCKS      blocks a multiprocessor (__launch_bounds__): 3 (3 x 64 KiB of stages), 2 for two
-//                  warpgroups from SK_MX = 64 (registers); the split of K plans for 132 x SK_BLOCKS
 #ifndef SK_MX
 #define SK_MX 64
 #endif
