@@ -7,10 +7,10 @@ OUT=${OUT:-/tmp/h20k_out}; mkdir -p "$OUT"
 SECONDS=0
 echo "-- A: the skinny kernel against libref on the card (M 9, 17, 33, 64, 100, 128; N 1000 and 576 tails; K split"
 echo "   and not; three cuts), then the tensor-core GEMM card tests with R4D_TC_KERNEL=skinny (M 9..300, split replays)"
-R4D_TC_KERNEL=skinny timeout 50 python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm_skinny.py tests/test_device_batch_rows.py \
+R4D_TC_KERNEL=skinny timeout 45 python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm_skinny.py tests/test_device_batch_rows.py \
     -k "on_a_card or split_gemm_gives or bf16_tensor_core_gemm" 2>&1 | tail -15 | tee "$OUT/h20k_tests.txt"
-echo "-- B: a layer's 8B GEMMs at M = 16, 32, 64, 128: torch (cuBLAS), skinny (its three cuts), wgmma, tma [${SECONDS}s]"
-timeout 105 python3 bench/card_prefill_gemm.py --tokens 16 32 64 128 --kernels skinny wgmma tma --skinny-cuts all \
+echo "-- B: a layer's 8B GEMMs (and k/v's 1024 rows) at M = 16, 32, 64, 128: torch (cuBLAS), skinny (its three cuts), wgmma, tma [${SECONDS}s]"
+timeout 115 python3 bench/card_prefill_gemm.py --tokens 16 32 64 128 --kernels skinny wgmma tma --skinny-cuts all \
     > "$OUT/h20k_gemm.txt" 2>&1
 grep -E "^card|one layer|blocks a multi|OUTSIDE|Error|error|Traceback" "$OUT/h20k_gemm.txt" | cut -c1-200
 # every case in one short line: shape, M, kernel, us, weight TB/s, splits, error, speed against torch

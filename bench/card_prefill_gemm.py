@@ -17,7 +17,7 @@ over one 2048-token step, against torch.matmul in bf16 (cuBLAS) on the same shap
         # the tile GEMM against gemm_streamed.cu's cuts ('1' its default; warps,tiles,stage,pipe[,chunks]), weight TB/s
 
 Shapes (M = each of --tokens, one after another a shape): qkv 4096 -> 6144, o 4096 -> 4096, gate+up 4096 -> 28672, down 14336 -> 4096,
-with --streamed k/v 4096 -> 1024, and with --lm-head 4096 -> 128256. radiance: x f32 [M, K] and the weight bf16 [N, K] as the engine
+with --streamed or --kernels skinny k/v 4096 -> 1024, and with --lm-head 4096 -> 128256. radiance: x f32 [M, K] and the weight bf16 [N, K] as the engine
 holds them, y f32; the row's launches (the narrowing and the GEMM: the row's whole cost) captured in
 a graph as chained launches (bench/device_ops.py's Timer), microseconds a row, the median of 10
 replays of --repeats rows; TFLOP/s of 2 M N K. The peer: torch.matmul(x, w.T) of bf16 x and w (bf16
@@ -60,8 +60,9 @@ from test_libr4d_support import activations, plain_weight  # noqa: E402
 SHAPES = [("qkv 4096->6144", 6144, 4096), ("o 4096->4096", 4096, 4096), ("gate+up 4096->28672", 28672, 4096),
           ("down 14336->4096", 4096, 14336)]
 LM_HEAD = ("lm head 4096->128256", 128256, 4096)
-# with --streamed: k's and v's own shape too (the batch path runs q, k and v as three GEMMs), whose 4
-# row blocks of the streamed GEMM fill half the card even at 16 splits
+# with --streamed or --kernels skinny: k's and v's own shape too (the batch path runs q, k and v as three
+# GEMMs), whose 4 row blocks of the streamed GEMM fill half the card even at 16 splits, and where
+# gemm_wgmma.cu took 66-92 us at batch 64 against q's 22 (bench/results/raw_2026-12-03h/call1_batches.txt)
 NARROW = ("k/v 4096->1024", 1024, 4096)
 ROWS = {"bf16": "r4dchain_gemm_tc_bf16_dev", "fp8_channel": "r4dchain_gemm_tc_fp8_dev"}
 GEMV_ROW = "r4dchain_gemv_plain_dev"  # --gemv: bf16's decode GEMV (M <= 8)
@@ -233,7 +234,8 @@ def main():
         tc.WGMMA_CUT = own
         print(f"  {'; '.join(results['carveout'])}", flush=True)
     total = {}  # (M, what) -> microseconds of a layer's GEMMs
-    for name, n, k in SHAPES + ([NARROW] if streamed else []) + ([LM_HEAD] if args.lm_head else []):
+    narrow = streamed or "skinny" in (args.kernels or [])  # batched decode's k and v, each its own GEMM
+    for name, n, k in SHAPES + ([NARROW] if narrow else []) + ([LM_HEAD] if args.lm_head else []):
         # fp8_weight's own draw, so that both formats hold the same values before quantising
         w = (np.random.default_rng(n + k).standard_normal((n, k)) * 0.02).astype(np.float32)
         w_bf16 = w.astype(ml_dtypes.bfloat16)
