@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent / "device"
-FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma", "gemm_wgmma",
+FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma", "gemm_wgmma", "gemm_skinny",
          "gemm_inputs", "attention_tiles", "gemv_gguf", "gemma", "attention_window", "gemm_streamed",
-         "gemm_tma", "gemm_skinny")
+         "gemm_tma")
 PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",),  # what goes between common.cu and the op's file
          "attention_window": ("attention",),
          **{name: ("tensor_core",) for name in ("gemm_mma", "gemm_wgmma", "gemm_inputs", "attention_tiles", "gemm_streamed")},
