@@ -43,12 +43,13 @@ def dev_row(registry, name):
 def kernels_here(registry, kind="bf16") -> list:
     """The tensor-core kernels this card runs for `kind`: the one it is given first, and on Hopper
     (given wgmma) mma.sync's as well, which it runs too, and for bf16 the TMA kernel it is given
-    from device_tensor_cores.TMA_FROM rows."""
+    from device_tensor_cores.TMA_FROM rows and the skinny kernel it is given above the GEMV band."""
     tc = module(registry, "device_tensor_cores")
     given = tc.kernel_for(DEVICE.vendor, DEVICE.target, kind)
     if given != "wgmma":
         return [given]
-    return [given, "mma"] + (["tma"] if tc.kernel_for(DEVICE.vendor, DEVICE.target, kind, tc.TMA_FROM) == "tma" else [])
+    above = [tc.kernel_for(DEVICE.vendor, DEVICE.target, kind, m) for m in (tc.TMA_FROM, tc.GEMV_MAX_M + 1)]
+    return [given, "mma"] + [kernel for kernel in ("tma", "skinny") if kernel in above]
 
 
 _WEIGHTS: dict = {}

@@ -55,11 +55,16 @@ def test_each_card_gets_the_kernel_its_tensor_cores_run(registry, monkeypatch):
              ("cuda", "sm_75"): ("simt", "simt"), ("hip", "gfx942"): ("simt", "simt"), ("fake", "fake_90"): ("simt", "simt")}
     for (vendor, target), kernels in table.items():
         assert (tc.kernel_for(vendor, target, "bf16"), tc.kernel_for(vendor, target, "e4m3")) == kernels, target
-    # Hopper's bf16 GEMMs from TMA_FROM rows on the TMA kernel; e4m3's and smaller ones on wgmma
-    assert [tc.kernel_for("cuda", "sm_90a", "bf16", m) for m in (9, tc.TMA_FROM - 1, tc.TMA_FROM, 2048)] == \
-        ["wgmma", "wgmma", "tma", "tma"]
-    assert tc.kernel_for("cuda", "sm_90a", "e4m3", 2048) == "wgmma"
+    # Hopper's bf16 GEMMs above the GEMV band and below SKINNY_BELOW on the skinny kernel, from
+    # TMA_FROM rows on the TMA kernel; e4m3's and those between on wgmma
+    ms = (tc.GEMV_MAX_M, tc.GEMV_MAX_M + 1, tc.SKINNY_BELOW - 1, tc.SKINNY_BELOW, tc.TMA_FROM - 1, tc.TMA_FROM, 2048)
+    assert tc.GEMV_MAX_M + 1 < tc.SKINNY_BELOW <= tc.TMA_FROM
+    assert [tc.kernel_for("cuda", "sm_90a", "bf16", m) for m in ms] == \
+        ["wgmma", "skinny", "skinny", "wgmma", "wgmma", "tma", "tma"]
+    assert tc.kernel_for("cuda", "sm_90a", "e4m3", 2048) == tc.kernel_for("cuda", "sm_90a", "e4m3", 64) == "wgmma"
     assert tc.kernel_for("cuda", "sm_89", "bf16", 2048) == "mma"
+    monkeypatch.setattr(tc, "KERNEL", "skinny")  # bf16's alone: e4m3 keeps the card's kernel
+    assert [tc.kernel_for("cuda", "sm_90", kind, 2048) for kind in ("bf16", "e4m3")] == ["skinny", "wgmma"]
     monkeypatch.setattr(tc, "KERNEL", "simt")
     assert tc.kernel_for("cuda", "sm_90", "bf16") == "simt"
     assert tc.kernel_for("cuda", "sm_90", "bf16", 2048) == "simt"
@@ -107,6 +112,7 @@ def test_the_rows_take_the_band_above_the_gemv_for_bf16_and_fp8(registry):
 @pytest.mark.parametrize("cut", ["default", "128,128,128,2", "192,256,32,4"])
 def test_a_wgmma_plan_narrows_x_then_asks_for_sm_90a_and_its_swizzled_stages(registry, monkeypatch, cut):
     tc = module(registry, "device_tensor_cores")
+    monkeypatch.setattr(tc, "KERNEL", "wgmma")  # M = 37: the skinny kernel's by default
     if cut != "default":
         monkeypatch.setattr(tc, "WGMMA_CUT", tc.WgmmaCut.parse(cut))
     cut = tc.WGMMA_CUT
@@ -240,8 +246,10 @@ def test_the_kernels_arithmetic_agrees_with_libref_within_the_stated_tolerance(r
     got = on_fake.run(row, [x, None, np.zeros((m, n), np.float32)], params, {1: weight}, read=(2,))[2]
     ran = [launch.name for launch in on_fake.device.launches[before:]]
     kind = "bf16" if fmt == "bf16" else "e4m3"
+    kernel = tc.kernel_for("cuda", on_fake.device.target, kind, m)  # on the sm_90: bf16 up to SKINNY_BELOW, skinny
+    assert kernel in ((on_fake.kernel, "skinny") if kind == "bf16" else (on_fake.kernel,))
     first = {"e4m3": ["r4d_quantize_e4m3_dev"], "bf16": ["r4d_narrow_bf16_dev"] if on_fake.kernel == "wgmma" else []}
-    assert ran == first[kind] + [tc.entry(kind, m, on_fake.kernel)]
+    assert ran == first[kind] + [tc.entry(kind, m, kernel)]
     want = np.zeros((m, n), np.float32)
     assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
     err = rel_err(got, want)
@@ -328,9 +336,11 @@ def test_a_streamed_plan_is_one_launch_of_its_entry_in_its_cut(registry, monkeyp
     assert pointers(rargs, [0, 1, 3]) == [0x9000000, 0, 0x2000] and ints(rargs, [2, 4, 5, 6]) == [0, 37, 4096, splits]
     # too little scratch for the split: the row says so, it does not overrun
     assert launch(row, [x, w, y], dict(params), stream, 0x9000000, layout["total"] - 1) == RAD_E_NOMEM
-    # above 64 rows, the tile GEMM as before
-    assert launch(row, [dev(0x1000, (65, 4096)), w, y], {**params, "M": 65}, stream, 0x9000000, need) == RAD_OK
-    assert stream.launches[-1][0] == "r4d_wgmma_gemm_bf16"
+    # above 64 rows, the kernel the card runs without it: on an sm_90 the skinny kernel, the tile GEMM past it
+    tc = module(registry, "device_tensor_cores")
+    for m, kernel in [(65, "r4d_skinny_gemm_bf16"), (tc.SKINNY_BELOW, "r4d_wgmma_gemm_bf16")]:
+        assert launch(row, [dev(0x1000, (m, 4096)), w, y], {**params, "M": m}, stream, 0x9000000, need) == RAD_OK
+        assert stream.launches[-1][0] == kernel
 
 
 @pytest.mark.parametrize("fmt,n,k,m", [("bf16", 576, 576, 9), ("bf16", 1536, 576, 64), ("bf16", 1024, 4096, 16),

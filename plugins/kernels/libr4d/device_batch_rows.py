@@ -71,7 +71,7 @@ def _streamed(a, x: int, w: DeviceWeight, y: int, kind: str) -> list:
 def tc_gemm_steps(a, x: int, weight, y: int) -> list:
     """The launches of y = x . w^T for M above the GEMV band: up to 64 rows, where it serves
     (device_streamed_gemm.serves), the streamed GEMM; else for e4m3, x's rows quantised into the
-    scratch first (for wgmma's and TMA's bf16, narrowed to bf16 there); for TMA, r4d_tma_maps
+    scratch first (for wgmma's, TMA's and the skinny kernel's bf16, narrowed to bf16 there); for TMA, r4d_tma_maps
     writing the tensor maps of those rows and of w into the scratch; then the tile kernel the card
     runs (device_tensor_cores.kernel_for)."""
     w = DeviceWeight(weight)
@@ -108,7 +108,7 @@ def tc_gemm_steps(a, x: int, weight, y: int) -> list:
         args = KernelArgs(name).pointer(rows).pointer(at("scales")).pointer(w.codes)
     args = (args.pointer(w.scale if kind == "e4m3" else 0).i32(1 if w.label == "fp8_channel" else 0).pointer(y)
             .pointer(at("partial")).pointer(at("counters")).i32(m).i32(n).i32(k).i32(per))
-    steps.append(Step(name, tc.source(kernel), grid, block, args, tc.shared_bytes(m, kernel, kind), tc.options(name)))
+    steps.append(Step(name, tc.source(kernel), grid, block, args, tc.shared_bytes(m, kernel, kind), tc.options(name, m)))
     return steps
 
 

@@ -97,8 +97,8 @@ MULTIPROCESSORS = 132   # an H200's: the waves the split plans for, whatever the
 
 def serves(kernel: str, kind: str, m: int) -> bool:
     """Whether the streamed GEMM takes this launch: turned on, a card with mma.sync for the kind
-    (device_tensor_cores.kernel_for gave 'wgmma', 'tma' or 'mma'), and M <= SERVING.most."""
-    return SERVING is not None and kernel in ("wgmma", "tma", "mma") and kind in KINDS and m <= SERVING.most
+    (device_tensor_cores.kernel_for gave 'wgmma', 'tma', 'skinny' or 'mma'), and M <= SERVING.most."""
+    return SERVING is not None and kernel in ("wgmma", "tma", "skinny", "mma") and kind in KINDS and m <= SERVING.most
 
 
 def variant(m: int) -> int:

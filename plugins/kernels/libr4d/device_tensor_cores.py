@@ -8,7 +8,10 @@ that r4d_narrow_bf16_dev writes into the scratch first), gemm_mma.cu's mma.sync 
 (its e4m3 kind from sm_89), and elsewhere (AMD, older NVIDIA) gemm.cu's f32 SIMT tiles, which every
 format reads. gemm_tma.cu (the same MMAs fed by TMA from a producer warp, r4d_tma_maps building its
 tensor maps in the scratch first) takes Hopper's bf16 GEMMs from TMA_FROM rows (faster there on an
-H200). R4D_TC_KERNEL=wgmma|tma|mma|simt forces one for a process (the card tests compare them)."""
+H200). gemm_skinny.cu (the operands swapped: w's rows wgmma's M, x's few rows its N) takes Hopper's
+bf16 GEMMs of M above the GEMV band and below SKINNY_BELOW, where the weights' bytes set the time.
+R4D_TC_KERNEL=wgmma|tma|skinny|mma|simt forces one for a process (the card tests compare them;
+skinny is bf16's alone: e4m3 keeps the card's kernel)."""
 
 import os
 from dataclasses import dataclass, replace
@@ -23,7 +26,7 @@ TARGET_BLOCKS = 264     # split K until about two blocks a multiprocessor of an 
 MAX_SPLITS = 8
 MIN_TILES_PER_SPLIT = 4
 KINDS = ("bf16", "e4m3")
-KERNELS = ("wgmma", "tma", "mma", "simt")
+KERNELS = ("wgmma", "tma", "skinny", "mma", "simt")
 KERNEL = os.environ.get("R4D_TC_KERNEL") or None
 
 # max|y - ref| / max|ref| against libref's f32 gemm (docs/OPS.md "Agreement"): x rounded to bf16
@@ -49,19 +52,30 @@ def sm_of(target: str) -> int:
 # stages lose where K is split 8 ways. 256 lies between the two measured points, where splits are few;
 # e4m3 stays on wgmma until the TMA kernel's fp8 path is timed.
 TMA_FROM = 256
+# The most rows of x gemm_skinny.cu takes by default on an sm_90 (bf16), plus one: M = GEMV_MAX_M + 1
+# .. SKINNY_BELOW - 1 (above the streamed GEMM's band where that serves: device_streamed_gemm.serves).
+# At M <= 128 a GEMM reads each weight for at most 256 flops, under an H200's ~165 flops a byte of
+# HBM, so the weights' bytes set the time; the swapped operands use every row of wgmma's M however
+# few the rows of x. 129 until the card's figures (bench/card_prefill_gemm.py --kernels skinny wgmma
+# tma --tokens 16 32 64 128) say where the tile kernels overtake it.
+SKINNY_BELOW = 129
 
 
 def kernel_for(vendor: str, target: str, kind: str, m: int = 0) -> str:
-    """'tma', 'wgmma', 'mma' or 'simt' for a GEMM of `kind` with `m` rows of x on this card (0: a
-    GEMM of any M: the tile kernel of the small ones)."""
+    """'skinny', 'tma', 'wgmma', 'mma' or 'simt' for a GEMM of `kind` with `m` rows of x on this card
+    (0: a GEMM of any M: the tile kernel of the small ones). A forced 'skinny' gives e4m3 the card's
+    own kernel (gemm_skinny.cu is bf16's)."""
     if kind not in KINDS:
         raise ValueError(f"no tensor-core kind {kind!r} (known: {', '.join(KINDS)})")
     if KERNEL is not None:
         if KERNEL not in KERNELS:
             raise ValueError(f"R4D_TC_KERNEL={KERNEL!r}: one of {', '.join(KERNELS)}")
-        return KERNEL
+        if KERNEL != "skinny" or kind == "bf16":
+            return KERNEL
     sm = sm_of(target) if vendor == "cuda" else 0
     if sm == 90:
+        if kind == "bf16" and GEMV_MAX_M < m < SKINNY_BELOW:
+            return "skinny"
         return "tma" if kind == "bf16" and m >= TMA_FROM else "wgmma"
     if sm >= (89 if kind == "e4m3" else 80):
         return "mma"
@@ -146,7 +160,7 @@ WGMMA_CUT = WgmmaCut.parse(os.environ["R4D_WG_CUT"]) if os.environ.get("R4D_WG_C
 WGMMA_GROUP = int(os.environ.get("R4D_WG_GROUP") or 16)
 NARROW_THREADS = 256    # r4d_narrow_bf16_dev: 8 values a thread a step
 NARROW_MAX_BLOCKS = 4096
-TC_KERNELS = ("mma", "wgmma", "tma")
+TC_KERNELS = ("mma", "wgmma", "tma", "skinny")
 
 
 @dataclass(frozen=True)
@@ -222,6 +236,101 @@ TMA_ENTRIES = ("r4d_tma_gemm_bf16", "r4d_tma_gemm_e4m3", "r4d_tma_maps")
 MAP_BYTES = 128         # a CUtensorMap; r4d_tma_maps writes x's then w's into the scratch
 
 
+@dataclass(frozen=True)
+class SkinnyCut:
+    """gemm_skinny.cu's cut: `warpgroups` of 128 threads a block (1 or 2), 64 of w's rows each (a
+    block owns `rows` = 64 warpgroups rows of w, all of x's SK_MX = variant(M) rows), `k_bytes` of K
+    a stage (128 or 64; where 128 leave fewer than MIN_STAGES stages, 64), `per_multiprocessor`
+    blocks a multiprocessor (2, 3 or 4; 0: three where their registers allow, else two: `blocks`),
+    and as many stages as fit a block's share of a multiprocessor's shared memory (`budget`: 64 KiB,
+    RAD_MAX_SHARED_BYTES, at three blocks of an H200's 228 KiB; 55 KiB at four), at most MAX_STAGES:
+    with one k-tile's MMAs running, stages - 1 k-tiles of copies are in flight a block. More blocks
+    a multiprocessor keep more bytes in flight only while their stages stay as many."""
+    warpgroups: int = 1
+    k_bytes: int = 128
+    per_multiprocessor: int = 0
+
+    MIN_STAGES = 4
+    MAX_STAGES = 8
+    SHARED_PER_MULTIPROCESSOR = 233472  # an H200's (and H100's) 228 KiB; each block's 1 KiB of the system's out of it
+
+    @property
+    def rows(self) -> int:
+        return 64 * self.warpgroups
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+    def blocks(self, mx: int) -> int:
+        """Blocks a multiprocessor (__launch_bounds__): per_multiprocessor where given; else 3, but 2 for
+        two warpgroups from SK_MX = 64 (3 x 256 threads leave 85 registers a thread: 32 accumulators
+        spill there, 64 do not fit)."""
+        return self.per_multiprocessor or (3 if self.warpgroups == 1 or mx <= 32 else 2)
+
+    def budget(self, mx: int) -> int:
+        """Shared memory a block may have: 64 KiB, or less where `blocks` of them would not fit."""
+        return min(65536, self.SHARED_PER_MULTIPROCESSOR // self.blocks(mx) - 1024)
+
+    def step(self, mx: int) -> int:
+        """Bytes of K a stage for SK_MX = mx."""
+        whole = self.budget(mx) // ((self.rows + mx) * self.k_bytes) >= self.MIN_STAGES
+        return self.k_bytes if whole or self.k_bytes == 64 else 64
+
+    def stages(self, mx: int) -> int:
+        return min(self.MAX_STAGES, self.budget(mx) // ((self.rows + mx) * self.step(mx)))
+
+    def shared(self, mx: int) -> int:
+        return self.stages(mx) * (self.rows + mx) * self.step(mx)
+
+    def defines(self, mx: int) -> tuple:
+        """gemm_skinny.cu's macros for SK_MX = mx; WG_BN, WG_STAGES and WG_DEPTH only pass gemm_wgmma.cu's
+        check of its own (its PTX and loader are built in, none of its entries)."""
+        return (f"-DSK_MX={mx}", f"-DWG_WARPGROUPS={self.warpgroups}", f"-DWG_KB={self.step(mx)}",
+                f"-DSK_STAGES={self.stages(mx)}", f"-DSK_BLOCKS={self.blocks(mx)}", "-DWG_BN=128", "-DWG_STAGES=2",
+                "-DWG_DEPTH=1")
+
+    def __str__(self) -> str:
+        return f"{self.warpgroups},{self.k_bytes}" + (f",{self.per_multiprocessor}" if self.per_multiprocessor else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "SkinnyCut":
+        """'warpgroups,k_bytes[,blocks]' (R4D_SKINNY_CUT): ValueError naming what is wrong."""
+        try:
+            parts = [int(part) for part in text.split(",")]
+            if len(parts) not in (2, 3):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"R4D_SKINNY_CUT={text!r}: expected 'warpgroups,k_bytes[,blocks]', two or three "
+                             "integers") from None
+        cut = cls(*parts)
+        if (cut.warpgroups not in (1, 2) or cut.k_bytes not in (64, 128) or cut.per_multiprocessor not in (0, 2, 3, 4)
+                or cut.warpgroups * cut.per_multiprocessor > 6):
+            raise ValueError(f"R4D_SKINNY_CUT={text!r}: warpgroups 1 or 2, k_bytes 64 or 128, blocks a "
+                             "multiprocessor 2, 3 or 4 (two warpgroups at most 3: registers)")
+        return cut
+
+
+SKINNY_VARIANTS = (8, 16, 32, 64, 128)  # SK_MX: wgmma's N of bf16 that gemm_skinny.cu is built for (8: M <= 8, the bench's)
+SKINNY_MAX_SPLITS = 16  # a block's few hundred KB of w: K cut finer than the tile kernels' to fill 132 x 3 blocks
+
+
+def skinny_variant(m: int) -> int:
+    """SK_MX for M rows of x: the next of 8, 16, 32, 64, 128 (128 past it: tiles of x along the grid's y;
+    8 only where asked below the rows' band, as bench/card_prefill_gemm.py --gemv does)."""
+    return next((mx for mx in SKINNY_VARIANTS if m <= mx), SKINNY_VARIANTS[-1])
+
+
+# The cuts bench/card_prefill_gemm.py --skinny-cuts all compares, the first the default: one warpgroup
+# (64 of w's rows a block: N / 64 blocks, 3 a multiprocessor), the same four a multiprocessor (in
+# smaller stages), or two warpgroups (x read from L2 half as often)
+SKINNY_CUTS = tuple(SkinnyCut.parse(text) for text in ("1,128", "1,128,4", "2,128"))
+# R4D_SKINNY_CUT="warpgroups,k_bytes[,blocks]" cuts gemm_skinny.cu's work otherwise for a process; read at every
+# launch's plan (the bench sets SKINNY_CUT between shapes)
+SKINNY_CUT = SkinnyCut.parse(os.environ["R4D_SKINNY_CUT"]) if os.environ.get("R4D_SKINNY_CUT") else SKINNY_CUTS[0]
+SKINNY_ENTRY = "r4d_skinny_gemm_bf16"
+
+
 def wgmma_cut(kind: str) -> WgmmaCut:
     """The cut gemm_wgmma.cu's entry of `kind` runs with now (WGMMA_CUT, as that kind takes it)."""
     return WGMMA_CUT.for_kind(kind)
@@ -234,21 +343,28 @@ def hopper_cut(kernel: str, kind: str) -> "WgmmaCut | TmaCut | None":
 
 
 def tile_m(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
-    """Rows of a block's tile: mma.sync 64 for batched decode's few rows, 128 for prefill; wgmma's
-    and TMA's their cut's (128 or 192)."""
+    """Rows of x a block's tile: mma.sync 64 for batched decode's few rows, 128 for prefill; wgmma's
+    and TMA's their cut's (128 or 192); the skinny kernel's SK_MX (16 .. 128)."""
+    if kernel == "skinny":
+        return skinny_variant(m)
     cut = hopper_cut(kernel, kind)
     return cut.rows if cut else 128 if m > 64 else 64
 
 
 def tile_n(kernel: str = "mma", kind: str = "bf16") -> int:
-    """Columns of a block's tile: mma.sync 128, wgmma's and TMA's their cut's (128 or 256)."""
+    """Columns of a block's tile (w's rows): mma.sync 128, wgmma's and TMA's their cut's (128 or
+    256), the skinny kernel's 64 a warpgroup."""
+    if kernel == "skinny":
+        return SKINNY_CUT.rows
     cut = hopper_cut(kernel, kind)
     return cut.cols if cut else TILE_N
 
 
-def k_tile(kind: str, kernel: str = "mma") -> int:
+def k_tile(kind: str, kernel: str = "mma", m: int = 0) -> int:
     """K elements of one shared-memory step: 64 bytes for mma.sync (32 bf16, 64 e4m3), the cut's
-    k_bytes for wgmma and TMA (128: 64 bf16, 128 e4m3; 64; 32)."""
+    k_bytes for wgmma and TMA (128: 64 bf16, 128 e4m3; 64; 32), the skinny kernel's for M's SK_MX."""
+    if kernel == "skinny":
+        return SKINNY_CUT.step(skinny_variant(m)) // 2
     cut = hopper_cut(kernel, kind)
     step = cut.k_bytes if cut else 64
     return step // 2 if kind == "bf16" else step
@@ -261,14 +377,17 @@ def split(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> tuple[int, 
     MIN_TILES_PER_SPLIT tiles, none empty: of those counts the one that takes the fewest k-tile
     steps end to end, ceil(tiles * splits / target) waves of ceil(steps / splits) steps (the
     fewest splits of equals). So 128 tiles take 2 splits (256 blocks, one wave of 32 steps), not 3
-    (384 blocks, two waves of 22: 44). From shapes and the kernel only, so every card of a kind adds
-    the same partial sums in the same order."""
+    (384 blocks, two waves of 22: 44). The skinny kernel: 132 x its blocks, up to SKINNY_MAX_SPLITS.
+    From shapes and the kernel only, so every card of a kind adds the same partial sums in the same
+    order."""
     tiles = -(-m // tile_m(m, kernel, kind)) * -(-n // tile_n(kernel, kind))
     cut = hopper_cut(kernel, kind)
-    target = MULTIPROCESSORS * cut.blocks if cut else TARGET_BLOCKS
-    steps = -(-k // k_tile(kind, kernel))
+    blocks = SKINNY_CUT.blocks(skinny_variant(m)) if kernel == "skinny" else cut.blocks if cut else 0
+    target = MULTIPROCESSORS * blocks or TARGET_BLOCKS
+    most = SKINNY_MAX_SPLITS if kernel == "skinny" else MAX_SPLITS
+    steps = -(-k // k_tile(kind, kernel, m))
     best, best_steps = 1, None
-    for splits in range(1, max(1, min(-(-target // tiles), MAX_SPLITS, steps // MIN_TILES_PER_SPLIT)) + 1):
+    for splits in range(1, max(1, min(-(-target // tiles), most, steps // MIN_TILES_PER_SPLIT)) + 1):
         per = -(-steps // splits)
         count = -(-steps // per)  # the splits that are not empty
         along = -(-tiles * count // target) * per
@@ -283,19 +402,25 @@ WGMMA_ENTRIES = ("r4d_wgmma_gemm_bf16", "r4d_wgmma_gemm_e4m3")
 
 
 def entry(kind: str, m: int, kernel: str = "mma") -> str:
+    if kernel == "skinny":
+        if kind != "bf16":
+            raise ValueError(f"gemm_skinny.cu is bf16's, not {kind}'s")
+        return SKINNY_ENTRY
     if kernel in ("wgmma", "tma"):
         return f"r4d_{kernel}_gemm_{kind}"
     return f"r4d_mma_gemm_{kind}_m{tile_m(m)}"
 
 
 def source(kernel: str) -> str:
-    return {"wgmma": "gemm_wgmma", "tma": "gemm_tma"}.get(kernel, "gemm_mma")
+    return {"wgmma": "gemm_wgmma", "tma": "gemm_tma", "skinny": "gemm_skinny"}.get(kernel, "gemm_mma")
 
 
-def options(name: str) -> tuple:
+def options(name: str, m: int = 0) -> tuple:
     """Compile only the entry a launch needs: each takes nvrtc seconds (R4D_TC_ONLY, R4D_WG_ONLY);
     wgmma needs sm_90a, which replaces the card's sm_90 (radiance.device.cuda.nvrtc_compile), and
-    its cut's macros."""
+    its cut's macros; the skinny kernel its cut's for M's SK_MX."""
+    if name == SKINNY_ENTRY:
+        return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", *SKINNY_CUT.defines(skinny_variant(m)))
     if name in WGMMA_ENTRIES:
         kind = KINDS[WGMMA_ENTRIES.index(name)]
         return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", *wgmma_cut(kind).defines(),
@@ -309,7 +434,10 @@ def options(name: str) -> tuple:
 def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -> tuple:
     """mma.sync: (column tiles, row tiles, splits) of 256 threads; wgmma: (tiles, 1, splits) of the
     cut's threads, the kernel ordering its tiles in groups of WGMMA_GROUP row tiles (gemm_wgmma.cu's
-    WG_GROUP); TMA's the same of its cut's threads. Either way a split-K counter a tile."""
+    WG_GROUP); TMA's the same of its cut's threads; the skinny kernel (w's row blocks, x's tiles,
+    splits) of its cut's. Either way a split-K counter a tile."""
+    if kernel == "skinny":
+        return (-(-n // SKINNY_CUT.rows), -(-m // skinny_variant(m)), splits), (SKINNY_CUT.threads, 1, 1)
     cut = hopper_cut(kernel, kind)
     if cut:
         return (-(-n // cut.cols) * -(-m // cut.rows), 1, splits), (cut.threads, 1, 1)
@@ -319,7 +447,10 @@ def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -
 def shared_bytes(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
     """Dynamic shared memory: gemm_mma.cu's TC_STAGES stages of an A and a B tile, or
     gemm_wgmma.cu's stages of swizzled x and w tiles (no slack: the kernel has no static shared
-    memory, so its dynamic area starts 1024-aligned); gemm_tma.cu's stages and mbarriers."""
+    memory, so its dynamic area starts 1024-aligned); gemm_tma.cu's stages and mbarriers;
+    gemm_skinny.cu's stages of w's and x's rows for M's SK_MX."""
+    if kernel == "skinny":
+        return SKINNY_CUT.shared(skinny_variant(m))
     cut = hopper_cut(kernel, kind)
     return cut.shared if cut else STAGES * (tile_m(m) + TILE_N) * ROW_BYTES
 
@@ -330,9 +461,9 @@ def narrow_grid(m: int, k: int) -> tuple:
 
 
 def narrows(kind: str, kernel: str) -> bool:
-    """Whether x goes through the scratch as bf16 rows first: gemm_wgmma.cu's and gemm_tma.cu's bf16
-    kinds read both operands as bytes (gemm_mma.cu narrows its f32 x itself)."""
-    return kind == "bf16" and kernel in ("wgmma", "tma")
+    """Whether x goes through the scratch as bf16 rows first: gemm_wgmma.cu's, gemm_tma.cu's and
+    gemm_skinny.cu's bf16 kinds read both operands as bytes (gemm_mma.cu narrows its f32 x itself)."""
+    return kind == "bf16" and kernel in ("wgmma", "tma", "skinny")
 
 
 def _aligned(nbytes: int) -> int:
@@ -342,7 +473,8 @@ def _aligned(nbytes: int) -> int:
 def scratch_layout(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> dict:
     """Offsets in the row's scratch: split-K counters (a u32 a tile) and partial sums [splits, M, N]
     f32 where K is split; for e4m3, x's codes [M, K] and row scales [M]; for wgmma's and TMA's bf16,
-    x's bf16 rows [M, K] ("codes"); for TMA, the two tensor maps (x's, w's: "maps"); and the total."""
+    x's bf16 rows [M, K] ("codes"; the skinny kernel's too); for TMA, the two tensor maps (x's, w's:
+    "maps"); and the total."""
     splits, _ = split(m, n, k, kind, kernel)
     at, layout = 0, {}
     if splits > 1:
@@ -364,4 +496,5 @@ def scratch_bytes(max_m: int, n: int, k: int, kind: str) -> int:
     """The most any M of the band [GEMV_MAX_M + 1, max_m] needs with any tensor-core kernel (the
     split, so the partials, vary with M and the kernel; the hook does not know the card)."""
     return max((scratch_layout(m, n, k, kind, kernel)["total"] for kernel in TC_KERNELS
+                if kind == "bf16" or kernel != "skinny"
                 for m in range(GEMV_MAX_M + 1, max(max_m, GEMV_MAX_M + 1) + 1)), default=0)

@@ -87,16 +87,27 @@ template <int N>
 __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // the generic proxy's writes to shared memory (cp.async's) made visible to the async proxy (wgmma's reads)
 __device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// the accumulators pinned where they are: no read or write of d moves across this (after a wait)
+// the accumulators pinned where they are: no read or write of d moves across this (after a wait);
+// COUNT of them (gemm_skinny.cu's SK_ACC)
+template <int COUNT = WG_ACC>
 __device__ __forceinline__ void wg_pin(float* d) {
 #pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < COUNT; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #define WG_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define WG_F16(i) WG_F4(i), WG_F4(i + 4), WG_F4(i + 8), WG_F4(i + 12)
+#define WG_D4 WG_F4(0)
+#define WG_D8 WG_F4(0), WG_F4(4)
+#define WG_D16 WG_F16(0)
+#define WG_D32 WG_F16(0), WG_F16(16)
 #define WG_D64 WG_F16(0), WG_F16(16), WG_F16(32), WG_F16(48)
 #define WG_D128 WG_D64, WG_F16(64), WG_F16(80), WG_F16(96), WG_F16(112)
+#define WG_D4_TEXT "{%0, %1, %2, %3}"
+#define WG_D8_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define WG_D16_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define WG_D32_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define WG_D64_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
     "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, " \
     "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
@@ -109,19 +120,38 @@ __device__ __forceinline__ void wg_pin(float* d) {
     "%124, %125, %126, %127}"
 
 // d[N / 2] += A . B^T, A 64 x K and B N x K from their descriptors (K-major both), f32 accumulation:
-// m64nNk16 of bf16, m64nNk32 of e4m3. The immediates: scale d 1, A and B not negated, neither
-// transposed (bf16 only: fp8 is K-major always).
+// m64nNk16 of bf16 (N 8, 16, 32, 64: gemm_skinny.cu's few rows of x; 128, 256), m64nNk32 of e4m3 (N
+// 128, 256). The immediates: scale d 1, A and B not negated, neither transposed (bf16 only: fp8 is
+// K-major always). d has N / 2 elements: only the branch of this N is compiled (if constexpr).
 template <int KIND, int N>
 __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b) {
-    if (KIND == TC_BF16 && N == 128)
+    static_assert(KIND == TC_BF16 ? N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256 : N == 128 || N == 256,
+                  "wg_mma: m64n8, n16, n32, n64, n128, n256 of bf16; n128, n256 of e4m3");
+    if constexpr (KIND == TC_BF16 && N == 8)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 " WG_D4_TEXT ", %4, %5, 1, 1, 1, 0, 0;\n"
+                     : WG_D4
+                     : "l"(a), "l"(b));
+    else if constexpr (KIND == TC_BF16 && N == 16)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_D8_TEXT ", %8, %9, 1, 1, 1, 0, 0;\n"
+                     : WG_D8
+                     : "l"(a), "l"(b));
+    else if constexpr (KIND == TC_BF16 && N == 32)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16_TEXT ", %16, %17, 1, 1, 1, 0, 0;\n"
+                     : WG_D16
+                     : "l"(a), "l"(b));
+    else if constexpr (KIND == TC_BF16 && N == 64)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32_TEXT ", %32, %33, 1, 1, 1, 0, 0;\n"
+                     : WG_D32
+                     : "l"(a), "l"(b));
+    else if constexpr (KIND == TC_BF16 && N == 128)
         asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64_TEXT ", %64, %65, 1, 1, 1, 0, 0;\n"
                      : WG_D64
                      : "l"(a), "l"(b));
-    else if (KIND == TC_BF16)
+    else if constexpr (KIND == TC_BF16)
         asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_D128_TEXT ", %128, %129, 1, 1, 1, 0, 0;\n"
                      : WG_D128
                      : "l"(a), "l"(b));
-    else if (N == 128)
+    else if constexpr (N == 128)
         asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WG_D64_TEXT ", %64, %65, 1, 1, 1;\n"
                      : WG_D64
                      : "l"(a), "l"(b));
