@@ -497,8 +497,13 @@ def test_the_attention_tiles_agree_with_libref_within_the_stated_tolerance(regis
     before = len(on_fake.device.launches)
     got = on_fake.run(row, operands, params, read=(3, 4, 10))
     ran = on_fake.device.launches[before:]
-    assert [launch.name for launch in ran] == ["r4d_kv_store_bf16_dev", "r4d_attend_tiles"]
-    assert ran[1].grid == at.grid(params["M"], len(sequences), kv, heads // kv)[0]
+    if params["M"] == len(sequences):  # a decode step: attention_decode.cu alone
+        ad = module(registry, "device_attention_decode")
+        assert [launch.name for launch in ran] == ["r4d_attend_decode"]
+        assert ran[0].grid == ad.grid(len(sequences), kv, operands[9].shape[1] * params["block_size"])[0]
+    else:
+        assert [launch.name for launch in ran] == ["r4d_kv_store_bf16_dev", "r4d_attend_tiles"]
+        assert ran[1].grid == at.grid(params["M"], len(sequences), kv, heads // kv)[0]
     arrays = [np.array(o, copy=True) for o in operands]
     assert host_launch(row_of(registry, "attention", "libref"), arrays, params) == RAD_OK
     np.testing.assert_array_equal(got[3], arrays[3])  # the step's k, v stored at their slots

@@ -24,9 +24,6 @@ GEMV_MAX_M = 8       # the rows here take M above the decode band of the fused r
 # warps fit one): for measuring the two against each other on a card
 PREFILL_WARPS = 4 if os.environ.get("R4D_AT_PREFILL_WARPS") == "4" else 8
 KERNEL = os.environ.get("R4D_TC_KERNEL") or None  # "simt" keeps attention.cu's kernel (as for the GEMM)
-# R4D_AT_DECODE=split sends a step of one query a sequence (batched decode) to attention.cu's kernel,
-# which splits each sequence's context over blocks, instead of the tiles: for measuring the two on a card
-DECODE_SPLIT = os.environ.get("R4D_AT_DECODE") == "split"
 
 # max|out - ref| / max|ref| against libref's attention: q * scale * log2(e), k, the weights and v
 # rounded to bf16 (8 bits of mantissa), f32 sums. Measured with the kernel's numpy form

@@ -11,6 +11,7 @@ device_attention_tiles.py."""
 
 from radiance.abi import RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE, RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo
 
+from . import device_attention_decode as ad
 from . import device_attention_tiles as at
 from . import device_kernels as dk
 from . import device_streamed_gemm as sg
@@ -129,8 +130,29 @@ def _tc_gemm_scratch(kind):
 # ------------------------------------------------------------------------------------------------
 # attention (attention_tiles.cu)
 
+def _decode_attention(a, seqs: int, max_blocks: int, group: int) -> list:
+    """attention_decode.cu's one launch: it stores the step's k, v at their slots itself."""
+    q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
+    p = a.params
+    kv, d, block_size = int(p["kv_heads"]), int(p["head_dim"]), int(p["block_size"])
+    capacity = max_blocks * block_size
+    layout = ad.scratch_layout(seqs, kv, group, d, capacity)
+    if layout["total"] > int(a.scratch_bytes or 0):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the decode attention needs {layout['total']}")
+    scratch = int(a.scratch or 0)
+    args = KernelArgs("r4d_attend_decode")
+    for tensor in (q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out):
+        args.pointer(_address(tensor))
+    args.pointer(scratch + layout["partial"] if "partial" in layout else 0)
+    args.pointer(scratch + layout["counters"] if "counters" in layout else 0)
+    args.i32(max_blocks).i32(p["q_heads"]).i32(kv).i32(block_size).i32(ad.chunk(seqs, kv)).f32(p["scale"])
+    grid, block = ad.grid(seqs, kv, capacity)
+    return [Step("r4d_attend_decode", "attention_decode", grid, block, args, 0, ad.options(d, group))]
+
+
 def _tc_attention(a):
-    """The step's k, v stored at their slots and narrowed to bf16 into the scratch
+    """A decode step (one token a sequence) where attention_decode.cu serves it: that kernel alone.
+    Else the step's k, v stored at their slots and narrowed to bf16 into the scratch
     (r4d_kv_store_bf16_dev), then the tiles; attention.cu's SIMT kernel where the tiles do not serve
     (device_attention_tiles.serves)."""
     q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
@@ -138,7 +160,9 @@ def _tc_attention(a):
     m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
     group = heads // kv if kv and heads % kv == 0 else 0
     seqs, max_blocks = _rows(cu_seqlens) - 1, int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
-    if not at.serves(_vendor(a), getattr(a.stream, "target", ""), d, group) or (at.DECODE_SPLIT and m == seqs):
+    if ad.serves(_vendor(a), getattr(a.stream, "target", ""), m, seqs, d, group):
+        return _decode_attention(a, seqs, max_blocks, group)
+    if not at.serves(_vendor(a), getattr(a.stream, "target", ""), d, group):
         return _attention(a)
     layout = at.scratch_layout(m, seqs, kv, group, d)
     if layout["total"] > int(a.scratch_bytes or 0):
@@ -162,12 +186,13 @@ def _tc_attention(a):
 
 
 def _tc_attention_scratch(geometry) -> int:
-    """The tiles' bf16 rows of the step and partials, or attention.cu's where the row falls back to
-    it: the larger."""
+    """The tiles' bf16 rows of the step and partials, the decode kernel's partials, or attention.cu's
+    where the row falls back to it: the largest."""
     heads, kv = int(geometry["q_heads"]), int(geometry["kv_heads"])
     group = heads // kv if kv and heads % kv == 0 else 1
     tiles = at.scratch_bytes(int(geometry["M"]), kv, group, int(geometry["head_dim"]))
-    return max(tiles, attention_scratch(geometry))
+    decode = ad.scratch_bytes(int(geometry["M"]), kv, group, int(geometry["head_dim"]))
+    return max(tiles, decode, attention_scratch(geometry))
 
 
 def stated_tolerances() -> dict:
@@ -200,8 +225,9 @@ def build_batch_rows() -> list[RadKernelInfo]:
             scratch=_tc_gemm_scratch("e4m3")),
         row("r4d_attention_tc_dev", "attention", _tc_attention,
             [above_gemv, RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM)],
-            "paged KV stored, then flash attention on tf32 tensor cores: a block per (query tile of one sequence, "
-            "kv head, split of the context), splits merged in order (attention.cu's SIMT kernel where the tiles "
-            "do not serve: head_dim other than 64 and 128, no sm_80)", f"M>={tc.GEMV_MAX_M + 1}, "
+            "paged KV stored, then flash attention on bf16 tensor cores: a block per (query tile of one sequence, "
+            "kv head, split of the context), splits merged in order; a decode step (one token a sequence) on "
+            "NVIDIA: attention_decode.cu, f32, a block per (sequence, kv head, chunk of the context) "
+            "(attention.cu's SIMT kernel where neither serves: head_dim other than 64 and 128, no sm_80)", f"M>={tc.GEMV_MAX_M + 1}, "
             f"head_dim<={dk.ATT_MAX_HEAD_DIM}", "f32", scratch=_tc_attention_scratch),
     ]

@@ -10,14 +10,15 @@ from pathlib import Path
 FOLDER = Path(__file__).resolve().parent / "device"
 FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma", "gemm_wgmma",
          "gemm_inputs", "attention_tiles", "gemv_gguf", "gemma", "attention_window", "gemm_streamed",
-         "gemm_tma")
+         "gemm_tma", "attention_decode")
 PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",),  # what goes between common.cu and the op's file
          "attention_window": ("attention",),
          **{name: ("tensor_core",) for name in ("gemm_mma", "gemm_wgmma", "gemm_inputs", "attention_tiles", "gemm_streamed")},
          "gemm_tma": ("tensor_core", "gemm_wgmma")}  # gemm_wgmma.cu's wgmma PTX (built with R4D_WG_ONLY=3: no entry of its own)
 # NVIDIA's alone (mma.sync, wgmma, cp.async, e4m3 conversion in inline PTX): never built for AMD,
 # whose rows keep gemm.cu and attention.cu (device_tensor_cores.kernel_for, device_attention_tiles.serves)
-NVIDIA_ONLY = ("gemm_mma", "gemm_wgmma", "gemm_inputs", "attention_tiles", "gemm_streamed", "gemm_tma")
+NVIDIA_ONLY = ("gemm_mma", "gemm_wgmma", "gemm_inputs", "attention_tiles", "gemm_streamed", "gemm_tma",
+               "attention_decode")
 
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
 
