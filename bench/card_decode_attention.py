@@ -8,6 +8,10 @@ heads, head_dim 128).
     PYTHONUNBUFFERED=1 python3 bench/card_decode_attention.py [--batches 8 32 64] [--contexts 1024 4096 mixed]
         [--sweep]    # also each chunk of CHUNKS and R4D_AD_KEYS=2, at every case
 
+At batch 8 and below (the decode band, where the engine fuses rope into attention) also the fused
+rope_attention row both ways: r4d_attend_decode_rope against attention.cu's r4d_attend_fresh, the
+kernel the engine runs there before (and at batch 1 still: device_attention_decode.BAND_FROM).
+
 A case is B sequences, each one decode token at its last position (contexts all C, or `mixed`: spread
 evenly from 64 to 8192), the cache f32 (as the engine keeps it on a card) paged in 16-slot blocks of a
 shuffled table. radiance: the row's launch captured in a graph as a chained launch (bench/device_ops.py's
@@ -39,7 +43,7 @@ from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import rel_err  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
-ROW = "r4dchain_attention_tc_dev"
+ROW, FUSED = "r4dchain_attention_tc_dev", "r4dchain_rope_attention_dev"
 BANDWIDTH = 4.8e12   # an H200's HBM3e, bytes a second
 APART = 512 << 20    # bytes read between two reads of one layer's cache
 CHUNKS = (64, 128, 256, 512)
@@ -111,6 +115,14 @@ def bench_radiance(on_card, row, timer, sets, params, bytes_read, check=None) ->
             "of_bound": bytes_read / BANDWIDTH / (ms * 1e-3)}
 
 
+def fused_sets(sets, params):
+    """The fused rope_attention row's operands of each set (rope's frequencies of theta 500000)."""
+    inv_freq = (1.0 / 500000.0 ** (np.arange(0, HEAD_DIM, 2, dtype=np.float64) / HEAD_DIM)).astype(np.float32)
+    fused = [[q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, lengths, blocks, out]
+             for q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, out in sets]
+    return fused, {**{key: value for key, value in params.items() if key != "seqs"}, "interleaved": 0}
+
+
 def bench_torch(contexts, copies) -> dict:
     import torch
     import torch.nn.functional as F
@@ -136,12 +148,13 @@ def bench_torch(contexts, copies) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--contexts", nargs="+", default=["1024", "4096", "mixed"])
     parser.add_argument("--sweep", action="store_true", help="also each chunk of CHUNKS and 2 keys a stream")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     row = next(r for r in lib.rows if r.name == ROW)
+    fused_row = next(r for r in lib.rows if r.name == FUSED)
     ad = importlib.import_module(f"{row.plugin.module.__name__}.device_attention_decode")
     on_card = Card(device, stream)
     timer = Timer(on_card)
@@ -185,6 +198,23 @@ def main():
                 except Exception as error:  # a backend that refuses the shape: said, not fatal
                     case["torch sdpa bf16"] = {"error": f"{type(error).__name__}: {error}"}
                     line += f"  torch: {type(error).__name__}: {str(error)[:100]}"
+            if batch <= 8:  # the decode band's fused row, both kernels
+                fused, fused_params = fused_sets(sets, params)
+                band_from, ad.BAND_FROM = ad.BAND_FROM, 1  # batch 1 too
+                try:
+                    case["fused"] = f = bench_radiance(on_card, fused_row, timer, fused, fused_params, bytes_read)
+                finally:
+                    ad.BAND_FROM = band_from
+                line += f"\n      fused rope_attention: decode kernel {f['us']:8.1f} us ({100 * f['of_bound']:3.0f}%)"
+                ad.ENABLED = False
+                try:
+                    case["fused attention.cu"] = c = bench_radiance(on_card, fused_row, timer, fused, fused_params,
+                                                                    bytes_read)
+                    line += f", attention.cu {c['us']:8.1f} us ({c['us'] / f['us']:.2f}x)"
+                except Exception as error:  # said, not fatal: the other figures stand
+                    line += f", attention.cu: {type(error).__name__}: {str(error)[:100]}"
+                finally:
+                    ad.ENABLED = True
             print(line, flush=True)
             if args.sweep:
                 sweep = {}

@@ -295,9 +295,11 @@ DECODE_CONTEXTS = {"one": [1], "seventeen": [17], "1k": [1024], "8191": [8191],
                    "mixed": [1, 2, 15, 16, 17, 64, 129, 1000, 1024, 4097, 8191]}
 
 
-# (batch, contexts): 8191 and mixed at batch 8 and 33 only (libref's host sums over 64 contexts of 8k take long)
+# (batch, contexts): 8191 and mixed at batch 8 only (the operands' random caches and libref's host sums
+# grow with batch x the longest context; test_attention_decodes_32_sequences_of_mixed_contexts_to_8k
+# takes 32 to 8k)
 DECODE_CASES = [(batch, contexts) for batch in (1, 8, 33, 64) for contexts in sorted(DECODE_CONTEXTS)
-                if batch in (8, 33) or contexts not in ("8191", "mixed")]
+                if batch == 8 or contexts not in ("8191", "mixed")]
 
 
 @pytest.mark.parametrize("batch,contexts", DECODE_CASES)

@@ -59,7 +59,14 @@ def on_host(registry):
         d = next(d for d in at.HEAD_DIMS if at.shared_bytes(d) == launch.shared_bytes)
         return at.options(d, q_heads // kv_heads, launch.block[0] // 32)
 
+    def decode_options(launch):  # head_dim and heads a kv head are r4d_attend_decode*'s arguments
+        ad = module(registry, "device_attention_decode")
+        q_heads, kv_heads, d = (int.from_bytes(launch.args.data[launch.args.offsets[i]:launch.args.offsets[i] + 4],
+                                               "little") for i in (13, 14, 15))
+        return ad.options(d, q_heads // kv_heads)
+
     kernels = {**ON_HOST.kernels(dk.source("gemv_gguf")), **ON_HOST.kernels(dk.source("gemma")),
+               **ON_HOST.kernels(dk.source("attention_decode"), decode_options),
                **ON_HOST.kernels(dk.source("elementwise")),
                **ON_HOST.kernels(dk.source("attention_window"), attention_options),
                **ON_HOST.kernels(attention_tiles_host_source(), tiles_options)}
@@ -149,11 +156,22 @@ def test_attention_window_cu_agrees_with_libref(registry, on_host, heads, kv, d,
     (8, 2, 128, 0, [(40, 1), (3, 1), (300, 1)]),   # decode: one token a sequence, k stored by each group's last block
     (9, 3, 64, 1, [(5, 6), (30, 1)]),              # a prefill chunk beside a decode token: the grid's last group rotates k
     (8, 1, 128, 0, [(2000, 1)]),                   # 8 query heads a kv head, 32 splits of two tiles each
+    (9, 3, 64, 1, [(5, 1), (0, 1), (77, 1)]),       # decode, interleaved pairs, a first token (one key)
+    (8, 2, 128, 0, [(p, 1) for p in (2000, 1, 129, 16, 700, 3000, 31, 64)]),  # batch 8 of mixed contexts
 ])
-def test_rope_attention_cu_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, sequences):
-    """attention.cu's fused rope + store + attention (r4d_attend_fresh): q, k and the cache left as rope and the
-    attention row leave them, bit for bit, and the output within attention's tolerance."""
+@pytest.mark.parametrize("decode_kernel", [False, True])
+def test_rope_attention_cu_agrees_with_libref(registry, on_host, monkeypatch, heads, kv, d, interleaved, sequences,
+                                              decode_kernel):
+    """attention.cu's fused rope + store + attention (r4d_attend_fresh), and for decode steps of 2 or more
+    sequences attention_decode.cu's r4d_attend_decode_rope where `decode_kernel`: q, k and the cache left as
+    rope and the attention row leave them, bit for bit, and the output within attention's tolerance."""
+    ad = module(registry, "device_attention_decode")
+    monkeypatch.setattr(ad, "ENABLED", decode_kernel)
+    before = len(on_host.device.launches)
     rope_attention_agrees(registry, on_host, heads, kv, d, sequences, d + len(sequences), 10000.0, interleaved)
+    decode = all(count == 1 for _, count in sequences) and len(sequences) >= ad.BAND_FROM
+    ran = [launch.name for launch in on_host.device.launches[before:]]
+    assert ran == (["r4d_attend_decode_rope"] if decode_kernel and decode else ["r4d_attend_fresh"]), ran
 
 
 @pytest.mark.parametrize("splits,sequences", [
@@ -166,6 +184,7 @@ def test_rope_attention_cu_agrees_at_every_split_count(registry, on_host, monkey
     merging block's first splits copied into shared memory, the rest loaded; a decode token's k and
     v stored by the block that holds its key; this step's keys read by every split that holds them."""
     monkeypatch.setattr(module(registry, "device_kernels"), "ATT_SPLITS", splits)
+    monkeypatch.setattr(module(registry, "device_attention_decode"), "ENABLED", False)  # attention.cu's splits
     rope_attention_agrees(registry, on_host, 8, 2, 128, sequences, splits + len(sequences), 500000.0, 0)
 
 

@@ -512,6 +512,27 @@ def test_the_attention_tiles_agree_with_libref_within_the_stated_tolerance(regis
     assert 0 < err <= at.TOLERANCE, (case, err)
 
 
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_the_fused_rows_decode_steps_take_the_decode_kernel_and_agree_with_libref(registry, on_fake, interleaved):
+    """rope_attention on a decode step of 5 sequences: r4d_attend_decode_rope alone (its numpy form: q and
+    k rotated as rope rotates them, then the decode kernel's splits): q, k and the cache as libref's
+    rope_attention leaves them, bit for bit, the output within attention's tolerance."""
+    dk = module(registry, "device_kernels")
+    operands, params = attention_operands(8, 2, 128, [(p, 1) for p in (0, 31, 500, 1200, 77)], seed=interleaved)
+    q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, out = operands
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, 128, 2, dtype=np.float64) / 128)).astype(np.float32)
+    fused = [q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, lengths, blocks, out]
+    params = {key: value for key, value in params.items() if key != "seqs"} | {"interleaved": interleaved}
+    before = len(on_fake.device.launches)
+    got = on_fake.run(device_row(registry, "r4dchain_rope_attention_dev"), fused, params, None, (0, 1, 5, 6, 11))
+    assert [launch.name for launch in on_fake.device.launches[before:]] == ["r4d_attend_decode_rope"]
+    want = [np.array(o, copy=True) for o in fused]
+    assert host_launch(row_of(registry, "rope_attention", "libref"), want, params, None) == RAD_OK
+    for i in (0, 1, 5, 6):
+        np.testing.assert_array_equal(got[i], want[i], err_msg=f"operand {i}")
+    assert 0 < rel_err(got[11], want[11]) <= dk.TOLERANCE["attention"], rel_err(got[11], want[11])
+
+
 def test_the_attention_tiles_split_the_context_only_where_tiles_are_few(registry):
     at = module(registry, "device_attention_tiles")
     # no split at 2048 tokens: the scratch holds the step's k and v rows in bf16 alone

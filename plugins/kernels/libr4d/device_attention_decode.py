@@ -14,13 +14,19 @@ import os
 THREADS = 128       # AD_THREADS: 8 streams of 16 lanes
 MAX_SPLITS = 32     # AD_MAX_SPLITS: the merge weighs one split a lane of a warp
 KEYS = int(os.environ.get("R4D_AD_KEYS") or 4)  # R4D_AD_KEYS: keys a stream loads at once (2 or 4: registers)
-# the chunk a block takes, in keys: shorter where the step has few (sequence, kv head) pairs, so
-# that batch 8 still covers the multiprocessors at 1k of context. R4D_AD_CHUNK=n sets it for a
-# process (bench/card_decode_attention.py sweeps it).
+# the chunk a block takes, in keys: the largest power of two up to twice the step's (sequence, kv
+# head) pairs, from MIN_CHUNK to MAX_CHUNK, so that a context of 1k makes about 4 blocks a
+# multiprocessor of an H200 at any batch (batch 8: 64 pairs, chunks of 128 keys, 512 blocks).
+# R4D_AD_CHUNK=n sets it for a process (bench/card_decode_attention.py sweeps it).
 CHUNK = int(os.environ["R4D_AD_CHUNK"]) if os.environ.get("R4D_AD_CHUNK") else None
-SMALL_CHUNK, LARGE_CHUNK, FEW_PAIRS = 128, 256, 264
-# the scratch holds at most this many partials (each G * (D + 2) floats, 2 KB at G 4, D 128): 34 MB
+MIN_CHUNK, MAX_CHUNK = 32, 256
+# the scratch holds at most this many partials (each G * (D + 2) floats, 2 KB at G 4, D 128): 34 MB,
+# about what attention.cu's scratch takes at 2048 tokens a step
 PARTIALS = 16384
+# the decode band's rows (M <= 8: device_rows.py's attention and fused rope_attention) take this
+# kernel for decode steps of at least this many sequences, attention.cu's kernel below
+# (R4D_AD_BAND_FROM=n; bench/card_decode_attention.py measures both at batch 1 and 8)
+BAND_FROM = int(os.environ.get("R4D_AD_BAND_FROM") or 2)
 
 
 # R4D_AD=off leaves a decode step to the tiles (or attention.cu), as before this kernel: for measuring
@@ -39,7 +45,8 @@ def serves(vendor: str, target: str, m: int, seqs: int, head_dim: int, group: in
 def chunk(seqs: int, kv_heads: int) -> int:
     if CHUNK is not None:
         return CHUNK
-    return SMALL_CHUNK if seqs * kv_heads < FEW_PAIRS else LARGE_CHUNK
+    twice = 2 * max(1, seqs * kv_heads)
+    return max(MIN_CHUNK, min(MAX_CHUNK, 1 << (twice.bit_length() - 1)))
 
 
 def splits(seqs: int, kv_heads: int, capacity: int) -> int:
@@ -89,4 +96,4 @@ def scratch_layout(seqs: int, kv_heads: int, group: int, head_dim: int, capacity
 def scratch_bytes(max_m: int, kv_heads: int, group: int, head_dim: int) -> int:
     """The most any decode step of up to max_m sequences needs, whatever its block table's width."""
     counters = _aligned(4 * max(1, max_m) * kv_heads)
-    return counters + 4 * PARTIALS * partial_floats(group, head_dim)
+    return counters + 4 * min(PARTIALS, max(1, max_m) * kv_heads * MAX_SPLITS) * partial_floats(group, head_dim)

@@ -11,7 +11,6 @@ device_attention_tiles.py."""
 
 from radiance.abi import RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE, RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo
 
-from . import device_attention_decode as ad
 from . import device_attention_tiles as at
 from . import device_kernels as dk
 from . import device_streamed_gemm as sg
@@ -19,7 +18,7 @@ from . import device_tensor_cores as tc
 from .device_formats import FP8_FORMATS, layout_as_stored
 from .device_rows import (
     F32_ACTIVATIONS, DeviceWeight, ScratchTooSmall, Step, _address, _attention, _planned, _rows, _vendor,
-    attention_scratch, chained,
+    attention_scratch, chained, decode_attention_step, decoding,
 )
 
 PRIORITY = 20  # above the SIMT rows of the same band
@@ -130,26 +129,6 @@ def _tc_gemm_scratch(kind):
 # ------------------------------------------------------------------------------------------------
 # attention (attention_tiles.cu)
 
-def _decode_attention(a, seqs: int, max_blocks: int, group: int) -> list:
-    """attention_decode.cu's one launch: it stores the step's k, v at their slots itself."""
-    q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
-    p = a.params
-    kv, d, block_size = int(p["kv_heads"]), int(p["head_dim"]), int(p["block_size"])
-    capacity = max_blocks * block_size
-    layout = ad.scratch_layout(seqs, kv, group, d, capacity)
-    if layout["total"] > int(a.scratch_bytes or 0):
-        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the decode attention needs {layout['total']}")
-    scratch = int(a.scratch or 0)
-    args = KernelArgs("r4d_attend_decode")
-    for tensor in (q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out):
-        args.pointer(_address(tensor))
-    args.pointer(scratch + layout["partial"] if "partial" in layout else 0)
-    args.pointer(scratch + layout["counters"] if "counters" in layout else 0)
-    args.i32(max_blocks).i32(p["q_heads"]).i32(kv).i32(block_size).i32(ad.chunk(seqs, kv)).f32(p["scale"])
-    grid, block = ad.grid(seqs, kv, capacity)
-    return [Step("r4d_attend_decode", "attention_decode", grid, block, args, 0, ad.options(d, group))]
-
-
 def _tc_attention(a):
     """A decode step (one token a sequence) where attention_decode.cu serves it: that kernel alone.
     Else the step's k, v stored at their slots and narrowed to bf16 into the scratch
@@ -160,8 +139,8 @@ def _tc_attention(a):
     m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
     group = heads // kv if kv and heads % kv == 0 else 0
     seqs, max_blocks = _rows(cu_seqlens) - 1, int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
-    if ad.serves(_vendor(a), getattr(a.stream, "target", ""), m, seqs, d, group):
-        return _decode_attention(a, seqs, max_blocks, group)
+    if decoding(a, cu_seqlens):
+        return [decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out)]
     if not at.serves(_vendor(a), getattr(a.stream, "target", ""), d, group):
         return _attention(a)
     layout = at.scratch_layout(m, seqs, kv, group, d)
@@ -186,13 +165,12 @@ def _tc_attention(a):
 
 
 def _tc_attention_scratch(geometry) -> int:
-    """The tiles' bf16 rows of the step and partials, the decode kernel's partials, or attention.cu's
-    where the row falls back to it: the largest."""
+    """The tiles' bf16 rows of the step and partials, or attention.cu's or attention_decode.cu's
+    (device_rows.attention_scratch): the larger."""
     heads, kv = int(geometry["q_heads"]), int(geometry["kv_heads"])
     group = heads // kv if kv and heads % kv == 0 else 1
     tiles = at.scratch_bytes(int(geometry["M"]), kv, group, int(geometry["head_dim"]))
-    decode = ad.scratch_bytes(int(geometry["M"]), kv, group, int(geometry["head_dim"]))
-    return max(tiles, decode, attention_scratch(geometry))
+    return max(tiles, attention_scratch(geometry))
 
 
 def stated_tolerances() -> dict:

@@ -21,9 +21,17 @@
 // bits whichever block comes last.
 //
 // This step's key and value (position context - 1: in a decode step each sequence's one token is its
-// last position, as the scheduler lays it out) are read from the k, v rows, and split 0's block
-// stores them at the token's slot: no store kernel runs before this one, and nothing here reads
-// that slot of the cache.
+// last position, as the scheduler lays it out) are read from the k, v rows, and the block whose
+// chunk holds that position stores them at the token's slot: no store kernel runs before this one,
+// and nothing here reads that slot of the cache.
+//
+// Two entries: r4d_attend_decode (the attention row: q and k already rotated by the rope row) and
+// r4d_attend_decode_rope (the fused rope_attention row): each block rotates q at the token's position
+// in shared memory (rope's arithmetic: cos and sin in f64 rounded once, products and sums rounded
+// apart), the block holding this step's key rotates it, stores it at its slot and writes it back
+// into the k row, and q is written back rotated by the block that writes the output (with several
+// splits the last, after every split has read q): q, k and the cache are left as rope and the
+// attention row leave them.
 #define AD_WARPS 4
 #define AD_THREADS (AD_WARPS * 32)       // device_attention_decode.THREADS
 #define AD_LANES 16                      // lanes of a stream (a key's row across them)
@@ -40,8 +48,8 @@
 #endif
 
 struct AttDecode {
-    const float* q;            // [seqs, q_heads * D]
-    const float* k;            // [seqs, kv_heads * D]: this step's rows
+    float* q;                  // [seqs, q_heads * D] (rotated in place: r4d_attend_decode_rope)
+    float* k;                  // [seqs, kv_heads * D]: this step's rows (the same)
     const float* v;
     float* k_cache;            // [slots, kv_heads * D]
     float* v_cache;
@@ -52,8 +60,10 @@ struct AttDecode {
     float* out;                // [seqs, q_heads * D]
     float* partial;            // [seqs, kv_heads, gridDim.z] entries of STRIDE floats: G rows of D values, then G (max, sum)
     u32* counters;             // [seqs * kv_heads], zero between launches
-    int max_blocks, q_heads, kv_heads, block_size, chunk;
+    int max_blocks, q_heads, kv_heads, head_dim, block_size, chunk;  // head_dim: the module's R4D_AD_D
     float scale;
+    const float* inv_freq;     // rope's [D / 2] (r4d_attend_decode_rope)
+    int interleaved;           // rope's pairs: (2i, 2i + 1), else (i, i + D / 2)
 };
 
 __device__ __forceinline__ float ad_exp2(float x) {  // 2^x (ex2.approx: about 2 ulp; -inf gives +0)
@@ -91,7 +101,7 @@ __device__ __forceinline__ float4 ad_stream4(const float* p) {
 #endif
 }
 
-template <int D, int G, int U>
+template <int D, int G, int U, bool ROPE>
 __device__ void attend_decode(const AttDecode& p) {
     constexpr int C = D / 4;             // float4 chunks of a head's row
     constexpr int CH = C / AD_LANES;     // a lane's chunks of a row
@@ -101,6 +111,8 @@ __device__ void attend_decode(const AttDecode& p) {
     __shared__ float s_max[AD_STREAMS][G], s_sum[AD_STREAMS][G];
     __shared__ float s_weight[AD_MAX_SPLITS][G], s_term[AD_MAX_SPLITS][G];
     __shared__ int s_last;
+    __shared__ float4 s_q[ROPE ? G * C : 1], s_k[ROPE ? C : 1];  // q's G heads and this step's key, rotated
+    __shared__ float s_cos[ROPE ? D / 2 : 1], s_sin[ROPE ? D / 2 : 1];  // rope's at the token's position
     const int s = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const int tid = threadIdx.x, stream = tid / AD_LANES, sub = tid % AD_LANES, half = stream % 2;
     const int width = p.kv_heads * D;
@@ -113,6 +125,9 @@ __device__ void attend_decode(const AttDecode& p) {
     if (split >= splits) return;
     const int j0 = split * per, j1 = min(visible, j0 + per);
     const int fresh = length - 1;  // this step's key: from the k, v rows
+    // the block that stores this step's key and value: its chunk holds them (else, where the token
+    // sees no key of its own, the last split)
+    const bool holder = (j0 <= fresh && fresh < j1) || (fresh >= visible && split == splits - 1);
     const int* table = p.block_tables + (long long)s * p.max_blocks;
     const long long head = (long long)kvh * D;
     const float minus_inf = __uint_as_float(0xff800000u);
@@ -129,16 +144,38 @@ __device__ void attend_decode(const AttDecode& p) {
     long long at[U];
     int first = j0 + stream * U;
     offsets(first, at);  // the table and the older keys' rows are not the kernel before's to write
+    if (ROPE)  // nor rope's frequencies and the positions
+        for (int i = tid; i < D / 2; i += AD_THREADS) r4d_cos_sin((float)position * p.inv_freq[i], s_cos[i], s_sin[i]);
     R4D_CHAIN_PROLOGUE();
 
+    float* const qrow = p.q + ((long long)s * p.q_heads + kvh * G) * D;  // the G heads' rows, contiguous
+    float* const krow = p.k + (long long)s * width + head;                // this step's rows
+    const float* const vrow = p.v + (long long)s * width + head;
+    if (ROPE) {  // q (and the holder's key) rotated in shared memory, a thread a pair
+        for (int i = tid; i < G * C; i += AD_THREADS) s_q[i] = ((const float4*)qrow)[i];
+        if (holder)
+            for (int i = tid; i < C; i += AD_THREADS) s_k[i] = ((const float4*)krow)[i];
+        __syncthreads();
+        for (int i = tid; i < (G + 1) * (D / 2); i += AD_THREADS) {
+            const int r = i / (D / 2), pair = i % (D / 2);
+            if (r == G && !holder) break;
+            float* row = r < G ? (float*)s_q + r * D : (float*)s_k;
+            const int ia = p.interleaved ? 2 * pair : pair, ib = p.interleaved ? 2 * pair + 1 : pair + D / 2;
+            const float c = s_cos[pair], sn = s_sin[pair], a = row[ia], b = row[ib];
+            row[ia] = a * c - b * sn;
+            row[ib] = a * sn + b * c;
+        }
+        __syncthreads();
+    }
+    const float4* const qsource = ROPE ? s_q : (const float4*)qrow;
+    const float4* const ksource = ROPE ? s_k : (const float4*)krow;
     float4 qr[G][CH];
     {
         const float fold = p.scale * 1.4426950408889634f;
-        const float* qrow = p.q + ((long long)s * p.q_heads + kvh * G) * D;
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int i = 0; i < CH; ++i) qr[g][i] = ad_scale4(*(const float4*)(qrow + g * D + 4 * (sub + i * AD_LANES)), fold);
+            for (int i = 0; i < CH; ++i) qr[g][i] = ad_scale4(qsource[g * C + sub + i * AD_LANES], fold);
     }
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 acc[G][CH];
@@ -150,8 +187,6 @@ __device__ void attend_decode(const AttDecode& p) {
 #pragma unroll
         for (int i = 0; i < CH; ++i) acc[g][i] = zero;
     }
-    const float* krow = p.k + (long long)s * width + head;  // this step's rows
-    const float* vrow = p.v + (long long)s * width + head;
     // the loop runs while the warp's first stream has keys (both halves of a warp take the same turns:
     // the shuffles are the whole warp's); the second's keys past the chunk are masked
     for (; first - half * U < j1; first += AD_STREAMS * U) {
@@ -166,7 +201,7 @@ __device__ void attend_decode(const AttDecode& p) {
                     kr[u][i] = ad_stream4(p.k_cache + at[u] + c);
                     vr[u][i] = ad_stream4(p.v_cache + at[u] + c);
                 } else if (at[u] == -2) {
-                    kr[u][i] = *(const float4*)(krow + c);
+                    kr[u][i] = ksource[c / 4];
                     vr[u][i] = *(const float4*)(vrow + c);
                 }
             }
@@ -207,12 +242,18 @@ __device__ void attend_decode(const AttDecode& p) {
             run_max[g] = top;
         }
     }
-    // this step's k and v at the token's slot, by split 0's block (nothing in this launch reads them there)
-    if (split == 0 && tid < 2 * C) {
+    // this step's k and v at the token's slot, by the holder (nothing in this launch reads them
+    // there), and the rotated k back into its row (no other block reads the row)
+    if (holder && tid < 2 * C) {
         const long long slot = (long long)p.slots[s] * width + head;
         const int c = tid % C;
-        if (tid < C) ((float4*)(p.k_cache + slot))[c] = ((const float4*)krow)[c];
-        else ((float4*)(p.v_cache + slot))[c] = ((const float4*)vrow)[c];
+        if (tid < C) {
+            const float4 key = ksource[c];
+            ((float4*)(p.k_cache + slot))[c] = key;
+            if (ROPE) ((float4*)krow)[c] = key;
+        } else {
+            ((float4*)(p.v_cache + slot))[c] = ((const float4*)vrow)[c];
+        }
     }
     // the streams merged in stream order
 #pragma unroll
@@ -243,6 +284,7 @@ __device__ void attend_decode(const AttDecode& p) {
         if (splits == 1) {
             const float inverse = 1.0f / total;
             ((float4*)out)[i] = ad_scale4(mixed, inverse);
+            if (ROPE) ((float4*)qrow)[i] = s_q[i];  // every thread of the block read q before the barrier above
         } else {
             ((float4*)mine)[i] = mixed;
             if (i % C == 0) { mine[G * D + 2 * g] = top; mine[G * D + 2 * g + 1] = total; }
@@ -280,15 +322,26 @@ __device__ void attend_decode(const AttDecode& p) {
                 if (z0 + u < splits) mixed = ad_axpy4(s_weight[z0 + u][g], value[u], mixed);
         }
         ((float4*)out)[i] = ad_scale4(mixed, 1.0f / total);
+        if (ROPE) ((float4*)qrow)[i] = s_q[i];  // every split has read q: it has arrived
     }
     if (tid == 0) p.counters[pair] = 0u;  // ready for the next launch (a graph replays it)
 }
 
 extern "C" __global__ void __launch_bounds__(AD_THREADS) r4d_attend_decode(
-    const float* q, const float* k, const float* v, float* k_cache, float* v_cache, const int* slots,
+    float* q, float* k, const float* v, float* k_cache, float* v_cache, const int* slots,
     const int* positions, const int* context_lens, const int* block_tables, float* out, float* partial, u32* counters,
-    int max_blocks, int q_heads, int kv_heads, int block_size, int chunk, float scale) {  // waits on the chain inside
+    int max_blocks, int q_heads, int kv_heads, int head_dim, int block_size, int chunk, float scale) {  // waits on the chain inside
     AttDecode p = {q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out, partial, counters,
-                   max_blocks, q_heads, kv_heads, block_size, chunk, scale};
-    attend_decode<R4D_AD_D, R4D_AD_G, R4D_AD_KEYS>(p);
+                   max_blocks, q_heads, kv_heads, head_dim, block_size, chunk, scale, nullptr, 0};
+    attend_decode<R4D_AD_D, R4D_AD_G, R4D_AD_KEYS, false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(AD_THREADS) r4d_attend_decode_rope(
+    float* q, float* k, const float* v, float* k_cache, float* v_cache, const int* slots,
+    const int* positions, const int* context_lens, const int* block_tables, float* out, float* partial, u32* counters,
+    int max_blocks, int q_heads, int kv_heads, int head_dim, int block_size, int chunk, float scale,
+    const float* inv_freq, int interleaved) {  // waits on the chain inside
+    AttDecode p = {q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out, partial, counters,
+                   max_blocks, q_heads, kv_heads, head_dim, block_size, chunk, scale, inv_freq, interleaved};
+    attend_decode<R4D_AD_D, R4D_AD_G, R4D_AD_KEYS, true>(p);
 }
