@@ -149,7 +149,7 @@ def bench_torch(contexts, copies) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
-    parser.add_argument("--contexts", nargs="+", default=["1024", "4096", "mixed"])
+    parser.add_argument("--contexts", nargs="+", default=["1024", "mixed", "4096"])
     parser.add_argument("--sweep", action="store_true", help="also each chunk of CHUNKS and 2 keys a stream")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
@@ -166,8 +166,9 @@ def main():
     results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer, "cases": []}
     print(f"card {results['card']} ({device.target}); 8B shape: {HEADS} heads, {KV_HEADS} kv heads, head_dim "
           f"{HEAD_DIM}, f32 cache; bound {BANDWIDTH / 1e12:.1f} TB/s; {peer}", flush=True)
-    for batch in args.batches:
-        for context in args.contexts:
+    out = os.environ.get("OUT")
+    for context in args.contexts:  # context by context: a run cut short has every batch of the first
+        for batch in args.batches:
             contexts = contexts_of(batch, context)
             bytes_read = kv_bytes(contexts)
             copies = max(1, min(4, -(-APART // bytes_read)))
@@ -234,10 +235,9 @@ def main():
                 print("      sweep (us): " + ", ".join(f"{k} {v:.1f}" for k, v in sweep.items()), flush=True)
             results["cases"].append(case)
             on_card.close()
+            if out:  # after every case: a run cut short keeps what it measured
+                Path(out, "card_decode_attention.json").write_text(json.dumps(results, indent=1))
     registry.close()
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "card_decode_attention.json").write_text(json.dumps(results, indent=1))
     return 0
 
 
