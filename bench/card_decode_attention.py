@@ -6,7 +6,7 @@ before it) and against PyTorch, all in the same run, at Llama-3-8B's shape (32 q
 heads, head_dim 128).
 
     PYTHONUNBUFFERED=1 python3 bench/card_decode_attention.py [--batches 8 32 64] [--contexts 1024 4096 mixed]
-        [--sweep]    # also each chunk of CHUNKS and R4D_AD_KEYS=2, at every case
+        [--sweep]    # also each chunk of CHUNKS, R4D_AD_KEYS=2 and R4D_AD_AHEAD=1, at every case
 
 At batch 8 and below (the decode band, where the engine fuses rope into attention) also the fused
 rope_attention row both ways: r4d_attend_decode_rope against attention.cu's r4d_attend_fresh, the
@@ -150,7 +150,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--contexts", nargs="+", default=["1024", "mixed", "4096"])
-    parser.add_argument("--sweep", action="store_true", help="also each chunk of CHUNKS and 2 keys a stream")
+    parser.add_argument("--sweep", action="store_true", help="also each chunk of CHUNKS, 2 keys a stream, 1 ahead")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     row = next(r for r in lib.rows if r.name == ROW)
@@ -225,12 +225,13 @@ def main():
                         sweep[f"chunk {chunk}"] = bench_radiance(on_card, row, timer, sets, params, bytes_read)["us"]
                     finally:
                         ad.CHUNK = None
-                keys = ad.KEYS
-                ad.KEYS = 2
-                try:
-                    sweep["keys 2"] = bench_radiance(on_card, row, timer, sets, params, bytes_read)["us"]
-                finally:
-                    ad.KEYS = keys
+                for name, value in (("KEYS", 2), ("AHEAD", 1)):
+                    before = getattr(ad, name)
+                    setattr(ad, name, value)
+                    try:
+                        sweep[f"{name.lower()} {value}"] = bench_radiance(on_card, row, timer, sets, params, bytes_read)["us"]
+                    finally:
+                        setattr(ad, name, before)
                 case["sweep_us"] = sweep
                 print("      sweep (us): " + ", ".join(f"{k} {v:.1f}" for k, v in sweep.items()), flush=True)
             results["cases"].append(case)

@@ -58,8 +58,9 @@ def library(d, group):
     return early_builds.result(f"g++:attention_decode:d{d}:g{group}", functools.partial(build, d, group))
 
 
-def launch(operands, params, chunk, grid_splits=None):
-    """r4d_attend_decode over copies of the caches; returns (out, k_cache, v_cache)."""
+def launch(operands, params, chunk, grid_splits=None, lib=None):
+    """r4d_attend_decode over copies of the caches (the default build's, or `lib`'s); returns (out,
+    k_cache, v_cache)."""
     q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, _ = operands
     k_cache, v_cache = k_cache.copy(), v_cache.copy()
     seqs = len(lengths)
@@ -74,7 +75,8 @@ def launch(operands, params, chunk, grid_splits=None):
             ptr(out), ptr(partial), ptr(counters), ctypes.c_int(blocks.shape[1]), ctypes.c_int(heads), ctypes.c_int(kv),
             ctypes.c_int(d), ctypes.c_int(bs), ctypes.c_int(chunk), ctypes.c_float(params["scale"])]
     array = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-    assert library(d, group).r4d_host_launch(b"r4d_attend_decode", seqs, kv, splits, ad.THREADS, 1, 1, array) == 0
+    lib = lib or library(d, group)
+    assert lib.r4d_host_launch(b"r4d_attend_decode", seqs, kv, splits, ad.THREADS, 1, 1, array) == 0
     assert not counters.any(), "the last block of each (sequence, kv head) leaves its counter zero"
     return out, k_cache, v_cache
 
@@ -121,6 +123,19 @@ def test_the_decode_attention_agrees_with_f64_and_libref(registry, case):
     libref = [np.array(o, copy=True) for o in operands]
     assert host_launch(row_of(registry, "attention", "libref"), libref, params) == RAD_OK
     assert rel_err(out, libref[10]) <= tolerance, rel_err(out, libref[10])
+
+
+@pytest.mark.parametrize("keys,ahead", [(2, 0), (4, 1)])
+def test_the_cuts_the_bench_sweeps_agree_too(keys, ahead):
+    """R4D_AD_KEYS=2 (two keys a stream at a time) and R4D_AD_AHEAD=1 (the next keys' rows asked into
+    the L2): the same rows within f32 rounding as the default cut."""
+    operands, params, chunk = case_operands("g4_d128", seed=43)
+    options = tuple(o for o in ad.options(128, 4) if not o.startswith(("-DR4D_AD_KEYS=", "-DR4D_AD_AHEAD=")))
+    lib = ON_HOST.build(dk.source("attention_decode"), (*options, f"-DR4D_AD_KEYS={keys}", f"-DR4D_AD_AHEAD={ahead}"))
+    cut, _, _ = launch(operands, params, chunk, 4, lib)
+    default, _, _ = launch(operands, params, chunk, 4)
+    assert rel_err(cut, reference(operands, params)) <= dk.TOLERANCE["attention"]
+    assert rel_err(cut, default) <= 1e-6
 
 
 def test_split_and_whole_contexts_agree_and_a_launch_repeats_its_bits():

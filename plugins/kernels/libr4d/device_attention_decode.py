@@ -14,6 +14,9 @@ import os
 THREADS = 128       # AD_THREADS: 8 streams of 16 lanes
 MAX_SPLITS = 32     # AD_MAX_SPLITS: the merge weighs one split a lane of a warp
 KEYS = int(os.environ.get("R4D_AD_KEYS") or 4)  # R4D_AD_KEYS: keys a stream loads at once (2 or 4: registers)
+# R4D_AD_AHEAD=1: a stream asks its next keys' rows into the L2 while it loads these (off until a card
+# shows it pays; bench/card_decode_attention.py --sweep measures it)
+AHEAD = int(os.environ.get("R4D_AD_AHEAD") or 0)
 # the chunk a block takes, in keys: the largest power of two up to twice the step's (sequence, kv
 # head) pairs, from MIN_CHUNK to MAX_CHUNK, so that a context of 1k makes about 4 blocks a
 # multiprocessor of an H200 at any batch (batch 8: 64 pairs, chunks of 128 keys, 512 blocks).
@@ -69,7 +72,7 @@ def grid(seqs: int, kv_heads: int, capacity: int) -> tuple:
 
 
 def options(head_dim: int, group: int) -> tuple:
-    return (f"-DR4D_AD_D={head_dim}", f"-DR4D_AD_G={group}", f"-DR4D_AD_KEYS={KEYS}")
+    return (f"-DR4D_AD_D={head_dim}", f"-DR4D_AD_G={group}", f"-DR4D_AD_KEYS={KEYS}", f"-DR4D_AD_AHEAD={AHEAD}")
 
 
 def partial_floats(group: int, head_dim: int) -> int:

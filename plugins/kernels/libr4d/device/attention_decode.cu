@@ -46,6 +46,9 @@
 #ifndef R4D_AD_KEYS
 #define R4D_AD_KEYS 4                    // keys a stream loads at once (device_attention_decode.KEYS)
 #endif
+#ifndef R4D_AD_AHEAD
+#define R4D_AD_AHEAD 0                   // 1: a stream asks its next keys' rows into the L2 as it loads these (device_attention_decode.AHEAD)
+#endif
 
 struct AttDecode {
     float* q;                  // [seqs, q_heads * D] (rotated in place: r4d_attend_decode_rope)
@@ -209,6 +212,13 @@ __device__ void attend_decode(const AttDecode& p) {
 #pragma unroll
         for (int u = 0; u < U; ++u) live[u] = at[u] != -1;
         offsets(first + AD_STREAMS * U, at);  // the next keys' slots, under this tile's loads
+        if (R4D_AD_AHEAD) {  // and their rows into the L2: a 128-byte line a lane, K's then V's
+            constexpr int LINES = D * 4 / 128;
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (at[u] >= 0 && sub < 2 * LINES)
+                    r4d_prefetch_l2((sub < LINES ? p.k_cache : p.v_cache) + at[u] + 32 * (sub % LINES));
+        }
         float score[U][G];
 #pragma unroll
         for (int u = 0; u < U; ++u)
