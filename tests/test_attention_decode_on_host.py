@@ -158,22 +158,25 @@ def test_a_wrong_mask_would_show():
     assert rel_err(out, reference(shifted, params)) > 100 * dk.TOLERANCE["attention"]
 
 
-def test_the_geometry_covers_batches_and_caps_the_scratch():
+def test_the_geometry_covers_batches_and_keeps_its_scratch_in_the_tail():
     """The chunk grows with the (sequence, kv head) pairs (batch 1: 32 keys, 8: 128, 32 and 64: 256);
-    the grid's z covers the block table's keys in chunks up to MAX_SPLITS, and the scratch hook
-    covers every step of the band."""
+    the grid's z covers the block table's keys in chunks up to MAX_SPLITS and the tail's partials;
+    the tail sits at the scratch's end whatever the step."""
     assert [ad.chunk(batch, 8) for batch in (1, 2, 4, 8, 16, 32, 64)] == [32, 32, 64, 128, 256, 256, 256]
-    assert ad.grid(8, 8, 1088) == ((8, 8, 9), (128, 1, 1)) and ad.grid(64, 8, 8192)[0] == (64, 8, 32)
-    assert ad.splits(64, 8, 1 << 20) == ad.MAX_SPLITS and ad.splits(1024, 8, 1 << 20) == ad.PARTIALS // 8192
-    assert ad.splits(4096, 8, 8192) == 1 and ad.scratch_layout(4096, 8, 4, 128, 8192) == {"total": 0}
+    assert ad.grid(8, 8, 1088) == ((8, 8, 9), (128, 1, 1)) and ad.grid(64, 8, 8192)[0] == (64, 8, 8)
+    assert ad.splits(8, 8, 8192, ad.band_partials(8)) == ad.MAX_SPLITS  # the band's rows: every split they want
+    assert ad.splits(32, 8, 1 << 20) == ad.PARTIALS // 256 and ad.splits(4096, 8, 8192) == 1
+    assert ad.splits(4096, 8, 1 << 20, 1 << 30) == 1  # past COUNTERS pairs: no split, no counter
     assert ad.token_splits(1, 32, 128) == (1, 1) and ad.token_splits(129, 32, 128) == (2, 65)
     assert ad.token_splits(8192, 32, 128) == (32, 256)
-    for most in (8, 2048):
-        for seqs in (1, 2, 8, 9, 33, 64, 256, 2048):
-            for capacity in (16, 1024, 8192, 131072):
-                layout = ad.scratch_layout(seqs, 8, 4, 128, capacity)
-                assert seqs > most or layout["total"] <= ad.scratch_bytes(most, 8, 4, 128), (seqs, capacity)
-    assert ad.scratch_bytes(8, 8, 4, 128) < 5 << 20  # the decode band's rows: not the 34 MB of 2048 tokens
+    for seqs in (1, 8, 9, 33, 64, 512, 2048):
+        for partials in (ad.PARTIALS, ad.band_partials(8)):
+            assert seqs * 8 * ad.splits(seqs, 8, 131072, partials) <= max(partials, seqs * 8), (seqs, partials)
+    tail = ad.tail_bytes(4, 128)
+    assert tail == ad.PARTIALS * 4 * 130 * 4 + 4 * ad.COUNTERS and ad.tail_bytes(4, 128, ad.band_partials(8)) < tail
+    assert ad.scratch_layout(tail + 1000, 4, 128) == {"partial": 1000, "counters": 1000 + tail - 4 * ad.COUNTERS}
+    with pytest.raises(ValueError, match="tail needs"):
+        ad.scratch_layout(tail - 1, 4, 128)
     assert ad.serves("cuda", "sm_90", 32, 32, 128, 4) and ad.serves("cuda", "sm_80", 9, 9, 64, 8)
     assert not ad.serves("cuda", "sm_90", 40, 32, 128, 4)  # a prefill chunk beside decode tokens
     assert not ad.serves("hip", "gfx942", 32, 32, 128, 4) and not ad.serves("cuda", "sm_90", 32, 32, 96, 4)

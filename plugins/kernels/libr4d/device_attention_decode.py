@@ -2,6 +2,12 @@
 cards it serves, its grid, the chunk of the context a block takes, its scratch (device_batch_rows.py
 builds the launch; docs/LIBR4D.md "Attention for batches").
 
+The kernel's scratch is a tail of the row's own, after what the row's other kernels use (the tiles'
+bf16 rows and partials, attention.cu's counters and partials), which never reach it: its counters stay
+zero between launches whatever ran in between, and its partials overwrite no other kernel's counters.
+The tail has a fixed size (PARTIALS partials, then COUNTERS counters), so a launch finds it from the
+scratch's end alone, at the same place for every step.
+
 A block is one sequence's query heads of one kv head over one chunk of its context; the grid is
 (seqs, kv heads, splits). Sequence s, seeing n keys, takes min(splits, ceil(n / chunk)) splits of
 equal length, so the grid's z bounds what the longest context takes and short contexts leave their
@@ -23,9 +29,13 @@ AHEAD = int(os.environ.get("R4D_AD_AHEAD") or 0)
 # R4D_AD_CHUNK=n sets it for a process (bench/card_decode_attention.py sweeps it).
 CHUNK = int(os.environ["R4D_AD_CHUNK"]) if os.environ.get("R4D_AD_CHUNK") else None
 MIN_CHUNK, MAX_CHUNK = 32, 256
-# the scratch holds at most this many partials (each G * (D + 2) floats, 2 KB at G 4, D 128): 34 MB,
-# about what attention.cu's scratch takes at 2048 tokens a step
-PARTIALS = 16384
+# the scratch's tail holds this many partials (each G * (D + 2) floats, 2 KB at G 4, D 128: 8.5 MB a
+# layer) above the decode band (the decode band's rows: as many as 8 sequences take, band_partials)
+# and a u32 counter for each of up to COUNTERS (sequence, kv head) pairs; a step of more pairs is not
+# split
+PARTIALS = 4096
+COUNTERS = 16384
+BAND = 8  # the decode band's most sequences (device_kernels.GEMV_MAX_M)
 # the decode band's rows (M <= 8: device_rows.py's attention and fused rope_attention) take this
 # kernel for decode steps of at least this many sequences, attention.cu's kernel below
 # (R4D_AD_BAND_FROM=n; bench/card_decode_attention.py measures both at batch 1 and 8)
@@ -52,12 +62,17 @@ def chunk(seqs: int, kv_heads: int) -> int:
     return max(MIN_CHUNK, min(MAX_CHUNK, 1 << (twice.bit_length() - 1)))
 
 
-def splits(seqs: int, kv_heads: int, capacity: int) -> int:
+def band_partials(kv_heads: int) -> int:
+    """The partials the decode band's rows' tails hold: all that BAND sequences take."""
+    return BAND * kv_heads * MAX_SPLITS
+
+
+def splits(seqs: int, kv_heads: int, capacity: int, partials: int = PARTIALS) -> int:
     """The grid's z: enough that the longest context the block table holds (`capacity` keys) is in
-    chunks, at most MAX_SPLITS and at most PARTIALS // (seqs * kv_heads)."""
+    chunks, at most MAX_SPLITS and at most partials // (seqs * kv_heads); 1 past COUNTERS pairs."""
     pairs = max(1, seqs * kv_heads)
     want = -(-max(1, capacity) // chunk(seqs, kv_heads))
-    return max(1, min(MAX_SPLITS, PARTIALS // pairs, want))
+    return 1 if pairs > COUNTERS else max(1, min(MAX_SPLITS, partials // pairs, want))
 
 
 def token_splits(keys: int, grid_splits: int, chunk_keys: int) -> tuple[int, int]:
@@ -67,8 +82,8 @@ def token_splits(keys: int, grid_splits: int, chunk_keys: int) -> tuple[int, int
     return -(-keys // per), per
 
 
-def grid(seqs: int, kv_heads: int, capacity: int) -> tuple:
-    return (seqs, kv_heads, splits(seqs, kv_heads, capacity)), (THREADS, 1, 1)
+def grid(seqs: int, kv_heads: int, capacity: int, partials: int = PARTIALS) -> tuple:
+    return (seqs, kv_heads, splits(seqs, kv_heads, capacity, partials)), (THREADS, 1, 1)
 
 
 def options(head_dim: int, group: int) -> tuple:
@@ -85,18 +100,15 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // 256) * 256
 
 
-def scratch_layout(seqs: int, kv_heads: int, group: int, head_dim: int, capacity: int) -> dict:
-    """Offsets: a u32 counter a (sequence, kv head), then the partials ([seqs, kv_heads, splits]);
-    and the total. One split needs neither."""
-    count = splits(seqs, kv_heads, capacity)
-    if count == 1:
-        return {"total": 0}
-    counters = _aligned(4 * seqs * kv_heads)
-    return {"counters": 0, "partial": counters,
-            "total": counters + 4 * seqs * kv_heads * count * partial_floats(group, head_dim)}
+def tail_bytes(group: int, head_dim: int, partials: int = PARTIALS) -> int:
+    """The scratch's tail this kernel keeps to itself: `partials` partials, then COUNTERS counters."""
+    return _aligned(4 * partials * partial_floats(group, head_dim)) + 4 * COUNTERS
 
 
-def scratch_bytes(max_m: int, kv_heads: int, group: int, head_dim: int) -> int:
-    """The most any decode step of up to max_m sequences needs, whatever its block table's width."""
-    counters = _aligned(4 * max(1, max_m) * kv_heads)
-    return counters + 4 * min(PARTIALS, max(1, max_m) * kv_heads * MAX_SPLITS) * partial_floats(group, head_dim)
+def scratch_layout(scratch_bytes: int, group: int, head_dim: int, partials: int = PARTIALS) -> dict:
+    """Offsets in a row's scratch of `scratch_bytes`: the partials ([seqs, kv_heads, splits] entries)
+    and the counters ([seqs * kv_heads], zero between launches), the tail's two parts."""
+    tail = tail_bytes(group, head_dim, partials)
+    if scratch_bytes < tail:
+        raise ValueError(f"{scratch_bytes} bytes of scratch, the decode attention's tail needs {tail}")
+    return {"partial": scratch_bytes - tail, "counters": scratch_bytes - 4 * COUNTERS}

@@ -11,6 +11,7 @@ device_attention_tiles.py."""
 
 from radiance.abi import RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE, RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo
 
+from . import device_attention_decode as ad
 from . import device_attention_tiles as at
 from . import device_kernels as dk
 from . import device_streamed_gemm as sg
@@ -144,9 +145,14 @@ def _tc_attention(a):
     if not at.serves(_vendor(a), getattr(a.stream, "target", ""), d, group):
         return _attention(a)
     layout = at.scratch_layout(m, seqs, kv, group, d)
-    if layout["total"] > int(a.scratch_bytes or 0):
-        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the attention tiles need {layout['total']}")
+    tail = ad.tail_bytes(group, d)
+    if layout["total"] + tail > int(a.scratch_bytes or 0):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the attention tiles need {layout['total']} and the "
+                              f"tail {tail}")
+    if at.counters(m, seqs, kv, group) > ad.COUNTERS:
+        raise ValueError(f"{at.counters(m, seqs, kv, group)} split counters, the scratch's tail holds {ad.COUNTERS}")
     scratch = int(a.scratch or 0)
+    counters = scratch + ad.scratch_layout(int(a.scratch_bytes), group, d)["counters"]  # the tail's, shared
     width = kv * d
     fresh_k, fresh_v = scratch + layout["fresh_k"], scratch + layout["fresh_v"]
     store = (KernelArgs("r4d_kv_store_bf16_dev").pointer(_address(k)).pointer(_address(v)).pointer(_address(k_cache))
@@ -155,7 +161,7 @@ def _tc_attention(a):
     for tensor in (q, k_cache, v_cache, positions, cu_seqlens, context_lens, block_tables, out):
         args.pointer(_address(tensor))
     args.pointer(scratch + layout["partial"] if "partial" in layout else 0)
-    args.pointer(scratch + layout["counters"] if "counters" in layout else 0)
+    args.pointer(counters if "partial" in layout else 0)
     args.i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(p["block_size"]).f32(p["scale"]).pointer(fresh_k).pointer(fresh_v)
     tiles, threads = at.grid(m, seqs, kv, group)
     options = at.options(d, group, at.warps(m, seqs, group))
@@ -165,12 +171,12 @@ def _tc_attention(a):
 
 
 def _tc_attention_scratch(geometry) -> int:
-    """The tiles' bf16 rows of the step and partials, or attention.cu's or attention_decode.cu's
-    (device_rows.attention_scratch): the larger."""
+    """The tiles' bf16 rows of the step and partials, or attention.cu's where more, then
+    attention_decode.cu's tail (device_rows.attention_scratch)."""
     heads, kv = int(geometry["q_heads"]), int(geometry["kv_heads"])
     group = heads // kv if kv and heads % kv == 0 else 1
-    tiles = at.scratch_bytes(int(geometry["M"]), kv, group, int(geometry["head_dim"]))
-    return max(tiles, attention_scratch(geometry))
+    return attention_scratch(geometry, at.scratch_bytes(int(geometry["M"]), kv, group, int(geometry["head_dim"])),
+                             band=False)
 
 
 def stated_tolerances() -> dict:

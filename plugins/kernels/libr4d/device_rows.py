@@ -280,27 +280,28 @@ def decoding(a, cu_seqlens, least: int = 1) -> bool:
 
 
 def decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out,
-                          inv_freq=None) -> Step:
+                          inv_freq=None, band: bool = False) -> Step:
     """attention_decode.cu's one launch for a decode step: r4d_attend_decode, or with inv_freq (the
-    fused row) r4d_attend_decode_rope; it stores the step's k, v at their slots itself."""
+    fused row) r4d_attend_decode_rope; it stores the step's k, v at their slots itself. `band`: a row
+    of the decode band, whose scratch's tail holds device_attention_decode.band_partials."""
     p = a.params
     seqs, heads, kv, d, block_size = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"]), int(p["block_size"])
     max_blocks = int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
     group, capacity = heads // kv, max_blocks * block_size
-    layout = ad.scratch_layout(seqs, kv, group, d, capacity)
-    if layout["total"] > int(a.scratch_bytes or 0):
-        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the decode attention needs {layout['total']}")
-    scratch = int(a.scratch or 0)
+    partials = ad.band_partials(kv) if band else ad.PARTIALS
+    if int(a.scratch_bytes or 0) < ad.tail_bytes(group, d, partials):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the decode attention's tail needs "
+                              f"{ad.tail_bytes(group, d, partials)}")
+    layout, scratch = ad.scratch_layout(int(a.scratch_bytes), group, d, partials), int(a.scratch)
     name = "r4d_attend_decode" if inv_freq is None else "r4d_attend_decode_rope"
     args = KernelArgs(name)
     for tensor in (q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out):
         args.pointer(_address(tensor))
-    args.pointer(scratch + layout["partial"] if "partial" in layout else 0)
-    args.pointer(scratch + layout["counters"] if "counters" in layout else 0)
+    args.pointer(scratch + layout["partial"]).pointer(scratch + layout["counters"])
     args.i32(max_blocks).i32(heads).i32(kv).i32(d).i32(block_size).i32(ad.chunk(seqs, kv)).f32(p["scale"])
     if inv_freq is not None:
         args.pointer(_address(inv_freq)).i32(p.get("interleaved", 0))
-    grid, block = ad.grid(seqs, kv, capacity)
+    grid, block = ad.grid(seqs, kv, capacity, partials)
     return Step(name, "attention_decode", grid, block, args, 0, ad.options(d, group))
 
 
@@ -330,17 +331,21 @@ def _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, con
                 dk.attention_options(d, group))
 
 
-def attention_scratch(geometry) -> int:
-    """attention.cu's, or attention_decode.cu's for a decode step: the larger."""
+def attention_scratch(geometry, others: int = 0, band: bool = True) -> int:
+    """attention.cu's (or `others`, where more), then attention_decode.cu's tail (device_attention_decode:
+    its counters must outlive the other kernels' launches in the same scratch); `band`: a row of the
+    decode band (a smaller tail)."""
     heads, kv = int(geometry["q_heads"]), int(geometry["kv_heads"])
     group, m, d = max(1, heads // max(kv, 1)), int(geometry["M"]), int(geometry["head_dim"])
-    return max(dk.attention_scratch_layout(m, kv, group, d)[1], ad.scratch_bytes(m, kv, group, d))
+    tail = ad.tail_bytes(group, d, ad.band_partials(kv) if band else ad.PARTIALS)
+    return max(dk.attention_scratch_layout(m, kv, group, d)[1], others) + tail
 
 
 def _attention(a):
     q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
     if decoding(a, cu_seqlens, ad.BAND_FROM):
-        return [decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out)]
+        return [decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out,
+                                      band=True)]
     m, width = int(a.params["M"]), int(a.params["kv_heads"]) * int(a.params["head_dim"])
     grid, block = dk.rows_grid(m, width)
     store = (KernelArgs("r4d_kv_store_dev").pointer(_address(k)).pointer(_address(v)).pointer(_address(k_cache))
@@ -354,7 +359,7 @@ def _rope_attention(a):
     q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu_seqlens, context_lens, block_tables, out = a.t
     if decoding(a, cu_seqlens, ad.BAND_FROM):
         return [decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out,
-                                      inv_freq)]
+                                      inv_freq, band=True)]
     return [_attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables,
                          out, inv_freq, fresh=True)]
 
