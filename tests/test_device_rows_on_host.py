@@ -188,6 +188,35 @@ def test_rope_attention_cu_agrees_at_every_split_count(registry, on_host, monkey
     rope_attention_agrees(registry, on_host, 8, 2, 128, sequences, splits + len(sequences), 500000.0, 0)
 
 
+def test_attention_cu_s_counters_outlive_other_steps_in_one_scratch(registry, on_host):
+    """The engine gives the fused row one scratch for every step: a decode step of one sequence (32
+    splits: partials over the scratch's start), then an 8-token chunk of the 8B shape, whose k the
+    grid's last group rotates (a counter past the 64 of its tokens' groups), then a decode step of 3
+    sequences on attention_decode.cu (its partials in the tail), then the chunk again. Each launch
+    agrees with libref (q, k and the cache bit for bit): the counters, in the scratch's tail, are zero
+    at every start (beside the partials, the chunk's grid counter lay in the first step's partials)."""
+    from radiance.abi import RadArgs
+    row = device_row(registry, "r4dchain_rope_attention_dev")
+    inv_freq = (1.0 / 500000.0 ** (np.arange(0, 128, 2, dtype=np.float64) / 128)).astype(np.float32)
+    size = row.info.scratch({"M": 8, "q_heads": 32, "kv_heads": 8, "head_dim": 128})
+    scratch = on_host.alloc(size, "scratch")
+    on_host.device.memset32(scratch, 0, size // 4, on_host.stream.handle)
+    for i, sequences in enumerate([[(700, 1)], [(60, 8)], [(300, 1), (5, 1), (90, 1)], [(60, 8)]]):
+        operands, params = attention_operands(32, 8, 128, sequences, seed=70 + i)
+        q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, out = operands
+        fused = [q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, lengths, blocks, out]
+        params = {key: value for key, value in params.items() if key != "seqs"} | {"interleaved": 0}
+        a = on_host.args(row, fused, params)
+        a = RadArgs(t=a.t, params=a.params, scratch=scratch, scratch_bytes=size, stream=a.stream)
+        assert row.info.launch(a) == RAD_OK
+        want = [np.array(o, copy=True) for o in fused]
+        assert host_launch(row_of(registry, "rope_attention", "libref"), want, params, None) == RAD_OK
+        for j in (0, 1, 5, 6):
+            np.testing.assert_array_equal(on_host.download(a.t[j], fused[j]), want[j], err_msg=f"step {i} operand {j}")
+        got = on_host.download(a.t[11], fused[11])
+        assert rel_err(got, want[11]) <= module(registry, "device_kernels").TOLERANCE["attention"], (i, rel_err(got, want[11]))
+
+
 def rope_attention_agrees(registry, on_host, heads, kv, d, sequences, seed, theta, interleaved):
     """attention.cu's fused rope + store + attention on the host model against libref's rope_attention:
     q, k and the cache bit for bit, the output within attention's tolerance."""

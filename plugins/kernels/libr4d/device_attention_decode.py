@@ -34,7 +34,7 @@ MIN_CHUNK, MAX_CHUNK = 32, 256
 # and a u32 counter for each of up to COUNTERS (sequence, kv head) pairs; a step of more pairs is not
 # split
 PARTIALS = 4096
-COUNTERS = 16384
+COUNTERS = 65536  # also attention.cu's (M * kv_heads + 1 at most) and the tiles' split counters
 BAND = 8  # the decode band's most sequences (device_kernels.GEMV_MAX_M)
 # the decode band's rows (M <= 8: device_rows.py's attention and fused rope_attention) take this
 # kernel for decode steps of at least this many sequences, attention.cu's kernel below
@@ -105,10 +105,19 @@ def tail_bytes(group: int, head_dim: int, partials: int = PARTIALS) -> int:
     return _aligned(4 * partials * partial_floats(group, head_dim)) + 4 * COUNTERS
 
 
+def counters_offset(scratch_bytes: int) -> int:
+    """Where the tail's counters start in a row's scratch of `scratch_bytes`: COUNTERS u32 words at its
+    end, zero between launches, for every kernel of the attention rows that counts its splits
+    (attention_decode.cu, attention_tiles.cu, attention.cu and attention_window.cu)."""
+    if scratch_bytes < 4 * COUNTERS:
+        raise ValueError(f"{scratch_bytes} bytes of scratch, the attention rows' counters need {4 * COUNTERS}")
+    return scratch_bytes - 4 * COUNTERS
+
+
 def scratch_layout(scratch_bytes: int, group: int, head_dim: int, partials: int = PARTIALS) -> dict:
     """Offsets in a row's scratch of `scratch_bytes`: the partials ([seqs, kv_heads, splits] entries)
     and the counters ([seqs * kv_heads], zero between launches), the tail's two parts."""
     tail = tail_bytes(group, head_dim, partials)
     if scratch_bytes < tail:
         raise ValueError(f"{scratch_bytes} bytes of scratch, the decode attention's tail needs {tail}")
-    return {"partial": scratch_bytes - tail, "counters": scratch_bytes - 4 * COUNTERS}
+    return {"partial": scratch_bytes - tail, "counters": counters_offset(scratch_bytes)}

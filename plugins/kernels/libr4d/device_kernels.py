@@ -274,10 +274,10 @@ def attention_partial_floats(group: int, head_dim: int) -> int:
 
 
 def attention_scratch_layout(m: int, kv_heads: int, group: int, head_dim: int) -> tuple[int, int]:
-    """(offset of the split partials, total bytes): a u32 counter per (token, kv head) and one for
-    the grid, then a partial per (token, kv head, split)."""
-    counters = _aligned(4 * (m * kv_heads + 1))
-    return counters, counters + 4 * (m * kv_heads + 512) * attention_partial_floats(group, head_dim)
+    """(offset of the split partials, bytes): a partial per (token, kv head, split) from the scratch's
+    start. Its M * kv_heads + 1 u32 counters (one per (token, kv head) and one for the grid) are the
+    scratch's tail's (device_attention_decode.counters_offset), where no step's partials reach them."""
+    return 0, 4 * (m * kv_heads + 512) * attention_partial_floats(group, head_dim)
 
 
 def attention_options(head_dim: int, group: int) -> tuple:

@@ -305,6 +305,21 @@ def decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, contex
     return Step(name, "attention_decode", grid, block, args, 0, ad.options(d, group))
 
 
+def attention_places(a, m: int, kv: int, group: int, d: int) -> tuple[int, int]:
+    """(partials, counters) of attention.cu's kernels in the row's scratch: the partials from its start,
+    the M * kv + 1 counters in the tail (device_attention_decode.counters_offset): a step of larger M
+    never lays its partials over a smaller step's counters, nor the decode kernel its partials over
+    these."""
+    offset, need = dk.attention_scratch_layout(m, kv, group, d)
+    size = int(a.scratch_bytes or 0)
+    if need + 4 * ad.COUNTERS > size:
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, attention needs {need} and {4 * ad.COUNTERS} of counters")
+    if m * kv + 1 > ad.COUNTERS:
+        raise ValueError(f"attention over {m} tokens of {kv} kv heads counts {m * kv + 1} splits, the scratch's tail "
+                         f"holds {ad.COUNTERS}")
+    return int(a.scratch) + offset, int(a.scratch) + ad.counters_offset(size)
+
+
 def _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out,
                  inv_freq, fresh: bool) -> Step:
     p = a.params
@@ -315,17 +330,14 @@ def _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, con
     if fresh and m > dk.ATT_MAX_FRESH:  # the row's DECODE constraint keeps M there
         raise ValueError(f"the fused rope_attention kernel takes at most {dk.ATT_MAX_FRESH} tokens a step, not {m}")
     group = heads // kv
-    offset, need = dk.attention_scratch_layout(m, kv, group, d)
-    if need > int(a.scratch_bytes or 0):
-        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, attention needs {need}")
-    scratch = int(a.scratch)
+    partial, counters = attention_places(a, m, kv, group, d)
     splits = dk.attention_splits(m, kv, getattr(a.stream, "multiprocessors", 1))
     seqs, max_blocks = _rows(cu_seqlens) - 1, int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
     name = "r4d_attend_fresh" if fresh else "r4d_attend_cache"
     args = KernelArgs(name)
     for tensor in (q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out, inv_freq):
         args.pointer(_address(tensor) if tensor is not None else 0)
-    args.pointer(scratch + offset).pointer(scratch).i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d)
+    args.pointer(partial).pointer(counters).i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d)
     args.i32(p["block_size"]).i32(p.get("interleaved", 0)).f32(p["scale"])
     return Step(name, "attention", (m, kv, splits), (dk.ATT_THREADS, 1, 1), args, 0,
                 dk.attention_options(d, group))
