@@ -1,6 +1,8 @@
 // libr4d device rows: decode attention for batches (one query token a sequence, M == seqs) over the
 // paged f32 KV cache, split over the context (flash-decoding), NVIDIA only. device_batch_rows.py's
-// attention row runs it for a decode step; its geometry is device_attention_decode.py's.
+// attention row runs it for a decode step, device_rows.py's attention and fused rope_attention rows
+// for one of 2 to 8 sequences; its geometry and its scratch (a tail of the row's that no other
+// kernel reaches, its counters zero between launches) are device_attention_decode.py's.
 //
 // Grid (seqs, kv heads, splits), AD_THREADS threads a block. A block takes one sequence's G query
 // heads that share one kv head (each key and value row is read once for the G of them) over one
