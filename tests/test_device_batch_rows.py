@@ -255,17 +255,18 @@ def test_the_fp8_fused_rows_agree_with_libref_s_chains(registry, on_card, m):
 
 # ---- attention for batches: the tiles on tensor cores ------------------------------------------------
 
-def attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=0):
+def attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=0, block_size=16, tolerance=None):
     from test_device_tensor_cores import attention_operands
     at = module(registry, "device_attention_tiles")
-    operands, params = attention_operands(heads, kv, d, sequences, seed=seed)
+    operands, params = attention_operands(heads, kv, d, sequences, block_size=block_size, seed=seed)
     got = on_card.run(dev_row(registry, "r4dchain_attention_tc_dev"), operands, params, read=(3, 4, 10))
     arrays = [np.array(o, copy=True) for o in operands]
     assert launch(row_of(registry, "attention", "libref"), arrays, params) == 0
     np.testing.assert_array_equal(got[3], arrays[3])
     np.testing.assert_array_equal(got[4], arrays[4])
     err = rel_err(got[10], arrays[10])
-    assert err <= at.TOLERANCE, err
+    assert np.isfinite(got[10]).all() and err <= (tolerance or at.TOLERANCE), err
+    return got[10]
 
 
 def test_attention_decodes_32_sequences_of_mixed_contexts_to_8k(registry, on_card):
@@ -287,3 +288,40 @@ def test_attention_runs_a_prefill_chunk_beside_decode_tokens(registry, on_card):
 
 def test_attention_prefills_smollm2_shapes(registry, on_card):
     attention_against_libref(registry, on_card, 9, 3, 64, [(0, 100), (0, 13), (40, 30)], seed=4)
+
+
+# ---- decode steps: attention_decode.cu (f32: held to the attention rows' 2e-5, not the tiles' bf16 tolerance)
+
+DECODE_CONTEXTS = {"one": [1], "seventeen": [17], "1k": [1024], "8191": [8191],
+                   "mixed": [1, 2, 15, 16, 17, 64, 129, 1000, 1024, 4097, 8191]}
+
+
+# (batch, contexts): 8191 and mixed at batch 8 only (the operands' random caches and libref's host sums
+# grow with batch x the longest context; test_attention_decodes_32_sequences_of_mixed_contexts_to_8k
+# takes 32 to 8k)
+DECODE_CASES = [(batch, contexts) for batch in (1, 8, 33, 64) for contexts in sorted(DECODE_CONTEXTS)
+                if batch == 8 or contexts not in ("8191", "mixed")]
+
+
+@pytest.mark.parametrize("batch,contexts", DECODE_CASES)
+def test_decode_attention_agrees_with_libref(registry, on_card, batch, contexts):
+    """A decode step of `batch` sequences, their contexts cycling through the list."""
+    dk = module(registry, "device_kernels")
+    picks = DECODE_CONTEXTS[contexts]
+    sequences = [(picks[i % len(picks)] - 1, 1) for i in range(batch)]
+    attention_against_libref(registry, on_card, 32, 8, 128, sequences, seed=batch, tolerance=dk.TOLERANCE["attention"])
+
+
+@pytest.mark.parametrize("block_size,heads,kv,d", [(32, 32, 8, 128), (16, 9, 3, 64), (1, 8, 8, 64)])
+def test_decode_attention_takes_other_blocks_and_heads(registry, on_card, block_size, heads, kv, d):
+    dk = module(registry, "device_kernels")
+    sequences = [(p, 1) for p in (0, 16, 31, 32, 500, 2047, 3000, 77, 9)]
+    attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=block_size, block_size=block_size,
+                             tolerance=dk.TOLERANCE["attention"])
+
+
+def test_a_split_decode_gives_the_same_bits_launch_after_launch(registry, on_card):
+    from test_device_tensor_cores import attention_operands
+    operands, params = attention_operands(32, 8, 128, [(p, 1) for p in (4000, 8000, 100, 1)], seed=5)
+    row = dev_row(registry, "r4dchain_attention_tc_dev")
+    on_card.replays_agree(row, on_card.args(row, operands, params), 10, operands[10])

@@ -299,7 +299,10 @@ def test_gemm_add(registry, on_card, fmt, n, k, m):
 
 @pytest.mark.parametrize("heads,kv,d,interleaved,sequences", [
     (HEADS, KV_HEADS, HEAD_DIM, 1, [(40, 1), (3, 2), (700, 1)]),
-    (32, 8, 128, 0, [(511, 1)]), (32, 8, 128, 0, [(0, 5), (1000, 1), (17, 2)])])
+    (32, 8, 128, 0, [(511, 1)]), (32, 8, 128, 0, [(0, 5), (1000, 1), (17, 2)]),
+    # decode steps of several sequences: attention_decode.cu's r4d_attend_decode_rope
+    (HEADS, KV_HEADS, HEAD_DIM, 1, [(40, 1), (3, 1), (700, 1)]),
+    (32, 8, 128, 0, [(p, 1) for p in (0, 31, 500, 1200, 77, 4000, 16, 2047)])])
 def test_rope_attention(registry, on_card, heads, kv, d, interleaved, sequences):
     """Fused: this step's keys rotated and read from k, v; the cache, q and k left as rope and
     attention leave them."""

@@ -180,7 +180,9 @@ def test_attention_sizes_sequences_and_blocks_from_shapes(registry):
     assert (store, store_grid, store_block) == ("r4d_kv_store_dev", (1, m, 1), (256, 1, 1))
     assert (attend, grid, block) == ("r4d_attend_cache", (m, 3, splits), (256, 1, 1)) and splits > 1
     assert ints(args, range(14, 21)) == [seqs, max_blocks, 9, 3, 64, 16, 0]
-    assert pointers(args, [11, 13]) == [0, 0x9000000]  # no inv_freq; the counters first in the scratch
+    ad = module(registry, "device_attention_decode")
+    # no inv_freq; the partials first in the scratch, the counters in its tail (zero between launches)
+    assert pointers(args, [11, 12, 13]) == [0, 0x9000000, 0x9000000 + need - 4 * ad.COUNTERS]
     assert stream.compiled[-1] == ("r4d_attend_cache", ("-DR4D_ATT_D=64", "-DR4D_ATT_G=3", "-DR4D_ATT_AHEAD=0"))
 
 

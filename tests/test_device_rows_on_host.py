@@ -59,7 +59,14 @@ def on_host(registry):
         d = next(d for d in at.HEAD_DIMS if at.shared_bytes(d) == launch.shared_bytes)
         return at.options(d, q_heads // kv_heads, launch.block[0] // 32)
 
+    def decode_options(launch):  # head_dim and heads a kv head are r4d_attend_decode*'s arguments
+        ad = module(registry, "device_attention_decode")
+        q_heads, kv_heads, d = (int.from_bytes(launch.args.data[launch.args.offsets[i]:launch.args.offsets[i] + 4],
+                                               "little") for i in (13, 14, 15))
+        return ad.options(d, q_heads // kv_heads)
+
     kernels = {**ON_HOST.kernels(dk.source("gemv_gguf")), **ON_HOST.kernels(dk.source("gemma")),
+               **ON_HOST.kernels(dk.source("attention_decode"), decode_options),
                **ON_HOST.kernels(dk.source("elementwise")),
                **ON_HOST.kernels(dk.source("attention_window"), attention_options),
                **ON_HOST.kernels(attention_tiles_host_source(), tiles_options)}
@@ -149,11 +156,22 @@ def test_attention_window_cu_agrees_with_libref(registry, on_host, heads, kv, d,
     (8, 2, 128, 0, [(40, 1), (3, 1), (300, 1)]),   # decode: one token a sequence, k stored by each group's last block
     (9, 3, 64, 1, [(5, 6), (30, 1)]),              # a prefill chunk beside a decode token: the grid's last group rotates k
     (8, 1, 128, 0, [(2000, 1)]),                   # 8 query heads a kv head, 32 splits of two tiles each
+    (9, 3, 64, 1, [(5, 1), (0, 1), (77, 1)]),       # decode, interleaved pairs, a first token (one key)
+    (8, 2, 128, 0, [(p, 1) for p in (2000, 1, 129, 16, 700, 3000, 31, 64)]),  # batch 8 of mixed contexts
 ])
-def test_rope_attention_cu_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, sequences):
-    """attention.cu's fused rope + store + attention (r4d_attend_fresh): q, k and the cache left as rope and the
-    attention row leave them, bit for bit, and the output within attention's tolerance."""
+@pytest.mark.parametrize("decode_kernel", [False, True])
+def test_rope_attention_cu_agrees_with_libref(registry, on_host, monkeypatch, heads, kv, d, interleaved, sequences,
+                                              decode_kernel):
+    """attention.cu's fused rope + store + attention (r4d_attend_fresh), and for decode steps of 2 or more
+    sequences attention_decode.cu's r4d_attend_decode_rope where `decode_kernel`: q, k and the cache left as
+    rope and the attention row leave them, bit for bit, and the output within attention's tolerance."""
+    ad = module(registry, "device_attention_decode")
+    monkeypatch.setattr(ad, "ENABLED", decode_kernel)
+    before = len(on_host.device.launches)
     rope_attention_agrees(registry, on_host, heads, kv, d, sequences, d + len(sequences), 10000.0, interleaved)
+    decode = all(count == 1 for _, count in sequences) and len(sequences) >= ad.BAND_FROM
+    ran = [launch.name for launch in on_host.device.launches[before:]]
+    assert ran == (["r4d_attend_decode_rope"] if decode_kernel and decode else ["r4d_attend_fresh"]), ran
 
 
 @pytest.mark.parametrize("splits,sequences", [
@@ -166,7 +184,37 @@ def test_rope_attention_cu_agrees_at_every_split_count(registry, on_host, monkey
     merging block's first splits copied into shared memory, the rest loaded; a decode token's k and
     v stored by the block that holds its key; this step's keys read by every split that holds them."""
     monkeypatch.setattr(module(registry, "device_kernels"), "ATT_SPLITS", splits)
+    monkeypatch.setattr(module(registry, "device_attention_decode"), "ENABLED", False)  # attention.cu's splits
     rope_attention_agrees(registry, on_host, 8, 2, 128, sequences, splits + len(sequences), 500000.0, 0)
+
+
+def test_attention_cu_s_counters_outlive_other_steps_in_one_scratch(registry, on_host):
+    """The engine gives the fused row one scratch for every step: a decode step of one sequence (32
+    splits: partials over the scratch's start), then an 8-token chunk of the 8B shape, whose k the
+    grid's last group rotates (a counter past the 64 of its tokens' groups), then a decode step of 3
+    sequences on attention_decode.cu (its partials in the tail), then the chunk again. Each launch
+    agrees with libref (q, k and the cache bit for bit): the counters, in the scratch's tail, are zero
+    at every start (beside the partials, the chunk's grid counter lay in the first step's partials)."""
+    from radiance.abi import RadArgs
+    row = device_row(registry, "r4dchain_rope_attention_dev")
+    inv_freq = (1.0 / 500000.0 ** (np.arange(0, 128, 2, dtype=np.float64) / 128)).astype(np.float32)
+    size = row.info.scratch({"M": 8, "q_heads": 32, "kv_heads": 8, "head_dim": 128})
+    scratch = on_host.alloc(size, "scratch")
+    on_host.device.memset32(scratch, 0, size // 4, on_host.stream.handle)
+    for i, sequences in enumerate([[(700, 1)], [(60, 8)], [(300, 1), (5, 1), (90, 1)], [(60, 8)]]):
+        operands, params = attention_operands(32, 8, 128, sequences, seed=70 + i)
+        q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, out = operands
+        fused = [q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, lengths, blocks, out]
+        params = {key: value for key, value in params.items() if key != "seqs"} | {"interleaved": 0}
+        a = on_host.args(row, fused, params)
+        a = RadArgs(t=a.t, params=a.params, scratch=scratch, scratch_bytes=size, stream=a.stream)
+        assert row.info.launch(a) == RAD_OK
+        want = [np.array(o, copy=True) for o in fused]
+        assert host_launch(row_of(registry, "rope_attention", "libref"), want, params, None) == RAD_OK
+        for j in (0, 1, 5, 6):
+            np.testing.assert_array_equal(on_host.download(a.t[j], fused[j]), want[j], err_msg=f"step {i} operand {j}")
+        got = on_host.download(a.t[11], fused[11])
+        assert rel_err(got, want[11]) <= module(registry, "device_kernels").TOLERANCE["attention"], (i, rel_err(got, want[11]))
 
 
 def rope_attention_agrees(registry, on_host, heads, kv, d, sequences, seed, theta, interleaved):

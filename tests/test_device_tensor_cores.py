@@ -507,14 +507,71 @@ def test_the_attention_tiles_agree_with_libref_within_the_stated_tolerance(regis
     before = len(on_fake.device.launches)
     got = on_fake.run(row, operands, params, read=(3, 4, 10))
     ran = on_fake.device.launches[before:]
-    assert [launch.name for launch in ran] == ["r4d_kv_store_bf16_dev", "r4d_attend_tiles"]
-    assert ran[1].grid == at.grid(params["M"], len(sequences), kv, heads // kv)[0]
+    if params["M"] == len(sequences):  # a decode step: attention_decode.cu alone
+        ad = module(registry, "device_attention_decode")
+        assert [launch.name for launch in ran] == ["r4d_attend_decode"]
+        assert ran[0].grid == ad.grid(len(sequences), kv, operands[9].shape[1] * params["block_size"])[0]
+    else:
+        assert [launch.name for launch in ran] == ["r4d_kv_store_bf16_dev", "r4d_attend_tiles"]
+        assert ran[1].grid == at.grid(params["M"], len(sequences), kv, heads // kv)[0]
     arrays = [np.array(o, copy=True) for o in operands]
     assert host_launch(row_of(registry, "attention", "libref"), arrays, params) == RAD_OK
     np.testing.assert_array_equal(got[3], arrays[3])  # the step's k, v stored at their slots
     np.testing.assert_array_equal(got[4], arrays[4])
     err = rel_err(got[10], arrays[10])
     assert 0 < err <= at.TOLERANCE, (case, err)
+
+
+def test_the_split_counters_outlive_every_step_in_one_scratch(registry, on_fake):
+    """The engine gives a row one scratch for every step: a long prefill on the tiles (their bf16 rows
+    written over the scratch's first 1.2 MB), a decode step on attention_decode.cu, a chunk beside
+    decode tokens on split tiles, a split prefill. Every kernel's counters (the forms assert them zero
+    at launch) sit in the scratch's tail, which no kernel's rows or partials reach, so each launch
+    still agrees with libref (with the tiles' counters beside their rows, the chunk's counters would
+    lie in the long prefill's bf16 rows)."""
+    from radiance.abi import RadArgs
+    row = device_row(registry, ATTENTION)
+    steps = [(0, 600)], [(p, 1) for p in (700, 3, 1200, 64, 9, 2000, 1, 300, 88)], [(300, 40), (77, 1), (5, 1)], \
+        [(0, 300), (40, 9)]
+    size = row.info.scratch({"M": 2048, "q_heads": 8, "kv_heads": 2, "head_dim": 128})
+    scratch = on_fake.alloc(size, "scratch")
+    on_fake.device.memset32(scratch, 0, size // 4, on_fake.stream.handle)
+    dk = module(registry, "device_kernels")
+    for i, sequences in enumerate(steps):
+        operands, params = attention_operands(8, 2, 128, sequences, seed=51 + i)
+        decoding = all(count == 1 for _, count in sequences)
+        limit = dk.TOLERANCE["attention"] if decoding else 3e-2
+        a = on_fake.args(row, operands, params)
+        a = RadArgs(t=a.t, params=a.params, scratch=scratch, scratch_bytes=size, stream=a.stream)
+        before = len(on_fake.device.launches)
+        assert row.info.launch(a) == RAD_OK
+        names = [launch.name for launch in on_fake.device.launches[before:]]
+        assert names[-1] == ("r4d_attend_decode" if decoding else "r4d_attend_tiles"), names
+        want = [np.array(o, copy=True) for o in operands]
+        assert host_launch(row_of(registry, "attention", "libref"), want, params) == RAD_OK
+        got = on_fake.download(a.t[10], operands[10])
+        assert rel_err(got, want[10]) <= limit, (names, rel_err(got, want[10]))
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_the_fused_rows_decode_steps_take_the_decode_kernel_and_agree_with_libref(registry, on_fake, interleaved):
+    """rope_attention on a decode step of 5 sequences: r4d_attend_decode_rope alone (its numpy form: q and
+    k rotated as rope rotates them, then the decode kernel's splits): q, k and the cache as libref's
+    rope_attention leaves them, bit for bit, the output within attention's tolerance."""
+    dk = module(registry, "device_kernels")
+    operands, params = attention_operands(8, 2, 128, [(p, 1) for p in (0, 31, 500, 1200, 77)], seed=interleaved)
+    q, k, v, k_cache, v_cache, slots, positions, cu, lengths, blocks, out = operands
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, 128, 2, dtype=np.float64) / 128)).astype(np.float32)
+    fused = [q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu, lengths, blocks, out]
+    params = {key: value for key, value in params.items() if key != "seqs"} | {"interleaved": interleaved}
+    before = len(on_fake.device.launches)
+    got = on_fake.run(device_row(registry, "r4dchain_rope_attention_dev"), fused, params, None, (0, 1, 5, 6, 11))
+    assert [launch.name for launch in on_fake.device.launches[before:]] == ["r4d_attend_decode_rope"]
+    want = [np.array(o, copy=True) for o in fused]
+    assert host_launch(row_of(registry, "rope_attention", "libref"), want, params, None) == RAD_OK
+    for i in (0, 1, 5, 6):
+        np.testing.assert_array_equal(got[i], want[i], err_msg=f"operand {i}")
+    assert 0 < rel_err(got[11], want[11]) <= dk.TOLERANCE["attention"], rel_err(got[11], want[11])
 
 
 def test_the_attention_tiles_split_the_context_only_where_tiles_are_few(registry):
@@ -526,7 +583,8 @@ def test_the_attention_tiles_split_the_context_only_where_tiles_are_few(registry
     assert at.splits(64, 8, 4) == 9 and at.grid(64, 64, 8, 4)[0] == (64, 8, 9)   # 64 decode tokens
     assert at.tiles_bound(40, 2, 4) == 4 and at.tiles_bound(9, 9, 4) == 9 and at.tokens_per_tile(3) == 21
     layout, rows = at.scratch_layout(64, 64, 8, 4, 128), 2 * 64 * 8 * 128
-    assert layout["counters"] == 2 * rows and layout["partial"] == 2 * rows + 256 * -(-4 * 64 * 8 // 256)
+    assert layout["partial"] == 2 * rows and "counters" not in layout  # the counters: the scratch's tail
+    assert at.counters(64, 64, 8, 4) == 64 * 8 and at.counters(2048, 1, 8, 4) == 0
     assert layout["total"] - layout["partial"] == 4 * 64 * 8 * 9 * 4 * 130
     assert at.scratch_bytes(256, 8, 4, 128) >= layout["total"] and at.shared_bytes(128) == 34816
     assert at.store_grid(2048, 1024) == ((1, 2048, 1), (256, 1, 1))
@@ -559,8 +617,11 @@ def test_attention_plans_take_the_tiles_where_they_serve_and_attention_cu_elsewh
         at = module(registry, "device_attention_tiles")
         assert (grid, block, stream.shared) == ((3, 2, at.splits(m, kv, 4)), (128, 1, 1), at.shared_bytes(d))
         assert stream.compiled[-1] == ("r4d_attend_tiles", (f"-DR4D_AT_D={d}", "-DR4D_AT_G=4", "-DR4D_AT_WARPS=4"))
-        layout = at.scratch_layout(m, seqs, kv, 4, d)
-        assert pointers(args, [0, 3, 7, 9]) == [0x1000, 0x7000, 0xb000, 0x9000000 + layout["counters"]]
+        layout, ad = at.scratch_layout(m, seqs, kv, 4, d), module(registry, "device_attention_decode")
+        tail_counters = ad.scratch_layout(need, 4, d)["counters"]  # shared with the decode kernel, at the end
+        assert tail_counters == need - 4 * ad.COUNTERS >= layout["total"]
+        assert pointers(args, [0, 3, 7, 8, 9]) == [0x1000, 0x7000, 0xb000, 0x9000000 + layout["partial"],
+                                                  0x9000000 + tail_counters]
         assert ints(args, [10, 11, 12, 13, 14]) == [seqs, 32, heads, kv, 16]
         assert pointers(args, [16, 17]) == [0x9000000, 0x9000000 + layout["fresh_v"]]
         _, grid, block, store = stream.launches[0]

@@ -24,9 +24,6 @@ GEMV_MAX_M = 8       # the rows here take M above the decode band of the fused r
 # warps fit one): for measuring the two against each other on a card
 PREFILL_WARPS = 4 if os.environ.get("R4D_AT_PREFILL_WARPS") == "4" else 8
 KERNEL = os.environ.get("R4D_TC_KERNEL") or None  # "simt" keeps attention.cu's kernel (as for the GEMM)
-# R4D_AT_DECODE=split sends a step of one query a sequence (batched decode) to attention.cu's kernel,
-# which splits each sequence's context over blocks, instead of the tiles: for measuring the two on a card
-DECODE_SPLIT = os.environ.get("R4D_AT_DECODE") == "split"
 
 # max|out - ref| / max|ref| against libref's attention: q * scale * log2(e), k, the weights and v
 # rounded to bf16 (8 bits of mantissa), f32 sums. Measured with the kernel's numpy form
@@ -85,23 +82,32 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // 256) * 256
 
 
+def counters(m: int, seqs: int, kv_heads: int, group: int) -> int:
+    """The u32 counters a split step takes (one a tile and kv head), 0 unsplit. They live in the
+    scratch's tail with attention_decode.cu's (device_attention_decode.COUNTERS, zero between
+    launches), not beside the bf16 rows: a later step of other M lays its rows out over a region an
+    earlier one kept its counters in, and the counters must be zero when a launch starts."""
+    if splits(m, kv_heads, group, warps(m, seqs, group)) == 1:
+        return 0
+    return tiles_bound(m, seqs, group) * kv_heads
+
+
 def scratch_layout(m: int, seqs: int, kv_heads: int, group: int, head_dim: int) -> dict:
     """Offsets: the step's k and v rows narrowed to bf16 ([M, kv_heads * head_dim] each: the tiles
-    read this step's keys there), then where the context is split a u32 counter a (tile, kv head)
-    and per (token, kv head, split, head) its max, sum and head_dim weighted values; and the total."""
+    read this step's keys there), then where the context is split per (token, kv head, split, head)
+    its max, sum and head_dim weighted values; and the total (the counters: `counters`)."""
     rows = _aligned(2 * m * kv_heads * head_dim)
     layout = {"fresh_k": 0, "fresh_v": rows}
     count = splits(m, kv_heads, group, warps(m, seqs, group))
     if count == 1:
         return {**layout, "total": 2 * rows}
-    counters = _aligned(4 * tiles_bound(m, seqs, group) * kv_heads)
-    return {**layout, "counters": 2 * rows, "partial": 2 * rows + counters,
-            "total": 2 * rows + counters + _aligned(4 * m * kv_heads * count * group * (head_dim + 2))}
+    return {**layout, "partial": 2 * rows,
+            "total": 2 * rows + _aligned(4 * m * kv_heads * count * group * (head_dim + 2))}
 
 
 def scratch_bytes(max_m: int, kv_heads: int, group: int, head_dim: int) -> int:
     """The most any M of the band [GEMV_MAX_M + 1, max_m] needs, with as many sequences as tokens
-    (the most tiles), or the most that still take 8 warps (their splits; the counters grow with seqs)."""
+    (the most tiles), or the most that still take 8 warps (their splits)."""
     return max((scratch_layout(m, seqs, kv_heads, group, head_dim)["total"]
                 for m in range(GEMV_MAX_M + 1, max(max_m, GEMV_MAX_M + 1) + 1)
                 for seqs in (m, max(1, m // tokens_per_tile(group, 8)))), default=0)

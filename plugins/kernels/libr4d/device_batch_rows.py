@@ -11,6 +11,7 @@ device_attention_tiles.py."""
 
 from radiance.abi import RAD_CDIV, RAD_CEQ, RAD_CGE, RAD_CIN, RAD_CLE, RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo
 
+from . import device_attention_decode as ad
 from . import device_attention_tiles as at
 from . import device_kernels as dk
 from . import device_streamed_gemm as sg
@@ -18,7 +19,7 @@ from . import device_tensor_cores as tc
 from .device_formats import FP8_FORMATS, layout_as_stored
 from .device_rows import (
     F32_ACTIVATIONS, DeviceWeight, ScratchTooSmall, Step, _address, _attention, _planned, _rows, _vendor,
-    attention_scratch, chained,
+    attention_scratch, chained, decode_attention_step, decoding,
 )
 
 PRIORITY = 20  # above the SIMT rows of the same band
@@ -130,7 +131,8 @@ def _tc_gemm_scratch(kind):
 # attention (attention_tiles.cu)
 
 def _tc_attention(a):
-    """The step's k, v stored at their slots and narrowed to bf16 into the scratch
+    """A decode step (one token a sequence) where attention_decode.cu serves it: that kernel alone.
+    Else the step's k, v stored at their slots and narrowed to bf16 into the scratch
     (r4d_kv_store_bf16_dev), then the tiles; attention.cu's SIMT kernel where the tiles do not serve
     (device_attention_tiles.serves)."""
     q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
@@ -138,12 +140,19 @@ def _tc_attention(a):
     m, heads, kv, d = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"])
     group = heads // kv if kv and heads % kv == 0 else 0
     seqs, max_blocks = _rows(cu_seqlens) - 1, int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
-    if not at.serves(_vendor(a), getattr(a.stream, "target", ""), d, group) or (at.DECODE_SPLIT and m == seqs):
+    if decoding(a, cu_seqlens):
+        return [decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out)]
+    if not at.serves(_vendor(a), getattr(a.stream, "target", ""), d, group):
         return _attention(a)
     layout = at.scratch_layout(m, seqs, kv, group, d)
-    if layout["total"] > int(a.scratch_bytes or 0):
-        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the attention tiles need {layout['total']}")
+    tail = ad.tail_bytes(group, d)
+    if layout["total"] + tail > int(a.scratch_bytes or 0):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the attention tiles need {layout['total']} and the "
+                              f"tail {tail}")
+    if at.counters(m, seqs, kv, group) > ad.COUNTERS:
+        raise ValueError(f"{at.counters(m, seqs, kv, group)} split counters, the scratch's tail holds {ad.COUNTERS}")
     scratch = int(a.scratch or 0)
+    counters = scratch + ad.scratch_layout(int(a.scratch_bytes), group, d)["counters"]  # the tail's, shared
     width = kv * d
     fresh_k, fresh_v = scratch + layout["fresh_k"], scratch + layout["fresh_v"]
     store = (KernelArgs("r4d_kv_store_bf16_dev").pointer(_address(k)).pointer(_address(v)).pointer(_address(k_cache))
@@ -152,7 +161,7 @@ def _tc_attention(a):
     for tensor in (q, k_cache, v_cache, positions, cu_seqlens, context_lens, block_tables, out):
         args.pointer(_address(tensor))
     args.pointer(scratch + layout["partial"] if "partial" in layout else 0)
-    args.pointer(scratch + layout["counters"] if "counters" in layout else 0)
+    args.pointer(counters if "partial" in layout else 0)
     args.i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(p["block_size"]).f32(p["scale"]).pointer(fresh_k).pointer(fresh_v)
     tiles, threads = at.grid(m, seqs, kv, group)
     options = at.options(d, group, at.warps(m, seqs, group))
@@ -162,12 +171,12 @@ def _tc_attention(a):
 
 
 def _tc_attention_scratch(geometry) -> int:
-    """The tiles' bf16 rows of the step and partials, or attention.cu's where the row falls back to
-    it: the larger."""
+    """The tiles' bf16 rows of the step and partials, or attention.cu's where more, then
+    attention_decode.cu's tail (device_rows.attention_scratch)."""
     heads, kv = int(geometry["q_heads"]), int(geometry["kv_heads"])
     group = heads // kv if kv and heads % kv == 0 else 1
-    tiles = at.scratch_bytes(int(geometry["M"]), kv, group, int(geometry["head_dim"]))
-    return max(tiles, attention_scratch(geometry))
+    return attention_scratch(geometry, at.scratch_bytes(int(geometry["M"]), kv, group, int(geometry["head_dim"])),
+                             band=False)
 
 
 def stated_tolerances() -> dict:
@@ -200,8 +209,9 @@ def build_batch_rows() -> list[RadKernelInfo]:
             scratch=_tc_gemm_scratch("e4m3")),
         row("r4d_attention_tc_dev", "attention", _tc_attention,
             [above_gemv, RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM)],
-            "paged KV stored, then flash attention on tf32 tensor cores: a block per (query tile of one sequence, "
-            "kv head, split of the context), splits merged in order (attention.cu's SIMT kernel where the tiles "
-            "do not serve: head_dim other than 64 and 128, no sm_80)", f"M>={tc.GEMV_MAX_M + 1}, "
+            "paged KV stored, then flash attention on bf16 tensor cores: a block per (query tile of one sequence, "
+            "kv head, split of the context), splits merged in order; a decode step (one token a sequence) on "
+            "NVIDIA: attention_decode.cu, f32, a block per (sequence, kv head, chunk of the context) "
+            "(attention.cu's SIMT kernel where neither serves: head_dim other than 64 and 128, no sm_80)", f"M>={tc.GEMV_MAX_M + 1}, "
             f"head_dim<={dk.ATT_MAX_HEAD_DIM}", "f32", scratch=_tc_attention_scratch),
     ]

@@ -10,8 +10,8 @@ from radiance.abi import RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo
 
 from . import device_kernels as dk
 from .device_rows import (
-    ATTENTION_HEADS, F32_ACTIVATIONS, HEADS_SHAPE, ScratchTooSmall, Step, _address, _planned, _rows, _vendor,
-    attention_scratch, chained,
+    ATTENTION_HEADS, F32_ACTIVATIONS, HEADS_SHAPE, Step, _address, _planned, _rows, _vendor,
+    attention_places, attention_scratch, chained,
 )
 from .rows import layout_vector, relayout_vector
 
@@ -58,10 +58,7 @@ def _sliding_attention(a):
                          f"{heads} heads over {kv} kv heads (at most {dk.ATT_MAX_GROUP} a kv head), window {window} "
                          "(at least 1)")
     group = heads // kv
-    offset, need = dk.attention_scratch_layout(m, kv, group, d)
-    if need > int(a.scratch_bytes or 0):
-        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, sliding attention needs {need}")
-    scratch = int(a.scratch)
+    partial, counters = attention_places(a, m, kv, group, d)
     splits = dk.attention_splits(m, kv, getattr(a.stream, "multiprocessors", 1))
     seqs, max_blocks = _rows(cu_seqlens) - 1, int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
     width = kv * d
@@ -72,7 +69,7 @@ def _sliding_attention(a):
     args = KernelArgs("r4d_attend_window")
     for tensor in (q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out):
         args.pointer(_address(tensor))
-    args.pointer(0).pointer(scratch + offset).pointer(scratch).i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d)
+    args.pointer(0).pointer(partial).pointer(counters).i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d)
     args.i32(p["block_size"]).i32(0).f32(p["scale"]).i32(window)
     return [Step("r4d_kv_store_dev", "attention_window", grid, block, store, 0, options),
             Step("r4d_attend_window", "attention_window", (m, kv, splits), (dk.ATT_THREADS, 1, 1),

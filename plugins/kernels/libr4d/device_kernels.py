@@ -10,7 +10,7 @@ from pathlib import Path
 FOLDER = Path(__file__).resolve().parent / "device"
 FILES = ("elementwise", "gemv", "gemv_stream", "gemm", "attention", "sample", "gemm_mma", "gemm_wgmma", "gemm_skinny",
          "gemm_inputs", "attention_tiles", "gemv_gguf", "gemma", "attention_window", "gemm_streamed",
-         "gemm_tma")
+         "gemm_tma", "attention_decode")
 PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",),  # what goes between common.cu and the op's file
          "attention_window": ("attention",),
          **{name: ("tensor_core",) for name in ("gemm_mma", "gemm_wgmma", "gemm_inputs", "attention_tiles", "gemm_streamed")},
@@ -18,7 +18,8 @@ PARTS = {"gemv": ("gemv_parts",), "gemv_stream": ("gemv_parts",),  # what goes b
          "gemm_tma": ("tensor_core", "gemm_wgmma"), "gemm_skinny": ("tensor_core", "gemm_wgmma")}
 # NVIDIA's alone (mma.sync, wgmma, cp.async, e4m3 conversion in inline PTX): never built for AMD,
 # whose rows keep gemm.cu and attention.cu (device_tensor_cores.kernel_for, device_attention_tiles.serves)
-NVIDIA_ONLY = ("gemm_mma", "gemm_wgmma", "gemm_inputs", "attention_tiles", "gemm_streamed", "gemm_tma", "gemm_skinny")
+NVIDIA_ONLY = ("gemm_mma", "gemm_wgmma", "gemm_inputs", "attention_tiles", "gemm_streamed", "gemm_tma", "gemm_skinny",
+               "attention_decode")
 
 GEMV_MAX_M = 8          # the decode GEMV serves M <= 8 (MT = 1, 2, 4, 8 register rows)
 
@@ -274,10 +275,10 @@ def attention_partial_floats(group: int, head_dim: int) -> int:
 
 
 def attention_scratch_layout(m: int, kv_heads: int, group: int, head_dim: int) -> tuple[int, int]:
-    """(offset of the split partials, total bytes): a u32 counter per (token, kv head) and one for
-    the grid, then a partial per (token, kv head, split)."""
-    counters = _aligned(4 * (m * kv_heads + 1))
-    return counters, counters + 4 * (m * kv_heads + 512) * attention_partial_floats(group, head_dim)
+    """(offset of the split partials, bytes): a partial per (token, kv head, split) from the scratch's
+    start. Its M * kv_heads + 1 u32 counters (one per (token, kv head) and one for the grid) are the
+    scratch's tail's (device_attention_decode.counters_offset), where no step's partials reach them."""
+    return 0, 4 * (m * kv_heads + 512) * attention_partial_floats(group, head_dim)
 
 
 def attention_options(head_dim: int, group: int) -> tuple:

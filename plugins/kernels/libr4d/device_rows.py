@@ -17,6 +17,7 @@ from radiance.abi import (
     RAD_OK, KernelArgs, RadKernelInfo, RadTensor,
 )
 
+from . import device_attention_decode as ad
 from . import device_kernels as dk
 from .device_formats import CODES, FP8_FORMATS, device_format, layout_as_stored as _layout_as_stored
 from .rows import REPLACES, QK, layout_vector, relayout_vector
@@ -264,7 +265,60 @@ def _take_rows_rmsnorm_gemm_sample(a):
 
 # ------------------------------------------------------------------------------------------------
 # attention (attention.cu): the plain row stores k, v then attends over the cache; the fused
-# rope_attention row rotates and reads this step's keys itself
+# rope_attention row rotates and reads this step's keys itself. A decode step (one token a sequence)
+# on NVIDIA takes attention_decode.cu instead (device_attention_decode.serves): from these rows (the
+# fused one rotating q and k itself) from device_attention_decode.BAND_FROM sequences, and from
+# device_batch_rows.py's attention row above the band.
+
+def decoding(a, cu_seqlens, least: int = 1) -> bool:
+    """Whether attention_decode.cu serves this step of the row: a decode step of at least `least`
+    sequences that it serves."""
+    p = a.params
+    m, seqs, heads, kv = int(p["M"]), _rows(cu_seqlens) - 1, int(p["q_heads"]), int(p["kv_heads"])
+    group = heads // kv if kv and heads % kv == 0 else 0
+    return m >= least and ad.serves(_vendor(a), getattr(a.stream, "target", ""), m, seqs, int(p["head_dim"]), group)
+
+
+def decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out,
+                          inv_freq=None, band: bool = False) -> Step:
+    """attention_decode.cu's one launch for a decode step: r4d_attend_decode, or with inv_freq (the
+    fused row) r4d_attend_decode_rope; it stores the step's k, v at their slots itself. `band`: a row
+    of the decode band, whose scratch's tail holds device_attention_decode.band_partials."""
+    p = a.params
+    seqs, heads, kv, d, block_size = int(p["M"]), int(p["q_heads"]), int(p["kv_heads"]), int(p["head_dim"]), int(p["block_size"])
+    max_blocks = int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
+    group, capacity = heads // kv, max_blocks * block_size
+    partials = ad.band_partials(kv) if band else ad.PARTIALS
+    if int(a.scratch_bytes or 0) < ad.tail_bytes(group, d, partials):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the decode attention's tail needs "
+                              f"{ad.tail_bytes(group, d, partials)}")
+    layout, scratch = ad.scratch_layout(int(a.scratch_bytes), group, d, partials), int(a.scratch)
+    name = "r4d_attend_decode" if inv_freq is None else "r4d_attend_decode_rope"
+    args = KernelArgs(name)
+    for tensor in (q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out):
+        args.pointer(_address(tensor))
+    args.pointer(scratch + layout["partial"]).pointer(scratch + layout["counters"])
+    args.i32(max_blocks).i32(heads).i32(kv).i32(d).i32(block_size).i32(ad.chunk(seqs, kv)).f32(p["scale"])
+    if inv_freq is not None:
+        args.pointer(_address(inv_freq)).i32(p.get("interleaved", 0))
+    grid, block = ad.grid(seqs, kv, capacity, partials)
+    return Step(name, "attention_decode", grid, block, args, 0, ad.options(d, group))
+
+
+def attention_places(a, m: int, kv: int, group: int, d: int) -> tuple[int, int]:
+    """(partials, counters) of attention.cu's kernels in the row's scratch: the partials from its start,
+    the M * kv + 1 counters in the tail (device_attention_decode.counters_offset): a step of larger M
+    never lays its partials over a smaller step's counters, nor the decode kernel its partials over
+    these."""
+    offset, need = dk.attention_scratch_layout(m, kv, group, d)
+    size = int(a.scratch_bytes or 0)
+    if need + 4 * ad.COUNTERS > size:
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, attention needs {need} and {4 * ad.COUNTERS} of counters")
+    if m * kv + 1 > ad.COUNTERS:
+        raise ValueError(f"attention over {m} tokens of {kv} kv heads counts {m * kv + 1} splits, the scratch's tail "
+                         f"holds {ad.COUNTERS}")
+    return int(a.scratch) + offset, int(a.scratch) + ad.counters_offset(size)
+
 
 def _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out,
                  inv_freq, fresh: bool) -> Step:
@@ -276,30 +330,34 @@ def _attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, con
     if fresh and m > dk.ATT_MAX_FRESH:  # the row's DECODE constraint keeps M there
         raise ValueError(f"the fused rope_attention kernel takes at most {dk.ATT_MAX_FRESH} tokens a step, not {m}")
     group = heads // kv
-    offset, need = dk.attention_scratch_layout(m, kv, group, d)
-    if need > int(a.scratch_bytes or 0):
-        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, attention needs {need}")
-    scratch = int(a.scratch)
+    partial, counters = attention_places(a, m, kv, group, d)
     splits = dk.attention_splits(m, kv, getattr(a.stream, "multiprocessors", 1))
     seqs, max_blocks = _rows(cu_seqlens) - 1, int(block_tables.shape[1]) if block_tables.ndim > 1 else 1
     name = "r4d_attend_fresh" if fresh else "r4d_attend_cache"
     args = KernelArgs(name)
     for tensor in (q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out, inv_freq):
         args.pointer(_address(tensor) if tensor is not None else 0)
-    args.pointer(scratch + offset).pointer(scratch).i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d)
+    args.pointer(partial).pointer(counters).i32(seqs).i32(max_blocks).i32(heads).i32(kv).i32(d)
     args.i32(p["block_size"]).i32(p.get("interleaved", 0)).f32(p["scale"])
     return Step(name, "attention", (m, kv, splits), (dk.ATT_THREADS, 1, 1), args, 0,
                 dk.attention_options(d, group))
 
 
-def attention_scratch(geometry) -> int:
+def attention_scratch(geometry, others: int = 0, band: bool = True) -> int:
+    """attention.cu's (or `others`, where more), then attention_decode.cu's tail (device_attention_decode:
+    its counters must outlive the other kernels' launches in the same scratch); `band`: a row of the
+    decode band (a smaller tail)."""
     heads, kv = int(geometry["q_heads"]), int(geometry["kv_heads"])
-    return dk.attention_scratch_layout(int(geometry["M"]), kv, max(1, heads // max(kv, 1)),
-                                       int(geometry["head_dim"]))[1]
+    group, m, d = max(1, heads // max(kv, 1)), int(geometry["M"]), int(geometry["head_dim"])
+    tail = ad.tail_bytes(group, d, ad.band_partials(kv) if band else ad.PARTIALS)
+    return max(dk.attention_scratch_layout(m, kv, group, d)[1], others) + tail
 
 
 def _attention(a):
     q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables, out = a.t
+    if decoding(a, cu_seqlens, ad.BAND_FROM):
+        return [decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out,
+                                      band=True)]
     m, width = int(a.params["M"]), int(a.params["kv_heads"]) * int(a.params["head_dim"])
     grid, block = dk.rows_grid(m, width)
     store = (KernelArgs("r4d_kv_store_dev").pointer(_address(k)).pointer(_address(v)).pointer(_address(k_cache))
@@ -311,6 +369,9 @@ def _attention(a):
 
 def _rope_attention(a):
     q, k, positions, inv_freq, v, k_cache, v_cache, slots, cu_seqlens, context_lens, block_tables, out = a.t
+    if decoding(a, cu_seqlens, ad.BAND_FROM):
+        return [decode_attention_step(a, q, k, v, k_cache, v_cache, slots, positions, context_lens, block_tables, out,
+                                      inv_freq, band=True)]
     return [_attend_step(a, q, k, v, k_cache, v_cache, slots, positions, cu_seqlens, context_lens, block_tables,
                          out, inv_freq, fresh=True)]
 

@@ -193,3 +193,22 @@ __device__ __forceinline__ float r4d_weight_at(const R4DWeight& w, long long r, 
     }
     }
 }
+
+// The count at `counter` before this block's arrival, which releases the block's writes and acquires
+// those of the blocks that arrived before it, at the device's scope (the split merges of attention.cu
+// and attention_decode.cu). One thread calls it between two
+// barriers (the first carries the other threads' writes into the release, the second the acquire
+// out to them): one atomic round trip, where a __threadfence() in every thread costs each a
+// sequentially consistent fence.
+__device__ __forceinline__ u32 r4d_arrive(u32* counter) {
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    u32 before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+    return before;
+#else
+    __threadfence();
+    u32 before = atomicAdd(counter, 1u);
+    __threadfence();
+    return before;
+#endif
+}
