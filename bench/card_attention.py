@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from device_ops import Timer, copies_for  # noqa: E402
-from torch_graph_time import graph_ms  # noqa: E402
+from torch_graph_time import graph_ms, torch_or_none  # noqa: E402
 from radiance.abi import RadArgs  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import launch, rel_err, row_of  # noqa: E402
@@ -142,11 +142,7 @@ def main():
         dk.setting("R4D_ATT_AHEAD", str(ahead), 0, 8)
     on_card = Card(device, stream)
     timer, rng = Timer(on_card), np.random.default_rng(0)
-    try:
-        import torch
-        peer = f"torch {torch.__version__}"
-    except ImportError as error:
-        torch, peer = None, f"no PyTorch ({error})"
+    torch, peer = torch_or_none()
     results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer, "cases": []}
     print(f"card {results['card']} ({device.target}); 8B shape: {HEADS} heads, {KV_HEADS} kv heads, head_dim "
           f"{HEAD_DIM}; {peer}", flush=True)

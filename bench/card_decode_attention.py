@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from device_ops import Timer  # noqa: E402
-from torch_graph_time import graph_ms  # noqa: E402
+from torch_graph_time import graph_ms, torch_or_none  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import rel_err  # noqa: E402
 
@@ -186,11 +186,7 @@ def main():
     ad = importlib.import_module(f"{row.plugin.module.__name__}.device_attention_decode")
     on_card = Card(device, stream)
     timer = Timer(on_card)
-    try:
-        import torch
-        peer = f"torch {torch.__version__}"
-    except ImportError as error:
-        torch, peer = None, f"no PyTorch ({error})"
+    torch, peer = torch_or_none()
     results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer, "cases": []}
     print(f"card {results['card']} ({device.target}); 8B shape: {HEADS} heads, {KV_HEADS} kv heads, head_dim "
           f"{HEAD_DIM}, f32 cache; bound {BANDWIDTH / 1e12:.1f} TB/s; {peer}", flush=True)

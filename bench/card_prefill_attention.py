@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from device_ops import Timer  # noqa: E402
-from torch_graph_time import graph_ms  # noqa: E402
+from torch_graph_time import graph_ms, torch_or_none  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_device_tensor_cores import attention_operands  # noqa: E402
 from test_libr4d_support import rel_err  # noqa: E402
@@ -107,11 +107,7 @@ def main():
     at = importlib.import_module(f"{row.plugin.module.__name__}.device_attention_tiles")
     on_card = Card(device, stream)
     timer = Timer(on_card)
-    try:
-        import torch
-        peer = f"torch {torch.__version__}"
-    except ImportError as error:
-        torch, peer = None, f"no PyTorch ({error})"
+    torch, peer = torch_or_none()
     results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer,
                "prefill_warps": at.PREFILL_WARPS, "tolerance": at.TOLERANCE, "cases": []}
     print(f"card {results['card']} ({device.target}); 8B shape: {HEADS} heads, {KV_HEADS} kv heads, head_dim "

@@ -52,7 +52,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
 from device_ops import Timer  # noqa: E402
-from torch_graph_time import graph_ms  # noqa: E402
+from torch_graph_time import graph_ms, torch_or_none  # noqa: E402
 from device_batch_support import fp8_weight  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import activations, plain_weight  # noqa: E402
@@ -206,11 +206,7 @@ def main():
     own_serving = sg.SERVING
     on_card = Card(device, stream)
     timer = Timer(on_card)
-    try:
-        import torch
-        peer = f"torch {torch.__version__}"
-    except ImportError as error:
-        torch, peer = None, f"no PyTorch ({error})"
+    torch, peer = torch_or_none()
     kernels = {kind: tc.kernel_for("cuda", device.target, kind) for kind in tc.KINDS}
     cuts = cuts_of(tc, args.cuts, {**kernels, "named": "wgmma" if "wgmma" in (args.kernels or []) else None})
     own, own_kernel, own_tma, own_skinny = tc.WGMMA_CUT, tc.KERNEL, tc.TMA_CUT, tc.SKINNY_CUT

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from device_ops import Timer, copies_for  # noqa: E402
-from torch_graph_time import graph_ms  # noqa: E402
+from torch_graph_time import graph_ms, torch_or_none  # noqa: E402
 from test_device_rows_support import Card, libr4d_on_card  # noqa: E402
 from test_libr4d_support import make_weight  # noqa: E402
 
@@ -110,11 +110,7 @@ def main():
     rows = {row.name: row for row in lib.rows}
     on_card = Card(device, stream)
     timer, rng = Timer(on_card), np.random.default_rng(0)
-    try:
-        import torch
-        peer = f"torch {torch.__version__}"
-    except ImportError as error:
-        torch, peer = None, f"no PyTorch ({error})"
+    torch, peer = torch_or_none()
     results = {"card": getattr(device, "name", "?"), "target": device.target, "peer": peer, "tokens": args.tokens,
                "cases": []}
     print(f"card {results['card']} ({device.target}); {args.tokens} tokens of the 8B shape, f32; {peer}", flush=True)

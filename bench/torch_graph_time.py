@@ -6,6 +6,16 @@ import contextlib
 import statistics
 
 
+def torch_or_none() -> tuple:
+    """(the torch module, "torch <version>") where it imports, else (None, "no PyTorch (<why>)"): the
+    peer a card bench runs beside radiance, or says it could not."""
+    try:
+        import torch
+    except ImportError as error:
+        return None, f"no PyTorch ({error})"
+    return torch, f"torch {torch.__version__}"
+
+
 def graph_ms(calls, launches: int, context=None) -> float:
     """`calls()` issues `launches` launches (keeping their outputs, so the graph's pool holds them and
     no copy runs beside each); `context` is entered around the warm-up and the capture (an SDPA
