@@ -267,6 +267,36 @@ def test_a_split_gemm_gives_the_same_bits_launch_after_launch(registry, on_fake)
     assert module(registry, "device_tensor_cores").split(12, 1024, 4096, "bf16", on_fake.kernel)[0] > 1
 
 
+
+def test_the_split_counters_outlive_every_step_in_one_scratch_of_the_gemm(registry, on_fake):
+    """The engine gives the GEMM row one scratch for every step: a prefill's bf16 rows, a streamed
+    GEMM's partials (M <= 32) and a split tile GEMM's (M 40, 65) all land in it, one step after another.
+    The split-K counters keep a region of their own at the scratch's start, which no step's rows or
+    partials reach (the forms assert them zero at launch: laid at the start of whatever each M's
+    layout was, a 2048-row step's rows, or a 20-row step's partials, were found in them)."""
+    from radiance.abi import RadArgs
+    tc = module(registry, "device_tensor_cores")
+    row = device_row(registry, BF16)
+    n, k = 1024, 4096
+    weight = make_weight("bf16", n, k, 5)
+    size = row.info.scratch({"M": 2048, "N": n, "K": k, "wdtype": "bf16", "dtype": "f32", "split_k": 1})
+    scratch = on_fake.alloc(size, "scratch")
+    on_fake.device.memset32(scratch, 0, size // 4, on_fake.stream.handle)
+    splits = {}
+    for m in (2048, 65, 20, 40, 300, 12):
+        params = {"M": m, "N": n, "K": k, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
+        x = activations(m, k, m)
+        operands = [x, None, np.zeros((m, n), np.float32)]
+        a = on_fake.args(row, operands, params, {1: weight})
+        a = RadArgs(t=a.t, params=a.params, scratch=scratch, scratch_bytes=size, stream=a.stream)
+        assert row.info.launch(a) == RAD_OK, m
+        got = on_fake.download(a.t[2], operands[2])
+        want = np.zeros((m, n), np.float32)
+        assert host_launch(row_of(registry, "gemm", "libref"), [x, None, want], params, {1: weight}) == RAD_OK
+        assert rel_err(got, want) <= tc.TOLERANCE["bf16"], (m, rel_err(got, want))
+        splits[m] = tc.split(m, n, k, "bf16", tc.kernel_for("cuda", on_fake.device.target, "bf16", m))[0]
+    assert splits[65] > 1 and splits[40] > 1  # split tiles after a 2048-row step and a streamed one
+
 # ---- the streamed GEMM (gemm_streamed.cu) for batched decode, where it serves ------------------------
 
 def test_the_streamed_gemm_serves_up_to_32_rows_unless_told_otherwise(registry, monkeypatch):
@@ -327,17 +357,17 @@ def test_a_streamed_plan_is_one_launch_of_its_entry_in_its_cut(registry, monkeyp
     assert (kernel, grid, block) == ("r4d_streamed_gemm_bf16_m64", (16, 1, splits), (256, 1, 1)) and splits > 1
     options = ("-DGS_ONLY=3", *sg.SERVING.cut.defines())
     assert stream.compiled == [(kernel, options), ("r4d_streamed_reduce", options)]  # one module
-    layout = sg.scratch_layout(37, 4096, 4096, "bf16", sg.SERVING.cut)
+    layout, tc = sg.scratch_layout(37, 4096, 4096, "bf16", sg.SERVING.cut), module(registry, "device_tensor_cores")
     assert layout["total"] == 4 * splits * 37 * 4096 and layout["partial"] == 0
-    assert pointers(args, [0, 1, 2, 4, 5]) == [0x1000, 0x7000000, 0, 0x2000, 0x9000000]
+    partial = 0x9000000 + tc.COUNTER_BYTES  # after the tile kernels' split counters, which no other step touches
+    assert pointers(args, [0, 1, 2, 4, 5]) == [0x1000, 0x7000000, 0, 0x2000, partial]
     assert ints(args, [3, 6, 7, 8, 9]) == [0, 37, 4096, 4096, k_chunk]
     # the reduction: every output, 4 a thread, the splits in the scratch
     assert (reduce, rgrid, rblock) == ("r4d_streamed_reduce", (-(-37 * 4096 // 4 // 256), 1, 1), (256, 1, 1))
-    assert pointers(rargs, [0, 1, 3]) == [0x9000000, 0, 0x2000] and ints(rargs, [2, 4, 5, 6]) == [0, 37, 4096, splits]
+    assert pointers(rargs, [0, 1, 3]) == [partial, 0, 0x2000] and ints(rargs, [2, 4, 5, 6]) == [0, 37, 4096, splits]
     # too little scratch for the split: the row says so, it does not overrun
-    assert launch(row, [x, w, y], dict(params), stream, 0x9000000, layout["total"] - 1) == RAD_E_NOMEM
+    assert launch(row, [x, w, y], dict(params), stream, 0x9000000, tc.COUNTER_BYTES + layout["total"] - 1) == RAD_E_NOMEM
     # above 64 rows, the kernel the card runs without it: on an sm_90 the skinny kernel, the tile GEMM past it
-    tc = module(registry, "device_tensor_cores")
     for m, kernel in [(65, "r4d_skinny_gemm_bf16"), (tc.SKINNY_BELOW, "r4d_wgmma_gemm_bf16")]:
         assert launch(row, [dev(0x1000, (m, 4096)), w, y], {**params, "M": m}, stream, 0x9000000, need) == RAD_OK
         assert stream.launches[-1][0] == kernel

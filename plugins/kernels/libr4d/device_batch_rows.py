@@ -53,9 +53,11 @@ def _streamed(a, x: int, w: DeviceWeight, y: int, kind: str) -> list:
     m, n, k, cut = int(a.params["M"]), w.rows, w.cols, sg.SERVING.cut
     splits, k_chunk = sg.split(m, n, k, kind, cut)
     layout = sg.scratch_layout(m, n, k, kind, cut)
-    if layout["total"] > int(a.scratch_bytes or 0):
-        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the streamed gemm needs {layout['total']}")
-    partial = int(a.scratch or 0) + layout["partial"] if splits > 1 else 0
+    # after the tile kernels' counters (tc.COUNTER_BYTES): this row's other steps keep them there
+    if tc.COUNTER_BYTES + layout["total"] > int(a.scratch_bytes or 0):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the streamed gemm needs {layout['total']} after "
+                              f"{tc.COUNTER_BYTES} of counters")
+    partial = int(a.scratch or 0) + tc.COUNTER_BYTES + layout["partial"] if splits > 1 else 0
     scale = w.scale if kind == "e4m3" else 0
     stride = 1 if w.label == "fp8_channel" else 0
     name, options = sg.entry(kind, m), sg.options(sg.entry(kind, m), cut)
@@ -123,7 +125,7 @@ def _tc_gemm_scratch(kind):
     process's choice, made after the scratch is sized)."""
     def scratch(geometry) -> int:
         m, n, k = int(geometry["M"]), int(geometry["N"]), int(geometry["K"])
-        return max(tc.scratch_bytes(m, n, k, kind), sg.scratch_bytes(m, n, k, kind))
+        return max(tc.scratch_bytes(m, n, k, kind), tc.COUNTER_BYTES + sg.scratch_bytes(m, n, k, kind))
     return scratch
 
 

@@ -470,16 +470,28 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // 256) * 256
 
 
+# The split-K counters' region at the start of the row's scratch, the same for every M and kernel:
+# the engine gives a row one scratch for all its steps, and a kernel's last split leaves its tiles'
+# counters zero for the next launch, so no other step's rows or partials may ever land there (laid
+# where each M's layout began, a 2048-row step's bf16 rows or a streamed step's partials were found
+# in them). K is split only where the tiles are fewer than a wave's blocks (split), at most
+# MULTIPROCESSORS x 4 (the skinny kernel's most blocks a multiprocessor): 1024 covers it.
+COUNTERS = 1024
+COUNTER_BYTES = 4 * COUNTERS
+
+
 def scratch_layout(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> dict:
-    """Offsets in the row's scratch: split-K counters (a u32 a tile) and partial sums [splits, M, N]
-    f32 where K is split; for e4m3, x's codes [M, K] and row scales [M]; for wgmma's and TMA's bf16,
-    x's bf16 rows [M, K] ("codes"; the skinny kernel's too); for TMA, the two tensor maps (x's, w's:
-    "maps"); and the total."""
+    """Offsets in the row's scratch: split-K counters (a u32 a tile, in the COUNTERS region) and
+    partial sums [splits, M, N] f32 where K is split; for e4m3, x's codes [M, K] and row scales [M];
+    for wgmma's and TMA's bf16, x's bf16 rows [M, K] ("codes"; the skinny kernel's too); for TMA, the
+    two tensor maps (x's, w's: "maps"); and the total. Everything but the counters from COUNTER_BYTES."""
     splits, _ = split(m, n, k, kind, kernel)
-    at, layout = 0, {}
+    at, layout = COUNTER_BYTES, {}
     if splits > 1:
         (tx, ty, _), _ = grid(m, n, splits, kernel, kind)
-        layout["counters"], at = at, _aligned(4 * tx * ty)
+        if tx * ty > COUNTERS:
+            raise ValueError(f"a split GEMM of {tx * ty} tiles ({m} x {n}, {kernel}): the scratch keeps {COUNTERS} counters")
+        layout["counters"] = 0
         layout["partial"], at = at, _aligned(at + 4 * splits * m * n)
     if kind == "e4m3":
         layout["codes"], at = at, _aligned(at + m * k)
