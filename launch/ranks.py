@@ -88,9 +88,10 @@ def run_ahead_default(config: Config, card: bool, same_host: bool = True) -> boo
     With a core of its own that is time out of every step (TP 1 launched on 2 cores: 15.5 -> 14.0
     ms); with as many ranks as cores or more (TP 2 and 3 on 2 cores) the coordinator's planning comes
     out of the ranks' time instead, and the step is no slower: 0.98x / 0.99x of synchronous at TP 2 /
-    3 (geometric means of 25 alternated pairs each, quiet and loaded). Not yet in
-    process (the engine's planning there is ~0.1 ms of a 13 ms step) nor on a card (correct on the
-    fake card, not yet measured on a real one). Pipeline stages on one host (`same_host`:
+    3 (geometric means of 25 alternated pairs each, quiet and loaded). Not in
+    process on the host (the engine's planning there is ~0.1 ms of a 13 ms step) nor on a card: on one
+    H200 the 8B model's batched decode ran 0.96-0.99x of synchronous at batch 8 / 32 / 64
+    (bench/results/h200_card_runs_2026-12-03h.md, `card_batches.py --run-ahead off on`). Pipeline stages on one host (`same_host`:
     device.same_host, the token pipe's condition) run ahead in parts, which keeps both stages busy
     (TP 1 x PP 2 decode 1.6x to 1.75x whole steps' tokens/s on 2 cores, bench/pipeline_overlap.py)."""
     if config.run_ahead is not None:
