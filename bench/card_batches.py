@@ -4,7 +4,7 @@ conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each 
     PYTHONUNBUFFERED=1 python3 bench/card_batches.py [--formats bf16 fp8] [--prefill 2048]
         [--batches 8 32 64] [--context 1024] [--mixed] [--steps 32] [--clients 1,8,32,64]
         [--max-tokens 64] [--temperature 0.7] [--skip-serving] [--peer [all|prefill|decode]]
-        [--run-ahead auto|on|off ...]
+        [--run-ahead auto|on|off ...] [--keep DIR]
     python3 bench/card_batches.py --small --device host ...   # the script's smoke run on host rows
 
 - **Prefill**: one --prefill-token prompt as one step (max_step_tokens = the prompt), the step's
@@ -30,7 +30,9 @@ compiled shape costs the peer 100-200 s on an H200, so a call may afford only on
 Radiance's figures are wall time through the engine (planning and sampling included); the peer's
 are CUDA events around a graph replay (decode, its token read back each step) or a forward (prefill).
 `--kernels`: one more prefill step, untimed, and each batch's captured decode step, replayed alone,
-under torch.profiler: their card kernels by name (bench/card_kernels.py).
+under torch.profiler: their card kernels by name (bench/card_kernels.py). `--keep DIR`: write each format's
+model there once and reuse it (several processes of one call, each with its own environment, pay the
+~40 s of writing the 8B model once).
 
 Run from anywhere with the checkout's bench/ on the path; radiance need not be installed (the
 checkout shim maps it). Writes $OUT/card_batches.json, and rad-bench's JSON per format beside it."""
@@ -243,6 +245,7 @@ def main() -> int:
     parser.add_argument("--device", default="auto", choices=["auto", "host"], help="host: host rows (a smoke run)")
     parser.add_argument("--kernels", action="store_true", help="also a prefill step's and each batch's captured decode step's kernels by "
                                                              "name (torch.profiler's CUPTI; untimed steps)")
+    parser.add_argument("--keep", type=Path, help="keep each format's model in this folder and reuse it")
     args = parser.parse_args()
     if args.peer and (args.small or args.mixed):
         parser.error("--peer measures the 8B shape at one context: not with --small or --mixed")
@@ -256,12 +259,14 @@ def main() -> int:
     results = {"command": "python3 bench/card_batches.py " + " ".join(sys.argv[1:]), "formats": {}}
     with tempfile.TemporaryDirectory() as folder:
         for fmt in args.formats:
-            model = Path(folder) / f"llama8b_{fmt}.rad"
-            start = time.perf_counter()
-            convert_synthetic(model, "llama", shape, seed=3, recipe=RECIPE if fmt == "fp8" else None)
+            model = (args.keep or Path(folder)) / f"{'small' if args.small else 'llama8b'}_{fmt}.rad"
+            if not model.exists():
+                start = time.perf_counter()
+                model.parent.mkdir(parents=True, exist_ok=True)
+                convert_synthetic(model, "llama", shape, seed=3, recipe=RECIPE if fmt == "fp8" else None)
+                print(f"{fmt}: the {'small' if args.small else '8B-shaped'} model written in "
+                      f"{time.perf_counter() - start:.0f} s", flush=True)
             weight_bytes = model.stat().st_size - shape["vocab"] * shape["hidden"] * 2  # the bf16 table is not read
-            print(f"{fmt}: the {'small' if args.small else '8B-shaped'} model written in "
-                  f"{time.perf_counter() - start:.0f} s", flush=True)
             figures = {"bound_ms": 1e3 * weight_bytes / HBM_BYTES_PER_S}
             figures["prefill"] = prefill(model, args.prefill)
             one = batched_decode(model, 1, args.context, False, args.steps)
@@ -289,7 +294,8 @@ def main() -> int:
             if not args.skip_serving:
                 figures["serving"] = serving(model, args.clients, args.max_tokens, out, fmt, args.temperature)
             results["formats"][fmt] = figures
-            model.unlink()
+            if not args.keep:
+                model.unlink()
     Path(out, "card_batches.json").write_text(json.dumps(results, indent=1))
     print(f"written: {out / 'card_batches.json'}")
     return 0
