@@ -29,7 +29,8 @@ compare it with a run without --mixed); `--peer prefill` or `--peer decode` runs
 compiled shape costs the peer 100-200 s on an H200, so a call may afford only one half); each figure is printed with radiance's / PyTorch's ratio.
 Radiance's figures are wall time through the engine (planning and sampling included); the peer's
 are CUDA events around a graph replay (decode, its token read back each step) or a forward (prefill).
-`--kernels`: one more prefill step, untimed, and each batch's captured decode step, replayed alone,
+`--kernels`: one more prefill step, untimed (and one launched without chained launches, each kernel's own
+time), and each batch's captured decode step, replayed alone,
 under torch.profiler: their card kernels by name (bench/card_kernels.py). `--keep DIR`: write each format's
 model there once and reuse it (several processes of one call, each with its own environment, pay the
 ~40 s of writing the 8B model once).
@@ -109,6 +110,16 @@ def prefill(model: Path, length: int) -> dict:
             print(f"    prefill {length} tokens, its step's kernels:")
             step_kernels(engine.step)
             run_all(engine, [sequence])
+            executor = getattr(ranks.worker, "executor", None)
+            if getattr(executor, "chain", False):  # chained kernels overlap: each one's own time, launched plainly
+                executor.chain = False
+                try:
+                    sequence = engine.add(prompt(length, 4), SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+                    print(f"    prefill {length} tokens without chained launches, its step's kernels:")
+                    step_kernels(engine.step)
+                    run_all(engine, [sequence])
+                finally:
+                    executor.chain = True
     result = {"tokens": length, "first_s": seconds[0], "seconds": seconds[1], "tokens_per_s": length / seconds[1]}
     print(f"    prefill {length} tokens: {1e3 * seconds[1]:.1f} ms, {result['tokens_per_s']:.0f} tokens/s "
           f"(first, compiling: {seconds[0]:.1f} s)", flush=True)
