@@ -303,8 +303,20 @@ def test_the_streamed_gemm_serves_up_to_32_rows_unless_told_otherwise(registry, 
     sg = module(registry, "device_streamed_gemm")
     if os.environ.get("R4D_STREAMED_GEMM"):
         pytest.skip("R4D_STREAMED_GEMM is set in this environment: the default is not what loaded")
-    assert sg.SERVING == sg.Serving(sg.StreamedCut(), sg.DEFAULT_MAX_M) and sg.DEFAULT_MAX_M == 32
+    assert sg.SERVING == sg.Serving(sg.StreamedCut(), sg.DEFAULT_MAX_M, over_skinny=False) and sg.DEFAULT_MAX_M == 32
     assert sg.serves("wgmma", "bf16", 9) and sg.serves("mma", "e4m3", 32) and not sg.serves("wgmma", "bf16", 33)
+    # where the card's kernel is the skinny GEMM (Hopper, bf16), that one serves: it was faster there
+    assert not sg.serves("skinny", "bf16", 9) and not sg.serves("skinny", "bf16", 32)
+
+
+def test_on_hopper_bf16_batches_of_9_to_32_take_the_skinny_gemm_and_e4m3_the_streamed_one(registry, monkeypatch):
+    sg, tc = module(registry, "device_streamed_gemm"), module(registry, "device_tensor_cores")
+    monkeypatch.setattr(sg, "SERVING", sg.Serving(sg.StreamedCut(), sg.DEFAULT_MAX_M, over_skinny=False))
+    monkeypatch.setattr(tc, "KERNEL", None)
+    for m in (9, 16, 32):
+        assert sg.serves(tc.kernel_for("cuda", "sm_90a", "bf16", m), "bf16", m) is False
+        assert sg.serves(tc.kernel_for("cuda", "sm_90a", "e4m3", m), "e4m3", m) is True
+        assert sg.serves(tc.kernel_for("cuda", "sm_89", "bf16", m), "bf16", m) is True  # no skinny kernel there
 
 
 def test_the_streamed_gemm_serves_up_to_64_rows_on_mma_cards_where_turned_on(registry, monkeypatch):
@@ -312,7 +324,7 @@ def test_the_streamed_gemm_serves_up_to_64_rows_on_mma_cards_where_turned_on(reg
     monkeypatch.setattr(sg, "SERVING", None)
     assert not sg.serves("wgmma", "bf16", 32)
     monkeypatch.setattr(sg, "SERVING", sg.Serving(sg.StreamedCut()))
-    assert sg.serves("wgmma", "bf16", 9) and sg.serves("mma", "e4m3", 64)
+    assert sg.serves("wgmma", "bf16", 9) and sg.serves("mma", "e4m3", 64) and sg.serves("skinny", "bf16", 32)
     assert not sg.serves("wgmma", "bf16", 65) and not sg.serves("simt", "bf16", 32)
     assert [sg.variant(m) for m in (9, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
     with pytest.raises(ValueError, match="M <= 64"):

@@ -5,9 +5,10 @@ docs/LIBR4D.md "Tensor cores").
 The streamed GEMM serves the tensor-core gemm rows for M = 9..64 (batched decode) on NVIDIA cards
 from sm_80 (e4m3 weights from sm_89): weights streamed once into registers as mma.sync's A operand,
 x through shared memory as bf16 (the rows' contract, device_tensor_cores.TOLERANCE). Unless
-R4D_STREAMED_GEMM says otherwise, it serves M <= 32 in its default cut (below); 1 or a cut
-'warps,tiles,stage,pipe[,chunks]' extends it to M <= 64, 0 turns it off (bench/card_prefill_gemm.py
---tokens 16 32 64 --streamed ... times the cuts)."""
+R4D_STREAMED_GEMM says otherwise, it serves M <= 32 in its default cut (below), except where
+device_tensor_cores.kernel_for gives the skinny kernel (Hopper, bf16), which is faster there; 1 or a
+cut 'warps,tiles,stage,pipe[,chunks]' serves every M <= 64, the skinny kernel's too, 0 turns it off
+(bench/card_prefill_gemm.py --tokens 16 32 64 --streamed ... times the cuts)."""
 
 import os
 from dataclasses import dataclass
@@ -78,27 +79,33 @@ class StreamedCut:
 
 @dataclass(frozen=True)
 class Serving:
-    """What a process serves with the streamed GEMM: launches of M <= `most` rows, in `cut`."""
+    """What a process serves with the streamed GEMM: launches of M <= `most` rows, in `cut`; where the
+    card's kernel would be the skinny GEMM, only if `over_skinny`."""
     cut: StreamedCut
     most: int = MAX_M
+    over_skinny: bool = True
 
 
 # Unset: the default cut serves M <= DEFAULT_MAX_M, where an H200 timed it 1.0-3.4x the tile GEMM on
 # every 8B shape (batch 32's decode step 19.88 -> 16.49 ms); at M = 64 the lm head took 0.61x the tile
 # GEMM's speed, so M = 33..64 stays on the tile GEMM (bench/results/h200_card_runs_2026-12-03f.md).
+# Not where the skinny kernel serves (Hopper, bf16): there an 8B decode step at batch 16 / 32 took
+# 8.31 / 10.45 ms on it against 9.00 / 13.22 on the streamed GEMM, same call (h200_card_runs_2026-12-04.md).
 # R4D_STREAMED_GEMM=1 (or a cut) serves every M <= MAX_M, 0 leaves it off (SERVING None). SERVING is
 # read at every launch's plan, so the bench sets it between shapes to compare cuts in one run.
 DEFAULT_MAX_M = 32
 _SETTING = os.environ.get("R4D_STREAMED_GEMM", "").strip()
 SERVING = (None if _SETTING == "0" else Serving(StreamedCut.parse(_SETTING)) if _SETTING
-           else Serving(StreamedCut(), DEFAULT_MAX_M))
+           else Serving(StreamedCut(), DEFAULT_MAX_M, over_skinny=False))
 MULTIPROCESSORS = 132   # an H200's: the waves the split plans for, whatever the card (the same sums everywhere)
 
 
 def serves(kernel: str, kind: str, m: int) -> bool:
     """Whether the streamed GEMM takes this launch: turned on, a card with mma.sync for the kind
-    (device_tensor_cores.kernel_for gave 'wgmma', 'tma', 'skinny' or 'mma'), and M <= SERVING.most."""
-    return SERVING is not None and kernel in ("wgmma", "tma", "skinny", "mma") and kind in KINDS and m <= SERVING.most
+    (device_tensor_cores.kernel_for gave 'wgmma', 'tma', 'mma', or 'skinny' where SERVING.over_skinny),
+    and M <= SERVING.most."""
+    kernels = ("wgmma", "tma", "skinny", "mma") if SERVING is not None and SERVING.over_skinny else ("wgmma", "tma", "mma")
+    return SERVING is not None and kernel in kernels and kind in KINDS and m <= SERVING.most
 
 
 def variant(m: int) -> int:
