@@ -187,10 +187,32 @@ def gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None =
     return Step(name, "gemv", grid, block, args, 0, options)
 
 
+def band_steps(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None = None) -> list:
+    """A band row's GEMV: on Hopper at M = 2 .. 8 of bf16 weights the skinny GEMM's launches
+    (device_skinny_band.py, its part of the scratch after the GEMV's), else gemv.cu's one kernel."""
+    from . import device_skinny_band as band  # it builds on this module
+    scratch, scratch_bytes = int(a.scratch or 0), int(a.scratch_bytes or 0)
+    if band.serves(a, pairs, mode):
+        k = DeviceWeight(pairs[0][0]).cols
+        n = sum(DeviceWeight(weight).rows for weight, _ in pairs)
+        return band.steps(a, x, pairs, mode, extras, gemv_scratch_need(dk.GEMV_MAX_M, n, k, "bf16"))[0]
+    return [gemv_step(a, x, pairs, mode, extras, scratch, scratch_bytes)]
+
+
+def band_scratch(m: int, rows: tuple, k: int, fmt: str, mode: int = 0) -> int:
+    """A band row's scratch for its GEMV of weights of `rows` rows: gemv.cu's split part, then for bf16
+    weights the skinny band's after all of it at any M of the band (so the band's counters lie in one
+    place for every step; the hook does not know the card)."""
+    from . import device_skinny_band as band
+    if fmt != "bf16":
+        return gemv_scratch_need(m, sum(rows), k, fmt)
+    base = gemv_scratch_need(dk.GEMV_MAX_M, sum(rows), k, fmt)
+    return band.scratch_need(m, rows[:1] if mode == 2 else rows, k, mode, base)
+
+
 def _gemv(a):
     x, weight, y = a.t
-    return [gemv_step(a, _address(x), [(weight, _address(y))], scratch=int(a.scratch or 0),
-                       scratch_bytes=int(a.scratch_bytes or 0))]
+    return band_steps(a, _address(x), [(weight, _address(y))])
 
 
 def _format_of(geometry) -> str:
@@ -198,39 +220,37 @@ def _format_of(geometry) -> str:
 
 
 def gemv_scratch(geometry) -> int:
-    """Split-K partial sums and counters (device_kernels.gemv_scratch_layout) at the band's largest M."""
-    return gemv_scratch_need(int(geometry["M"]), int(geometry["N"]), int(geometry["K"]), _format_of(geometry))
+    """Split-K partial sums and counters (device_kernels.gemv_scratch_layout) at the band's largest M,
+    and the skinny band's part (band_scratch)."""
+    return band_scratch(int(geometry["M"]), (int(geometry["N"]),), int(geometry["K"]), _format_of(geometry))
 
 
 def _rmsnorm_gemm3(a):
     x, norm, normed, wq, q, wk, k, wv, v = a.t
     extras = GemvExtras(norm=1, norm_weight=norm, normed=_address(normed))
-    return [gemv_step(a, _address(x), [(wq, _address(q)), (wk, _address(k)), (wv, _address(v))], 0, extras,
-                       int(a.scratch or 0), int(a.scratch_bytes or 0))]
+    return band_steps(a, _address(x), [(wq, _address(q)), (wk, _address(k)), (wv, _address(v))], 0, extras)
 
 
 def rmsnorm_gemm3_scratch(geometry) -> int:
-    n = int(geometry["N.1"]) + int(geometry["N.2"]) + int(geometry["N.3"])
-    return gemv_scratch_need(int(geometry["M"]), n, int(geometry["K"]), _format_of(geometry))
+    rows = (int(geometry["N.1"]), int(geometry["N.2"]), int(geometry["N.3"]))
+    return band_scratch(int(geometry["M"]), rows, int(geometry["K"]), _format_of(geometry))
 
 
 def _rmsnorm_gemm2_silu_mul(a):
     x, norm, normed, wg, gate, wu, up = a.t
     extras = GemvExtras(norm=1, norm_weight=norm, normed=_address(normed))
-    return [gemv_step(a, _address(x), [(wg, _address(gate)), (wu, _address(up))], 2, extras,
-                       int(a.scratch or 0), int(a.scratch_bytes or 0))]
+    return band_steps(a, _address(x), [(wg, _address(gate)), (wu, _address(up))], 2, extras)
 
 
 def rmsnorm_gemm2_silu_mul_scratch(geometry) -> int:
-    n = int(geometry["N.1"]) + int(geometry["N.2"])
-    return gemv_scratch_need(int(geometry["M"]), n, int(geometry["K"]), _format_of(geometry))
+    rows = (int(geometry["N.1"]), int(geometry["N.2"]))
+    return band_scratch(int(geometry["M"]), rows, int(geometry["K"]), _format_of(geometry), mode=2)
 
 
 def _gemm_add(a):
     x, weight, y, residual = a.t
     extras = GemvExtras(residual=_address(residual))
-    return [gemv_step(a, _address(x), [(weight, _address(y))], 1, extras, int(a.scratch or 0),
-                       int(a.scratch_bytes or 0))]
+    return band_steps(a, _address(x), [(weight, _address(y))], 1, extras)
 
 
 def _lm_head_layout(geometry) -> tuple[int, int, int, int]:
@@ -242,8 +262,26 @@ def _lm_head_layout(geometry) -> tuple[int, int, int, int]:
     return split, split + index_at, split + argmax, split + argmax + dk.sample_scratch_bytes(m, int(geometry["vocab"]))
 
 
+def _lm_head_band_sampler(geometry, band_end: int) -> tuple[int, int]:
+    """On the skinny band (device_skinny_band.py), after the GEMV's layout and the band's: the sampler's
+    part of the scratch (r4d_sample_dev over the logits) and the total."""
+    at = -(-band_end // 256) * 256
+    return at, at + dk.sample_scratch_bytes(int(geometry["M"]), int(geometry["vocab"]))
+
+
+def _lm_head_band_base(geometry) -> int:
+    """Where the skinny band's part of the lm head's scratch starts: after the GEMV's whole layout at
+    any M of the band."""
+    return _lm_head_layout({**geometry, "M": dk.GEMV_MAX_M})[3]
+
+
 def take_rows_rmsnorm_gemm_sample_scratch(geometry) -> int:
-    return _lm_head_layout(geometry)[3]
+    need = _lm_head_layout(geometry)[3]
+    if _format_of(geometry) != "bf16":
+        return need
+    from . import device_skinny_band as band
+    end = band.scratch_need(int(geometry["M"]), (int(geometry["N"]),), int(geometry["K"]), 0, _lm_head_band_base(geometry))
+    return _lm_head_band_sampler(geometry, end)[1]
 
 
 def _take_rows_rmsnorm_gemm_sample(a):
@@ -252,6 +290,15 @@ def _take_rows_rmsnorm_gemm_sample(a):
     best, best_index, sampler, need = _lm_head_layout({**a.params, "M": m})
     if need > int(a.scratch_bytes or 0):
         raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the fused lm head needs {need}")
+    from . import device_skinny_band as band
+    if band.serves(a, [(weight, _address(logits))]):  # the logits on the skinny band, then the sampler over them
+        extras = GemvExtras(norm=2, norm_weight=norm, normed=_address(normed), index=_address(index),
+                            gathered=_address(rows), x_rows=_rows(h))
+        steps, end = band.steps(a, _address(h), [(weight, _address(logits))], 0, extras, _lm_head_band_base(a.params))
+        at, total = _lm_head_band_sampler(a.params, end)
+        if total > int(a.scratch_bytes or 0):
+            raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the lm head on the skinny band needs {total}")
+        return [*steps, sample_step(a, logits, temperature, top_k, top_p, rng, tokens, scratch + at)]
     extras = GemvExtras(norm=2, norm_weight=norm, normed=_address(normed), index=_address(index),
                         gathered=_address(rows), x_rows=_rows(h), best=scratch + best, best_index=scratch + best_index)
     head = gemv_step(a, _address(h), [(weight, _address(logits))], 3, extras, scratch, best)
@@ -443,6 +490,15 @@ def _gemm(a):
     return [Step("r4d_gemm_dev", "gemm", grid, block, args)]
 
 
+def sample_step(a, logits, temperature, top_k, top_p, rng, tokens, scratch: int) -> Step:
+    """sample.cu's r4d_sample_dev over M rows of logits, its part of the scratch at `scratch`."""
+    m, vocab = int(a.params["M"]), int(a.params["vocab"])
+    args = (KernelArgs("r4d_sample_dev").pointer(_address(logits)).pointer(_address(temperature))
+            .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
+            .i32(vocab).pointer(scratch).i32(dk.padded(vocab)))
+    return Step("r4d_sample_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)
+
+
 def _sample(a):
     logits, temperature, top_k, top_p, rng, tokens = a.t
     m, vocab = int(a.params["M"]), int(a.params["vocab"])
@@ -450,10 +506,7 @@ def _sample(a):
         log.error("libr4d: r4d_sample_dev: %s bytes of scratch, %d needed", a.scratch_bytes,
                   dk.sample_scratch_bytes(m, vocab))
         return RAD_E_NOMEM
-    args = (KernelArgs("r4d_sample_dev").pointer(_address(logits)).pointer(_address(temperature))
-            .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
-            .i32(vocab).pointer(int(a.scratch)).i32(dk.padded(vocab)))
-    return [Step("r4d_sample_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)]
+    return [sample_step(a, logits, temperature, top_k, top_p, rng, tokens, int(a.scratch))]
 
 
 def sample_scratch(geometry) -> int:
