@@ -5,12 +5,13 @@
 gemm_skinny.cu's r4d_skinny_band_bf16; skinny), in the same run.
 
     source bench/card_setup.sh; python3 bench/card_band.py [--ms 1 2 4 8] [--kernels gemv skinny] [--skip-lm-head]
-        [--check-ms 8]
+        [--check-ms 8] [--variants 1,128,4/256 1,128/0 ...] [--variant-ms 8]
 
 Each row's launches captured in one graph as chained launches (bench/device_ops.py's Timer), the
 weights rotated over enough copies to be read from HBM, the median of 10 replays: microseconds a row
 and a layer, the weights' GB/s and their share of 4.8 TB/s (a layer's bf16 weights are 436 MB: 91 us),
-and the skinny band's speed against gemv.cu's. Agreement at --check-ms: each row's outputs against libref's
+and the skinny band's speed against gemv.cu's; --variants: the skinny band in other cuts and L2 fetches too
+(device_tensor_cores.BAND_CUT and BAND_L2 set between rows, each its own compile). Agreement at --check-ms: each row's outputs against libref's
 chain (max |y - ref| / max |ref|; the GEMV's tolerance is device_kernels.TOLERANCE["gemv"]), the lm head's
 greedy tokens the first maxima of its logits. Runs where
 radiance is not installed (checkout_shim). Writes $OUT/card_band.json."""
@@ -93,6 +94,10 @@ def main():
     parser.add_argument("--ms", nargs="+", type=int, default=[1, 2, 4, 8], help="activation rows M")
     parser.add_argument("--kernels", nargs="+", choices=("gemv", "skinny"), default=["gemv", "skinny"])
     parser.add_argument("--skip-lm-head", action="store_true", help="the layer's rows alone")
+    parser.add_argument("--variants", nargs="*", default=[], metavar="CUT/L2",
+                        help="other cuts of the skinny band at --variant-ms: the cut (R4D_BAND_CUT's 'warpgroups,k_bytes[,blocks]') "
+                             "and its L2 fetch (R4D_BAND_L2: 0 or 256), e.g. 1,128,4/256 1,128/0")
+    parser.add_argument("--variant-ms", nargs="*", type=int, default=[8])
     parser.add_argument("--check-ms", nargs="*", type=int, default=[8],
                         help="the M whose outputs are checked against libref's chains (seconds each on the host)")
     args = parser.parse_args()
@@ -105,16 +110,20 @@ def main():
     results = {"card": getattr(device, "name", "?"), "target": device.target, "rows": []}
     print(f"card {results['card']} ({device.target}); a layer's bf16 weights 436 MB: {436e6 / HBM * 1e6:.1f} us at 4.8 TB/s",
           flush=True)
+    default = (str(tc.BAND_CUT), tc.BAND_L2)
     for m in args.ms:
         layer = {}
+        timed = [(kernel, kernel, *default) for kernel in args.kernels]
+        if m in args.variant_ms:
+            timed += [(f"skinny {text}", "skinny", *text.split("/")) for text in args.variants]
         for name, (row_name, op, operands, params, weights, checked) in cases(m).items():
             if name.startswith("lm head") and args.skip_lm_head:
                 continue
             row, nbytes = rows[row_name], weight_bytes(weights)
             want = None
             line = []
-            for kernel in args.kernels:
-                tc.BAND_KERNEL = kernel
+            for label, kernel, cut, l2 in timed:
+                tc.BAND_KERNEL, tc.BAND_CUT, tc.BAND_L2 = kernel, tc.SkinnyCut.parse(str(cut)), int(l2)
                 served = tc.band_kernel_for(device.vendor, device.target, "bf16", m)
                 if served != kernel:
                     continue  # skinny at M = 1 is the bench's to force; elsewhere the card decides
@@ -135,23 +144,23 @@ def main():
                     if 11 in checked:
                         assert np.array_equal(got[11], np.argmax(got[6], axis=1)), "greedy tokens: the logits' first maximum"
                 gbps = nbytes / (ms * 1e-3) / 1e9
-                entry = {"row": name, "M": m, "kernel": kernel, "us": ms * 1e3, "weight_GBps": gbps,
-                         "of_4.8TBps": gbps * 1e9 / HBM, "rel_err": err}
+                entry = {"row": name, "M": m, "kernel": label, "cut": str(cut), "l2": int(l2), "us": ms * 1e3,
+                         "weight_GBps": gbps, "of_4.8TBps": gbps * 1e9 / HBM, "rel_err": err}
                 results["rows"].append(entry)
                 if not name.startswith("lm head"):
-                    layer[kernel] = layer.get(kernel, 0.0) + ms * 1e3
-                line.append(f"{kernel} {ms * 1e3:8.2f} us {entry['of_4.8TBps']:6.1%}" + (f" err {err:.1e}" if err is not None else ""))
+                    layer[label] = layer.get(label, 0.0) + ms * 1e3
+                line.append(f"{label} {ms * 1e3:8.2f} us {entry['of_4.8TBps']:6.1%}" + (f" err {err:.1e}" if err is not None else ""))
                 on_card.close()
-            speed = [e["us"] for e in results["rows"] if e["row"] == name and e["M"] == m]
-            ratio = f"  skinny {speed[0] / speed[1]:.2f}x gemv.cu" if len(speed) == 2 else ""
+            speed = {e["kernel"]: e["us"] for e in results["rows"] if e["row"] == name and e["M"] == m}
+            ratio = f"  skinny {speed['gemv'] / speed['skinny']:.2f}x gemv.cu" if {"gemv", "skinny"} <= set(speed) else ""
             print(f"  M={m} {name:30} " + "   ".join(line) + ratio, flush=True)
         for kernel, us in layer.items():
             results.setdefault("layer", []).append({"M": m, "kernel": kernel, "us": us, "of_4.8TBps": 436e6 / HBM * 1e6 / us})
         summary = "   ".join(f"{kernel} {us:7.1f} us ({436e6 / HBM * 1e6 / us:5.1%} of 4.8 TB/s)" for kernel, us in layer.items())
-        if len(layer) == 2:
+        if {"gemv", "skinny"} <= set(layer):
             summary += f"   skinny {layer['gemv'] / layer['skinny']:.2f}x gemv.cu"
         print(f"LAYER M={m}: {summary}", flush=True)
-    tc.BAND_KERNEL = None
+    tc.BAND_KERNEL, tc.BAND_CUT, tc.BAND_L2 = None, tc.SkinnyCut.parse(default[0]), default[1]
     registry.close()
     results["seconds"] = time.perf_counter() - started
     out = os.environ.get("OUT")

@@ -203,18 +203,19 @@ def test_a_split_band_launch_gives_the_same_bits_launch_after_launch(registry, o
 
 # ---- the kernel's text on the host ---------------------------------------------------------------------
 
-def band_build(mode: int):
-    return ON_HOST.build(host_source(band=True), ("-DR4D_WG_ONLY=3", *tc.BAND_CUT.defines(16), "-DSK_BAND=1", f"-DSK_MODE={mode}"))
+def band_build(mode: int, l2: int = 0):
+    return ON_HOST.build(host_source(band=True), ("-DR4D_WG_ONLY=3", *tc.BAND_CUT.defines(16), "-DSK_BAND=1",
+                                                  f"-DSK_MODE={mode}", f"-DSK_L2={l2}"))
 
 
-def band_library(mode: int):
-    return early_builds.result(f"g++:gemm_skinny:band:{mode}:{tc.BAND_CUT}", functools.partial(band_build, mode))
+def band_library(mode: int, l2: int = 0):
+    return early_builds.result(f"g++:gemm_skinny:band:{mode}:{l2}:{tc.BAND_CUT}", functools.partial(band_build, mode, l2))
 
 
 EARLY_BUILDS = {}
 if ON_HOST.why() is None:
-    EARLY_BUILDS.update({f"g++:gemm_skinny:band:{mode}:{tc.BAND_CUT}": functools.partial(band_build, mode)
-                         for mode in tc.BAND_MODES})
+    EARLY_BUILDS.update({f"g++:gemm_skinny:band:{mode}:{l2}:{tc.BAND_CUT}": functools.partial(band_build, mode, l2)
+                         for mode, l2 in [(0, 0), (1, 0), (2, 0), (0, 256)]})
 
 
 def hi_lo(x: np.ndarray) -> np.ndarray:
@@ -225,16 +226,16 @@ def hi_lo(x: np.ndarray) -> np.ndarray:
     return rows.astype(ml_dtypes.bfloat16)
 
 
-# (mode, M, weights' rows, K, splits): three weights with tails (72 and 8 rows past whole blocks), K not a
+# (mode, M, weights' rows, K, splits, L2): three weights with tails (72 and 8 rows past whole blocks), K not a
 # whole k-tile, split 3 ways with a short last split; the residual's add; gate and up pairs with a tail
-# (40 rows: a block and 8); 16 splits, the most
-HOST_CASES = [(0, 5, (128, 72, 8), 520, 3), (0, 8, (64,), 256, 1), (1, 2, (136,), 1024, 2), (2, 7, (40, 40), 640, 2),
-              (2, 3, (64, 64), 2048, 16)]
+# (40 rows: a block and 8); 16 splits, the most; the 256-byte L2 fetch's build (R4D_BAND_L2)
+HOST_CASES = [(0, 5, (128, 72, 8), 520, 3, 0), (0, 8, (64,), 256, 1, 0), (1, 2, (136,), 1024, 2, 0),
+              (2, 7, (40, 40), 640, 2, 0), (2, 3, (64, 64), 2048, 16, 0), (0, 4, (200, 64), 384, 2, 256)]
 
 
 @needs_gxx
-@pytest.mark.parametrize("mode,m,rows,k,splits", HOST_CASES)
-def test_the_band_kernel_as_written_computes_each_epilogue_on_the_modelled_card(mode, m, rows, k, splits):
+@pytest.mark.parametrize("mode,m,rows,k,splits,l2", HOST_CASES)
+def test_the_band_kernel_as_written_computes_each_epilogue_on_the_modelled_card(mode, m, rows, k, splits, l2):
     rng = np.random.default_rng(m + k + mode)
     x = rng.standard_normal((m, k)).astype(np.float32)
     ws = [(rng.standard_normal((r, k), np.float32) / 8).astype(ml_dtypes.bfloat16) for r in rows]
@@ -254,7 +255,7 @@ def test_the_band_kernel_as_written_computes_each_epilogue_on_the_modelled_card(
             [ptr(None), ptr(None), ctypes.c_int(0)]
     args += [ptr(residual if mode == 1 else None), ptr(partial), ptr(counters), ctypes.c_int(m), ctypes.c_int(k),
              ctypes.c_int(per)]
-    lib = band_library(mode)
+    lib = band_library(mode, l2)
     names = ("r4d_wgmma_faults", "r4d_wgmma_races", "r4d_wgmma_mmas")
     start = [counter(lib, name) for name in names]
     array = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
@@ -279,25 +280,27 @@ def test_the_band_kernel_as_written_computes_each_epilogue_on_the_modelled_card(
 
 # ---- nvcc's build --------------------------------------------------------------------------------------
 
-def nvcc_band(mode: int):
+def nvcc_band(mode: int, l2: int = 0):
     folder = early_builds.folder() / "gemm_skinny_band_sm_90a"
     folder.mkdir(exist_ok=True)
-    source, cubin = folder / "gemm_skinny.cu", folder / f"band_{mode}.cubin"
+    source, cubin = folder / "gemm_skinny.cu", folder / f"band_{mode}_{l2}.cubin"
     source.write_text(dk.source("gemm_skinny"))
-    options = [option for option in tc.band_options(mode) if option.startswith("-D")]
+    options = [option for option in tc.band_options(mode) if option.startswith("-D") and not option.startswith("-DSK_L2")]
+    options.append(f"-DSK_L2={l2}")
     result = subprocess.run([NVCC, "-arch=sm_90a", "-std=c++17", *options, "-cubin", "-Xptxas", "-v", "-o", str(cubin),
                              str(source)], capture_output=True, text=True)
     return result, sass(cubin) if result.returncode == 0 else None
 
 
+NVCC_CASES = [(0, 0), (1, 0), (2, 0), (2, 256)]  # every mode; the 256-byte L2 fetch of R4D_BAND_L2 in one
 if NVCC is not None:
-    EARLY_BUILDS.update({f"nvcc:gemm_skinny:band:{mode}": functools.partial(nvcc_band, mode) for mode in tc.BAND_MODES})
+    EARLY_BUILDS.update({f"nvcc:gemm_skinny:band:{mode}:{l2}": functools.partial(nvcc_band, mode, l2) for mode, l2 in NVCC_CASES})
 
 
 @needs_nvcc
-@pytest.mark.parametrize("mode", tc.BAND_MODES)
-def test_the_band_builds_for_sm_90a_without_spills_or_a_stack(mode):
-    result, listing = early_builds.result(f"nvcc:gemm_skinny:band:{mode}", functools.partial(nvcc_band, mode))
+@pytest.mark.parametrize("mode,l2", NVCC_CASES)
+def test_the_band_builds_for_sm_90a_without_spills_or_a_stack(mode, l2):
+    result, listing = early_builds.result(f"nvcc:gemm_skinny:band:{mode}:{l2}", functools.partial(nvcc_band, mode, l2))
     assert result.returncode == 0, result.stderr[-2000:]
     report = result.stdout + result.stderr
     assert "0 bytes stack frame, 0 bytes spill stores" in report, report

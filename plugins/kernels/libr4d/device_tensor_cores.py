@@ -424,6 +424,13 @@ BAND_MODES = (0, 1, 2)  # the epilogues: store (up to three weights), add into t
 # h200_card_runs_2026-12-03h.md, call 2), and 528 blocks a wave take the fused gate and up's 448 row
 # blocks in one wave (three blocks a multiprocessor, 396: a second wave of 52).
 BAND_CUT = SkinnyCut.parse(os.environ.get("R4D_BAND_CUT") or "1,128,4")
+# 256: the band's weight copies ask the L2 for 256-byte blocks (cp.async's L2::256B: a row's next k-tile comes
+# with this one, as gemv.cu's loads fetch 256 bytes); 0: plain copies. R4D_BAND_L2 for a process; 0 until
+# bench/card_band.py --variants shows the card's answer.
+BAND_L2S = (0, 256)
+BAND_L2 = int(os.environ.get("R4D_BAND_L2") or 0)
+if BAND_L2 not in BAND_L2S:
+    raise ValueError(f"R4D_BAND_L2={BAND_L2}: 0 or 256")
 
 
 def band_kernel_for(vendor: str, target: str, fmt: str, m: int) -> str:
@@ -467,7 +474,8 @@ def band_scratch_layout(m: int, rows: tuple, k: int, mode: int, base: int = 0) -
 
 
 def band_options(mode: int) -> tuple:
-    return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", *BAND_CUT.defines(BAND_MX), "-DSK_BAND=1", f"-DSK_MODE={mode}")
+    return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", *BAND_CUT.defines(BAND_MX), "-DSK_BAND=1", f"-DSK_MODE={mode}",
+            f"-DSK_L2={BAND_L2}")
 
 
 ENTRIES = ("r4d_mma_gemm_bf16_m64", "r4d_mma_gemm_bf16_m128", "r4d_mma_gemm_e4m3_m64", "r4d_mma_gemm_e4m3_m128")

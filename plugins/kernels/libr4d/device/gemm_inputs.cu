@@ -70,6 +70,13 @@ extern "C" __global__ void __launch_bounds__(256) r4d_split_bf16_dev(const float
         row = (row < 0 || row >= x_rows) ? -1 : row;
     }
     const float4* from = (const float4*)(x + (long long)max(row, 0) * K);
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__)
+    // every thread asks for some of the row's lines first (as gemv.cu's folded norm): the one warp summing
+    // in the canonical order then finds them in L1, not one L2 round trip after another
+    if (norm)
+        for (int c = threadIdx.x; c < K / 32; c += blockDim.x)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"((const float*)from + 32 * c));
+#endif
     if (norm && threadIdx.x < 32) {
         float total = r4d_row_squares((const float*)from, K);
         if (threadIdx.x == 0) s_scale = 1.0f / sqrtf(total / (float)K + eps);

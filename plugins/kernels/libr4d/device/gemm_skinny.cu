@@ -196,6 +196,7 @@ extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_BLOCKS) r4d_skinny_g
 //   2  gate and up paired (rmsnorm_gemm2_silu_mul): a block's 16-row bands of the tile are 8 gate rows
 //      then the same 8 up rows, so a lane holds a gate output (d[i]) and its up output (d[i + 2]);
 //      y0 = silu(gate) * up (sigmoid in f64, as gemv.cu), y1 = up
+// SK_L2 256: w's copies ask for 256-byte L2 fetches (r4d_cp_async16_l2).
 // Split K: this split's (hi + lo) sums into partial[split][M][gridDim.x SK_BW] (a block's tile rows
 // along it), added in split order by the block's last split (a counter a block), then the epilogue.
 #if SK_BAND
@@ -220,18 +221,29 @@ struct SkBand {
 template <class T>
 __device__ __forceinline__ T sk_pick(const T* a, int s) { return s == 0 ? a[0] : s == 1 ? a[1] : a[2]; }
 
-// Mode 2's w tile: tile row r is gate (r / 8 even) or up (odd) row j0 + 8 (r / 16) + r % 8, gemm_wgmma.cu's
-// wg_load's chunks and swizzle otherwise (zeros past the rows or K)
-__device__ __forceinline__ void sk_load_pairs(u8* tile, const u8* gate, const u8* up, int rows, int K, int j0, int t) {
+#ifndef SK_L2
+#define SK_L2 0  // 256: w's copies ask the L2 for the 256-byte block around them (device_tensor_cores.BAND_L2)
+#endif
+#if SK_L2 != 0 && SK_L2 != 256
+#error "gemm_skinny.cu: SK_L2 is 0 or 256"
+#endif
+
+// w's k-tile t of the block: tile row r is row rows_of(r) of `pick(r)`'s matrix, gemm_wgmma.cu's wg_load's
+// chunks and swizzle (zeros past the rows or K). Modes 0 and 1: rows r0 + r of one weight; mode 2: gate
+// (r / 8 even) or up (odd) row j0 + 8 (r / 16) + r % 8.
+__device__ __forceinline__ void sk_load_w(u8* tile, const u8* first, const u8* second, int rows, int K, int r0, int t) {
     enum { CHUNKS = WG_KB / 16, STEP = SK_THREADS / CHUNKS };
     int r = threadIdx.x / CHUNKS, q = threadIdx.x % CHUNKS, k = t * WG_KB + q * 16;
     long long stride = (long long)K * 2;
 #pragma unroll
     for (int j = 0; j < SK_BW / STEP; ++j) {
-        int tr = r + STEP * j, row = j0 + (tr / 16) * 8 + tr % 8;
-        const u8* matrix = (tr / 8) % 2 ? up : gate;
+        int tr = r + STEP * j, row = SK_MODE == 2 ? r0 + (tr / 16) * 8 + tr % 8 : r0 + tr;
+        const u8* matrix = SK_MODE == 2 && (tr / 8) % 2 ? second : first;
         bool full = row < rows && k < stride;
-        r4d_cp_async16(tile + wg_swizzle(tr * WG_KB + q * 16), full ? matrix + row * stride + k : matrix, full);
+        u8* into = tile + wg_swizzle(tr * WG_KB + q * 16);
+        const u8* from = full ? matrix + row * stride + k : matrix;
+        if (SK_L2 == 256) r4d_cp_async16_l2(into, from, full);
+        else r4d_cp_async16(into, from, full);
     }
 }
 
@@ -269,12 +281,10 @@ __device__ void sk_band(const SkBand& p) {
     float d[SK_ACC];
     const u8* w = sk_pick(p.w, s);
     int rows = sk_pick(p.rows, s);
-    if (SK_MODE == 2)
-        sk_mainloop(d, [&](u8* stage, int t) { sk_load_pairs(stage, p.w[0], p.w[1], p.rows[0], p.K, n_local / 2, t); },
-                    (const u8*)p.x_rows, 16, p.K, 0, t0, count);
-    else
-        sk_mainloop(d, [&](u8* stage, int t) { wg_load<SK_BW>(stage, w, rows, p.K, 2, n_local, t); }, (const u8*)p.x_rows,
-                    16, p.K, 0, t0, count);
+    const u8* up = SK_MODE == 2 ? p.w[1] : w;
+    int r0 = SK_MODE == 2 ? n_local / 2 : n_local;
+    sk_mainloop(d, [&](u8* stage, int t) { sk_load_w(stage, w, up, rows, p.K, r0, t); }, (const u8*)p.x_rows, 16, p.K, 0,
+                t0, count);
     float v[4];  // i: tile row tr0 + 8 ((i >> 1) & 1), x row 2 tq + (i & 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = d[i] + d[i + 4];
