@@ -543,10 +543,12 @@ def build_device_rows() -> list[RadKernelInfo]:
 
     gemm_rows, fused_rows = [], []
     for fmt, label, div in WEIGHT_FORMATS:
+        # what a launch issues where the weights may be bf16: the card's and M's (device_skinny_band.py)
+        band = "; bf16 at M = 2..8 on sm_90: x split into hi and lo bf16 rows, the skinny GEMM's band" if "bf16" in fmt else ""
         common = [RAD_CIN("wdtype", fmt), RAD_CDIV("K", div)]
         layout = _layout_as_stored(fmt.split())
         gemm_rows.append(row(f"r4d_gemv_{label}_dev", "gemm", _gemv, [DECODE, RAD_CEQ("split_k", 1), *common],
-                             "decode GEMV: a warp per 4 output rows, the planes streamed once for all M rows",
+                             "decode GEMV: a warp per 4 output rows, the planes streamed once for all M rows" + band,
                              f"M<={dk.GEMV_MAX_M}, K%{div}==0", f"f32 x {fmt}", layout=layout,
                              scratch=gemv_scratch))
         gemm_rows.append(row(f"r4d_gemm_{label}_dev", "gemm", _gemm,
@@ -556,19 +558,20 @@ def build_device_rows() -> list[RadKernelInfo]:
         stored = _layout_as_stored(f"{fmt} f32 f16 bf16".split())  # the norm's weight too, as stored
         fused_rows += [
             row(f"r4d_rmsnorm_gemm3_{label}_dev", "rmsnorm_gemm3", _rmsnorm_gemm3, [DECODE, *common],
-                "q, k and v in one GEMV, the rmsnorm recomputed in front of it by every block", f"M<={dk.GEMV_MAX_M}",
+                "q, k and v in one GEMV, the rmsnorm recomputed in front of it by every block" + band, f"M<={dk.GEMV_MAX_M}",
                 f"f32 x {fmt}", layout=stored, scratch=rmsnorm_gemm3_scratch, replaces=REPLACES["rmsnorm_gemm3"]),
             row(f"r4d_rmsnorm_gemm2_silu_mul_{label}_dev", "rmsnorm_gemm2_silu_mul", _rmsnorm_gemm2_silu_mul,
-                [DECODE, *common], "gate and up in one GEMV, a gate row beside its up row, silu * mul in its epilogue",
+                [DECODE, *common], "gate and up in one GEMV, a gate row beside its up row, silu * mul in its epilogue" + band,
                 f"M<={dk.GEMV_MAX_M}", f"f32 x {fmt}", layout=stored, scratch=rmsnorm_gemm2_silu_mul_scratch,
                 replaces=REPLACES["rmsnorm_gemm2_silu_mul"]),
             row(f"r4d_gemm_add_{label}_dev", "gemm_add", _gemm_add, [DECODE, *common],
-                "the GEMV with the residual add in its epilogue", f"M<={dk.GEMV_MAX_M}", f"f32 x {fmt}",
+                "the GEMV with the residual add in its epilogue" + band, f"M<={dk.GEMV_MAX_M}", f"f32 x {fmt}",
                 layout=layout, scratch=gemv_scratch, replaces=REPLACES["gemm_add"]),
             row(f"r4d_take_rows_rmsnorm_gemm_sample_{label}_dev", "take_rows_rmsnorm_gemm_sample",
                 _take_rows_rmsnorm_gemm_sample, [DECODE, *common],
                 "the lm head: rows taken and normed in front of the GEMV, each row group's first maximum in its "
-                "epilogue, then the sampler (greedy rows reduce those maxima)", f"M<={dk.GEMV_MAX_M}",
+                "epilogue, then the sampler (greedy rows reduce those maxima)" + band + (" into the logits, then the sample row's "
+                "kernel" if band else ""), f"M<={dk.GEMV_MAX_M}",
                 f"f32 x {fmt}", layout=stored, scratch=take_rows_rmsnorm_gemm_sample_scratch,
                 replaces=REPLACES["take_rows_rmsnorm_gemm_sample"]),
         ]
