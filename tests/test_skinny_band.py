@@ -108,6 +108,23 @@ def test_a_band_plan_splits_x_then_runs_the_band_kernel_after_the_gemv_s_scratch
         assert launch(row, tensors, dict(params), stream, 0x40000000, layout["total"] - 1) == RAD_E_NOMEM
 
 
+def test_the_band_s_kernels_wait_on_the_chain_before_reading_what_a_kernel_wrote():
+    """r4d_split_bf16_dev lets the skinny kernel after it launch first (griddepcontrol.launch_dependents) and
+    then waits before anything else; the skinny kernel copies only weights before its R4D_CHAIN_PROLOGUE,
+    x's rows (r4d_split_bf16_dev's output) after it."""
+    inputs, skinny = (dk.FOLDER / "gemm_inputs.cu").read_text(), (dk.FOLDER / "gemm_skinny.cu").read_text()
+    start = inputs.index("r4d_split_bf16_dev(")
+    body = inputs[inputs.index("{", start) + 1:inputs.index("\n}\n", start)]
+    first = body.lstrip().split("\n#endif")[0]
+    assert first.startswith("#if") and first.rstrip().endswith(
+        'asm volatile("griddepcontrol.launch_dependents;\\n\\tgriddepcontrol.wait;" ::: "memory");'), first
+    loop = skinny[skinny.index("__device__ __forceinline__ void sk_mainloop("):skinny.index("__device__ void sk_gemm(")]
+    before, after = loop.split("R4D_CHAIN_PROLOGUE();")
+    code = re.sub(r"//[^\n]*", "", before.split("{", 1)[1])  # the body before the wait, comments out
+    assert "load_w(" in code and "wg_load<SK_MX>" not in code and not re.search(r"(?<![.\w])x(?!\w)", code), code
+    assert "wg_load<SK_MX>(shared + s * SK_STAGE_BYTES + SK_W_BYTES, x," in after
+
+
 # ---- the rows on a fake sm_90 against libref's chains ------------------------------------------------
 
 @pytest.fixture(scope="module")

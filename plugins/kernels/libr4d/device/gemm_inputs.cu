@@ -55,7 +55,13 @@ extern "C" __global__ void __launch_bounds__(256) r4d_split_bf16_dev(const float
                                                                     const u8* norm_weight, int norm_fmt, float eps,
                                                                     float* normed, const int* index, float* gathered,
                                                                     int x_rows, u16* rows) {
-    R4D_CHAIN_PROLOGUE();
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // R4D_CHAIN_PROLOGUE's two steps the other way round: the skinny kernel after this one may launch at once
+    // (it streams weights, no kernel's output, until its own wait, which waits for this kernel, which waits
+    // for the one before), so its blocks take the multiprocessors the kernel before frees as they free them
+    // and stream while it drains, as a chain of GEMVs does; this kernel's 8 small blocks fit beside either
+    asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
+#endif
     __shared__ float s_scale;
     int m = blockIdx.x;
     uint2* hi = (uint2*)(rows + (long long)m * K);
