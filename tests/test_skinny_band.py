@@ -101,8 +101,8 @@ def test_a_band_plan_splits_x_then_runs_the_band_kernel_after_the_gemv_s_scratch
         assert pointers(split, [0, 4, 7, 11]) == [0x1000, 0x6000000, 0x3000, 0x40000000 + layout["rows"]]
         assert grid == (96, 1, splits) and splits > 1 and block == (tc.BAND_CUT.threads, 1, 1)
         assert stream.shared == tc.BAND_CUT.shared(16)
-        assert pointers(args, [0, 1, 2, 4, 5, 7, 8, 10, 11, 12]) == [
-            0x40000000 + layout["rows"], 0x7000000, 0x5000, 0x8000000, 0x6000, 0x9000000, 0x7000, 0,
+        assert pointers(args, [0, 1, 2, 4, 5, 7, 8, 10, 11, 12, 13, 14]) == [
+            0x40000000 + layout["rows"], 0x7000000, 0x5000, 0x8000000, 0x6000, 0x9000000, 0x7000, 0, 0, 0,
             0x40000000 + layout["partial"], 0x40000000 + layout["counters"]]
         assert stream.compiled[-1] == ("r4d_skinny_band_bf16", tc.band_options(0))
         assert launch(row, tensors, dict(params), stream, 0x40000000, layout["total"] - 1) == RAD_E_NOMEM
@@ -202,7 +202,7 @@ def test_the_lm_head_on_the_band_samples_the_chain_s_greedy_tokens(registry, on_
     got, want, names = band_case(registry, on_hopper, "take_rows_rmsnorm_gemm_sample",
                                  "r4dchain_take_rows_rmsnorm_gemm_sample_plain_dev", operands, params, weights,
                                  {2: "take_rows", 4: "rmsnorm", 6: "gemv", 11: "take_rows"})
-    assert names == BAND + ["r4d_sample_dev"]
+    assert names == BAND + ["r4d_sample_groups_dev"]
     np.testing.assert_array_equal(got[11], np.argmax(got[6], axis=1))
 
 
@@ -232,7 +232,7 @@ def band_library(mode: int, l2: int = 0):
 EARLY_BUILDS = {}
 if ON_HOST.why() is None:
     EARLY_BUILDS.update({f"g++:gemm_skinny:band:{mode}:{l2}:{tc.BAND_CUT}": functools.partial(band_build, mode, l2)
-                         for mode, l2 in [(0, 0), (1, 0), (2, 0), (0, 256)]})
+                         for mode, l2 in [(0, 0), (1, 0), (2, 0), (3, 0), (0, 256)]})
 
 
 def hi_lo(x: np.ndarray) -> np.ndarray:
@@ -245,9 +245,11 @@ def hi_lo(x: np.ndarray) -> np.ndarray:
 
 # (mode, M, weights' rows, K, splits, L2): three weights with tails (72 and 8 rows past whole blocks), K not a
 # whole k-tile, split 3 ways with a short last split; the residual's add; gate and up pairs with a tail
-# (40 rows: a block and 8); 16 splits, the most; the 256-byte L2 fetch's build (R4D_BAND_L2)
+# (40 rows: a block and 8); 16 splits, the most; the 256-byte L2 fetch's build (R4D_BAND_L2); the lm head's
+# maxima a block (a tail of 8 rows; split 3 ways: the last split's block finds them)
 HOST_CASES = [(0, 5, (128, 72, 8), 520, 3, 0), (0, 8, (64,), 256, 1, 0), (1, 2, (136,), 1024, 2, 0),
-              (2, 7, (40, 40), 640, 2, 0), (2, 3, (64, 64), 2048, 16, 0), (0, 4, (200, 64), 384, 2, 256)]
+              (2, 7, (40, 40), 640, 2, 0), (2, 3, (64, 64), 2048, 16, 0), (0, 4, (200, 64), 384, 2, 256),
+              (3, 6, (200,), 256, 1, 0), (3, 8, (136,), 1024, 3, 0)]
 
 
 @needs_gxx
@@ -270,8 +272,10 @@ def test_the_band_kernel_as_written_computes_each_epilogue_on_the_modelled_card(
     for i in range(3):
         args += [ptr(ws[i].view(np.uint16)), ptr(ys[i]), ctypes.c_int(rows[i])] if i < len(rows) else \
             [ptr(None), ptr(None), ctypes.c_int(0)]
-    args += [ptr(residual if mode == 1 else None), ptr(partial), ptr(counters), ctypes.c_int(m), ctypes.c_int(k),
-             ctypes.c_int(per)]
+    best = np.full((tiles, m), np.nan, np.float32)
+    best_index = np.full((tiles, m), -1, np.int32)
+    args += [ptr(residual if mode == 1 else None), ptr(best if mode == 3 else None), ptr(best_index if mode == 3 else None),
+             ptr(partial), ptr(counters), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(per)]
     lib = band_library(mode, l2)
     names = ("r4d_wgmma_faults", "r4d_wgmma_races", "r4d_wgmma_mmas")
     start = [counter(lib, name) for name in names]
@@ -286,13 +290,18 @@ def test_the_band_kernel_as_written_computes_each_epilogue_on_the_modelled_card(
         gate, up = products
         want = [gate / (1 + np.exp(-gate)) * up, up]
     else:
-        want = products if mode == 0 else [products[0]]
+        want = products if mode == 0 else [products[0]]  # modes 1 and 3: one weight
     for got, expected in zip(ys, want):
         assert np.isfinite(got).all()
         # hi + lo carry ~16 bits of x: far under the GEMV's 2e-5; a misplaced chunk or row is ~1
         assert np.abs(got - expected).max() / np.abs(expected).max() <= 2e-5
     if mode == 1:
         np.testing.assert_allclose(residual, kept + ys[0], rtol=0, atol=0)
+    if mode == 3:  # each block's first maximum of each x row over its rows of the output the kernel wrote
+        for block in range(tiles):
+            part = ys[0][:, block * 64:(block + 1) * 64]
+            np.testing.assert_array_equal(best_index[block], block * 64 + part.argmax(axis=1))
+            np.testing.assert_array_equal(best[block], part.max(axis=1))
 
 
 # ---- nvcc's build --------------------------------------------------------------------------------------
@@ -309,7 +318,7 @@ def nvcc_band(mode: int, l2: int = 0):
     return result, sass(cubin) if result.returncode == 0 else None
 
 
-NVCC_CASES = [(0, 0), (1, 0), (2, 0), (2, 256)]  # every mode; the 256-byte L2 fetch of R4D_BAND_L2 in one
+NVCC_CASES = [(0, 0), (1, 0), (2, 0), (3, 0), (2, 256)]  # every mode; the 256-byte L2 fetch of R4D_BAND_L2 in one
 if NVCC is not None:
     EARLY_BUILDS.update({f"nvcc:gemm_skinny:band:{mode}:{l2}": functools.partial(nvcc_band, mode, l2) for mode, l2 in NVCC_CASES})
 

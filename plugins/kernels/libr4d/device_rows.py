@@ -262,13 +262,6 @@ def _lm_head_layout(geometry) -> tuple[int, int, int, int]:
     return split, split + index_at, split + argmax, split + argmax + dk.sample_scratch_bytes(m, int(geometry["vocab"]))
 
 
-def _lm_head_band_sampler(geometry, band_end: int) -> tuple[int, int]:
-    """On the skinny band (device_skinny_band.py), after the GEMV's layout and the band's: the sampler's
-    part of the scratch (r4d_sample_dev over the logits) and the total."""
-    at = -(-band_end // 256) * 256
-    return at, at + dk.sample_scratch_bytes(int(geometry["M"]), int(geometry["vocab"]))
-
-
 def _lm_head_band_base(geometry) -> int:
     """Where the skinny band's part of the lm head's scratch starts: after the GEMV's whole layout at
     any M of the band."""
@@ -280,8 +273,7 @@ def take_rows_rmsnorm_gemm_sample_scratch(geometry) -> int:
     if _format_of(geometry) != "bf16":
         return need
     from . import device_skinny_band as band
-    end = band.scratch_need(int(geometry["M"]), (int(geometry["N"]),), int(geometry["K"]), 0, _lm_head_band_base(geometry))
-    return _lm_head_band_sampler(geometry, end)[1]
+    return band.scratch_need(int(geometry["M"]), (int(geometry["N"]),), int(geometry["K"]), 3, _lm_head_band_base(geometry))
 
 
 def _take_rows_rmsnorm_gemm_sample(a):
@@ -291,23 +283,18 @@ def _take_rows_rmsnorm_gemm_sample(a):
     if need > int(a.scratch_bytes or 0):
         raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the fused lm head needs {need}")
     from . import device_skinny_band as band
-    if band.serves(a, [(weight, _address(logits))]):  # the logits on the skinny band, then the sampler over them
-        extras = GemvExtras(norm=2, norm_weight=norm, normed=_address(normed), index=_address(index),
-                            gathered=_address(rows), x_rows=_rows(h))
-        steps, end = band.steps(a, _address(h), [(weight, _address(logits))], 0, extras, _lm_head_band_base(a.params))
-        at, total = _lm_head_band_sampler(a.params, end)
-        if total > int(a.scratch_bytes or 0):
-            raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the lm head on the skinny band needs {total}")
-        return [*steps, sample_step(a, logits, temperature, top_k, top_p, rng, tokens, scratch + at)]
     extras = GemvExtras(norm=2, norm_weight=norm, normed=_address(normed), index=_address(index),
                         gathered=_address(rows), x_rows=_rows(h), best=scratch + best, best_index=scratch + best_index)
-    head = gemv_step(a, _address(h), [(weight, _address(logits))], 3, extras, scratch, best)
-    groups = head.grid[0]  # one maximum a row group (gemv.cu) or a block (gemv_stream.cu)
+    if band.serves(a, [(weight, _address(logits))]):  # the skinny band's maxima a block, after the GEMV's layout
+        steps = band.steps(a, _address(h), [(weight, _address(logits))], 3, extras, _lm_head_band_base(a.params))[0]
+    else:
+        steps = [gemv_step(a, _address(h), [(weight, _address(logits))], 3, extras, scratch, best)]
+    groups = steps[-1].grid[0]  # one maximum a row group (gemv.cu), a block (gemv_stream.cu, the skinny band)
     args = (KernelArgs("r4d_sample_groups_dev").pointer(_address(logits)).pointer(_address(temperature))
             .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
             .i32(vocab).pointer(scratch + sampler).i32(dk.padded(vocab)).pointer(scratch + best)
             .pointer(scratch + best_index).i32(groups))
-    return [head, Step("r4d_sample_groups_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)]
+    return [*steps, Step("r4d_sample_groups_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -490,15 +477,6 @@ def _gemm(a):
     return [Step("r4d_gemm_dev", "gemm", grid, block, args)]
 
 
-def sample_step(a, logits, temperature, top_k, top_p, rng, tokens, scratch: int) -> Step:
-    """sample.cu's r4d_sample_dev over M rows of logits, its part of the scratch at `scratch`."""
-    m, vocab = int(a.params["M"]), int(a.params["vocab"])
-    args = (KernelArgs("r4d_sample_dev").pointer(_address(logits)).pointer(_address(temperature))
-            .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
-            .i32(vocab).pointer(scratch).i32(dk.padded(vocab)))
-    return Step("r4d_sample_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)
-
-
 def _sample(a):
     logits, temperature, top_k, top_p, rng, tokens = a.t
     m, vocab = int(a.params["M"]), int(a.params["vocab"])
@@ -506,7 +484,10 @@ def _sample(a):
         log.error("libr4d: r4d_sample_dev: %s bytes of scratch, %d needed", a.scratch_bytes,
                   dk.sample_scratch_bytes(m, vocab))
         return RAD_E_NOMEM
-    return [sample_step(a, logits, temperature, top_k, top_p, rng, tokens, int(a.scratch))]
+    args = (KernelArgs("r4d_sample_dev").pointer(_address(logits)).pointer(_address(temperature))
+            .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
+            .i32(vocab).pointer(int(a.scratch)).i32(dk.padded(vocab)))
+    return [Step("r4d_sample_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)]
 
 
 def sample_scratch(geometry) -> int:
@@ -570,8 +551,8 @@ def build_device_rows() -> list[RadKernelInfo]:
             row(f"r4d_take_rows_rmsnorm_gemm_sample_{label}_dev", "take_rows_rmsnorm_gemm_sample",
                 _take_rows_rmsnorm_gemm_sample, [DECODE, *common],
                 "the lm head: rows taken and normed in front of the GEMV, each row group's first maximum in its "
-                "epilogue, then the sampler (greedy rows reduce those maxima)" + band + (" into the logits, then the sample row's "
-                "kernel" if band else ""), f"M<={dk.GEMV_MAX_M}",
+                "epilogue, then the sampler (greedy rows reduce those maxima)" + band + (", its maxima a block" if band else ""),
+                f"M<={dk.GEMV_MAX_M}",
                 f"f32 x {fmt}", layout=stored, scratch=take_rows_rmsnorm_gemm_sample_scratch,
                 replaces=REPLACES["take_rows_rmsnorm_gemm_sample"]),
         ]

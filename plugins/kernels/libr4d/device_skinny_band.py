@@ -3,7 +3,7 @@ Hopper"): where device_tensor_cores.band_kernel_for says 'skinny' (bf16 weights,
 the GEMV row and its fused rows (device_rows.py: rmsnorm_gemm3, rmsnorm_gemm2_silu_mul, gemm_add,
 take_rows_rmsnorm_gemm_sample) launch r4d_split_bf16_dev (gemm_inputs.cu: x's rows, normed where the
 row folds a norm, as 16 hi and lo bf16 rows into the scratch) and then gemm_skinny.cu's
-r4d_skinny_band_bf16 with the row's epilogue; the lm head adds the sampler over its logits. The rows,
+r4d_skinny_band_bf16 with the row's epilogue; the lm head then r4d_sample_groups_dev, as on gemv.cu. The rows,
 their constraints and their tolerance are the GEMV's: which kernels a launch issues is the card's and
 the launch's M, as device_batch_rows.py's tensor-core row picks its kernel."""
 
@@ -39,8 +39,9 @@ def scratch_need(m: int, rows: tuple, k: int, mode: int, base: int) -> int:
 
 def steps(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None = None, base: int = 0) -> tuple[list, int]:
     """The launches of a band row's GEMV over `pairs` [(weight operand, output address)] (mode 0: up to
-    three, concatenated; 1: one, its residual in extras; 2: gate and up) and where the band's layout
-    ends in the scratch (the lm head's sampler goes after it): r4d_split_bf16_dev, then the kernel."""
+    three, concatenated; 1: one, its residual in extras; 2: gate and up; 3: one, each block's first
+    maximum into extras' best and best_index) and where the band's layout ends in the scratch:
+    r4d_split_bf16_dev, then the kernel."""
     extras = extras or GemvExtras()
     weights = [DeviceWeight(weight) for weight, _ in pairs]
     m, k = int(a.params["M"]), weights[0].cols
@@ -62,7 +63,9 @@ def steps(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None = Non
             args.pointer(weights[i].codes).pointer(pairs[i][1]).i32(weights[i].rows)
         else:
             args.pointer(0).pointer(0).i32(0)
-    args.pointer(extras.residual if mode == 1 else 0).pointer(at("partial")).pointer(at("counters"))
+    args.pointer(extras.residual if mode == 1 else 0)
+    args.pointer(extras.best if mode == 3 else 0).pointer(extras.best_index if mode == 3 else 0)
+    args.pointer(at("partial")).pointer(at("counters"))
     args.i32(m).i32(k).i32(per)
     cut = tc.BAND_CUT
     grid = (tc.band_tiles(rows, mode), 1, splits)

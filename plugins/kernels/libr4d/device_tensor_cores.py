@@ -415,7 +415,8 @@ BAND_FROM = 2
 BAND_KERNELS = ("gemv", "skinny")
 BAND_KERNEL = os.environ.get("R4D_BAND_KERNEL") or None
 BAND_ENTRY = "r4d_skinny_band_bf16"
-BAND_MODES = (0, 1, 2)  # the epilogues: store (up to three weights), add into the residual, silu * mul of gate and up
+BAND_MODES = (0, 1, 2, 3)  # the epilogues: store (up to three weights), add into the residual, silu * mul of gate and
+# up, store with each block's first maximum (the lm head's, for r4d_sample_groups_dev)
 
 
 # The band's cut of gemm_skinny.cu (SkinnyCut; R4D_BAND_CUT="warpgroups,k_bytes[,blocks]" for a process): one

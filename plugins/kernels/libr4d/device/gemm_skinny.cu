@@ -196,6 +196,8 @@ extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_BLOCKS) r4d_skinny_g
 //   2  gate and up paired (rmsnorm_gemm2_silu_mul): a block's 16-row bands of the tile are 8 gate rows
 //      then the same 8 up rows, so a lane holds a gate output (d[i]) and its up output (d[i + 2]);
 //      y0 = silu(gate) * up (sigmoid in f64, as gemv.cu), y1 = up
+//   3  one weight (the lm head), y stored and each block's first maximum of each x row over its rows
+//      into best / best_index [blocks, M], which r4d_sample_groups_dev reduces (gemv.cu's mode 3)
 // SK_L2 256: w's copies ask for 256-byte L2 fetches (r4d_cp_async16_l2).
 // Split K: this split's (hi + lo) sums into partial[split][M][gridDim.x SK_BW] (a block's tile rows
 // along it), added in split order by the block's last split (a counter a block), then the epilogue.
@@ -203,8 +205,8 @@ extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_BLOCKS) r4d_skinny_g
 #ifndef SK_MODE
 #define SK_MODE 0
 #endif
-#if SK_MX != 16 || SK_MODE < 0 || SK_MODE > 2
-#error "gemm_skinny.cu: the band reads 8 activation rows as 16 hi and lo rows (SK_MX 16), modes 0, 1, 2"
+#if SK_MX != 16 || SK_MODE < 0 || SK_MODE > 3
+#error "gemm_skinny.cu: the band reads 8 activation rows as 16 hi and lo rows (SK_MX 16), modes 0 .. 3"
 #endif
 struct SkBand {
     const u16* x_rows;  // [16, K] bf16: hi rows 0..7, lo rows 8..15
@@ -212,6 +214,8 @@ struct SkBand {
     float* y[3];      // f32 [M, rows_s]
     int rows[3];
     float* residual;  // mode 1: [M, rows_0]
+    float* best;      // mode 3: [blocks, M] each block's first maximum of each x row, and its w row
+    int* best_index;
     float* partial;   // split K: [splits, M, gridDim.x SK_BW]
     u32* counters;    // split K: a u32 a block, zero between launches
     int M, K, tiles_per_split;
@@ -323,14 +327,31 @@ __device__ void sk_band(const SkBand& p) {
         if (SK_MODE == 2 && (i >> 1)) continue;  // up rows: their gate row's lane finishes them
         sk_band_finish(p, s, n_local, tr0 + 8 * ((i >> 1) & 1), 2 * tq + (i & 1), v[i], SK_MODE == 2 ? v[i + 2] : 0.0f);
     }
+    if (SK_MODE == 3) {  // the block's first maximum of each x row, in the stages (every copy and MMA has ended)
+        float* outputs = (float*)sk_smem();  // [8][SK_BW]
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) outputs[(2 * tq + (i & 1)) * SK_BW + tr0 + 8 * ((i >> 1) & 1)] = v[i];
+        __syncthreads();
+        if ((int)threadIdx.x < p.M) {
+            int m = threadIdx.x, where = 0x7fffffff;
+            float best = __uint_as_float(0xff800000u);
+            for (int r = 0; r < SK_BW && n_local + r < p.rows[0]; ++r)
+                if (r4d_better(outputs[m * SK_BW + r], n_local + r, best, where)) { best = outputs[m * SK_BW + r]; where = n_local + r; }
+            p.best[(long long)blockIdx.x * p.M + m] = best;
+            p.best_index[(long long)blockIdx.x * p.M + m] = where;
+        }
+    }
 }
 
 // x_rows: the [16, K] bf16 rows of r4d_split_bf16_dev; up to three (w, y, rows) of the weights, rows 0
-// past the last; residual (mode 1); partial and counters (split K) in the row's scratch
+// past the last; residual (mode 1); best, best_index (mode 3); partial and counters (split K) in the row's scratch
 extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_BLOCKS) r4d_skinny_band_bf16(
     const u16* x_rows, const u8* w0, float* y0, int rows0, const u8* w1, float* y1, int rows1, const u8* w2, float* y2,
-    int rows2, float* residual, float* partial, u32* counters, int M, int K, int tiles_per_split) {
-    SkBand p = {x_rows, {w0, w1, w2}, {y0, y1, y2}, {rows0, rows1, rows2}, residual, partial, counters, M, K, tiles_per_split};
+    int rows2, float* residual, float* best, int* best_index, float* partial, u32* counters, int M, int K,
+    int tiles_per_split) {
+    SkBand p = {x_rows, {w0, w1, w2}, {y0, y1, y2}, {rows0, rows1, rows2}, residual, best, best_index, partial, counters,
+                M, K, tiles_per_split};
     sk_band(p);
 }
 #endif
