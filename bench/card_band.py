@@ -123,7 +123,7 @@ def main():
             want = None
             line = []
             for label, kernel, cut, l2 in timed:
-                tc.BAND_KERNEL, tc.BAND_CUT, tc.BAND_L2 = kernel, tc.SkinnyCut.parse(str(cut)), int(l2)
+                tc.BAND_KERNEL, tc.BAND_CUT, tc.BAND_L2 = kernel, tc.SkinnyCut.parse(str(cut), "--variants"), int(l2)
                 served = tc.band_kernel_for(device.vendor, device.target, "bf16", m)
                 if served != kernel:
                     continue  # skinny at M = 1 is the bench's to force; elsewhere the card decides

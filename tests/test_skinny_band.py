@@ -51,6 +51,10 @@ def test_the_band_takes_the_skinny_kernel_on_hopper_from_two_rows_of_bf16(regist
     monkeypatch.setattr(tcm, "BAND_KERNEL", "wgmma")
     with pytest.raises(ValueError, match="R4D_BAND_KERNEL='wgmma': one of gemv, skinny"):
         tcm.band_kernel_for("cuda", "sm_90", "bf16", 8)
+    # the band's own cut: one warpgroup, four blocks a multiprocessor; a wrong one names its variable
+    assert tcm.BAND_CUT == tcm.SkinnyCut(1, 128, 4) and tcm.BAND_L2 in tcm.BAND_L2S
+    with pytest.raises(ValueError, match="R4D_BAND_CUT='3,128': warpgroups 1 or 2"):
+        tcm.SkinnyCut.parse("3,128", "R4D_BAND_CUT")
 
 
 @pytest.mark.parametrize("rows,k,mode", [((4096, 1024, 1024), 4096, 0), ((14336,), 4096, 2), ((4096,), 14336, 1),

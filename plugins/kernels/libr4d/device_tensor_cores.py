@@ -294,19 +294,20 @@ class SkinnyCut:
         return f"{self.warpgroups},{self.k_bytes}" + (f",{self.per_multiprocessor}" if self.per_multiprocessor else "")
 
     @classmethod
-    def parse(cls, text: str) -> "SkinnyCut":
-        """'warpgroups,k_bytes[,blocks]' (R4D_SKINNY_CUT): ValueError naming what is wrong."""
+    def parse(cls, text: str, variable: str = "R4D_SKINNY_CUT") -> "SkinnyCut":
+        """'warpgroups,k_bytes[,blocks]' (R4D_SKINNY_CUT, or the band's R4D_BAND_CUT): ValueError naming the
+        variable and what is wrong."""
         try:
             parts = [int(part) for part in text.split(",")]
             if len(parts) not in (2, 3):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"R4D_SKINNY_CUT={text!r}: expected 'warpgroups,k_bytes[,blocks]', two or three "
+            raise ValueError(f"{variable}={text!r}: expected 'warpgroups,k_bytes[,blocks]', two or three "
                              "integers") from None
         cut = cls(*parts)
         if (cut.warpgroups not in (1, 2) or cut.k_bytes not in (64, 128) or cut.per_multiprocessor not in (0, 2, 3, 4)
                 or cut.warpgroups * cut.per_multiprocessor > 6):
-            raise ValueError(f"R4D_SKINNY_CUT={text!r}: warpgroups 1 or 2, k_bytes 64 or 128, blocks a "
+            raise ValueError(f"{variable}={text!r}: warpgroups 1 or 2, k_bytes 64 or 128, blocks a "
                              "multiprocessor 2, 3 or 4 (two warpgroups at most 3: registers)")
         return cut
 
@@ -424,7 +425,7 @@ BAND_MODES = (0, 1, 2, 3)  # the epilogues: store (up to three weights), add int
 # read a layer's four 8B GEMMs in 132.5 us against 141.0 at three blocks (bench/results/
 # h200_card_runs_2026-12-03h.md, call 2), and 528 blocks a wave take the fused gate and up's 448 row
 # blocks in one wave (three blocks a multiprocessor, 396: a second wave of 52).
-BAND_CUT = SkinnyCut.parse(os.environ.get("R4D_BAND_CUT") or "1,128,4")
+BAND_CUT = SkinnyCut.parse(os.environ.get("R4D_BAND_CUT") or "1,128,4", "R4D_BAND_CUT")
 # 256: the band's weight copies ask the L2 for 256-byte blocks (cp.async's L2::256B: a row's next k-tile comes
 # with this one, as gemv.cu's loads fetch 256 bytes); 0: plain copies. R4D_BAND_L2 for a process; 0 until
 # bench/card_band.py --variants shows the card's answer.
