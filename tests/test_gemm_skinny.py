@@ -153,10 +153,15 @@ BROKEN = {"no barrier before the MMAs": ("        __syncthreads();\n        u64 
           "no wait_group 1": ("        wg_wait<1>();\n", "\n")}
 
 
-def host_source(broken: str | None = None) -> str:
+BAND_START, PLAIN_ENTRY = "// ---- the decode band", "#if !SK_BAND\nextern \"C\""
+
+
+def host_source(broken: str | None = None, band: bool = False) -> str:
     """gemm_skinny.cu's text as the engine puts it together (common.cu, tensor_core.cu, gemm_wgmma.cu's
     PTX and loader, the kernel), the inline PTX replaced by the host forms
-    (tests/test_gemm_wgmma_on_host.py's), the dynamic shared memory the model's window."""
+    (tests/test_gemm_wgmma_on_host.py's), the dynamic shared memory the model's window; with the
+    entry the build compiles alone (the decode band's with `band`: the host build's table of entries
+    is read from the text, #if or not)."""
     tensor_core = (dk.FOLDER / "tensor_core.cu").read_text()
     text = dk.source("gemm_skinny")
     assert tensor_core in text and text.count(PTX_START) == 1
@@ -168,6 +173,12 @@ def host_source(broken: str | None = None) -> str:
     for old, new in DYNAMIC.items():
         assert text.count(old) == 1, old
         text = text.replace(old, new)
+    start = text.index(BAND_START)
+    if band:  # the plain entry out: from its #if to the band's part
+        plain = text.index(PLAIN_ENTRY)
+        text = text[:plain] + text[start:]
+    else:
+        text = text[:start]
     if broken is not None:
         old, new = BROKEN[broken]
         assert text.count(old) == 1, broken

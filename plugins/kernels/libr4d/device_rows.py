@@ -187,10 +187,32 @@ def gemv_step(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None =
     return Step(name, "gemv", grid, block, args, 0, options)
 
 
+def band_steps(a, x: int, pairs: list, mode: int = 0, extras: GemvExtras | None = None) -> list:
+    """A band row's GEMV: on Hopper at M = 2 .. 8 of bf16 weights the skinny GEMM's launches
+    (device_skinny_band.py, its part of the scratch after the GEMV's), else gemv.cu's one kernel."""
+    from . import device_skinny_band as band  # it builds on this module
+    scratch, scratch_bytes = int(a.scratch or 0), int(a.scratch_bytes or 0)
+    if band.serves(a, pairs, mode):
+        k = DeviceWeight(pairs[0][0]).cols
+        n = sum(DeviceWeight(weight).rows for weight, _ in pairs)
+        return band.steps(a, x, pairs, mode, extras, gemv_scratch_need(dk.GEMV_MAX_M, n, k, "bf16"))[0]
+    return [gemv_step(a, x, pairs, mode, extras, scratch, scratch_bytes)]
+
+
+def band_scratch(m: int, rows: tuple, k: int, fmt: str, mode: int = 0) -> int:
+    """A band row's scratch for its GEMV of weights of `rows` rows: gemv.cu's split part, then for bf16
+    weights the skinny band's after all of it at any M of the band (so the band's counters lie in one
+    place for every step; the hook does not know the card)."""
+    from . import device_skinny_band as band
+    if fmt != "bf16":
+        return gemv_scratch_need(m, sum(rows), k, fmt)
+    base = gemv_scratch_need(dk.GEMV_MAX_M, sum(rows), k, fmt)
+    return band.scratch_need(m, rows[:1] if mode == 2 else rows, k, mode, base)
+
+
 def _gemv(a):
     x, weight, y = a.t
-    return [gemv_step(a, _address(x), [(weight, _address(y))], scratch=int(a.scratch or 0),
-                       scratch_bytes=int(a.scratch_bytes or 0))]
+    return band_steps(a, _address(x), [(weight, _address(y))])
 
 
 def _format_of(geometry) -> str:
@@ -198,39 +220,37 @@ def _format_of(geometry) -> str:
 
 
 def gemv_scratch(geometry) -> int:
-    """Split-K partial sums and counters (device_kernels.gemv_scratch_layout) at the band's largest M."""
-    return gemv_scratch_need(int(geometry["M"]), int(geometry["N"]), int(geometry["K"]), _format_of(geometry))
+    """Split-K partial sums and counters (device_kernels.gemv_scratch_layout) at the band's largest M,
+    and the skinny band's part (band_scratch)."""
+    return band_scratch(int(geometry["M"]), (int(geometry["N"]),), int(geometry["K"]), _format_of(geometry))
 
 
 def _rmsnorm_gemm3(a):
     x, norm, normed, wq, q, wk, k, wv, v = a.t
     extras = GemvExtras(norm=1, norm_weight=norm, normed=_address(normed))
-    return [gemv_step(a, _address(x), [(wq, _address(q)), (wk, _address(k)), (wv, _address(v))], 0, extras,
-                       int(a.scratch or 0), int(a.scratch_bytes or 0))]
+    return band_steps(a, _address(x), [(wq, _address(q)), (wk, _address(k)), (wv, _address(v))], 0, extras)
 
 
 def rmsnorm_gemm3_scratch(geometry) -> int:
-    n = int(geometry["N.1"]) + int(geometry["N.2"]) + int(geometry["N.3"])
-    return gemv_scratch_need(int(geometry["M"]), n, int(geometry["K"]), _format_of(geometry))
+    rows = (int(geometry["N.1"]), int(geometry["N.2"]), int(geometry["N.3"]))
+    return band_scratch(int(geometry["M"]), rows, int(geometry["K"]), _format_of(geometry))
 
 
 def _rmsnorm_gemm2_silu_mul(a):
     x, norm, normed, wg, gate, wu, up = a.t
     extras = GemvExtras(norm=1, norm_weight=norm, normed=_address(normed))
-    return [gemv_step(a, _address(x), [(wg, _address(gate)), (wu, _address(up))], 2, extras,
-                       int(a.scratch or 0), int(a.scratch_bytes or 0))]
+    return band_steps(a, _address(x), [(wg, _address(gate)), (wu, _address(up))], 2, extras)
 
 
 def rmsnorm_gemm2_silu_mul_scratch(geometry) -> int:
-    n = int(geometry["N.1"]) + int(geometry["N.2"])
-    return gemv_scratch_need(int(geometry["M"]), n, int(geometry["K"]), _format_of(geometry))
+    rows = (int(geometry["N.1"]), int(geometry["N.2"]))
+    return band_scratch(int(geometry["M"]), rows, int(geometry["K"]), _format_of(geometry), mode=2)
 
 
 def _gemm_add(a):
     x, weight, y, residual = a.t
     extras = GemvExtras(residual=_address(residual))
-    return [gemv_step(a, _address(x), [(weight, _address(y))], 1, extras, int(a.scratch or 0),
-                       int(a.scratch_bytes or 0))]
+    return band_steps(a, _address(x), [(weight, _address(y))], 1, extras)
 
 
 def _lm_head_layout(geometry) -> tuple[int, int, int, int]:
@@ -242,8 +262,18 @@ def _lm_head_layout(geometry) -> tuple[int, int, int, int]:
     return split, split + index_at, split + argmax, split + argmax + dk.sample_scratch_bytes(m, int(geometry["vocab"]))
 
 
+def _lm_head_band_base(geometry) -> int:
+    """Where the skinny band's part of the lm head's scratch starts: after the GEMV's whole layout at
+    any M of the band."""
+    return _lm_head_layout({**geometry, "M": dk.GEMV_MAX_M})[3]
+
+
 def take_rows_rmsnorm_gemm_sample_scratch(geometry) -> int:
-    return _lm_head_layout(geometry)[3]
+    need = _lm_head_layout(geometry)[3]
+    if _format_of(geometry) != "bf16":
+        return need
+    from . import device_skinny_band as band
+    return band.scratch_need(int(geometry["M"]), (int(geometry["N"]),), int(geometry["K"]), 3, _lm_head_band_base(geometry))
 
 
 def _take_rows_rmsnorm_gemm_sample(a):
@@ -252,15 +282,19 @@ def _take_rows_rmsnorm_gemm_sample(a):
     best, best_index, sampler, need = _lm_head_layout({**a.params, "M": m})
     if need > int(a.scratch_bytes or 0):
         raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the fused lm head needs {need}")
+    from . import device_skinny_band as band
     extras = GemvExtras(norm=2, norm_weight=norm, normed=_address(normed), index=_address(index),
                         gathered=_address(rows), x_rows=_rows(h), best=scratch + best, best_index=scratch + best_index)
-    head = gemv_step(a, _address(h), [(weight, _address(logits))], 3, extras, scratch, best)
-    groups = head.grid[0]  # one maximum a row group (gemv.cu) or a block (gemv_stream.cu)
+    if band.serves(a, [(weight, _address(logits))]):  # the skinny band's maxima a block, after the GEMV's layout
+        steps = band.steps(a, _address(h), [(weight, _address(logits))], 3, extras, _lm_head_band_base(a.params))[0]
+    else:
+        steps = [gemv_step(a, _address(h), [(weight, _address(logits))], 3, extras, scratch, best)]
+    groups = steps[-1].grid[0]  # one maximum a row group (gemv.cu), a block (gemv_stream.cu, the skinny band)
     args = (KernelArgs("r4d_sample_groups_dev").pointer(_address(logits)).pointer(_address(temperature))
             .pointer(_address(top_k)).pointer(_address(top_p)).pointer(_address(rng)).pointer(_address(tokens))
             .i32(vocab).pointer(scratch + sampler).i32(dk.padded(vocab)).pointer(scratch + best)
             .pointer(scratch + best_index).i32(groups))
-    return [head, Step("r4d_sample_groups_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)]
+    return [*steps, Step("r4d_sample_groups_dev", "sample", (m, 1, 1), (dk.SAMPLE_THREADS, 1, 1), args)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -490,10 +524,12 @@ def build_device_rows() -> list[RadKernelInfo]:
 
     gemm_rows, fused_rows = [], []
     for fmt, label, div in WEIGHT_FORMATS:
+        # what a launch issues where the weights may be bf16: the card's and M's (device_skinny_band.py)
+        band = "; bf16 at M = 2..8 on sm_90: x split into hi and lo bf16 rows, the skinny GEMM's band" if "bf16" in fmt else ""
         common = [RAD_CIN("wdtype", fmt), RAD_CDIV("K", div)]
         layout = _layout_as_stored(fmt.split())
         gemm_rows.append(row(f"r4d_gemv_{label}_dev", "gemm", _gemv, [DECODE, RAD_CEQ("split_k", 1), *common],
-                             "decode GEMV: a warp per 4 output rows, the planes streamed once for all M rows",
+                             "decode GEMV: a warp per 4 output rows, the planes streamed once for all M rows" + band,
                              f"M<={dk.GEMV_MAX_M}, K%{div}==0", f"f32 x {fmt}", layout=layout,
                              scratch=gemv_scratch))
         gemm_rows.append(row(f"r4d_gemm_{label}_dev", "gemm", _gemm,
@@ -503,19 +539,20 @@ def build_device_rows() -> list[RadKernelInfo]:
         stored = _layout_as_stored(f"{fmt} f32 f16 bf16".split())  # the norm's weight too, as stored
         fused_rows += [
             row(f"r4d_rmsnorm_gemm3_{label}_dev", "rmsnorm_gemm3", _rmsnorm_gemm3, [DECODE, *common],
-                "q, k and v in one GEMV, the rmsnorm recomputed in front of it by every block", f"M<={dk.GEMV_MAX_M}",
+                "q, k and v in one GEMV, the rmsnorm recomputed in front of it by every block" + band, f"M<={dk.GEMV_MAX_M}",
                 f"f32 x {fmt}", layout=stored, scratch=rmsnorm_gemm3_scratch, replaces=REPLACES["rmsnorm_gemm3"]),
             row(f"r4d_rmsnorm_gemm2_silu_mul_{label}_dev", "rmsnorm_gemm2_silu_mul", _rmsnorm_gemm2_silu_mul,
-                [DECODE, *common], "gate and up in one GEMV, a gate row beside its up row, silu * mul in its epilogue",
+                [DECODE, *common], "gate and up in one GEMV, a gate row beside its up row, silu * mul in its epilogue" + band,
                 f"M<={dk.GEMV_MAX_M}", f"f32 x {fmt}", layout=stored, scratch=rmsnorm_gemm2_silu_mul_scratch,
                 replaces=REPLACES["rmsnorm_gemm2_silu_mul"]),
             row(f"r4d_gemm_add_{label}_dev", "gemm_add", _gemm_add, [DECODE, *common],
-                "the GEMV with the residual add in its epilogue", f"M<={dk.GEMV_MAX_M}", f"f32 x {fmt}",
+                "the GEMV with the residual add in its epilogue" + band, f"M<={dk.GEMV_MAX_M}", f"f32 x {fmt}",
                 layout=layout, scratch=gemv_scratch, replaces=REPLACES["gemm_add"]),
             row(f"r4d_take_rows_rmsnorm_gemm_sample_{label}_dev", "take_rows_rmsnorm_gemm_sample",
                 _take_rows_rmsnorm_gemm_sample, [DECODE, *common],
                 "the lm head: rows taken and normed in front of the GEMV, each row group's first maximum in its "
-                "epilogue, then the sampler (greedy rows reduce those maxima)", f"M<={dk.GEMV_MAX_M}",
+                "epilogue, then the sampler (greedy rows reduce those maxima)" + band + (", its maxima a block" if band else ""),
+                f"M<={dk.GEMV_MAX_M}",
                 f"f32 x {fmt}", layout=stored, scratch=take_rows_rmsnorm_gemm_sample_scratch,
                 replaces=REPLACES["take_rows_rmsnorm_gemm_sample"]),
         ]

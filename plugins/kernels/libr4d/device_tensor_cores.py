@@ -294,19 +294,20 @@ class SkinnyCut:
         return f"{self.warpgroups},{self.k_bytes}" + (f",{self.per_multiprocessor}" if self.per_multiprocessor else "")
 
     @classmethod
-    def parse(cls, text: str) -> "SkinnyCut":
-        """'warpgroups,k_bytes[,blocks]' (R4D_SKINNY_CUT): ValueError naming what is wrong."""
+    def parse(cls, text: str, variable: str = "R4D_SKINNY_CUT") -> "SkinnyCut":
+        """'warpgroups,k_bytes[,blocks]' (R4D_SKINNY_CUT, or the band's R4D_BAND_CUT): ValueError naming the
+        variable and what is wrong."""
         try:
             parts = [int(part) for part in text.split(",")]
             if len(parts) not in (2, 3):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"R4D_SKINNY_CUT={text!r}: expected 'warpgroups,k_bytes[,blocks]', two or three "
+            raise ValueError(f"{variable}={text!r}: expected 'warpgroups,k_bytes[,blocks]', two or three "
                              "integers") from None
         cut = cls(*parts)
         if (cut.warpgroups not in (1, 2) or cut.k_bytes not in (64, 128) or cut.per_multiprocessor not in (0, 2, 3, 4)
                 or cut.warpgroups * cut.per_multiprocessor > 6):
-            raise ValueError(f"R4D_SKINNY_CUT={text!r}: warpgroups 1 or 2, k_bytes 64 or 128, blocks a "
+            raise ValueError(f"{variable}={text!r}: warpgroups 1 or 2, k_bytes 64 or 128, blocks a "
                              "multiprocessor 2, 3 or 4 (two warpgroups at most 3: registers)")
         return cut
 
@@ -385,7 +386,12 @@ def split(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> tuple[int, 
     blocks = SKINNY_CUT.blocks(skinny_variant(m)) if kernel == "skinny" else cut.blocks if cut else 0
     target = MULTIPROCESSORS * blocks or TARGET_BLOCKS
     most = SKINNY_MAX_SPLITS if kernel == "skinny" else MAX_SPLITS
-    steps = -(-k // k_tile(kind, kernel, m))
+    return split_tiles(tiles, -(-k // k_tile(kind, kernel, m)), target, most)
+
+
+def split_tiles(tiles: int, steps: int, target: int, most: int) -> tuple[int, int]:
+    """split's choice for `tiles` output tiles of `steps` k-tiles each, a wave of `target` blocks, at
+    most `most` splits: (splits, k-tiles a split)."""
     best, best_steps = 1, None
     for splits in range(1, max(1, min(-(-target // tiles), most, steps // MIN_TILES_PER_SPLIT)) + 1):
         per = -(-steps // splits)
@@ -395,6 +401,83 @@ def split(m: int, n: int, k: int, kind: str, kernel: str = "mma") -> tuple[int, 
             best, best_steps = count, along
     per = -(-steps // best)
     return -(-steps // per), per
+
+
+# ---- the decode band on Hopper (device_skinny_band.py): gemm_skinny.cu's r4d_skinny_band_bf16 for the GEMV
+# rows and their fused forms (device_rows.py) at M = BAND_FROM .. GEMV_MAX_M, bf16 weights, sm_90.
+# Why: at M = 8 gemv.cu's tensor-core path read a layer's 8B weights at 39-58 % of HBM (185 us a layer,
+# bench/results/h200_card_runs_2026-12-03h.md), the skinny GEMM's SK_MX 8 at 135. x crosses as hi and
+# lo bf16 rows (SK_MX 16: BAND_MX), so the rows keep the GEMV's tolerance (device_kernels.TOLERANCE),
+# not the bf16 row's. M = 1 stays on gemv.cu (a 16-row MMA for one row of x, and its folded norm needs
+# no launch of its own). R4D_BAND_KERNEL=gemv|skinny forces one for a process (the bench compares them;
+# skinny only where the card is an sm_90 and the weights bf16).
+BAND_MX = 16
+BAND_FROM = 2
+BAND_KERNELS = ("gemv", "skinny")
+BAND_KERNEL = os.environ.get("R4D_BAND_KERNEL") or None
+BAND_ENTRY = "r4d_skinny_band_bf16"
+BAND_MODES = (0, 1, 2, 3)  # the epilogues: store (up to three weights), add into the residual, silu * mul of gate and
+# up, store with each block's first maximum (the lm head's, for r4d_sample_groups_dev)
+
+
+# The band's cut of gemm_skinny.cu (SkinnyCut; R4D_BAND_CUT="warpgroups,k_bytes[,blocks]" for a process): one
+# warpgroup, four blocks a multiprocessor. On an H200 that cut at SK_MX 16 (M = 16: the band's geometry)
+# read a layer's four 8B GEMMs in 132.5 us against 141.0 at three blocks (bench/results/
+# h200_card_runs_2026-12-03h.md, call 2), and 528 blocks a wave take the fused gate and up's 448 row
+# blocks in one wave (three blocks a multiprocessor, 396: a second wave of 52).
+BAND_CUT = SkinnyCut.parse(os.environ.get("R4D_BAND_CUT") or "1,128,4", "R4D_BAND_CUT")
+# 256: the band's weight copies ask the L2 for 256-byte blocks (cp.async's L2::256B: a row's next k-tile comes
+# with this one, as gemv.cu's loads fetch 256 bytes); 0: plain copies. R4D_BAND_L2 for a process; 0 until
+# bench/card_band.py --variants shows the card's answer.
+BAND_L2S = (0, 256)
+BAND_L2 = int(os.environ.get("R4D_BAND_L2") or 0)
+if BAND_L2 not in BAND_L2S:
+    raise ValueError(f"R4D_BAND_L2={BAND_L2}: 0 or 256")
+
+
+def band_kernel_for(vendor: str, target: str, fmt: str, m: int) -> str:
+    """'skinny' or 'gemv' for the decode band's GEMV of `m` rows of x (1 .. GEMV_MAX_M) of `fmt` weights."""
+    if BAND_KERNEL is not None and BAND_KERNEL not in BAND_KERNELS:
+        raise ValueError(f"R4D_BAND_KERNEL={BAND_KERNEL!r}: one of {', '.join(BAND_KERNELS)}")
+    hopper = vendor == "cuda" and sm_of(target) == 90 and fmt == "bf16" and 1 <= m <= GEMV_MAX_M
+    if BAND_KERNEL is not None:
+        return "skinny" if BAND_KERNEL == "skinny" and hopper else "gemv"
+    return "skinny" if hopper and m >= BAND_FROM else "gemv"
+
+
+def band_tiles(rows: tuple, mode: int) -> int:
+    """Blocks along the grid's x: each weight's ceil(rows / BAND_CUT.rows) (mode 2: gate's rows with
+    up's beside them, half a block's rows each)."""
+    block = BAND_CUT.rows
+    if mode == 2:
+        return -(-rows[0] // (block // 2))
+    return sum(-(-r // block) for r in rows)
+
+
+def band_split(rows: tuple, k: int, mode: int) -> tuple[int, int]:
+    """(splits, k-tiles a split) of a band launch: split's rule for its tiles at SK_MX = BAND_MX."""
+    steps = -(-k // (BAND_CUT.step(BAND_MX) // 2))
+    return split_tiles(band_tiles(rows, mode), steps, MULTIPROCESSORS * BAND_CUT.blocks(BAND_MX), SKINNY_MAX_SPLITS)
+
+
+def band_scratch_layout(m: int, rows: tuple, k: int, mode: int, base: int = 0) -> dict:
+    """Offsets in the row's scratch from `base` (the GEMV's own layout ends there: neither kernel's
+    split counters ever lie under the other's partials): a u32 counter a block where K is split
+    (zero between launches), the partials [splits, M, tiles x BAND_CUT.rows] f32, the 16 hi and lo
+    bf16 rows [16, K] ("rows"), and the total."""
+    splits, _ = band_split(rows, k, mode)
+    tiles, at, layout = band_tiles(rows, mode), _aligned(base), {}
+    if splits > 1:
+        layout["counters"], at = at, _aligned(at + 4 * tiles)
+        layout["partial"], at = at, _aligned(at + 4 * splits * m * tiles * BAND_CUT.rows)
+    layout["rows"], at = at, _aligned(at + 2 * BAND_MX * k)
+    layout["total"] = at
+    return layout
+
+
+def band_options(mode: int) -> tuple:
+    return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", *BAND_CUT.defines(BAND_MX), "-DSK_BAND=1", f"-DSK_MODE={mode}",
+            f"-DSK_L2={BAND_L2}")
 
 
 ENTRIES = ("r4d_mma_gemm_bf16_m64", "r4d_mma_gemm_bf16_m128", "r4d_mma_gemm_e4m3_m64", "r4d_mma_gemm_e4m3_m128")

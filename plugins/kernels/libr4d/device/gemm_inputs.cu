@@ -43,3 +43,72 @@ extern "C" __global__ void __launch_bounds__(256) r4d_narrow_bf16_dev(const floa
         into[c] = make_uint4(r4d_bf16x2(lo.x, lo.y), r4d_bf16x2(lo.z, lo.w), r4d_bf16x2(hi.x, hi.y), r4d_bf16x2(hi.z, hi.w));
     }
 }
+
+// x's M <= 8 activation rows as the 16 bf16 rows gemm_skinny.cu's decode band reads: row m the value v
+// rounded to bf16 (nearest even), row 8 + m the remainder v - bf16(v) rounded again, rows M..7 and
+// 8 + M..15 zero. With a norm (1: rmsnorm of row m; 2: of row index[m] of x's x_rows, NaN where the
+// index is out of range, the row written to `gathered` as take_rows leaves it) v is gemv.cu's folded
+// norm, (x * scale) * w with the scale from r4d_row_squares' canonical order (rmsnorm's bits), also
+// written to `normed`, as the chain leaves it; the norm's weight as stored (norm_fmt: f32, f16, bf16).
+// A block a row slot m of the 8, 256 threads, K % 4 == 0, x's and the outputs' rows 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(256) r4d_split_bf16_dev(const float* x, int M, int K, int norm,
+                                                                    const u8* norm_weight, int norm_fmt, float eps,
+                                                                    float* normed, const int* index, float* gathered,
+                                                                    int x_rows, u16* rows) {
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // R4D_CHAIN_PROLOGUE's two steps the other way round: the skinny kernel after this one may launch at once
+    // (it streams weights, no kernel's output, until its own wait, which waits for this kernel, which waits
+    // for the one before), so its blocks take the multiprocessors the kernel before frees as they free them
+    // and stream while it drains, as a chain of GEMVs does; this kernel's 8 small blocks fit beside either
+    asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
+#endif
+    __shared__ float s_scale;
+    int m = blockIdx.x;
+    uint2* hi = (uint2*)(rows + (long long)m * K);
+    uint2* lo = (uint2*)(rows + (long long)(8 + m) * K);
+    if (m >= M) {
+        for (int c = threadIdx.x; c < K / 4; c += blockDim.x) hi[c] = lo[c] = make_uint2(0u, 0u);
+        return;
+    }
+    int row = m;
+    if (norm == 2) {
+        row = index[m];
+        row = (row < 0 || row >= x_rows) ? -1 : row;
+    }
+    const float4* from = (const float4*)(x + (long long)max(row, 0) * K);
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__)
+    // every thread asks for some of the row's lines first (as gemv.cu's folded norm): the one warp summing
+    // in the canonical order then finds them in L1, not one L2 round trip after another
+    if (norm)
+        for (int c = threadIdx.x; c < K / 32; c += blockDim.x)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"((const float*)from + 32 * c));
+#endif
+    if (norm && threadIdx.x < 32) {
+        float total = r4d_row_squares((const float*)from, K);
+        if (threadIdx.x == 0) s_scale = 1.0f / sqrtf(total / (float)K + eps);
+    }
+    if (norm) __syncthreads();
+    float scale = norm ? s_scale : 1.0f;
+    for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
+        float4 h = row < 0 ? make_float4(__uint_as_float(0x7fc00000u), __uint_as_float(0x7fc00000u),
+                                         __uint_as_float(0x7fc00000u), __uint_as_float(0x7fc00000u)) : from[c];
+        float v[4] = {h.x, h.y, h.z, h.w};
+        if (norm == 2) ((float4*)(gathered + (long long)m * K))[c] = h;
+        if (norm) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int k = 4 * c + e;
+                float w = norm_fmt == FMT_F32 ? ((const float*)norm_weight)[k]
+                        : norm_fmt == FMT_BF16 ? __uint_as_float((u32)((const u16*)norm_weight)[k] << 16)
+                                               : r4d_f16(((const u16*)norm_weight)[k]);
+                v[e] = (v[e] * scale) * w;
+            }
+            ((float4*)(normed + (long long)m * K))[c] = make_float4(v[0], v[1], v[2], v[3]);
+        }
+        u32 h01 = r4d_bf16x2(v[0], v[1]), h23 = r4d_bf16x2(v[2], v[3]);
+        float r0 = v[0] - __uint_as_float(h01 << 16), r1 = v[1] - __uint_as_float(h01 & 0xffff0000u);
+        float r2 = v[2] - __uint_as_float(h23 << 16), r3 = v[3] - __uint_as_float(h23 & 0xffff0000u);
+        hi[c] = make_uint2(h01, h23);
+        lo[c] = make_uint2(r4d_bf16x2(r0, r1), r4d_bf16x2(r2, r3));
+    }
+}

@@ -19,6 +19,12 @@ __device__ __forceinline__ void r4d_cp_async16(void* dst, const void* src, bool 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(r4d_smem(dst)), "l"(src), "r"(full ? 16 : 0)
                  : "memory");
 }
+// the same, the L2 asked to fetch the 256-byte block around `src` (the next k-tiles of a streamed row
+// arrive with it: fewer, larger requests to HBM)
+__device__ __forceinline__ void r4d_cp_async16_l2(void* dst, const void* src, bool full) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(r4d_smem(dst)), "l"(src),
+                 "r"(full ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void r4d_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // wait until at most N of this thread's committed groups are still in flight
 template <int N>
