@@ -33,7 +33,7 @@ TMA_PTX = ("// ---- the mbarriers' and TMA's PTX", "// ---- end of the mbarriers
 MAPS_PTX = ("// ---- the tensor maps' PTX", "// ---- end of the tensor maps' PTX")
 REPLACED = {"extern __shared__ __align__(1024) u8 wg_shared[];": "u8* wg_shared = r4d_host_shared;",
             "extern __shared__ __align__(1024) u8 tm_shared[];": "u8* tm_shared = r4d_host_shared;",
-            "__shared__ __align__(128) u32 staged[2][32];": "static u32 staged[2][32];",
+            "__shared__ __align__(128) u32 staged[4][32];": "static u32 staged[4][32];",
             # gemm_wgmma.cu's entries, which R4D_WG_ONLY=3 leaves out (the host build's table of
             # entries is read from the text, #if or not)
             "WG_GEMM_ENTRY(TC_BF16, r4d_wgmma_gemm_bf16)": "", "WG_GEMM_ENTRY(TC_E4M3, r4d_wgmma_gemm_e4m3)": ""}
@@ -216,3 +216,76 @@ def test_the_model_catches_a_ring_out_of_order(broken):
     y, model, _ = run(library(broken, cut), "bf16", x, w, 130, 256, 512, cut=cut)
     wrong = not np.isfinite(y).all() or np.abs(y - xv @ wv.T).max() > 1e-3
     assert model["tma_hangs"] + model["wgmma_races"] + model["tma_faults"] > 0 or wrong, (broken, model)
+
+
+def run_forms(lib, x, weights, m, k, swiglu):
+    """r4d_tma_maps_group then r4d_tma_gemm_bf16_group (swiglu False: every weight's y) or
+    r4d_tma_gemm_bf16_swiglu (gate's weight then up's: gate's y, up's y), in the default cut, as the
+    fused prefill rows plan them; and the models' counters."""
+    rows = [w.shape[0] for w in weights]
+    ys = [np.full((m, rows[0] if swiglu else n), np.nan, np.float32) for n in rows]
+    maps = np.zeros(4 * 128 // 8, np.uint64)
+    ptr = Pointers()
+    padded = [*weights, *[weights[0]] * (3 - len(weights))]
+    counts = [*rows, *[0] * (3 - len(rows))]
+    box = tc.TMA_CUT.cols // 2 if swiglu else tc.TMA_CUT.cols
+    launch(lib, tc.TMA_MAPS_GROUP, (1, 1, 1), (32, 1, 1),
+           [ptr(x), *[ptr(w) for w in padded], ctypes.c_int(m), *[ctypes.c_int(n) for n in counts],
+            ctypes.c_int(len(weights)), ctypes.c_int(2 * k), ctypes.c_int(box), ptr(maps)])
+    before = [counter(lib, name) for name in COUNTERS]
+    if swiglu:
+        grid, block = tc.swiglu_grid(m, rows[0])
+        launch(lib, tc.TMA_SWIGLU, grid, block, [ptr(maps), ptr(ys[0]), ptr(ys[1]), ctypes.c_int(m),
+                                                 ctypes.c_int(rows[0]), ctypes.c_int(k)])
+    else:
+        grid, block = tc.group_grid(m, tuple(rows))
+        outputs = [*ys, *[ys[0]] * (3 - len(ys))]
+        launch(lib, tc.TMA_GROUP, grid, block, [ptr(maps), *[ptr(y) for y in outputs], ctypes.c_int(m),
+                                                *[ctypes.c_int(n) for n in counts], ctypes.c_int(len(weights)),
+                                                ctypes.c_int(k)])
+    model = {name[4:]: counter(lib, name) - b for name, b in zip(COUNTERS, before)}
+    lib.r4d_wgmma_left.restype = ctypes.c_longlong
+    model["left"] = lib.r4d_wgmma_left()
+    return ys, model
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """r4d_silu_mul's bits: the sigmoid in f64 rounded once to f32, then two f32 products."""
+    sig = (1.0 / (1.0 + np.exp(-gate.astype(np.float64)))).astype(np.float32)
+    return (gate * sig) * up
+
+
+@needs_gxx
+@pytest.mark.parametrize("m,rows,k", [(200, (300, 128, 100), 520), (130, (256,), 64), (17 * 128 + 5, (136, 40), 128)])
+def test_the_grouped_form_gives_each_weights_plain_product_bit_for_bit(m, rows, k):
+    """q, k and v in one launch: each weight's tiles after the one before's, tails in M, every N and K;
+    the same bits as a plain launch per weight over the same bf16 rows (the same sums in the same
+    order), every tile's k-steps loaded once."""
+    lib = library()
+    x, _, _, _ = operands("bf16", m, 8, k, m + k)
+    weights = [operands("bf16", 8, n, k, n + 1)[1] for n in rows]
+    ys, model = run_forms(lib, x, weights, m, k, swiglu=False)
+    assert (model["wgmma_faults"], model["wgmma_races"], model["left"], model["tma_faults"], model["tma_hangs"]) == (0,) * 5
+    steps, cut = -(-k // (tc.TMA_CUT.k_bytes // 2)), tc.TMA_CUT
+    assert model["tma_loads"] == 2 * steps * sum(-(-m // cut.rows) * -(-n // cut.cols) for n in rows)
+    for w, y in zip(weights, ys):
+        plain, _, _ = run(lib, "bf16", x, w, m, w.shape[0], k)
+        assert np.array_equal(y.view(np.uint32), plain.view(np.uint32))
+
+
+@needs_gxx
+@pytest.mark.parametrize("m,n,k", [(200, 300, 520), (130, 64, 64), (300, 1000, 128)])
+def test_the_swiglu_form_gives_the_unfused_chains_bits(m, n, k):
+    """gate and up paired in a tile (64 rows of each weight a box): up is up's plain product, gate is
+    r4d_silu_mul of the plain products, bit for bit; three boxes a k-step of each tile."""
+    lib = library()
+    x, _, _, _ = operands("bf16", m, 8, k, m + k)
+    gate_w, up_w = (operands("bf16", 8, n, k, n + seed)[1] for seed in (1, 2))
+    (gate, up), model = run_forms(lib, x, [gate_w, up_w], m, k, swiglu=True)
+    assert (model["wgmma_faults"], model["wgmma_races"], model["left"], model["tma_faults"], model["tma_hangs"]) == (0,) * 5
+    steps, cut = -(-k // (tc.TMA_CUT.k_bytes // 2)), tc.TMA_CUT
+    assert model["tma_loads"] == 3 * steps * -(-m // cut.rows) * -(-n // (cut.cols // 2))
+    plain_gate, _, _ = run(lib, "bf16", x, gate_w, m, n, k)
+    plain_up, _, _ = run(lib, "bf16", x, up_w, m, n, k)
+    assert np.array_equal(up.view(np.uint32), plain_up.view(np.uint32))
+    assert np.array_equal(gate.view(np.uint32), silu_mul(plain_gate, plain_up).view(np.uint32))

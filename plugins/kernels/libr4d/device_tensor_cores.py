@@ -233,6 +233,10 @@ TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "128,32,7", "256,32
 # every launch's plan (the bench sets TMA_CUT between shapes)
 TMA_CUT = TmaCut.parse(os.environ["R4D_TMA_CUT"]) if os.environ.get("R4D_TMA_CUT") else TMA_CUTS[0]
 TMA_ENTRIES = ("r4d_tma_gemm_bf16", "r4d_tma_gemm_e4m3", "r4d_tma_maps")
+# gemm_tma.cu's forms over several weights of one x (the fused prefill rows'), compiled with the
+# entry of the same R4D_TM_ONLY: q, k, v in one launch; gate and up paired, silu * mul in the epilogue
+TMA_GROUP, TMA_SWIGLU, TMA_MAPS_GROUP = "r4d_tma_gemm_bf16_group", "r4d_tma_gemm_bf16_swiglu", "r4d_tma_maps_group"
+TMA_ONLY = {**{name: at + 1 for at, name in enumerate(TMA_ENTRIES)}, TMA_GROUP: 1, TMA_SWIGLU: 1, TMA_MAPS_GROUP: 3}
 MAP_BYTES = 128         # a CUtensorMap; r4d_tma_maps writes x's then w's into the scratch
 
 
@@ -508,8 +512,8 @@ def options(name: str, m: int = 0) -> tuple:
         kind = KINDS[WGMMA_ENTRIES.index(name)]
         return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", *wgmma_cut(kind).defines(),
                 f"-DWG_GROUP={WGMMA_GROUP}")
-    if name in TMA_ENTRIES:  # gemm_wgmma.cu's PTX before it, none of its entries (R4D_WG_ONLY=3)
-        return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", f"-DR4D_TM_ONLY={TMA_ENTRIES.index(name) + 1}",
+    if name in TMA_ONLY:  # gemm_wgmma.cu's PTX before it, none of its entries (R4D_WG_ONLY=3)
+        return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", f"-DR4D_TM_ONLY={TMA_ONLY[name]}",
                 *TMA_CUT.defines(), f"-DWG_GROUP={WGMMA_GROUP}")
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
@@ -525,6 +529,24 @@ def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -
     if cut:
         return (-(-n // cut.cols) * -(-m // cut.rows), 1, splits), (cut.threads, 1, 1)
     return (-(-n // TILE_N), -(-m // tile_m(m, kernel)), splits), (THREADS, 1, 1)
+
+
+def groups_serve() -> bool:
+    """Whether this process's TMA cut has the grouped and SwiGLU forms (two consumer warpgroups and
+    a producer warp, 128 columns: gemm_tma.cu builds them there alone)."""
+    return (TMA_CUT.rows, TMA_CUT.cols) == (128, 128)
+
+
+def group_grid(m: int, rows: tuple) -> tuple:
+    """r4d_tma_gemm_bf16_group's grid and block: every weight's tiles of the cut, one after another."""
+    tiles = sum(-(-n // TMA_CUT.cols) for n in rows) * -(-m // TMA_CUT.rows)
+    return (tiles, 1, 1), (TMA_CUT.threads, 1, 1)
+
+
+def swiglu_grid(m: int, n: int) -> tuple:
+    """r4d_tma_gemm_bf16_swiglu's: tiles of the cut's rows by half its columns of outputs (a tile's
+    columns are that many of gate's weight and as many of up's)."""
+    return (-(-n // (TMA_CUT.cols // 2)) * -(-m // TMA_CUT.rows), 1, 1), (TMA_CUT.threads, 1, 1)
 
 
 def shared_bytes(m: int, kernel: str = "mma", kind: str = "bf16") -> int:

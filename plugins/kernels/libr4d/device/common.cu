@@ -87,6 +87,13 @@ __device__ __forceinline__ void r4d_cos_sin(float angle, float& c, float& s) {
     s = (float)sd;
 }
 
+// silu(g) * u as libref computes it: the sigmoid in f64 rounded once to f32 (silu_mul, and every
+// fused row's epilogue of it, give the same bits)
+__device__ __forceinline__ float r4d_silu_mul(float g, float u) {
+    float sig = (float)(1.0 / (1.0 + exp(-(double)g)));
+    return (g * sig) * u;
+}
+
 __device__ __forceinline__ float r4d_warp_max(float v) {
     for (int o = R4D_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, R4D_SHFL_XOR(v, o));
     return v;

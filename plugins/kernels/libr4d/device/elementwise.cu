@@ -180,11 +180,6 @@ __device__ __forceinline__ bool r4d_aligned3(const void* a, const void* b, const
     return (((unsigned long long)a | (unsigned long long)b | (unsigned long long)c) & 15) == 0;
 }
 
-__device__ __forceinline__ float r4d_silu_mul(float g, float u) {
-    float sig = (float)(1.0 / (1.0 + exp(-(double)g)));
-    return (g * sig) * u;
-}
-
 extern "C" __global__ void r4d_add_dev(const float* a, const float* b, float* y, long long count) { R4D_CHAIN_PROLOGUE();
     long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
     long long done = 0;

@@ -258,8 +258,7 @@ __device__ __forceinline__ void sk_band_finish(const SkBand& p, int s, int n_loc
     if (SK_MODE == 2) {
         int j = n_local / 2 + (tr / 16) * 8 + tr % 8;
         if (j >= p.rows[0]) return;
-        float sig = (float)(1.0 / (1.0 + exp(-(double)v)));
-        p.y[0][(long long)m * p.rows[0] + j] = (v * sig) * up;
+        p.y[0][(long long)m * p.rows[0] + j] = r4d_silu_mul(v, up);
         p.y[1][(long long)m * p.rows[0] + j] = up;
         return;
     }

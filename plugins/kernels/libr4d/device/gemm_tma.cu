@@ -93,28 +93,57 @@ __device__ __forceinline__ void tm_acquire(const void* map) {
 }
 // tm_expect and both tm_loads of a stage where `issue` holds: predicated instructions, so that every
 // thread runs the same code (thread 0 without a producer warp)
-__device__ __forceinline__ void tm_refill(bool issue, u8* into, const u8* maps, int k, int m0, int n0, u64* barrier) {
+__device__ __forceinline__ void tm_refill(bool issue, u8* into, const u8* map_x, const u8* map_w, int k, int m0, int n0,
+                                          u64* barrier) {
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %0, 0;\n\t"
                  "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%1], %2;\n\t"
                  "@p cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%3], [%4, {%5, %6}], [%1];\n\t"
                  "@p cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%7], [%8, {%5, %9}], [%1];\n}\n"
-                 ::"r"((u32)issue), "r"(r4d_smem(barrier)), "r"((u32)TM_STAGE_BYTES), "r"(r4d_smem(into)), "l"(maps), "r"(k),
-                 "r"(m0), "r"(r4d_smem(into + TM_X_BYTES)), "l"(maps + 128), "r"(n0)
+                 ::"r"((u32)issue), "r"(r4d_smem(barrier)), "r"((u32)TM_STAGE_BYTES), "r"(r4d_smem(into)), "l"(map_x), "r"(k),
+                 "r"(m0), "r"(r4d_smem(into + TM_X_BYTES)), "l"(map_w), "r"(n0)
                  : "memory");
 }
 // ---- end of the mbarriers' and TMA's PTX
 
-template <int KIND>
-__device__ void tm_gemm(const u8* maps, const TcGemm& p) {
+// A block's output tile in a GEMM of M x N outputs: gemm_wgmma.cu's order (groups of WG_GROUP row
+// tiles, then right), `cols` outputs a tile across (WG_BN; half of it for SwiGLU's paired tiles)
+__device__ __forceinline__ void tm_tile(int M, int N, int cols, int block, int* m0, int* n0) {
+    int tiles_m = (M + TM_BM - 1) / TM_BM, tiles_n = (N + cols - 1) / cols;
+    int span = WG_GROUP * tiles_n, first = block / span * WG_GROUP, group = min(WG_GROUP, tiles_m - first);
+    *m0 = (first + block % span % group) * TM_BM;
+    *n0 = block % span / group * cols;
+}
+
+// The tiles' epilogues: TM_STORE y = the sums (gemm_wgmma.cu's wg_store, split K included);
+// TM_SWIGLU a tile of WG_BN / 2 gate rows of w then the same WG_BN / 2 rows of up's weight (map_u),
+// so a lane's d[i] (gate's column c) and d[i + WG_ACC / 2] (up's column c) are one output's pair:
+// up = the up sum, y = silu_mul(gate sum, up sum) (r4d_silu_mul: the bits of r4d_silu_mul_dev)
+#define TM_STORE 0
+#define TM_SWIGLU 1
+
+// SwiGLU's epilogue: d[i] for i < WG_ACC / 2 is gate's output at (row r0 or r0 + 8, column n0 + (i >> 2) * 8
+// + 2 tq + (i & 1)) of the tile's WG_BN / 2 columns (gemm_wgmma.cu's wg_store layout), d[i + WG_ACC / 2] up's
+__device__ __forceinline__ void tm_store_swiglu(const TcGemm& p, const float* d, float* up, int r0, int n0, int tq) {
+#pragma unroll
+    for (int i = 0; i < WG_ACC / 2; ++i) {
+        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
+        if (m < p.M && n < p.N) {
+            float u = d[i + WG_ACC / 2];
+            up[(long long)m * p.N + n] = u;
+            p.y[(long long)m * p.N + n] = r4d_silu_mul(d[i], u);
+        }
+    }
+}
+
+// One output tile (rows m0.., columns n0.. of p's y) of x (map_x) . w^T (map_w; FORM TM_SWIGLU: the
+// gate's weight, map_u the up's, `up` its output)
+template <int KIND, int FORM>
+__device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m0, int n0, const TcGemm& p, float* up) {
     extern __shared__ __align__(1024) u8 tm_shared[];
     if (r4d_smem(tm_shared) % 1024) __trap();  // the swizzle's atoms would not be where TMA and wgmma put them
     u64* full = (u64*)(tm_shared + TM_BARRIERS);  // full[s]: stage s's bytes have landed
     u64* empty = full + WG_STAGES;                 // empty[s]: every consumer warp is done reading stage s
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warpgroup = warp / 4, g = lane / 4, tq = lane % 4;
-    // the output tile: gemm_wgmma.cu's order (groups of WG_GROUP row tiles, then right)
-    int tiles_m = (p.M + TM_BM - 1) / TM_BM, tiles_n = (p.N + WG_BN - 1) / WG_BN;
-    int span = WG_GROUP * tiles_n, first = (int)blockIdx.x / span * WG_GROUP, group = min(WG_GROUP, tiles_m - first);
-    int m0 = (first + (int)blockIdx.x % span % group) * TM_BM, n0 = (int)blockIdx.x % span / group * WG_BN;
     int tiles = (p.K * (KIND == TC_BF16 ? 2 : 1) + WG_KB - 1) / WG_KB;  // k-tiles of WG_KB bytes
     int t0 = blockIdx.z * p.tiles_per_split, t1 = min(tiles, t0 + p.tiles_per_split), count = max(0, t1 - t0);
     if (threadIdx.x == 0) {
@@ -137,9 +166,9 @@ __device__ void tm_gemm(const u8* maps, const TcGemm& p) {
     // on full[s] in that round.
     if (TM_OWN_PRODUCER && warp == TM_PRODUCER) {
         if (lane == 0 && count > 0) {
-            const u8 *map_x = maps, *map_w = maps + 128;
             tm_acquire(map_x);
             tm_acquire(map_w);
+            if (FORM == TM_SWIGLU) tm_acquire(map_u);
             for (int i = 0; i < count; ++i) {
                 int s = i % WG_STAGES;
                 u32 round = (u32)(i / WG_STAGES);
@@ -148,7 +177,12 @@ __device__ void tm_gemm(const u8* maps, const TcGemm& p) {
                 tm_expect(full + s, TM_STAGE_BYTES);  // both boxes, zero-filled parts included
                 int k = (t0 + i) * WG_KB;
                 tm_load(stage, map_x, k, m0, full + s);
-                tm_load(stage + TM_X_BYTES, map_w, k, n0, full + s);
+                if (FORM == TM_SWIGLU) {  // boxes of WG_BN / 2 rows: gate's, then up's below them
+                    tm_load(stage + TM_X_BYTES, map_w, k, n0, full + s);
+                    tm_load(stage + TM_X_BYTES + WG_BN / 2 * WG_KB, map_u, k, n0, full + s);
+                } else {
+                    tm_load(stage + TM_X_BYTES, map_w, k, n0, full + s);
+                }
             }
         }
     }
@@ -161,11 +195,11 @@ __device__ void tm_gemm(const u8* maps, const TcGemm& p) {
     bool loader = !TM_OWN_PRODUCER && threadIdx.x == 0 && count > 0;
     if (!TM_OWN_PRODUCER) {
         if (loader) {
-            tm_acquire(maps);
-            tm_acquire(maps + 128);
+            tm_acquire(map_x);
+            tm_acquire(map_w);
         }
         for (int i = 0; i < min(count, WG_STAGES); ++i)
-            tm_refill(loader, tm_shared + i * TM_STAGE_BYTES, maps, (t0 + i) * WG_KB, m0, n0, full + i);
+            tm_refill(loader, tm_shared + i * TM_STAGE_BYTES, map_x, map_w, (t0 + i) * WG_KB, m0, n0, full + i);
     }
     float d[WG_ACC];
 #pragma unroll
@@ -195,14 +229,18 @@ __device__ void tm_gemm(const u8* maps, const TcGemm& p) {
                 // flight meanwhile); thread 0 alone issues, by predicate
                 int back = (i - 1) % WG_STAGES, k = (t0 + i - 1 + WG_STAGES) * WG_KB;
                 tm_wait(empty + back, (u32)((i - 1) / WG_STAGES) & 1);
-                tm_refill(loader, tm_shared + back * TM_STAGE_BYTES, maps, k, m0, n0, full + back);
+                tm_refill(loader, tm_shared + back * TM_STAGE_BYTES, map_x, map_w, k, m0, n0, full + back);
             }
         }
         wg_wait<0>();
         wg_pin(d);
     }
-    // gemm_wgmma.cu's epilogue; the producer's warp holds no outputs
     bool split = gridDim.z > 1, consumer = warp < TM_PRODUCER;
+    if (FORM == TM_SWIGLU) {
+        if (consumer) tm_store_swiglu(p, d, up, r0, n0, tq);
+        return;  // never split (the plan's)
+    }
+    // gemm_wgmma.cu's epilogue; the producer's warp holds no outputs
     if (consumer) wg_store<KIND>(p, d, r0, n0, tq, split);
     // every thread of the block passes r4d_last_split's barriers, the producer's warp too
     if (!split || !r4d_last_split(p.counters, (int*)(tm_shared + TM_BARRIERS + 16 * WG_STAGES)) || !consumer) return;
@@ -248,20 +286,39 @@ __device__ __forceinline__ void tm_publish(u8* to, u32* staged) {
 #define R4D_TM_ONLY 0
 #endif
 
-// maps[0..127]: x's map ([M, row_bytes], boxes of TM_BM rows); maps[128..255]: w's ([N, row_bytes],
-// boxes of WG_BN rows). One warp; maps 128-aligned (the scratch's parts are 256-aligned).
-#if R4D_TM_ONLY == 0 || R4D_TM_ONLY == 3
-extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps(const void* x, const void* w, int M, int N, int row_bytes,
-                                                              u8* maps) {
-    __shared__ __align__(128) u32 staged[2][32];
+// The maps the GEMMs read, one warp, maps 128-aligned (the scratch's parts are 256-aligned): x's
+// ([M, row_bytes], boxes of TM_BM rows) at maps[0..127], then each weight's ([rows, row_bytes],
+// boxes of `box` rows) after it
+__device__ __forceinline__ void tm_maps(const void* x, const void* w0, const void* w1, const void* w2, int M, int n0,
+                                        int n1, int n2, int weights, int row_bytes, int box, u8* maps) {
+    __shared__ __align__(128) u32 staged[4][32];
     R4D_CHAIN_PROLOGUE();  // the launch after this one waits for this one alone: wait for the one before
-    for (int which = 0; which < 2; ++which) {
+    for (int which = 0; which <= weights; ++which) {
         staged[which][threadIdx.x] = 0u;
         __syncwarp();
-        if (threadIdx.x == 0) tm_fill(staged[which], which ? w : x, which ? N : M, row_bytes, which ? WG_BN : TM_BM);
+        if (threadIdx.x == 0) {
+            const void* base = which == 0 ? x : which == 1 ? w0 : which == 2 ? w1 : w2;
+            int rows = which == 0 ? M : which == 1 ? n0 : which == 2 ? n1 : n2;
+            tm_fill(staged[which], base, rows, row_bytes, which ? box : TM_BM);
+        }
         __syncwarp();  // lane 0's fields in before the warp's copy
         tm_publish(maps + 128 * which, staged[which]);
     }
+}
+
+#if R4D_TM_ONLY == 0 || R4D_TM_ONLY == 3
+// x's map, then w's (boxes of WG_BN rows)
+extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps(const void* x, const void* w, int M, int N, int row_bytes,
+                                                              u8* maps) {
+    tm_maps(x, w, nullptr, nullptr, M, N, 0, 0, 1, row_bytes, WG_BN, maps);
+}
+// x's map, then `weights` (1..3) weights' (boxes of `box` rows: WG_BN for r4d_tma_gemm_bf16_group,
+// WG_BN / 2 for r4d_tma_gemm_bf16_swiglu)
+extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps_group(const void* x, const void* w0, const void* w1,
+                                                                    const void* w2, int M, int n0, int n1, int n2,
+                                                                    int weights, int row_bytes, int box, u8* maps) {
+    if (weights < 1 || weights > 3) __trap();
+    tm_maps(x, w0, w1, w2, M, n0, n1, n2, weights, row_bytes, box, maps);
 }
 #endif
 
@@ -270,12 +327,54 @@ extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps(const void* x, con
         const u8* maps, const float* x_scale, const float* w_scale, int w_stride, float* y, float* partial,      \
         u32* counters, int M, int N, int K, int tiles_per_split) {                                             \
         TcGemm p = {nullptr, x_scale, nullptr, w_scale, w_stride, y, partial, counters, M, N, K, tiles_per_split}; \
-        tm_gemm<KIND>(maps, p);                                                                                \
+        int m0, n0;                                                                                            \
+        tm_tile(M, N, WG_BN, blockIdx.x, &m0, &n0);                                                            \
+        tm_gemm<KIND, TM_STORE>(maps, maps + 128, nullptr, m0, n0, p, nullptr);                                \
     }
 
-// One entry a compile (-DR4D_TM_ONLY=1 bf16, 2 e4m3, 3 the maps; 0: all, the compile test)
+// q, k and v (or any 1..3 weights of one x) in one launch: y_g = x . w_g^T, f32 [M, n_g], the blocks
+// of each weight's tiles after the one before's (its tiles in tm_tile's order); never split.
+// maps: r4d_tma_maps_group's with boxes of WG_BN rows.
+__device__ void tm_gemm_group(const u8* maps, float* y0, float* y1, float* y2, int M, int n0, int n1, int n2, int weights,
+                              int K) {
+    int block = blockIdx.x, tiles_m = (M + TM_BM - 1) / TM_BM, which = 0, N = n0, m0, c0;
+    while (which < weights - 1 && block >= tiles_m * ((N + WG_BN - 1) / WG_BN)) {
+        block -= tiles_m * ((N + WG_BN - 1) / WG_BN);
+        N = ++which == 1 ? n1 : n2;
+    }
+    float* y = which == 0 ? y0 : which == 1 ? y1 : y2;
+    tm_tile(M, N, WG_BN, block, &m0, &c0);
+    TcGemm p = {nullptr, nullptr, nullptr, nullptr, 0, y, nullptr, nullptr, M, N, K, (2 * K + WG_KB - 1) / WG_KB};
+    tm_gemm<TC_BF16, TM_STORE>(maps, maps + 128 * (1 + which), nullptr, m0, c0, p, nullptr);
+}
+
+// gate and up of one x in one launch, silu * mul in the epilogue: up = x . wu^T, gate = silu_mul(x . wg^T,
+// up), f32 [M, N] each; a block's WG_BN / 2 output columns; never split. maps: r4d_tma_maps_group's
+// of the gate's then the up's weight with boxes of WG_BN / 2 rows.
+__device__ void tm_gemm_swiglu(const u8* maps, float* gate, float* up, int M, int N, int K) {
+    int m0, c0;
+    tm_tile(M, N, WG_BN / 2, blockIdx.x, &m0, &c0);
+    TcGemm p = {nullptr, nullptr, nullptr, nullptr, 0, gate, nullptr, nullptr, M, N, K, (2 * K + WG_KB - 1) / WG_KB};
+    tm_gemm<TC_BF16, TM_SWIGLU>(maps, maps + 128, maps + 256, m0, c0, p, up);
+}
+
+// One entry a compile (-DR4D_TM_ONLY=1 bf16 with its group and SwiGLU forms, 2 e4m3, 3 the maps; 0: all,
+// the compile test)
 #if R4D_TM_ONLY == 0 || R4D_TM_ONLY == 1
 TM_GEMM_ENTRY(TC_BF16, r4d_tma_gemm_bf16)
+// the grouped blocks and the paired tiles: the cuts of a producer warp and 128 columns alone
+// (device_tensor_cores.groups_serve; the plan never launches them in another)
+#define TM_GROUPS (TM_OWN_PRODUCER && WG_BN == 128)
+extern "C" __global__ void __launch_bounds__(TM_THREADS, TM_BLOCKS) r4d_tma_gemm_bf16_group(
+    const u8* maps, float* y0, float* y1, float* y2, int M, int n0, int n1, int n2, int weights, int K) {
+    if (!TM_GROUPS) __trap();
+    tm_gemm_group(maps, y0, y1, y2, M, n0, n1, n2, weights, K);
+}
+extern "C" __global__ void __launch_bounds__(TM_THREADS, TM_BLOCKS) r4d_tma_gemm_bf16_swiglu(
+    const u8* maps, float* gate, float* up, int M, int N, int K) {
+    if (!TM_GROUPS) __trap();
+    tm_gemm_swiglu(maps, gate, up, M, N, K);
+}
 #endif
 #if R4D_TM_ONLY == 0 || R4D_TM_ONLY == 2
 TM_GEMM_ENTRY(TC_E4M3, r4d_tma_gemm_e4m3)

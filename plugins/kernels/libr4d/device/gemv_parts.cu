@@ -155,8 +155,7 @@ __device__ __forceinline__ void gemv_store(const GemvWeights& w, const GemvOut& 
     GemvRow r = gemv_row(w, logical);
     long long at = (long long)m * r4d_pick(w.n, r.seg) + r.row;
     if (R4D_GEMV_MODE == 2) {
-        float sig = (float)(1.0 / (1.0 + exp(-(double)total)));
-        w.y[0][at] = (total * sig) * partner;
+        w.y[0][at] = r4d_silu_mul(total, partner);
         w.y[1][at] = partner;
         return;
     }
