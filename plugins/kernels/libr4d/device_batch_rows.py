@@ -120,7 +120,7 @@ def _tc_gemm(a):
     return tc_gemm_steps(a, _address(x), weight, _address(y))
 
 
-def _tc_gemm_scratch(kind):
+def tc_gemm_scratch(kind):
     """The tile GEMMs' most, or the streamed GEMM's where that is more (whether it serves is the
     process's choice, made after the scratch is sized)."""
     def scratch(geometry) -> int:
@@ -202,13 +202,13 @@ def build_batch_rows() -> list[RadKernelInfo]:
             [above_gemv, RAD_CEQ("split_k", 1), RAD_CIN("wdtype", "bf16"), RAD_CDIV("K", 8)],
             "tensor-core GEMM: x rounded to bf16, f32 accumulation; wgmma on sm_90, mma.sync from sm_80",
             f"M>={tc.GEMV_MAX_M + 1}, K%8==0", "f32 x bf16", layout=layout_as_stored(("bf16",)),
-            scratch=_tc_gemm_scratch("bf16")),
+            scratch=tc_gemm_scratch("bf16")),
         row("r4d_gemm_tc_fp8_dev", "gemm", _tc_gemm,
             [above_gemv, RAD_CEQ("split_k", 1), RAD_CIN("wdtype", fp8), RAD_CDIV("K", 16)],
             "fp8 tensor-core GEMM: x quantised per row to e4m3 (amax / 448), e4m3 products, f32 accumulation, "
             "scaled by the row's and the weight row's scales; wgmma on sm_90, mma.sync from sm_89",
             f"M>={tc.GEMV_MAX_M + 1}, K%16==0", f"f32 x {fp8}", layout=layout_as_stored(FP8_FORMATS),
-            scratch=_tc_gemm_scratch("e4m3")),
+            scratch=tc_gemm_scratch("e4m3")),
         row("r4d_attention_tc_dev", "attention", _tc_attention,
             [above_gemv, RAD_CLE("head_dim", dk.ATT_MAX_HEAD_DIM)],
             "paged KV stored, then flash attention on bf16 tensor cores: a block per (query tile of one sequence, "

@@ -556,9 +556,11 @@ def build_device_rows() -> list[RadKernelInfo]:
                 f"f32 x {fmt}", layout=stored, scratch=take_rows_rmsnorm_gemm_sample_scratch,
                 replaces=REPLACES["take_rows_rmsnorm_gemm_sample"]),
         ]
-    from .device_batch_rows import build_batch_rows  # imported here: it builds on this module
+    from .device_batch_rows import build_batch_rows  # imported here: they build on this module
+    from .device_prefill_rows import build_prefill_rows
     return [
         *build_batch_rows(),
+        *build_prefill_rows(),
         row("r4d_embedding_dev", "embedding", _embedding, [RAD_CIN("wdtype", FORMATS)], "table rows decoded to f32",
             "any", f"{FORMATS} table", layout=_layout_as_stored(FORMATS.split())),
         row("r4d_rmsnorm_dev", "rmsnorm", _rmsnorm, [], "a warp per row, the canonical sum of squares", "any", "f32",

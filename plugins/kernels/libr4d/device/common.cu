@@ -50,6 +50,18 @@ __device__ __forceinline__ float r4d_f16(u32 h) {
 // f32 subnormal and scales exactly too. The NaN codes (0x7f, 0xff) read as 480 here (and as NaN
 // through r4d_fp8x4's conversion on NVIDIA cards): no quantiser writes them.
 __device__ __forceinline__ float r4d_fp8(u32 b) { return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f; }
+// a norm's weight at k as stored: f32, bf16 or f16 (fmt: FMT_F32, FMT_BF16, FMT_F16)
+__device__ __forceinline__ float r4d_norm_weight(const u8* weight, int fmt, int k) {
+    return fmt == FMT_F32 ? ((const float*)weight)[k]
+         : fmt == FMT_BF16 ? r4d_bf16(((const u16*)weight)[k]) : r4d_f16(((const u16*)weight)[k]);
+}
+// v as bf16 bits, rounded to nearest even (cvt.rn.bf16.f32's for every finite value and infinity; a
+// NaN stays a NaN), on any card
+__device__ __forceinline__ u32 r4d_bf16_bits(float v) {
+    u32 b = __float_as_uint(v);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (b >> 16) | 0x40u;
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+}
 
 // The four e4m3 codes of a word (the lowest byte first) as f32, the values r4d_fp8 gives. On NVIDIA
 // cards from sm_89 (R4D_FP8_CVT, on unless a build says 0) the card converts two codes at a time to

@@ -60,6 +60,28 @@ extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float
     r4d_rmsnorm_row(x + (long long)m * n, w, y + (long long)m * n, n, eps);
 }
 
+// rmsnorm of the fused prefill rows (device_prefill_rows.py), the norm's weight as stored (fmt:
+// FMT_F32, FMT_BF16, FMT_F16): y = (x * scale) * w with r4d_rmsnorm_row's scale (r4d_rmsnorm_dev's
+// bits, as the chain leaves `normed`), and where `rows` is given the same values rounded to bf16
+// (nearest even) into it, the tensor-core GEMMs' x. A warp a row (norm_grid), n % 4 == 0, x, y and
+// rows 16-, 16- and 8-byte aligned.
+extern "C" __global__ void r4d_rmsnorm_bf16_dev(const float* x, const u8* w, int fmt, float* y, u16* rows, int M, int n,
+                                                float eps) { R4D_CHAIN_PROLOGUE();
+    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP, lane = threadIdx.x % R4D_WARP;
+    if (m >= M) return;
+    const float* row = x + (long long)m * n;
+    float scale = 1.0f / sqrtf(r4d_row_squares(row, n) / (float)n + eps);
+    for (int c = lane; c < n / 4; c += R4D_WARP) {
+        float4 h = ((const float4*)row)[c];
+        float4 v = make_float4((h.x * scale) * r4d_norm_weight(w, fmt, 4 * c), (h.y * scale) * r4d_norm_weight(w, fmt, 4 * c + 1),
+                               (h.z * scale) * r4d_norm_weight(w, fmt, 4 * c + 2), (h.w * scale) * r4d_norm_weight(w, fmt, 4 * c + 3));
+        ((float4*)(y + (long long)m * n))[c] = v;
+        if (rows)
+            ((uint2*)(rows + (long long)m * n))[c] = make_uint2(r4d_bf16_bits(v.x) | r4d_bf16_bits(v.y) << 16,
+                                                                 r4d_bf16_bits(v.z) | r4d_bf16_bits(v.w) << 16);
+    }
+}
+
 // add then rmsnorm, fused (add(residual, x, residual) + rmsnorm(residual, w, y)): residual += x, then
 // y = rmsnorm(residual) * w, a warp per row of M (norm_grid), bit for bit r4d_add_dev then
 // r4d_rmsnorm_dev (the same sums; the norm is r4d_rmsnorm_row itself). The row's sums are written

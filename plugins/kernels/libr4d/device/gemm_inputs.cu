@@ -98,10 +98,7 @@ extern "C" __global__ void __launch_bounds__(256) r4d_split_bf16_dev(const float
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int k = 4 * c + e;
-                float w = norm_fmt == FMT_F32 ? ((const float*)norm_weight)[k]
-                        : norm_fmt == FMT_BF16 ? __uint_as_float((u32)((const u16*)norm_weight)[k] << 16)
-                                               : r4d_f16(((const u16*)norm_weight)[k]);
-                v[e] = (v[e] * scale) * w;
+                v[e] = (v[e] * scale) * r4d_norm_weight(norm_weight, norm_fmt, k);
             }
             ((float4*)(normed + (long long)m * K))[c] = make_float4(v[0], v[1], v[2], v[3]);
         }

@@ -1,0 +1,146 @@
+"""libr4d's fused rows above the decode band (docs/LIBR4D.md "Fused rows for prefill"): the chains
+rmsnorm + q, k, v and rmsnorm + gate, up + silu_mul, each one row, from TMA_FROM rows of x, where a
+prefill's GEMMs are gemm_tma.cu's. On Hopper (bf16, the TMA kernel's default cut): r4d_rmsnorm_bf16_dev
+(`normed` as the chain leaves it, and its values rounded to bf16 into the scratch: x narrowed once,
+not once a GEMM), r4d_tma_maps_group, then one r4d_tma_gemm_bf16_group over q, k and v, or one
+r4d_tma_gemm_bf16_swiglu writing up and gate = silu_mul(gate, up) (no silu_mul launch). Elsewhere (another
+card, another cut, R4D_PREFILL_FUSED=0) the same row runs the chain's own launches: the norm, the
+batch rows' GEMMs (device_batch_rows.tc_gemm_steps), silu_mul. Either way the bits of the unfused
+chain on that card: the same norm, the same roundings to bf16, each output's sums in the same order.
+Taking these rows leaves the residual add before the norm to r4d_add_dev (add_rmsnorm's fusion is
+the shorter of the two that overlap)."""
+
+import os
+
+from radiance.abi import RAD_CDIV, RAD_CGE, RAD_CIN, RAD_DOMAIN_DEVICE, KernelArgs, RadKernelInfo
+
+from . import device_kernels as dk
+from . import device_tensor_cores as tc
+from .device_batch_rows import PRIORITY, tc_gemm_scratch, tc_gemm_steps
+from .device_formats import layout_as_stored
+from .device_rows import F32_ACTIVATIONS, DeviceWeight, ScratchTooSmall, Step, _address, _planned, _vendor, chained
+from .rows import REPLACES
+
+FROM = tc.TMA_FROM  # below it gemm_skinny.cu and the streamed GEMM serve, which fuse nothing here
+
+
+def fused() -> bool:
+    """Whether the rows take gemm_tma.cu's grouped forms where they serve (R4D_PREFILL_FUSED=0: the
+    chain's own launches everywhere; read at each plan, so one process can time both)."""
+    return os.environ.get("R4D_PREFILL_FUSED", "1") != "0"
+
+
+def serves(a) -> bool:
+    """gemm_tma.cu's grouped and SwiGLU forms serve this launch: the card's GEMM at M is the TMA
+    kernel, in a cut that has them, and they are not turned off."""
+    m = int(a.params["M"])
+    return (fused() and tc.groups_serve()
+            and tc.kernel_for(_vendor(a), getattr(a.stream, "target", ""), "bf16", m) == "tma")
+
+
+def scratch_layout(m: int, k: int) -> dict:
+    """After the split-K counters' region (tc.COUNTER_BYTES, which every row's scratch keeps): x's
+    normed rows as bf16 [M, K], then four tensor maps (x's and up to three weights')."""
+    rows = tc.COUNTER_BYTES
+    maps = rows + -(-2 * m * k // 256) * 256
+    return {"rows": rows, "maps": maps, "total": maps + 4 * tc.MAP_BYTES}
+
+
+def _scratch(outputs: tuple):
+    """The grouped path's layout or, where more, what the batch rows' GEMM of each weight needs."""
+    def scratch(geometry) -> int:
+        m, k = int(geometry["M"]), int(geometry["K"])
+        gemms = [tc_gemm_scratch("bf16")({"M": m, "N": int(geometry[name]), "K": k}) for name in outputs]
+        return max(scratch_layout(m, k)["total"], *gemms)
+    return scratch
+
+
+def _norm(a, x: int, norm, normed: int, rows: int) -> Step:
+    weight, m, k = DeviceWeight(norm), int(a.params["M"]), int(a.params["K"])
+    grid, block = dk.norm_grid(m, dk.warp_size(_vendor(a)))
+    args = (KernelArgs("r4d_rmsnorm_bf16_dev").pointer(x).pointer(weight.codes).i32(weight.fmt).pointer(normed)
+            .pointer(rows).i32(m).i32(k).f32(a.params["eps"]))
+    return Step("r4d_rmsnorm_bf16_dev", "elementwise", grid, block, args)
+
+
+def _grouped(a, pairs: list, swiglu: bool) -> list:
+    """The Hopper launches: the norm with its bf16 rows, the maps, the grouped or SwiGLU GEMM."""
+    x, norm, normed = a.t[:3]
+    m, k = int(a.params["M"]), int(a.params["K"])
+    layout = scratch_layout(m, k)
+    if layout["total"] > int(a.scratch_bytes or 0):
+        raise ScratchTooSmall(f"{a.scratch_bytes} bytes of scratch, the fused prefill row needs {layout['total']}")
+    rows, maps = int(a.scratch or 0) + layout["rows"], int(a.scratch or 0) + layout["maps"]
+    weights = [DeviceWeight(weight) for weight, _ in pairs]
+    for weight in weights:
+        if weight.codes % 16:
+            raise ValueError(f"a weight at {weight.codes:#x} is not 16-byte aligned (TMA reads 16 bytes at a time)")
+    padded = weights + [weights[0]] * (3 - len(weights))  # unread past `weights`
+    box = tc.TMA_CUT.cols // 2 if swiglu else tc.TMA_CUT.cols
+    args = KernelArgs(tc.TMA_MAPS_GROUP).pointer(rows)
+    for weight in padded:
+        args.pointer(weight.codes)
+    args.i32(m)
+    for at in range(3):
+        args.i32(weights[at].rows if at < len(weights) else 0)
+    args.i32(len(weights)).i32(2 * k).i32(box).pointer(maps)
+    steps = [_norm(a, _address(x), norm, _address(normed), rows),
+             Step(tc.TMA_MAPS_GROUP, "gemm_tma", (1, 1, 1), (32, 1, 1), args, 0, tc.options(tc.TMA_MAPS_GROUP))]
+    shared = tc.shared_bytes(m, "tma", "bf16")
+    if swiglu:
+        (_, gate), (_, up) = pairs
+        grid, block = tc.swiglu_grid(m, weights[0].rows)
+        gemm = KernelArgs(tc.TMA_SWIGLU).pointer(maps).pointer(gate).pointer(up).i32(m).i32(weights[0].rows).i32(k)
+        return steps + [Step(tc.TMA_SWIGLU, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_SWIGLU))]
+    outputs = [y for _, y in pairs] + [pairs[0][1]] * (3 - len(pairs))
+    gemm = KernelArgs(tc.TMA_GROUP).pointer(maps)
+    for y in outputs:
+        gemm.pointer(y)
+    gemm.i32(m)
+    for at in range(3):
+        gemm.i32(weights[at].rows if at < len(weights) else 0)
+    gemm.i32(len(weights)).i32(k)
+    grid, block = tc.group_grid(m, tuple(weight.rows for weight in weights))
+    return steps + [Step(tc.TMA_GROUP, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_GROUP))]
+
+
+def _chain(a, pairs: list, swiglu: bool) -> list:
+    """Anywhere else: the chain's own launches (the norm, each GEMM as the batch rows plan it, silu_mul)."""
+    x, norm, normed = a.t[:3]
+    steps = [_norm(a, _address(x), norm, _address(normed), 0)]
+    for weight, y in pairs:
+        steps += tc_gemm_steps(a, _address(normed), weight, y)
+    if swiglu:
+        (_, gate), (_, up) = pairs
+        count = int(a.params["M"]) * DeviceWeight(pairs[0][0]).rows
+        grid, block = dk.flat_grid(count, getattr(a.stream, "multiprocessors", 1))
+        args = KernelArgs("r4d_silu_mul_dev").pointer(gate).pointer(up).pointer(gate).i64(count)
+        steps.append(Step("r4d_silu_mul_dev", "elementwise", grid, block, args))
+    return steps
+
+
+def _build(swiglu: bool):
+    def build(a):
+        operands = a.t[3:]
+        pairs = [(operands[i], _address(operands[i + 1])) for i in range(0, len(operands), 2)]
+        return (_grouped if serves(a) else _chain)(a, pairs, swiglu)
+    return build
+
+
+def build_prefill_rows() -> list[RadKernelInfo]:
+    constraints = [F32_ACTIVATIONS, RAD_CGE("M", FROM), RAD_CIN("wdtype", "bf16"), RAD_CDIV("K", 8)]
+    stored = layout_as_stored(("bf16", "f32", "f16"))  # the GEMMs' bf16 weights and the norm's, as stored
+
+    def row(name, op, swiglu, outputs, computes):
+        return RadKernelInfo(name=chained(name), op=op, family="r4d", computes=f"{computes} (device/*.cu)",
+                             shape=f"M>={FROM}, K%8==0", dtypes="f32 x bf16", domain=RAD_DOMAIN_DEVICE,
+                             priority=PRIORITY, constraints=constraints, launch=_planned(name, _build(swiglu)),
+                             layout=stored, scratch=_scratch(outputs), replaces=REPLACES[op])
+
+    return [
+        row("r4d_rmsnorm_gemm3_tc_dev", "rmsnorm_gemm3", False, ("N.1", "N.2", "N.3"),
+            "prefill: the norm once, its rows narrowed to bf16 once, q, k and v in one TMA GEMM launch on Hopper"),
+        row("r4d_rmsnorm_gemm2_silu_mul_tc_dev", "rmsnorm_gemm2_silu_mul", True, ("N.1", "N.2"),
+            "prefill: the norm once, gate and up paired in one TMA GEMM launch with silu * mul in its epilogue on "
+            "Hopper"),
+    ]

@@ -1,0 +1,125 @@
+"""The fused rows above the decode band (device_prefill_rows.py): rmsnorm + q, k, v and rmsnorm + gate,
+up + silu_mul from TMA_FROM rows. On a fake sm_90 (tests/fixtures/r4d_fake_kernels.py's forms) they
+launch the norm with its bf16 rows, the maps and one grouped or SwiGLU TMA GEMM; with
+R4D_PREFILL_FUSED=0, or on a card without the TMA kernel, the chain's own launches; both give the
+same bits, within the tensor-core GEMM's tolerance of libref's chain. gemm_tma.cu's grouped and
+SwiGLU forms themselves: tests/test_gemm_tma_on_host.py; on a card: tests/test_device_batch_rows.py."""
+
+import importlib
+
+import numpy as np
+import pytest
+
+from device_batch_support import nvidia_fake
+from radiance.abi import RAD_OK
+from radiance.engine.running.device_stream import EngineStream
+from radiance.engine.selection.bands import row_refusal
+from test_device_rows_support import Card
+from test_device_tensor_cores import device_row
+from test_libr4d_support import activations, make_weight, registry, rel_err, row_of  # noqa: F401 (registry)
+from test_libr4d_support import launch as host_launch
+
+dk = importlib.import_module("radiance.plugins.kernels.libr4d.device_kernels")
+tc = importlib.import_module("radiance.plugins.kernels.libr4d.device_tensor_cores")
+QKV, FFN = "r4dchain_rmsnorm_gemm3_tc_dev", "r4dchain_rmsnorm_gemm2_silu_mul_tc_dev"
+HIDDEN, (NQ, NK), FFN_ROWS = 256, (256, 72), 200  # 72 and 200 rows: tiles' tails
+
+
+@pytest.fixture(scope="module", params=["sm_90", "sm_89"])
+def card(request):
+    device = nvidia_fake(request.param)
+    fake = Card(device, EngineStream(device))
+    yield fake
+    fake.close()
+    device.close()
+
+
+def qkv_case(m, norm_format="bf16"):
+    zeros = lambda n: np.zeros((m, n), np.float32)  # noqa: E731
+    operands = [activations(m, HIDDEN, m), None, zeros(HIDDEN), None, zeros(NQ), None, zeros(NK), None, zeros(NK)]
+    weights = {1: make_weight(norm_format, 1, HIDDEN, 2), 3: make_weight("bf16", NQ, HIDDEN, 3),
+               5: make_weight("bf16", NK, HIDDEN, 5), 7: make_weight("bf16", NK, HIDDEN, 7)}
+    params = {"M": m, "n": HIDDEN, "eps": 1e-5, "K": HIDDEN, "N.1": NQ, "N.2": NK, "N.3": NK, "wdtype": "bf16",
+              "dtype": "f32"}
+    return "rmsnorm_gemm3", QKV, operands, params, weights, (2, 4, 6, 8)
+
+
+def ffn_case(m, norm_format="f32"):
+    zeros = lambda n: np.zeros((m, n), np.float32)  # noqa: E731
+    operands = [activations(m, HIDDEN, m + 1), None, zeros(HIDDEN), None, zeros(FFN_ROWS), None, zeros(FFN_ROWS)]
+    weights = {1: make_weight(norm_format, 1, HIDDEN, 12), 3: make_weight("bf16", FFN_ROWS, HIDDEN, 13),
+               5: make_weight("bf16", FFN_ROWS, HIDDEN, 15)}
+    params = {"M": m, "n.0": HIDDEN, "eps": 1e-5, "K": HIDDEN, "N.1": FFN_ROWS, "N.2": FFN_ROWS, "wdtype": "bf16",
+              "dtype": "f32"}
+    return "rmsnorm_gemm2_silu_mul", FFN, operands, params, weights, (2, 4, 6)
+
+
+def launched(card, registry, case) -> tuple:
+    _, name, operands, params, weights, read = case
+    before = len(card.device.launches)
+    got = card.run(device_row(registry, name), operands, params, weights, read=read)
+    return got, [launch.name for launch in card.device.launches[before:]]
+
+
+def libref_chain(registry, case) -> dict:
+    op, _, operands, params, weights, read = case
+    arrays = [None if i in weights else np.array(o, copy=True) for i, o in enumerate(operands)]
+    assert host_launch(row_of(registry, op, "libref"), arrays, params, weights) == RAD_OK
+    return {i: arrays[i] for i in read}
+
+
+@pytest.mark.parametrize("make", [qkv_case, ffn_case])
+def test_the_rows_launch_one_grouped_gemm_on_hopper_and_the_chain_elsewhere_with_the_same_bits(
+        registry, card, monkeypatch, make):
+    """Hopper: the norm (its bf16 rows), the maps, one GEMM; R4D_PREFILL_FUSED=0 and sm_89: the chain's
+    own launches. Every output (normed, q, k, v; normed, gate, up) the same either way, and
+    within the tensor-core GEMM's tolerance of libref's chain (the norm within the device rmsnorm's)."""
+    case = make(300)
+    monkeypatch.delenv("R4D_PREFILL_FUSED", raising=False)
+    got, names = launched(card, registry, case)
+    hopper = card.device.target == "sm_90"
+    if hopper:
+        last = tc.TMA_GROUP if case[0] == "rmsnorm_gemm3" else tc.TMA_SWIGLU
+        assert names == ["r4d_rmsnorm_bf16_dev", tc.TMA_MAPS_GROUP, last], names
+    else:
+        assert names[0] == "r4d_rmsnorm_bf16_dev" and tc.TMA_GROUP not in names and tc.TMA_MAPS_GROUP not in names
+    monkeypatch.setenv("R4D_PREFILL_FUSED", "0")
+    unfused, names = launched(card, registry, case)
+    gemms = 3 if case[0] == "rmsnorm_gemm3" else 2
+    if hopper:
+        assert names == ["r4d_rmsnorm_bf16_dev", *["r4d_narrow_bf16_dev", "r4d_tma_maps", "r4d_tma_gemm_bf16"] * gemms,
+                         *(["r4d_silu_mul_dev"] if gemms == 2 else [])], names
+    want = libref_chain(registry, case)
+    for i in case[5]:
+        # the same bits where the chain's GEMM sums K in one pass, as at a prefill's thousands of rows
+        # (tests/test_gemm_tma_on_host.py); this small K the chain's GEMM splits in two, so f32 order
+        splits = tc.split(300, case[2][i].shape[1], HIDDEN, "bf16", "tma")[0]
+        if i == 2 or splits == 1:
+            assert np.array_equal(got[i].view(np.uint32), unfused[i].view(np.uint32)), (case[1], i)
+        else:
+            assert rel_err(got[i], unfused[i]) <= 1e-6, (case[1], i)
+        err = rel_err(got[i], want[i])
+        assert np.isfinite(got[i]).all() and err <= (dk.TOLERANCE["rmsnorm"] if i == 2 else tc.TOLERANCE["bf16"]), (case[1], i, err)
+
+
+def test_the_rows_serve_from_the_tma_kernels_rows_and_below_leave_the_chain_to_the_band_rows(registry):
+    """From TMA_FROM rows (where Hopper's bf16 GEMMs are gemm_tma.cu's) on bf16 weights; below, the
+    skinny and streamed GEMMs keep the chain (add_rmsnorm's fusion and the plain GEMM rows)."""
+    for make in (qkv_case, ffn_case):
+        op, name, _, params, _, _ = make(tc.TMA_FROM)
+        row, schema = device_row(registry, name), registry.ops[op].schema
+        assert row.info.replaces
+        assert row_refusal(row, schema, params, {}) is None, name
+        assert "M" in row_refusal(row, schema, {**params, "M": tc.TMA_FROM - 1}, {}), name
+        assert "wdtype" in row_refusal(row, schema, {**params, "wdtype": "q8_0"}, {}), name
+
+
+def test_the_scratch_holds_the_bf16_rows_after_the_counters_and_every_chain_gemms_need(registry):
+    """The grouped path's bf16 rows and maps lie past the split-K counters' region, and the hook's
+    size covers them and each GEMM of the chain as the batch rows plan it, at the band's most rows."""
+    pr = importlib.import_module("radiance.plugins.kernels.libr4d.device_prefill_rows")
+    layout = pr.scratch_layout(2048, 4096)
+    assert layout["rows"] >= tc.COUNTER_BYTES and layout["maps"] >= layout["rows"] + 2 * 2048 * 4096
+    geometry = {"M": 2048, "K": 4096, "N.1": 14336, "N.2": 14336}
+    assert device_row(registry, FFN).info.scratch(geometry) >= layout["total"]
+    assert device_row(registry, FFN).info.scratch(geometry) >= tc.scratch_bytes(2048, 14336, 4096, "bf16")
