@@ -19,7 +19,7 @@ from test_libr4d_support import make_weight, registry  # noqa: F401 (registry is
 
 GEMMA = {"scale", "rmsnorm_heads", "gelu_tanh_mul", "sliding_attention"}  # device_gemma_rows.py
 FUSED = {"rmsnorm_gemm3", "rmsnorm_gemm2_silu_mul", "gemm_add", "rope_attention", "take_rows_rmsnorm_gemm_sample",
-         "add_rmsnorm"}
+         "add_rmsnorm", "add_rmsnorm_gemm3", "add_rmsnorm_gemm2_silu_mul"}
 
 
 def library(registry):

@@ -236,7 +236,9 @@ def test_libr4d_tensor_core_rows_state_the_tolerances_docs_give_them():
     finally:
         registry.close()
     assert stated == {"r4dchain_gemm_tc_bf16_dev": 4e-3, "r4dchain_gemm_tc_fp8_dev": 6e-2,
-                      "r4dchain_attention_tc_dev": 3e-2}, stated
+                      "r4dchain_attention_tc_dev": 3e-2, "r4dchain_add_rmsnorm_gemm3_tc_dev": 4e-3,
+                      "r4dchain_rmsnorm_gemm3_tc_dev": 4e-3, "r4dchain_add_rmsnorm_gemm2_silu_mul_tc_dev": 8e-3,
+                      "r4dchain_rmsnorm_gemm2_silu_mul_tc_dev": 8e-3}, stated
 
 
 @pytest.mark.parametrize("flip", [0, 1])

@@ -148,7 +148,8 @@ def test_libr4d_loads_as_a_plugin_and_serves_every_op(registry):
     assert host == set(OPS) and compute == set(OPS)
     fused = {row.op for row in library.rows if row.info.replaces and not row.collective}
     assert fused == {"add_rmsnorm", "rmsnorm_gemm3", "rmsnorm_gemm2", "rmsnorm_gemm2_silu_mul", "gemm_add",
-                     "rope_attention", "take_rows_rmsnorm_gemm_sample"}  # the device rows' and the host's
+                     "rope_attention", "take_rows_rmsnorm_gemm_sample", "add_rmsnorm_gemm3",
+                     "add_rmsnorm_gemm2_silu_mul"}  # the device rows' and the host's
     # the collectives are collectives.py's rows, listed by the export table with their colours
     collective = {row.name: (row.op, row.collective, row.chain) for row in library.rows if row.collective}
     assert {op for op, _, _ in collective.values()} <= {"all_reduce", "all_gather", "all_reduce_add_rmsnorm",

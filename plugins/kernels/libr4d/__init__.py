@@ -70,8 +70,8 @@ def _device_rows():
     (Gemma 3's ops): RAD_DOMAIN_DEVICE, kernels in device/*.cu; or nothing if one will not import:
     the host rows load either way."""
     try:
-        from . import device_batch_rows, device_gemma_rows, device_gguf_rows, device_rows
-        _STATE["tolerance"] = device_batch_rows.stated_tolerances()
+        from . import device_batch_rows, device_gemma_rows, device_gguf_rows, device_prefill_rows, device_rows
+        _STATE["tolerance"] = {**device_batch_rows.stated_tolerances(), **device_prefill_rows.stated_tolerances()}
         return device_rows.build_device_rows() + device_gguf_rows.build_rows() + device_gemma_rows.build_rows()
     except Exception as error:  # the device rows must not take the host rows down
         log.warning("libr4d: device rows unavailable (%s: %s)", type(error).__name__, error)

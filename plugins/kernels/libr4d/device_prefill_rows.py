@@ -1,14 +1,16 @@
 """libr4d's fused rows above the decode band (docs/LIBR4D.md "Fused rows for prefill"): the chains
-rmsnorm + q, k, v and rmsnorm + gate, up + silu_mul, each one row, from TMA_FROM rows of x, where a
-prefill's GEMMs are gemm_tma.cu's. On Hopper (bf16, the TMA kernel's default cut): r4d_rmsnorm_bf16_dev
-(`normed` as the chain leaves it, and its values rounded to bf16 into the scratch: x narrowed once,
-not once a GEMM), r4d_tma_maps_group, then one r4d_tma_gemm_bf16_group over q, k and v, or one
-r4d_tma_gemm_bf16_swiglu writing up and gate = silu_mul(gate, up) (no silu_mul launch). Elsewhere (another
-card, another cut, R4D_PREFILL_FUSED=0) the same row runs the chain's own launches: the norm, the
-batch rows' GEMMs (device_batch_rows.tc_gemm_steps), silu_mul. Either way the bits of the unfused
-chain on that card: the same norm, the same roundings to bf16, each output's sums in the same order.
-Taking these rows leaves the residual add before the norm to r4d_add_dev (add_rmsnorm's fusion is
-the shorter of the two that overlap)."""
+[add +] rmsnorm + q, k, v and [add +] rmsnorm + gate, up + silu_mul, each one row, from TMA_FROM rows
+of x, where a prefill's GEMMs are gemm_tma.cu's (with the residual add: every layer's chains but the
+first's norm, which no add precedes; the engine takes a fusion at the first node it can start at,
+so without it add_rmsnorm's would take the add and the norm). On Hopper (bf16, the TMA kernel's
+default cut): r4d_add_rmsnorm_bf16_dev (the residual and `normed` as the chain leaves them, and the
+normed values rounded to bf16 into the scratch: x narrowed once, not once a GEMM),
+r4d_tma_maps_group, then one r4d_tma_gemm_bf16_group over q, k and v, or one r4d_tma_gemm_bf16_swiglu
+writing up and gate = silu_mul(gate, up) (no silu_mul launch). Elsewhere (another card, another cut,
+R4D_PREFILL_FUSED=0) the same row runs the chain's own launches: the add and norm, the batch rows'
+GEMMs (device_batch_rows.tc_gemm_steps), silu_mul. Either way the unfused chain's bits on that card
+wherever its GEMM sums K in one pass: the same norm, the same roundings to bf16, each output's sums
+in the same order."""
 
 import os
 
@@ -55,17 +57,22 @@ def _scratch(outputs: tuple):
     return scratch
 
 
-def _norm(a, x: int, norm, normed: int, rows: int) -> Step:
+def _norm(a, add: bool, rows: int) -> Step:
+    """[residual += x, then] normed = rmsnorm(residual or x) * norm, its bf16 values into `rows` (0: not)."""
+    if add:
+        residual, x, norm, normed = a.t[:4]
+    else:
+        residual, norm, normed = a.t[:3]
     weight, m, k = DeviceWeight(norm), int(a.params["M"]), int(a.params["K"])
     grid, block = dk.norm_grid(m, dk.warp_size(_vendor(a)))
-    args = (KernelArgs("r4d_rmsnorm_bf16_dev").pointer(x).pointer(weight.codes).i32(weight.fmt).pointer(normed)
-            .pointer(rows).i32(m).i32(k).f32(a.params["eps"]))
-    return Step("r4d_rmsnorm_bf16_dev", "elementwise", grid, block, args)
+    args = (KernelArgs("r4d_add_rmsnorm_bf16_dev").pointer(_address(residual)).pointer(_address(x) if add else 0)
+            .pointer(weight.codes).i32(weight.fmt).pointer(_address(normed)).pointer(rows).i32(m).i32(k)
+            .f32(a.params["eps"]))
+    return Step("r4d_add_rmsnorm_bf16_dev", "elementwise", grid, block, args)
 
 
-def _grouped(a, pairs: list, swiglu: bool) -> list:
+def _grouped(a, pairs: list, swiglu: bool, add: bool) -> list:
     """The Hopper launches: the norm with its bf16 rows, the maps, the grouped or SwiGLU GEMM."""
-    x, norm, normed = a.t[:3]
     m, k = int(a.params["M"]), int(a.params["K"])
     layout = scratch_layout(m, k)
     if layout["total"] > int(a.scratch_bytes or 0):
@@ -84,7 +91,7 @@ def _grouped(a, pairs: list, swiglu: bool) -> list:
     for at in range(3):
         args.i32(weights[at].rows if at < len(weights) else 0)
     args.i32(len(weights)).i32(2 * k).i32(box).pointer(maps)
-    steps = [_norm(a, _address(x), norm, _address(normed), rows),
+    steps = [_norm(a, add, rows),
              Step(tc.TMA_MAPS_GROUP, "gemm_tma", (1, 1, 1), (32, 1, 1), args, 0, tc.options(tc.TMA_MAPS_GROUP))]
     shared = tc.shared_bytes(m, "tma", "bf16")
     if swiglu:
@@ -104,10 +111,10 @@ def _grouped(a, pairs: list, swiglu: bool) -> list:
     return steps + [Step(tc.TMA_GROUP, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_GROUP))]
 
 
-def _chain(a, pairs: list, swiglu: bool) -> list:
+def _chain(a, pairs: list, swiglu: bool, add: bool) -> list:
     """Anywhere else: the chain's own launches (the norm, each GEMM as the batch rows plan it, silu_mul)."""
-    x, norm, normed = a.t[:3]
-    steps = [_norm(a, _address(x), norm, _address(normed), 0)]
+    normed = a.t[3 if add else 2]
+    steps = [_norm(a, add, 0)]
     for weight, y in pairs:
         steps += tc_gemm_steps(a, _address(normed), weight, y)
     if swiglu:
@@ -119,28 +126,41 @@ def _chain(a, pairs: list, swiglu: bool) -> list:
     return steps
 
 
-def _build(swiglu: bool):
+def _build(swiglu: bool, add: bool):
     def build(a):
-        operands = a.t[3:]
+        operands = a.t[4 if add else 3:]
         pairs = [(operands[i], _address(operands[i + 1])) for i in range(0, len(operands), 2)]
-        return (_grouped if serves(a) else _chain)(a, pairs, swiglu)
+        return (_grouped if serves(a) else _chain)(a, pairs, swiglu, add)
     return build
+
+
+def stated_tolerances() -> dict:
+    """{row name: its tolerance against libref}: the tensor-core GEMM's (x rounded to bf16), looser than
+    gemm's own, and twice it for silu_mul's rows, whose gate multiplies two such sums (docs/OPS.md
+    "Agreement with libref")."""
+    gemm3, ffn = tc.TOLERANCE["bf16"], 2 * tc.TOLERANCE["bf16"]
+    return {chained("r4d_add_rmsnorm_gemm3_tc_dev"): gemm3, chained("r4d_rmsnorm_gemm3_tc_dev"): gemm3,
+            chained("r4d_add_rmsnorm_gemm2_silu_mul_tc_dev"): ffn, chained("r4d_rmsnorm_gemm2_silu_mul_tc_dev"): ffn}
 
 
 def build_prefill_rows() -> list[RadKernelInfo]:
     constraints = [F32_ACTIVATIONS, RAD_CGE("M", FROM), RAD_CIN("wdtype", "bf16"), RAD_CDIV("K", 8)]
     stored = layout_as_stored(("bf16", "f32", "f16"))  # the GEMMs' bf16 weights and the norm's, as stored
 
-    def row(name, op, swiglu, outputs, computes):
+    def row(name, op, swiglu, add, outputs, computes):
         return RadKernelInfo(name=chained(name), op=op, family="r4d", computes=f"{computes} (device/*.cu)",
                              shape=f"M>={FROM}, K%8==0", dtypes="f32 x bf16", domain=RAD_DOMAIN_DEVICE,
-                             priority=PRIORITY, constraints=constraints, launch=_planned(name, _build(swiglu)),
+                             priority=PRIORITY, constraints=constraints, launch=_planned(name, _build(swiglu, add)),
                              layout=stored, scratch=_scratch(outputs), replaces=REPLACES[op])
 
+    qkv = "the norm once, its rows narrowed to bf16 once, q, k and v in one TMA GEMM launch on Hopper"
+    ffn = "the norm once, gate and up paired in one TMA GEMM launch with silu * mul in its epilogue on Hopper"
     return [
-        row("r4d_rmsnorm_gemm3_tc_dev", "rmsnorm_gemm3", False, ("N.1", "N.2", "N.3"),
-            "prefill: the norm once, its rows narrowed to bf16 once, q, k and v in one TMA GEMM launch on Hopper"),
-        row("r4d_rmsnorm_gemm2_silu_mul_tc_dev", "rmsnorm_gemm2_silu_mul", True, ("N.1", "N.2"),
-            "prefill: the norm once, gate and up paired in one TMA GEMM launch with silu * mul in its epilogue on "
-            "Hopper"),
+        row("r4d_add_rmsnorm_gemm3_tc_dev", "add_rmsnorm_gemm3", False, True, ("N.2", "N.3", "N.4"),
+            "prefill: the residual add, " + qkv),
+        row("r4d_add_rmsnorm_gemm2_silu_mul_tc_dev", "add_rmsnorm_gemm2_silu_mul", True, True, ("N.2", "N.3"),
+            "prefill: the residual add, " + ffn),
+        row("r4d_rmsnorm_gemm3_tc_dev", "rmsnorm_gemm3", False, False, ("N.1", "N.2", "N.3"), "prefill: " + qkv),
+        row("r4d_rmsnorm_gemm2_silu_mul_tc_dev", "rmsnorm_gemm2_silu_mul", True, False, ("N.1", "N.2"),
+            "prefill: " + ffn),
     ]

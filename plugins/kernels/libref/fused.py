@@ -21,6 +21,10 @@ REPLACES = {
     "rmsnorm_gemm3": "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)+gemm(normed,wv,v)",
     "rmsnorm_gemm2": "rmsnorm(x,norm,normed)+gemm(normed,wq,q)+gemm(normed,wk,k)",
     "rmsnorm_gemm2_silu_mul": "rmsnorm(x,norm,normed)+gemm(normed,wg,gate)+gemm(normed,wu,up)+silu_mul(gate,up,gate)",
+    "add_rmsnorm_gemm3": "add(residual,x,residual)+rmsnorm(residual,norm,normed)"
+                         "+gemm(normed,wq,q)+gemm(normed,wk,k)+gemm(normed,wv,v)",
+    "add_rmsnorm_gemm2_silu_mul": "add(residual,x,residual)+rmsnorm(residual,norm,normed)"
+                                  "+gemm(normed,wg,gate)+gemm(normed,wu,up)+silu_mul(gate,up,gate)",
     "gemm_add": "gemm(x,w,y)+add(residual,y,residual)",
     "rope_attention": "rope(q,k,positions,inv_freq)+attention(q,k,v,k_cache,v_cache,slots,positions,cu_seqlens,"
                       "context_lens,block_tables,out)",

@@ -60,16 +60,23 @@ extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float
     r4d_rmsnorm_row(x + (long long)m * n, w, y + (long long)m * n, n, eps);
 }
 
-// rmsnorm of the fused prefill rows (device_prefill_rows.py), the norm's weight as stored (fmt:
-// FMT_F32, FMT_BF16, FMT_F16): y = (x * scale) * w with r4d_rmsnorm_row's scale (r4d_rmsnorm_dev's
-// bits, as the chain leaves `normed`), and where `rows` is given the same values rounded to bf16
-// (nearest even) into it, the tensor-core GEMMs' x. A warp a row (norm_grid), n % 4 == 0, x, y and
-// rows 16-, 16- and 8-byte aligned.
-extern "C" __global__ void r4d_rmsnorm_bf16_dev(const float* x, const u8* w, int fmt, float* y, u16* rows, int M, int n,
-                                                float eps) { R4D_CHAIN_PROLOGUE();
+// The norm of the fused prefill rows (device_prefill_rows.py), the norm's weight as stored (fmt:
+// FMT_F32, FMT_BF16, FMT_F16): where `x` is given, residual += x first (the add of add_rmsnorm's
+// chains); then y = (residual * scale) * w with r4d_rmsnorm_row's scale (the bits of r4d_add_dev then
+// r4d_rmsnorm_dev, as the chain leaves `residual` and `normed`), and where `rows` is given the same
+// values rounded to bf16 (nearest even) into it, the tensor-core GEMMs' x. A warp a row (norm_grid),
+// n % 4 == 0, residual, x, y 16-byte and rows 8-byte aligned.
+extern "C" __global__ void r4d_add_rmsnorm_bf16_dev(float* residual, const float* x, const u8* w, int fmt, float* y,
+                                                    u16* rows, int M, int n, float eps) { R4D_CHAIN_PROLOGUE();
     int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP, lane = threadIdx.x % R4D_WARP;
+    float* row = residual + (long long)m * n;
+    if (x && m < M)
+        for (int c = lane; c < n / 4; c += R4D_WARP) {
+            float4 a = ((const float4*)row)[c], b = ((const float4*)(x + (long long)m * n))[c];
+            ((float4*)row)[c] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        }
+    __syncthreads();  // every lane's sums in before any lane reads the row back
     if (m >= M) return;
-    const float* row = x + (long long)m * n;
     float scale = 1.0f / sqrtf(r4d_row_squares(row, n) / (float)n + eps);
     for (int c = lane; c < n / 4; c += R4D_WARP) {
         float4 h = ((const float4*)row)[c];
