@@ -158,6 +158,9 @@ WGMMA_CUT = WgmmaCut.parse(os.environ["R4D_WG_CUT"]) if os.environ.get("R4D_WG_C
 # 132 or 264 blocks is 16 row tiles of ~8 or ~16 column tiles); R4D_WG_GROUP=1 restores the old order (a wave along one row tile),
 # for a card to compare
 WGMMA_GROUP = int(os.environ.get("R4D_WG_GROUP") or 16)
+# R4D_WG_PAIRS=0: the wgmma and TMA GEMMs store their outputs one float at a time, not in pairs
+# (gemm_wgmma.cu's WG_PAIRS; the bench's comparison in one call)
+WG_PAIRS = os.environ.get("R4D_WG_PAIRS", "1") != "0"
 NARROW_THREADS = 256    # r4d_narrow_bf16_dev: 8 values a thread a step
 NARROW_MAX_BLOCKS = 4096
 TC_KERNELS = ("mma", "wgmma", "tma", "skinny")
@@ -511,10 +514,10 @@ def options(name: str, m: int = 0) -> tuple:
     if name in WGMMA_ENTRIES:
         kind = KINDS[WGMMA_ENTRIES.index(name)]
         return ("--gpu-architecture=sm_90a", f"-DR4D_WG_ONLY={WGMMA_ENTRIES.index(name) + 1}", *wgmma_cut(kind).defines(),
-                f"-DWG_GROUP={WGMMA_GROUP}")
+                f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     if name in TMA_ONLY:  # gemm_wgmma.cu's PTX before it, none of its entries (R4D_WG_ONLY=3)
         return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", f"-DR4D_TM_ONLY={TMA_ONLY[name]}",
-                *TMA_CUT.defines(), f"-DWG_GROUP={WGMMA_GROUP}")
+                *TMA_CUT.defines(), f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
 

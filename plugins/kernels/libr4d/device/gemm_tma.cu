@@ -125,12 +125,12 @@ __device__ __forceinline__ void tm_tile(int M, int N, int cols, int block, int* 
 // + 2 tq + (i & 1)) of the tile's WG_BN / 2 columns (gemm_wgmma.cu's wg_store layout), d[i + WG_ACC / 2] up's
 __device__ __forceinline__ void tm_store_swiglu(const TcGemm& p, const float* d, float* up, int r0, int n0, int tq) {
 #pragma unroll
-    for (int i = 0; i < WG_ACC / 2; ++i) {
-        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
-        if (m < p.M && n < p.N) {
-            float u = d[i + WG_ACC / 2];
-            up[(long long)m * p.N + n] = u;
-            p.y[(long long)m * p.N + n] = r4d_silu_mul(d[i], u);
+    for (int i = 0; i < WG_ACC / 2; i += 2) {  // two adjacent columns a step (wg_store's pairs)
+        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq;
+        if (m < p.M) {
+            float u0 = d[i + WG_ACC / 2], u1 = d[i + 1 + WG_ACC / 2];
+            wg_put(up + (long long)m * p.N + n, u0, u1, n, p.N);
+            wg_put(p.y + (long long)m * p.N + n, r4d_silu_mul(d[i], u0), r4d_silu_mul(d[i + 1], u1), n, p.N);
         }
     }
 }

@@ -184,18 +184,33 @@ __device__ __forceinline__ void wg_load(u8* tile, const u8* matrix, int rows, in
 
 // The epilogue, gemm_tma.cu's too. D's layout (as mma.sync's C per warp of 16 rows): d[i] is row
 // r0 + 8 ((i >> 1) & 1), column n0 + 8 (i >> 2) + 2 tq + (i & 1). Split K: this split's sums into
-// the partials; else y, finished (tc_finish: the scales, for e4m3).
+// the partials; else y, finished (tc_finish: the scales, for e4m3). A lane's d[i], d[i + 1] (i even)
+// are two adjacent columns of one row: with WG_PAIRS (the default) stored as one float2 where both
+// lie inside and rows are 8-byte aligned (N even), so a warp's store fills its 32-byte sectors
+// (4-byte stores half-fill them, each sector written twice); the same values either way.
+#ifndef WG_PAIRS
+#define WG_PAIRS 1
+#endif
+__device__ __forceinline__ void wg_put(float* at, float a, float b, int n, int N) {
+    if (WG_PAIRS && n + 1 < N && (N & 1) == 0) {
+        *(float2*)at = make_float2(a, b);
+        return;
+    }
+    if (n < N) at[0] = a;
+    if (n + 1 < N) at[1] = b;
+}
 template <int KIND>
 __device__ __forceinline__ void wg_store(const TcGemm& p, const float* d, int r0, int n0, int tq, bool split) {
 #pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) {
-        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq + (i & 1);
-        if (m < p.M && n < p.N) {
-            if (split) p.partial[((long long)blockIdx.z * p.M + m) * p.N + n] = d[i];
-            else p.y[(long long)m * p.N + n] = tc_finish<KIND>(p, m, n, d[i]);
+    for (int i = 0; i < WG_ACC; i += 2) {
+        int m = r0 + ((i >> 1) & 1) * 8, n = n0 + (i >> 2) * 8 + 2 * tq;
+        if (m < p.M) {
+            if (split) wg_put(p.partial + ((long long)blockIdx.z * p.M + m) * p.N + n, d[i], d[i + 1], n, p.N);
+            else wg_put(p.y + (long long)m * p.N + n, tc_finish<KIND>(p, m, n, d[i]),
+                        n + 1 < p.N ? tc_finish<KIND>(p, m, n + 1, d[i + 1]) : 0.0f, n, p.N);  // e4m3's scales: N of them
         }
         // one column tile's scales at a time: hoisting all the outputs' loads spilled the e4m3 kernel
-        if ((i & 3) == 3) asm volatile("" ::: "memory");
+        if ((i & 3) == 2) asm volatile("" ::: "memory");
     }
 }
 // The tile's last block (r4d_last_split said so): every split's sums of this lane's outputs, added in
