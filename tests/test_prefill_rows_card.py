@@ -58,4 +58,4 @@ def test_the_fused_prefill_rows_give_the_chains_results_on_the_card(registry, on
         if i in norms or tc.split(m, n, HIDDEN, "bf16", "tma")[0] == 1:
             assert np.array_equal(got[i].view(np.uint32), unfused[i].view(np.uint32)), (case[1], m, i)
         else:
-            assert rel_err(got[i], unfused[i]) <= 1e-6, (case[1], m, i)
+            assert rel_err(got[i], unfused[i]) <= 1e-5, (case[1], m, i)
