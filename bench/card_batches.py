@@ -4,11 +4,15 @@ conversion (bench/fp8_channel.toml: e4m3 with a scale per output channel), each 
     PYTHONUNBUFFERED=1 python3 bench/card_batches.py [--formats bf16 fp8] [--prefill 2048]
         [--batches 8 32 64] [--context 1024] [--mixed] [--steps 32] [--clients 1,8,32,64]
         [--max-tokens 64] [--temperature 0.7] [--skip-serving] [--peer [all|prefill|decode]]
-        [--run-ahead auto|on|off ...] [--keep DIR]
+        [--run-ahead auto|on|off ...] [--keep DIR] [--prefill-fused [--repeats N]] [--prefill-only]
     python3 bench/card_batches.py --small --device host ...   # the script's smoke run on host rows
 
 - **Prefill**: one --prefill-token prompt as one step (max_step_tokens = the prompt), the step's
-  seconds and tokens/s; the first run compiles, so the figure is the second prompt's.
+  seconds and tokens/s; the first run compiles, so the figure is the second prompt's (with
+  --repeats N: the median of the N prompts after the first). --prefill-fused: the same timed with
+  libr4d's fused prefill rows' grouped launches and with the chain's own (R4D_PREFILL_FUSED=1, then
+  0; an engine each, over the model written once), both printed with their ratio. --prefill-only:
+  nothing after the prefill (no decode, no serving).
 - **Batched decode**: at each --batches B, B sequences of a --context-token prompt (--mixed: contexts
   spread evenly from 64 to --context, so the batch reads a mix of lengths) prefilled, then decode
   steps of all B timed by the wall clock: output tokens per second and ms per step; --run-ahead on off
@@ -91,15 +95,16 @@ def run_all(engine, sequences) -> None:
         engine.step()
 
 
-def prefill(model: Path, length: int) -> dict:
-    """Seconds of the step that prefills a `length`-token prompt (the second of two prompts)."""
+def prefill(model: Path, length: int, repeats: int = 1) -> dict:
+    """Seconds of the step that prefills a `length`-token prompt: the median of `repeats` prompts after
+    a first (which compiles)."""
     from radiance.generation.sequence import SamplingParams
 
     ranks_context, engine_over = engine_for(model, 1, length, length + 8)
     with ranks_context as ranks:
         engine = engine_over(ranks)
         seconds = []
-        for seed in (1, 2):
+        for seed in range(1, 2 + repeats):
             sequence = engine.add(prompt(length, seed), SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
             start = time.perf_counter()
             engine.step()  # the whole prompt in one step, its first token sampled
@@ -120,10 +125,35 @@ def prefill(model: Path, length: int) -> dict:
                     run_all(engine, [sequence])
                 finally:
                     executor.chain = True
-    result = {"tokens": length, "first_s": seconds[0], "seconds": seconds[1], "tokens_per_s": length / seconds[1]}
-    print(f"    prefill {length} tokens: {1e3 * seconds[1]:.1f} ms, {result['tokens_per_s']:.0f} tokens/s "
+    median = float(np.median(seconds[1:]))
+    result = {"tokens": length, "first_s": seconds[0], "seconds": median, "tokens_per_s": length / median,
+              "timed_s": seconds[1:]}
+    print(f"    prefill {length} tokens: {1e3 * median:.1f} ms, {result['tokens_per_s']:.0f} tokens/s "
           f"(first, compiling: {seconds[0]:.1f} s)", flush=True)
     return result
+
+
+def prefill_fused_and_not(model: Path, length: int, repeats: int) -> dict:
+    """--prefill-fused: the prefill with the fused prefill rows' grouped launches (R4D_PREFILL_FUSED=1)
+    and with the chain's own (0), an engine each (the rows read the variable when they plan, and a
+    plan lasts as long as its engine); the variable as it was afterwards."""
+    before = os.environ.get("R4D_PREFILL_FUSED")
+    figures = {}
+    try:
+        for label, value in (("fused", "1"), ("unfused", "0")):
+            os.environ["R4D_PREFILL_FUSED"] = value
+            print(f"    R4D_PREFILL_FUSED={value} ({label} prefill rows):", flush=True)
+            figures[label] = prefill(model, length, repeats)
+    finally:
+        if before is None:
+            os.environ.pop("R4D_PREFILL_FUSED", None)
+        else:
+            os.environ["R4D_PREFILL_FUSED"] = before
+    fused, unfused = figures["fused"]["seconds"], figures["unfused"]["seconds"]
+    figures["speedup"] = unfused / fused
+    print(f"    prefill {length} tokens: fused {1e3 * fused:.1f} ms, unfused {1e3 * unfused:.1f} ms: "
+          f"{figures['speedup']:.3f}x", flush=True)
+    return figures
 
 
 def batched_decode(model: Path, batch: int, context: int, mixed: bool, steps: int, temperature: float = 0.0,
@@ -257,6 +287,10 @@ def main() -> int:
     parser.add_argument("--kernels", action="store_true", help="also a prefill step's and each batch's captured decode step's kernels by "
                                                              "name (torch.profiler's CUPTI; untimed steps)")
     parser.add_argument("--keep", type=Path, help="keep each format's model in this folder and reuse it")
+    parser.add_argument("--prefill-fused", action="store_true",
+                        help="time the prefill with R4D_PREFILL_FUSED=1 and 0 (an engine each) and print their ratio")
+    parser.add_argument("--repeats", type=int, default=1, help="prefill prompts timed after the first (the median)")
+    parser.add_argument("--prefill-only", action="store_true", help="the prefill alone: no decode, no serving")
     args = parser.parse_args()
     if args.peer and (args.small or args.mixed):
         parser.error("--peer measures the 8B shape at one context: not with --small or --mixed")
@@ -279,7 +313,16 @@ def main() -> int:
                       f"{time.perf_counter() - start:.0f} s", flush=True)
             weight_bytes = model.stat().st_size - shape["vocab"] * shape["hidden"] * 2  # the bf16 table is not read
             figures = {"bound_ms": 1e3 * weight_bytes / HBM_BYTES_PER_S}
-            figures["prefill"] = prefill(model, args.prefill)
+            if args.prefill_fused:
+                figures["prefill_fused"] = prefill_fused_and_not(model, args.prefill, args.repeats)
+                figures["prefill"] = figures["prefill_fused"]["fused"]
+            else:
+                figures["prefill"] = prefill(model, args.prefill, args.repeats)
+            if args.prefill_only:
+                results["formats"][fmt] = figures
+                if not args.keep:
+                    model.unlink()
+                continue
             one = batched_decode(model, 1, args.context, False, args.steps)
             figures["decode_batch1"] = {**one, "ms_per_token": one["ms_per_step"],
                                         "of_bound": figures["bound_ms"] / one["ms_per_step"]}

@@ -289,6 +289,42 @@ def test_elementwise_cu_add_rmsnorm_is_the_device_chain_bit_for_bit(registry, on
     assert (got[3][m:] == 3.0).all() and not np.array_equal(got[0][:m], residual[:m])
 
 
+@pytest.mark.parametrize("add", [False, True])
+def test_elementwise_cu_add_rmsnorm_bf16_is_the_chain_and_its_rows_feed_the_grouped_gemm(registry, on_host,
+                                                                                        monkeypatch, add):
+    """The fused prefill rows' norm, r4d_add_rmsnorm_bf16_dev, built from elementwise.cu, in the row's
+    Hopper launch (the maps and the grouped GEMM the fake card's numpy forms, which read x's bf16 rows
+    from the scratch the kernel writes): the residual r4d_add_dev's bits and `normed` r4d_rmsnorm_dev's,
+    both built from elementwise.cu, and q, k, v the same bits as with the kernel's numpy form (the
+    rows: `normed` rounded to bf16, nearest even). 260 rows: a tail in the last norm block and tile."""
+    from test_prefill_rows import launched, qkv_case, with_add
+
+    monkeypatch.delenv("R4D_PREFILL_FUSED", raising=False)
+    case = qkv_case(260, norm_format="f32")
+    case = with_add(case) if add else case
+    got, names = launched(on_host, registry, case)
+    assert names[0] == "r4d_add_rmsnorm_bf16_dev" and names[-1] == "r4d_tma_gemm_bf16_group", names
+    fake = nvidia_fake("sm_90")
+    card = Card(fake, EngineStream(fake))
+    try:
+        numpy_form, _ = launched(card, registry, case)
+    finally:
+        card.close()
+        fake.close()
+    for i in case[5]:
+        np.testing.assert_array_equal(got[i].view(np.uint32), numpy_form[i].view(np.uint32), err_msg=f"operand {i}")
+    operands, weights = case[2], case[4]
+    m, n = operands[0].shape
+    residual = operands[0]
+    if add:  # the chain's add, then its norm of the sum
+        residual = on_host.run(device_row(registry, "r4dchain_add_dev"), [operands[0], operands[1], np.zeros((m, n), np.float32)],
+                               {"M": m, "n": n, "dtype": "f32"}, read=(2,))[2]
+        np.testing.assert_array_equal(got[0], residual)
+    normed = on_host.run(device_row(registry, "r4dchain_rmsnorm_dev"), [residual, None, np.zeros((m, n), np.float32)],
+                         {"M": m, "n": n, "eps": 1e-5, "dtype": "f32"}, {1: weights[2 if add else 1]}, read=(2,))[2]
+    np.testing.assert_array_equal(got[3 if add else 2], normed)
+
+
 @pytest.mark.parametrize("heads,kv,d,interleaved,m", [(32, 8, 128, 0, 3), (9, 3, 64, 1, 2), (2, 1, 1024, 0, 1),
                                                       (2, 1, 2048, 1, 2), (3, 1, 2056, 0, 1), (4, 2, 6, 0, 2)])
 def test_elementwise_cu_rope_agrees_with_libref(registry, on_host, heads, kv, d, interleaved, m):
