@@ -194,3 +194,22 @@ def test_the_streamed_gemm_keeps_batched_decode_where_tma_takes_the_tiles(regist
     params = {"M": 16, "N": 4096, "K": 4096, "wdtype": "bf16", "dtype": "f32", "split_k": 1}
     assert launch(row, [dev(0x1000, (16, 4096)), w, y], params, stream, 0x9000000, row.info.scratch({**params, "M": 256})) == RAD_OK
     assert stream.launches[0][0] == sg.entry("bf16", 16) and "r4d_tma_maps" not in [name for name, *_ in stream.launches]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: gemm_tma.cu's sm_90a build is not checked here")
+@pytest.mark.parametrize("cut", ["128,64,3", "128,32,7"])
+def test_the_grouped_and_swiglu_entries_build_beside_the_bf16_one_without_spills(cut):
+    """R4D_TM_ONLY=1 builds r4d_tma_gemm_bf16 with its grouped and SwiGLU forms (the fused prefill rows'):
+    in a cut of 128 x 128, each entry two blocks a multiprocessor (at most 96 registers), no spill, no
+    wgmma serialised; the maps' build (R4D_TM_ONLY=3) has r4d_tma_maps_group beside r4d_tma_maps."""
+    tc = tc_module()
+    for only, entries in [(1, ("r4d_tma_gemm_bf16", tc.TMA_GROUP, tc.TMA_SWIGLU)), (3, ("r4d_tma_maps", tc.TMA_MAPS_GROUP))]:
+        result = early_builds.result(f"nvcc:gemm_tma:{only}:{cut}", functools.partial(nvcc_build, only, cut))
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "Potential Performance Loss" not in result.stderr, result.stderr
+        reports = {part.split("'")[0]: part for part in result.stderr.split("Compiling entry function '")[1:]}
+        assert set(entries) <= set(reports), (cut, sorted(reports))
+        for entry in entries:
+            report = reports[entry]
+            assert "0 bytes spill stores" in report, (entry, report)
+            assert int(report.split("Used ")[1].split(" registers")[0]) <= 96, (entry, cut, report)

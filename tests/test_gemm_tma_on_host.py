@@ -256,15 +256,19 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 @needs_gxx
-@pytest.mark.parametrize("m,rows,k", [(200, (300, 128, 100), 520), (130, (256,), 64), (17 * 128 + 5, (136, 40), 128)])
+@pytest.mark.parametrize("m,rows,k", [(200, (300, 128, 100), 520), (130, (256,), 64), (17 * 128 + 5, (136, 40), 128),
+                                      (200, (1024, 4096 + 64, 100), 64), (200, (100, 136), 4096)])
 def test_the_grouped_form_gives_each_weights_plain_product_bit_for_bit(m, rows, k):
     """q, k and v in one launch: each weight's tiles after the one before's, tails in M, every N and K;
     the same bits as a plain launch per weight over the same bf16 rows (the same sums in the same
     order), every tile's k-steps loaded once."""
     lib = library()
-    x, _, _, _ = operands("bf16", m, 8, k, m + k)
+    x, _, xv, _ = operands("bf16", m, 8, k, m + k)
     weights = [operands("bf16", 8, n, k, n + 1)[1] for n in rows]
     ys, model = run_forms(lib, x, weights, m, k, swiglu=False)
+    for w, y in zip(weights, ys):  # numpy's float64 product of the same bf16 values, within f32 sums
+        ref = xv @ w.view(ml_dtypes.bfloat16).astype(np.float64).T
+        assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max() * max(1.0, k / 512), (w.shape, np.abs(y - ref).max())
     assert (model["wgmma_faults"], model["wgmma_races"], model["left"], model["tma_faults"], model["tma_hangs"]) == (0,) * 5
     steps, cut = -(-k // (tc.TMA_CUT.k_bytes // 2)), tc.TMA_CUT
     assert model["tma_loads"] == 2 * steps * sum(-(-m // cut.rows) * -(-n // cut.cols) for n in rows)
@@ -274,7 +278,7 @@ def test_the_grouped_form_gives_each_weights_plain_product_bit_for_bit(m, rows, 
 
 
 @needs_gxx
-@pytest.mark.parametrize("m,n,k", [(200, 300, 520), (130, 64, 64), (300, 1000, 128)])
+@pytest.mark.parametrize("m,n,k", [(200, 300, 520), (130, 64, 64), (300, 1000, 128), (200, 4096 + 64, 64), (200, 100, 4096)])
 def test_the_swiglu_form_gives_the_unfused_chains_bits(m, n, k):
     """gate and up paired in a tile (64 rows of each weight a box): up is up's plain product, gate is
     r4d_silu_mul of the plain products, bit for bit; three boxes a k-step of each tile."""

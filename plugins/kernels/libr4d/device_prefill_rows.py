@@ -71,6 +71,39 @@ def _norm(a, add: bool, rows: int) -> Step:
     return Step("r4d_add_rmsnorm_bf16_dev", "elementwise", grid, block, args)
 
 
+def group_steps(rows: int, maps: int, weights: list, outputs: list, m: int, k: int, swiglu: bool) -> list:
+    """r4d_tma_maps_group then r4d_tma_gemm_bf16_group or r4d_tma_gemm_bf16_swiglu over x's bf16 rows
+    [m, k] at `rows`: `weights` (codes address, rows) 1..3 of them (SwiGLU: gate's then up's), each
+    with its f32 output (SwiGLU: gate, up), the maps written at `maps` (4 x 128 bytes, 128-aligned).
+    The benches and the entries' own tests plan the launches here too."""
+    padded = weights + [weights[0]] * (3 - len(weights))  # unread past `weights`
+    counts = [weights[at][1] if at < len(weights) else 0 for at in range(3)]
+    box = tc.TMA_CUT.cols // 2 if swiglu else tc.TMA_CUT.cols
+    args = KernelArgs(tc.TMA_MAPS_GROUP).pointer(rows)
+    for codes, _ in padded:
+        args.pointer(codes)
+    args.i32(m)
+    for count in counts:
+        args.i32(count)
+    args.i32(len(weights)).i32(2 * k).i32(box).pointer(maps)
+    steps = [Step(tc.TMA_MAPS_GROUP, "gemm_tma", (1, 1, 1), (32, 1, 1), args, 0, tc.options(tc.TMA_MAPS_GROUP))]
+    shared = tc.shared_bytes(m, "tma", "bf16")
+    if swiglu:
+        gate, up = outputs
+        grid, block = tc.swiglu_grid(m, counts[0])
+        gemm = KernelArgs(tc.TMA_SWIGLU).pointer(maps).pointer(gate).pointer(up).i32(m).i32(counts[0]).i32(k)
+        return steps + [Step(tc.TMA_SWIGLU, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_SWIGLU))]
+    gemm = KernelArgs(tc.TMA_GROUP).pointer(maps)
+    for y in outputs + [outputs[0]] * (3 - len(outputs)):
+        gemm.pointer(y)
+    gemm.i32(m)
+    for count in counts:
+        gemm.i32(count)
+    gemm.i32(len(weights)).i32(k)
+    grid, block = tc.group_grid(m, tuple(counts[:len(weights)]))
+    return steps + [Step(tc.TMA_GROUP, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_GROUP))]
+
+
 def _grouped(a, pairs: list, swiglu: bool, add: bool) -> list:
     """The Hopper launches: the norm with its bf16 rows, the maps, the grouped or SwiGLU GEMM."""
     m, k = int(a.params["M"]), int(a.params["K"])
@@ -82,33 +115,8 @@ def _grouped(a, pairs: list, swiglu: bool, add: bool) -> list:
     for weight in weights:
         if weight.codes % 16:
             raise ValueError(f"a weight at {weight.codes:#x} is not 16-byte aligned (TMA reads 16 bytes at a time)")
-    padded = weights + [weights[0]] * (3 - len(weights))  # unread past `weights`
-    box = tc.TMA_CUT.cols // 2 if swiglu else tc.TMA_CUT.cols
-    args = KernelArgs(tc.TMA_MAPS_GROUP).pointer(rows)
-    for weight in padded:
-        args.pointer(weight.codes)
-    args.i32(m)
-    for at in range(3):
-        args.i32(weights[at].rows if at < len(weights) else 0)
-    args.i32(len(weights)).i32(2 * k).i32(box).pointer(maps)
-    steps = [_norm(a, add, rows),
-             Step(tc.TMA_MAPS_GROUP, "gemm_tma", (1, 1, 1), (32, 1, 1), args, 0, tc.options(tc.TMA_MAPS_GROUP))]
-    shared = tc.shared_bytes(m, "tma", "bf16")
-    if swiglu:
-        (_, gate), (_, up) = pairs
-        grid, block = tc.swiglu_grid(m, weights[0].rows)
-        gemm = KernelArgs(tc.TMA_SWIGLU).pointer(maps).pointer(gate).pointer(up).i32(m).i32(weights[0].rows).i32(k)
-        return steps + [Step(tc.TMA_SWIGLU, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_SWIGLU))]
-    outputs = [y for _, y in pairs] + [pairs[0][1]] * (3 - len(pairs))
-    gemm = KernelArgs(tc.TMA_GROUP).pointer(maps)
-    for y in outputs:
-        gemm.pointer(y)
-    gemm.i32(m)
-    for at in range(3):
-        gemm.i32(weights[at].rows if at < len(weights) else 0)
-    gemm.i32(len(weights)).i32(k)
-    grid, block = tc.group_grid(m, tuple(weight.rows for weight in weights))
-    return steps + [Step(tc.TMA_GROUP, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_GROUP))]
+    return [_norm(a, add, rows)] + group_steps(rows, maps, [(weight.codes, weight.rows) for weight in weights],
+                                               [y for _, y in pairs], m, k, swiglu)
 
 
 def _chain(a, pairs: list, swiglu: bool, add: bool) -> list:
@@ -120,10 +128,15 @@ def _chain(a, pairs: list, swiglu: bool, add: bool) -> list:
     if swiglu:
         (_, gate), (_, up) = pairs
         count = int(a.params["M"]) * DeviceWeight(pairs[0][0]).rows
-        grid, block = dk.flat_grid(count, getattr(a.stream, "multiprocessors", 1))
-        args = KernelArgs("r4d_silu_mul_dev").pointer(gate).pointer(up).pointer(gate).i64(count)
-        steps.append(Step("r4d_silu_mul_dev", "elementwise", grid, block, args))
+        steps.append(silu_mul_step(gate, up, count, getattr(a.stream, "multiprocessors", 1)))
     return steps
+
+
+def silu_mul_step(gate: int, up: int, count: int, multiprocessors: int) -> Step:
+    """r4d_silu_mul_dev in place: gate = silu_mul(gate, up) over `count` f32 values."""
+    grid, block = dk.flat_grid(count, multiprocessors)
+    args = KernelArgs("r4d_silu_mul_dev").pointer(gate).pointer(up).pointer(gate).i64(count)
+    return Step("r4d_silu_mul_dev", "elementwise", grid, block, args)
 
 
 def _build(swiglu: bool, add: bool):

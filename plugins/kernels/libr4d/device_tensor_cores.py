@@ -540,8 +540,18 @@ def groups_serve() -> bool:
     return (TMA_CUT.rows, TMA_CUT.cols) == (128, 128)
 
 
+def refuse_without_groups(entry: str) -> None:
+    """A plan of a grouped or SwiGLU launch in a cut gemm_tma.cu builds them not in (its kernel traps)."""
+    if not groups_serve():
+        raise ValueError(f"{entry}: the TMA cut {TMA_CUT} has no grouped or SwiGLU forms (only a cut of 128 rows "
+                         f"and 128 columns does: R4D_TMA_CUT={TMA_CUTS[0]}, the default)")
+
+
 def group_grid(m: int, rows: tuple) -> tuple:
     """r4d_tma_gemm_bf16_group's grid and block: every weight's tiles of the cut, one after another."""
+    refuse_without_groups(TMA_GROUP)
+    if not 1 <= len(rows) <= 3:
+        raise ValueError(f"{TMA_GROUP}: 1 to 3 weights of one x, not {len(rows)}")
     tiles = sum(-(-n // TMA_CUT.cols) for n in rows) * -(-m // TMA_CUT.rows)
     return (tiles, 1, 1), (TMA_CUT.threads, 1, 1)
 
@@ -549,6 +559,7 @@ def group_grid(m: int, rows: tuple) -> tuple:
 def swiglu_grid(m: int, n: int) -> tuple:
     """r4d_tma_gemm_bf16_swiglu's: tiles of the cut's rows by half its columns of outputs (a tile's
     columns are that many of gate's weight and as many of up's)."""
+    refuse_without_groups(TMA_SWIGLU)
     return (-(-n // (TMA_CUT.cols // 2)) * -(-m // TMA_CUT.rows), 1, 1), (TMA_CUT.threads, 1, 1)
 
 
