@@ -325,3 +325,28 @@ def test_a_split_decode_gives_the_same_bits_launch_after_launch(registry, on_car
     operands, params = attention_operands(32, 8, 128, [(p, 1) for p in (4000, 8000, 100, 1)], seed=5)
     row = dev_row(registry, "r4dchain_attention_tc_dev")
     on_card.replays_agree(row, on_card.args(row, operands, params), 10, operands[10])
+
+
+# ---- attention_tiles.cu's cuts (device_attention_tiles.CUTS; bench/card_prefill_attention.py --cuts) ----
+
+# (q heads, kv heads, head_dim, sequences): a prompt of 8-warp tiles whose length is no multiple of 32
+# or 48 keys; SmolLM2's heads (group 3, head_dim 64); a chunk after 500 cached keys (the f32 cache's
+# path, 8 warps) beside decode tokens
+CUT_CASES = [(32, 8, 128, [(0, 300)]), (9, 3, 64, [(0, 100), (0, 13), (40, 30)]), (32, 8, 128, [(500, 200), (5, 1), (99, 1)])]
+
+
+@pytest.mark.parametrize("cut", ["32,1", "48,0", "48,1"])
+def test_every_attention_cut_agrees_with_libref_and_the_default_kernel(registry, on_card, monkeypatch, cut):
+    """Each cut against libref (the row's tolerance) and against the default cut's rows (3e-3: the
+    same roundings, other tiles of the online softmax); lazy 1 against lazy 0 of its keys bit for bit."""
+    at = module(registry, "device_attention_tiles")
+    for seed, (heads, kv, d, sequences) in enumerate(CUT_CASES):
+        monkeypatch.setattr(at, "CUT", at.CUTS[0])
+        default = attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=seed)
+        monkeypatch.setattr(at, "CUT", at.Cut.parse(cut))
+        got = attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=seed)
+        assert rel_err(got, default) <= 3e-3, (sequences, rel_err(got, default))
+        if at.CUT.lazy:
+            monkeypatch.setattr(at, "CUT", at.Cut(at.CUT.keys, 0))
+            np.testing.assert_array_equal(attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=seed),
+                                          got)
