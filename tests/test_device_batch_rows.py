@@ -335,18 +335,25 @@ def test_a_split_decode_gives_the_same_bits_launch_after_launch(registry, on_car
 CUT_CASES = [(32, 8, 128, [(0, 300)]), (9, 3, 64, [(0, 100), (0, 13), (40, 30)]), (32, 8, 128, [(500, 200), (5, 1), (99, 1)])]
 
 
-@pytest.mark.parametrize("cut", ["32,1", "48,0", "48,1"])
-def test_every_attention_cut_agrees_with_libref_and_the_default_kernel(registry, on_card, monkeypatch, cut):
-    """Each cut against libref (the row's tolerance) and against the default cut's rows (3e-3: the
-    same roundings, other tiles of the online softmax); lazy 1 against lazy 0 of its keys bit for bit."""
+@pytest.mark.parametrize("case", range(len(CUT_CASES)))
+def test_every_attention_cut_agrees_with_libref_and_the_default_kernel(registry, on_card, monkeypatch, case):
+    """Each cut (device_attention_tiles.CUTS) against libref (the row's tolerance, libref run once) and
+    against the default cut's rows (3e-3: the same roundings, other tiles of the online softmax); lazy 1
+    against lazy 0 of its keys bit for bit."""
+    from test_device_tensor_cores import attention_operands
     at = module(registry, "device_attention_tiles")
-    for seed, (heads, kv, d, sequences) in enumerate(CUT_CASES):
-        monkeypatch.setattr(at, "CUT", at.CUTS[0])
-        default = attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=seed)
-        monkeypatch.setattr(at, "CUT", at.Cut.parse(cut))
-        got = attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=seed)
-        assert rel_err(got, default) <= 3e-3, (sequences, rel_err(got, default))
-        if at.CUT.lazy:
-            monkeypatch.setattr(at, "CUT", at.Cut(at.CUT.keys, 0))
-            np.testing.assert_array_equal(attention_against_libref(registry, on_card, heads, kv, d, sequences, seed=seed),
-                                          got)
+    heads, kv, d, sequences = CUT_CASES[case]
+    operands, params = attention_operands(heads, kv, d, sequences, seed=case)
+    want = [np.array(o, copy=True) for o in operands]
+    assert launch(row_of(registry, "attention", "libref"), want, params) == 0
+    rows = {}
+    for cut in at.CUTS:  # a fresh params object a cut: its own plan (device_rows' plan key)
+        monkeypatch.setattr(at, "CUT", cut)
+        got = on_card.run(dev_row(registry, "r4dchain_attention_tc_dev"), operands, dict(params), read=(3, 4, 10))
+        np.testing.assert_array_equal(got[3], want[3])
+        np.testing.assert_array_equal(got[4], want[4])
+        rows[cut] = got[10]
+        assert np.isfinite(got[10]).all() and rel_err(got[10], want[10]) <= at.TOLERANCE, (cut, rel_err(got[10], want[10]))
+        assert rel_err(got[10], rows[at.CUTS[0]]) <= 3e-3, (cut, rel_err(got[10], rows[at.CUTS[0]]))
+        if cut.lazy:
+            np.testing.assert_array_equal(got[10], rows[at.Cut(cut.keys, 0)], err_msg=str(cut))
