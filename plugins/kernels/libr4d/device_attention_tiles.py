@@ -13,7 +13,7 @@ the same count keeps its grid, and the scratch hook knows the most any M of the 
 import os
 from dataclasses import dataclass
 
-from radiance.abi.constants import RAD_MAX_SHARED_BYTES
+from radiance.abi import RAD_MAX_SHARED_BYTES
 
 KEYS = 32            # keys a tile of shared memory (AT_KT) of the default cut
 PAD = 8              # bf16 of padding a shared row (AT_BPAD: 16 bytes)

@@ -310,7 +310,7 @@ __device__ void attend_tiles(const AttTiles& p) {
                 run_sum[h] = run_sum[h] * keep[h] + sum;
                 run_max[h] = next_max;
             }
-            // O's rescale: 2 D / 8 multiplies a lane a tile. Lazy, where every row of the warp kept its max
+            // O's rescale: D / 2 multiplies a lane a tile. Lazy, where every row of the warp kept its max
             // (keep exactly 1: ex2 of 0), skipped warp-wide: the same bits, the multiplies by 1 left out
             if (!R4D_AT_LAZY || !__all_sync(0xffffffffu, keep[0] == 1.0f && keep[1] == 1.0f)) {
 #pragma unroll
