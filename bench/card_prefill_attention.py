@@ -5,6 +5,8 @@ PyTorch's scaled_dot_product_attention (flash backend, bf16, is_causal) in the s
 
     PYTHONUNBUFFERED=1 python3 bench/card_prefill_attention.py [--tokens 2048 8192] [--repeats 4]
     R4D_AT_PREFILL_WARPS=4 python3 bench/card_prefill_attention.py   # 4-warp prefill tiles, to compare
+    python3 bench/card_prefill_attention.py --tokens 2048 512 --cuts all   # attention_tiles.cu's cuts in one run
+    python3 bench/card_prefill_attention.py --cuts all --prefill-warps 8 4   # and 4-warp prefill tiles (32 keys)
 
 For each prompt length P: one sequence, its P tokens at positions 0..P-1 in one step, the cache
 paged in 16-slot blocks of a shuffled table (f32, as the engine keeps it). radiance: the row's two
@@ -13,7 +15,12 @@ the median of 10 replays; TFLOP/s of the causal attention (2 * 2 * P * P * 32 * 
 peer: torch's SDPA on q [1, 32, P, 128], k, v [1, 8, P, 128] in bf16 (GQA by enable_gqa, or k and v
 repeated to 32 heads beforehand where this torch lacks it), captured in a CUDA graph; its
 microseconds and the ratio. max |out - exact| / max |exact| over 16 sampled tokens (every head)
-against float64 (the row's stated tolerance: device_attention_tiles.TOLERANCE). Runs where radiance
+against float64 (the row's stated tolerance: device_attention_tiles.TOLERANCE). With --cuts, each of
+attention_tiles.cu's cuts in turn (device_attention_tiles.CUT set between launches, each its own
+compile: 'keys,lazy', or 'all' for device_attention_tiles.CUTS), each against the first cut's time
+and the same torch figure; with --prefill-warps 8 4, each cut at 8 warps then at 4
+(device_attention_tiles.PREFILL_WARPS set; 4-warp tiles take 32 keys, so only the 32-key cuts).
+Runs where radiance
 is not installed (checkout_shim); without PyTorch, radiance's lines alone. Writes
 $OUT/card_prefill_attention.json."""
 
@@ -101,6 +108,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--repeats", type=int, default=4, help="launches a graph replay holds")
+    parser.add_argument("--cuts", nargs="+", metavar="CUT",
+                        help="attention_tiles.cu's cuts to compare, each 'keys,lazy' (device_attention_tiles.Cut), or "
+                             "'all' (device_attention_tiles.CUTS); default: the process's own (R4D_AT_CUT, else CUTS[0])")
+    parser.add_argument("--prefill-warps", type=int, nargs="+", choices=(8, 4),
+                        help="prefill tiles' warps to compare (device_attention_tiles.PREFILL_WARPS); default the process's")
     args = parser.parse_args()
     device, stream, registry, lib = libr4d_on_card()
     row = next(r for r in lib.rows if r.name == ROW)
@@ -112,10 +124,23 @@ def main():
                "prefill_warps": at.PREFILL_WARPS, "tolerance": at.TOLERANCE, "cases": []}
     print(f"card {results['card']} ({device.target}); 8B shape: {HEADS} heads, {KV_HEADS} kv heads, head_dim "
           f"{HEAD_DIM}; prefill tiles of {at.PREFILL_WARPS} warps; {peer}", flush=True)
+    own, own_warps = at.CUT, at.PREFILL_WARPS
+    cuts = [own] if not args.cuts else list(at.CUTS) if args.cuts == ["all"] else [at.Cut.parse(c, "--cuts") for c in args.cuts]
+    runs = [(w, cut) for w in (args.prefill_warps or [own_warps]) for cut in cuts if w == 8 or cut.keys == at.KEYS]
     for tokens in args.tokens:
-        case = {"tokens": tokens, "grid": at.grid(tokens, 1, KV_HEADS, HEADS // KV_HEADS)}
-        case["radiance"] = r = bench_radiance(on_card, row, timer, tokens, args.repeats)
-        line = (f"  prefill {tokens:5}: radiance {r['us']:9.1f} us ({r['tflops']:6.1f} TFLOP/s, 32 layers "
+        case = {"tokens": tokens, "grid": at.grid(tokens, 1, KV_HEADS, HEADS // KV_HEADS), "cuts": {}}
+        first = None
+        for warps, cut in runs:
+            at.CUT, at.PREFILL_WARPS = cut, warps
+            name = f"{cut} w{warps}"
+            case["cuts"][name] = c = bench_radiance(on_card, row, timer, tokens, args.repeats)
+            first = first or (name, c)
+            print(f"  prefill {tokens:5} cut {name:8} (keys,lazy warps): {c['us']:9.1f} us ({c['tflops']:6.1f} TFLOP/s, "
+                  f"{first[1]['us'] / c['us']:.2f}x {first[0]}, err {c['rel_err']:.1e} of {at.TOLERANCE:.0e})", flush=True)
+        at.CUT, at.PREFILL_WARPS = own, own_warps
+        case["radiance"] = r = min(case["cuts"].values(), key=lambda c: c["us"])
+        best = min(case["cuts"], key=lambda name: case["cuts"][name]["us"])
+        line = (f"  prefill {tokens:5}: radiance {r['us']:9.1f} us ({r['tflops']:6.1f} TFLOP/s, cut {best}, 32 layers "
                 f"{32 * r['us'] / 1e3:.1f} ms, err {r['rel_err']:.1e} of {at.TOLERANCE:.0e}, grid {case['grid'][0]})")
         if torch is not None:
             try:

@@ -48,7 +48,7 @@ def host_source() -> str:
     start, end = text.index("// 2^x (ex2.approx"), text.index("template <int D, int G>")
     dynamic = "extern __shared__ __align__(16) float at_shared[];"
     assert "asm" not in text[end:] and dynamic in text
-    floats = max(at.shared_bytes(d) for d in at.HEAD_DIMS) // 4
+    floats = max(at.shared_bytes(d, cut) for d in at.HEAD_DIMS for cut in at.CUTS) // 4
     return text[:start] + text[end:].replace(dynamic, f"static float at_shared[{floats}] __attribute__((aligned(16)));")
 
 
@@ -73,26 +73,37 @@ CASES = [
 KEYS = sorted({(d, heads // kv, warps) for _, heads, kv, d, _, warps, _ in CASES})
 
 
-def build(d, group, warps):
-    return ON_HOST.build(host_source(), at.options(d, group, warps))
+# the cuts other than the default (device_attention_tiles.CUTS) on cases with tails: (case, cut)
+VARIANTS = [("prefill_g4_d128", "48,0"), ("prefill_g4_d128", "48,1"), ("prefill_g4_d128_split", "48,1"),
+            ("mha_g1_d64_w8", "48,1"), ("gqa_g8_d128", "48,1"), ("smollm2_g3_d64", "48,1"),
+            ("chunk_and_decode_g8_d64", "32,1")]
+DEFAULT = str(at.CUTS[0])
+KEYS = sorted({*((d, g, w, DEFAULT) for d, g, w in KEYS),
+               *((d, heads // kv, warps, cut) for name, cut in VARIANTS
+                 for case, heads, kv, d, _, warps, _ in CASES if case == name)})
 
 
-def build_name(d, group, warps) -> str:
-    return f"g++:attention_tiles:d{d}:g{group}:w{warps}"
+def build(d, group, warps, cut=DEFAULT):
+    return ON_HOST.build(host_source(), at.options(d, group, warps, at.Cut.parse(cut)))
+
+
+def build_name(d, group, warps, cut=DEFAULT) -> str:
+    return f"g++:attention_tiles:d{d}:g{group}:w{warps}" + ("" if cut == DEFAULT else f":cut{cut}")
 
 
 EARLY_BUILDS = {} if ON_HOST.why() is not None else {build_name(*key): functools.partial(build, *key) for key in KEYS}
 # nvcc's sm_90 builds of the source as a card gets it: registers and spills, the instructions
-NVCC_SHAPES = [(128, 4, 8), (128, 4, 4), (128, 8, 8), (64, 1, 4), (64, 3, 8)]
+NVCC_SHAPES = [(128, 4, 8), (128, 4, 4), (128, 8, 8), (64, 1, 4), (64, 3, 8), (128, 4, 8, "48,0"), (128, 4, 8, "48,1"),
+               (128, 4, 4, "48,1"), (64, 1, 8, "48,1"), (128, 8, 8, "48,1")]
 
 
-def nvcc_build(d, group, warps):
+def nvcc_build(d, group, warps, cut=DEFAULT):
     """(nvcc's result with ptxas' report, the PTX's text) of attention_tiles.cu for sm_90."""
     folder = early_builds.folder() / "attention_tiles_sm_90"
     folder.mkdir(exist_ok=True)
-    stem = folder / f"d{d}_g{group}_w{warps}"
+    stem = folder / (f"d{d}_g{group}_w{warps}" + ("" if cut == DEFAULT else f"_cut{cut.replace(',', '_')}"))
     stem.with_suffix(".cu").write_text(dk.source("attention_tiles"))
-    options = [*at.options(d, group, warps), "-arch=sm_90", "-fmad=false"]
+    options = [*at.options(d, group, warps, at.Cut.parse(cut)), "-arch=sm_90", "-fmad=false"]
     result = subprocess.run([NVCC, *options, "-cubin", "-Xptxas", "-v", "-o", str(stem.with_suffix(".cubin")),
                              str(stem.with_suffix(".cu"))], capture_output=True, text=True)
     ptx = subprocess.run([NVCC, *options, "-ptx", "-o", str(stem.with_suffix(".ptx")), str(stem.with_suffix(".cu"))],
@@ -104,9 +115,10 @@ if NVCC is not None:
     EARLY_BUILDS.update({f"nvcc:attention_tiles:{shape}": functools.partial(nvcc_build, *shape) for shape in NVCC_SHAPES})
 
 
-def library(d, group, warps):
-    assert (d, group, warps) in KEYS, f"{(d, group, warps)} is not in KEYS (add its case, so that it is built early)"
-    return early_builds.result(build_name(d, group, warps), functools.partial(build, d, group, warps))
+def library(d, group, warps, cut=DEFAULT):
+    key = (d, group, warps, cut)
+    assert key in KEYS, f"{key} is not in KEYS (add its case, so that it is built early)"
+    return early_builds.result(build_name(*key), functools.partial(build, *key))
 
 
 def launch(lib, operands, params, warps, splits, fresh=True):
@@ -264,3 +276,52 @@ def test_the_store_writes_the_cache_and_the_bf16_rows_aligned_or_not(offset):
         np.testing.assert_array_equal(cache[slots], rows)
         np.testing.assert_array_equal(cache[others], before[others])
         np.testing.assert_array_equal(narrowed, rows.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+@pytest.mark.parametrize("case,cut", VARIANTS)
+def test_every_cut_agrees_with_f64_within_the_tolerance(case, cut):
+    """Each cut (device_attention_tiles.CUTS) on the cases' tails: prompts not a multiple of 32 or 48
+    keys, GQA groups 8, 4, 3 and 1, head_dim 64 and 128, split contexts, a chunk after a cached
+    context beside decode tokens (4 warps: 32 keys, lazy rescale alone). Against exact attention
+    within the tolerance, against the kernel's own roundings as tight as the default cut."""
+    _, heads, kv, d, sequences, warps, splits = next(c for c in CASES if c[0] == case)
+    operands, params = attention_operands(heads, kv, d, sequences, seed=len(case))
+    operands[0][:, :d] *= 4
+    out, lanes = launch(library(d, heads // kv, warps, cut), operands, params, warps, splits)
+    assert lanes > 0 and np.isfinite(out).all()
+    assert 0 < rel_err(out, reference(operands, params, rounded=False)) <= at.TOLERANCE
+    assert rel_err(out, reference(operands, params, rounded=True)) <= 3e-3
+    default, _ = launch(library(d, heads // kv, warps), operands, params, warps, splits)
+    assert rel_err(out, default) <= 3e-3
+
+
+@pytest.mark.parametrize("case,keys", [("prefill_g4_d128", 48), ("chunk_and_decode_g8_d64", 32)])
+def test_the_lazy_rescale_gives_the_same_bits(case, keys):
+    """lazy 1 leaves out multiplies by exactly 1: the rows of lazy 0 bit for bit, where max moves
+    (early tiles, every tile's first) and where it stays."""
+    _, heads, kv, d, sequences, warps, splits = next(c for c in CASES if c[0] == case)
+    operands, params = attention_operands(heads, kv, d, sequences, seed=41)
+    eager, _ = launch(library(d, heads // kv, warps, f"{keys},0" if keys != 32 else DEFAULT), operands, params, warps,
+                      splits)
+    lazy, _ = launch(library(d, heads // kv, warps, f"{keys},1"), operands, params, warps, splits)
+    np.testing.assert_array_equal(lazy, eager)
+
+
+def test_a_wrong_mask_would_show_in_the_48_key_cut():
+    """As test_a_wrong_mask_would_show, for 48-key tiles (a diagonal that crosses them elsewhere)."""
+    operands, params = attention_operands(8, 2, 128, [(0, 100)], seed=22)
+    out, _ = launch(library(128, 4, 8, "48,1"), operands, params, 8, 1)
+    shifted = [np.array(o, copy=True) for o in operands]
+    shifted[6] = np.maximum(shifted[6] - 1, 0)
+    assert rel_err(out, reference(shifted, params, rounded=False)) > 10 * at.TOLERANCE
+
+
+def test_the_cut_parses_and_reaches_the_build():
+    assert at.Cut.parse("48,1") == at.Cut(48, 1) and str(at.Cut(48, 1)) == "48,1"
+    for bad in ("64,0", "48", "32,2", "a,b"):
+        with pytest.raises(ValueError):
+            at.Cut.parse(bad)
+    assert at.options(128, 4, 8, at.CUTS[0]) == ("-DR4D_AT_D=128", "-DR4D_AT_G=4", "-DR4D_AT_WARPS=8")
+    assert at.options(128, 4, 8, at.Cut(48, 1))[3:] == ("-DR4D_AT_KT=48", "-DR4D_AT_LAZY=1")
+    assert at.options(128, 4, 4, at.Cut(48, 1))[3:] == ("-DR4D_AT_KT=32", "-DR4D_AT_LAZY=1")
+    assert at.shared_bytes(128, at.Cut(48, 0)) == 2 * 2 * 48 * 136 * 2 <= 65536

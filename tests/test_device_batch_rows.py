@@ -325,3 +325,35 @@ def test_a_split_decode_gives_the_same_bits_launch_after_launch(registry, on_car
     operands, params = attention_operands(32, 8, 128, [(p, 1) for p in (4000, 8000, 100, 1)], seed=5)
     row = dev_row(registry, "r4dchain_attention_tc_dev")
     on_card.replays_agree(row, on_card.args(row, operands, params), 10, operands[10])
+
+
+# ---- attention_tiles.cu's cuts (device_attention_tiles.CUTS; bench/card_prefill_attention.py --cuts) ----
+
+# (q heads, kv heads, head_dim, sequences): a prompt of 8-warp tiles whose length is no multiple of 32
+# or 48 keys; SmolLM2's heads (group 3, head_dim 64); a chunk after 500 cached keys (the f32 cache's
+# path, 8 warps) beside decode tokens
+CUT_CASES = [(32, 8, 128, [(0, 300)]), (9, 3, 64, [(0, 100), (0, 13), (40, 30)]), (32, 8, 128, [(500, 200), (5, 1), (99, 1)])]
+
+
+@pytest.mark.parametrize("case", range(len(CUT_CASES)))
+def test_every_attention_cut_agrees_with_libref_and_the_default_kernel(registry, on_card, monkeypatch, case):
+    """Each cut (device_attention_tiles.CUTS) against libref (the row's tolerance, libref run once) and
+    against the default cut's rows (3e-3: the same roundings, other tiles of the online softmax); lazy 1
+    against lazy 0 of its keys bit for bit."""
+    from test_device_tensor_cores import attention_operands
+    at = module(registry, "device_attention_tiles")
+    heads, kv, d, sequences = CUT_CASES[case]
+    operands, params = attention_operands(heads, kv, d, sequences, seed=case)
+    want = [np.array(o, copy=True) for o in operands]
+    assert launch(row_of(registry, "attention", "libref"), want, params) == 0
+    rows = {}
+    for cut in at.CUTS:  # a fresh params object a cut: its own plan (device_rows' plan key)
+        monkeypatch.setattr(at, "CUT", cut)
+        got = on_card.run(dev_row(registry, "r4dchain_attention_tc_dev"), operands, dict(params), read=(3, 4, 10))
+        np.testing.assert_array_equal(got[3], want[3])
+        np.testing.assert_array_equal(got[4], want[4])
+        rows[cut] = got[10]
+        assert np.isfinite(got[10]).all() and rel_err(got[10], want[10]) <= at.TOLERANCE, (cut, rel_err(got[10], want[10]))
+        assert rel_err(got[10], rows[at.CUTS[0]]) <= 3e-3, (cut, rel_err(got[10], rows[at.CUTS[0]]))
+        if cut.lazy:
+            np.testing.assert_array_equal(got[10], rows[at.Cut(cut.keys, 0)], err_msg=str(cut))

@@ -362,3 +362,20 @@ def test_attention_tiles_cu_agrees_with_libref(registry, on_host):
     np.testing.assert_array_equal(got[3], want[3])
     np.testing.assert_array_equal(got[4], want[4])
     assert np.isfinite(got[10]).all() and 0 < rel_err(got[10], want[10]) <= at.TOLERANCE, rel_err(got[10], want[10])
+
+
+def test_attention_tiles_cu_s_48_key_cut_runs_through_the_row_s_plan(registry, on_host, monkeypatch):
+    """device_attention_tiles.CUT set between plans reaches the launch (48 keys: 52,224 bytes of shared
+    memory, its own build) and agrees with libref and with the default cut: 40 tokens after 40 cached
+    (8-warp tiles; 16 splits of which most see no key, their partials empty)."""
+    at = module(registry, "device_attention_tiles")
+    operands, params = attention_operands(4, 1, 128, [(40, 40)], seed=6)
+    row = device_row(registry, "r4dchain_attention_tc_dev")
+    default = on_host.run(row, operands, params, read=(10,))[10]
+    monkeypatch.setattr(at, "CUT", at.Cut(48, 1))
+    assert at.shared_bytes(128) == 52224
+    got = on_host.run(row, operands, params, read=(10,))[10]
+    want = [np.array(o, copy=True) for o in operands]
+    assert host_launch(row_of(registry, "attention", "libref"), want, params) == RAD_OK
+    assert np.isfinite(got).all() and 0 < rel_err(got, want[10]) <= at.TOLERANCE, rel_err(got, want[10])
+    assert 0 < rel_err(got, default) <= 3e-3

@@ -11,8 +11,11 @@ come from M and the warps alone (the fewest tiles M can make), so a replay with 
 the same count keeps its grid, and the scratch hook knows the most any M of the band asks."""
 
 import os
+from dataclasses import dataclass
 
-KEYS = 32            # keys a tile of shared memory (AT_KT)
+from radiance.abi import RAD_MAX_SHARED_BYTES
+
+KEYS = 32            # keys a tile of shared memory (AT_KT) of the default cut
 PAD = 8              # bf16 of padding a shared row (AT_BPAD: 16 bytes)
 MAX_SPLITS = 16      # AT_MAX_SPLITS
 STORE_THREADS = 256
@@ -24,6 +27,35 @@ GEMV_MAX_M = 8       # the rows here take M above the decode band of the fused r
 # warps fit one): for measuring the two against each other on a card
 PREFILL_WARPS = 4 if os.environ.get("R4D_AT_PREFILL_WARPS") == "4" else 8
 KERNEL = os.environ.get("R4D_TC_KERNEL") or None  # "simt" keeps attention.cu's kernel (as for the GEMM)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Compile-time choices of attention_tiles.cu, to be compared on a card in one process: `keys` a
+    shared tile (AT_KT: 32, or 48, which halves again the barriers, the row maxima's shuffles and O's
+    rescales a key; 64 would take 68 KiB at head_dim 128, past RAD_MAX_SHARED_BYTES), `lazy` (1: O's
+    rescale skipped by a warp whose rows all kept their max: the same bits). Written 'keys,lazy'."""
+    keys: int = KEYS
+    lazy: int = 0
+
+    @classmethod
+    def parse(cls, text: str, name: str = "R4D_AT_CUT") -> "Cut":
+        try:
+            keys, lazy = (int(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(f"{name}={text!r}: 'keys,lazy', e.g. '48,1'") from None
+        if keys not in KEY_CHOICES or lazy not in (0, 1):
+            raise ValueError(f"{name}={text!r}: keys one of {KEY_CHOICES}, lazy 0 or 1")
+        return cls(keys, lazy)
+
+    def __str__(self) -> str:
+        return f"{self.keys},{self.lazy}"
+
+
+KEY_CHOICES = (32, 48)
+CUTS = (Cut(32, 0), Cut(32, 1), Cut(48, 0), Cut(48, 1))  # CUTS[0] the kernel as it was
+# read per plan (options, shared_bytes): set it between launches to compare cuts in one process
+CUT = Cut.parse(os.environ["R4D_AT_CUT"]) if os.environ.get("R4D_AT_CUT") else CUTS[0]
 
 # max|out - ref| / max|ref| against libref's attention: q * scale * log2(e), k, the weights and v
 # rounded to bf16 (8 bits of mantissa), f32 sums. Measured with the kernel's numpy form
@@ -64,9 +96,14 @@ def grid(m: int, seqs: int, kv_heads: int, group: int) -> tuple:
     return (tiles_bound(m, seqs, group), kv_heads, splits(m, kv_heads, group, count)), (32 * count, 1, 1)
 
 
-def shared_bytes(head_dim: int) -> int:
-    """Two buffers of a bf16 key tile and a bf16 value tile, rows padded."""
-    return 2 * 2 * KEYS * (head_dim + PAD) * 2
+def shared_bytes(head_dim: int, cut: Cut = None) -> int:
+    """Two buffers of a bf16 key tile and a bf16 value tile, rows padded (the cut's keys a tile; CUT's
+    unless given). With the static slots a key tile (8 bytes a key, two tiles) and the merge's flag
+    within RAD_MAX_SHARED_BYTES: asserted."""
+    keys = (cut or CUT).keys
+    dynamic = 2 * 2 * keys * (head_dim + PAD) * 2
+    assert dynamic + 2 * 8 * keys + 4 <= RAD_MAX_SHARED_BYTES, (head_dim, keys)
+    return dynamic
 
 
 def store_grid(m: int, width: int) -> tuple:
@@ -74,8 +111,14 @@ def store_grid(m: int, width: int) -> tuple:
     return (-(-width // (4 * STORE_THREADS)), m, 1), (STORE_THREADS, 1, 1)
 
 
-def options(head_dim: int, group: int, warp_count: int = 4) -> tuple:
-    return (f"-DR4D_AT_D={head_dim}", f"-DR4D_AT_G={group}", f"-DR4D_AT_WARPS={warp_count}")
+def options(head_dim: int, group: int, warp_count: int = 4, cut: Cut = None) -> tuple:
+    """The build's defines; the cut's (CUT's unless given) only where it is not the kernel as it was.
+    The cut's keys in 8-warp tiles alone: 4-warp tiles of 48 keys spill (ptxas, sm_90), so they keep
+    32 (shared_bytes, not told the warps, may then give more than the launch uses: harmless)."""
+    cut = cut or CUT
+    keys = cut.keys if warp_count == 8 else KEYS
+    extra = () if cut == CUTS[0] else (f"-DR4D_AT_KT={keys}", f"-DR4D_AT_LAZY={cut.lazy}")
+    return (f"-DR4D_AT_D={head_dim}", f"-DR4D_AT_G={group}", f"-DR4D_AT_WARPS={warp_count}", *extra)
 
 
 def _aligned(nbytes: int) -> int:

@@ -37,7 +37,13 @@
 #endif
 #define AT_THREADS (R4D_AT_WARPS * 32)
 #define AT_ROWS (R4D_AT_WARPS * 16)
-#define AT_KT 32          // keys a tile (device_attention_tiles.KEYS)
+#ifndef R4D_AT_KT
+#define R4D_AT_KT 32      // keys a tile (device_attention_tiles.Cut.keys: 32, or 48 to halve the barriers and
+#endif                    // rescales a key; two stages of 64 keys at D 128 pass the 64 KiB a launch may have)
+#define AT_KT R4D_AT_KT
+#ifndef R4D_AT_LAZY
+#define R4D_AT_LAZY 0     // 1: skip O's rescale where no row of the warp raised its max (device_attention_tiles.Cut.lazy)
+#endif
 #define AT_BPAD 8         // bf16 padding a shared row (16 bytes)
 #define AT_MAX_SPLITS 16  // device_attention_tiles.MAX_SPLITS
 #ifndef R4D_AT_BATCH
@@ -96,6 +102,12 @@ extern "C" __global__ void r4d_kv_store_bf16_dev(const float* k, const float* v,
         fresh_k[(long long)m * width + e] = (u16)r4d_bf16x2(a, 0.0f);
         fresh_v[(long long)m * width + e] = (u16)r4d_bf16x2(b, 0.0f);
     }
+}
+
+// the cache loads a thread keeps in flight: the most, up to `most`, that divide its `chunks` (12 at 48 keys,
+// 8 warps: 6; a batch past the chunks would write past the tiles)
+__device__ constexpr int at_batch(int chunks, int most) {
+    return chunks <= most ? chunks : chunks % most == 0 ? most : at_batch(chunks, most - 1);
 }
 
 // 2^x (ex2.approx: about 2 ulp; -inf gives +0)
@@ -205,7 +217,8 @@ __device__ void attend_tiles(const AttTiles& p) {
     // the key tile whose slots are in `slots` from the f32 cache into bf16 buffer `into`: 16 bytes a
     // load, CHUNKS a thread, R4D_AT_BATCH in flight; chunk c is (K or V, key i, floats 4 q4..4 q4 + 3)
     auto load_cache = [&](const long long* slots, u16* into) {
-        const int BATCH = CHUNKS < R4D_AT_BATCH ? CHUNKS : R4D_AT_BATCH;
+        constexpr int BATCH = at_batch(CHUNKS, R4D_AT_BATCH);
+        static_assert(CHUNKS % BATCH == 0, "attention_tiles.cu: whole batches of cache loads");
 #pragma unroll 1
         for (int u0 = 0; u0 < CHUNKS; u0 += BATCH) {  // batch after batch (unrolled, the loads of all hoist and spill)
             float4 v[BATCH];
@@ -274,6 +287,7 @@ __device__ void attend_tiles(const AttTiles& p) {
                         if (j >= k1 || j > limit[c / 2]) sc[n][c] = minus_inf;
                     }
             }
+            float keep[2];  // each row's factor on what it summed before this tile
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float top = minus_inf;
@@ -283,7 +297,8 @@ __device__ void attend_tiles(const AttTiles& p) {
                 top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
                 float next_max = fmaxf(run_max[h], top);
                 float base = next_max == minus_inf ? 0.0f : next_max;  // a row that has seen no key yet: every weight 0
-                float keep = r4d_exp2(run_max[h] - base), sum = 0.0f;
+                float sum = 0.0f;
+                keep[h] = r4d_exp2(run_max[h] - base);
 #pragma unroll
                 for (int n = 0; n < AT_KT / 8; ++n)
 #pragma unroll
@@ -292,10 +307,16 @@ __device__ void attend_tiles(const AttTiles& p) {
                         sum += e;
                         sc[n][2 * h + c] = e;
                     }
-                run_sum[h] = run_sum[h] * keep + sum;
+                run_sum[h] = run_sum[h] * keep[h] + sum;
                 run_max[h] = next_max;
+            }
+            // O's rescale: D / 2 multiplies a lane a tile. Lazy, where every row of the warp kept its max
+            // (keep exactly 1: ex2 of 0), skipped warp-wide: the same bits, the multiplies by 1 left out
+            if (!R4D_AT_LAZY || !__all_sync(0xffffffffu, keep[0] == 1.0f && keep[1] == 1.0f)) {
 #pragma unroll
-                for (int d = 0; d < D / 8; ++d) { o[d][2 * h] *= keep; o[d][2 * h + 1] *= keep; }
+                for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) o[d][c] *= keep[c / 2];
             }
             // O += P V: keys 16 s..16 s + 15 are n-tiles 2s and 2s + 1 of S, which are P's A
             // fragment as they stand; ldmatrix.trans x4 gives V's B for two d-tiles (matrix l / 8:
