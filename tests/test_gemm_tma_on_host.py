@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import early_builds
-from device_batch_support import Pointers, fixture_module
+from device_batch_support import FAKES, Pointers, fixture_module
 
 FIXTURES = fixture_module("cuda_on_host").SHIM.parent
 ON_HOST = fixture_module("cuda_on_host")
@@ -249,12 +249,6 @@ def run_forms(lib, x, weights, m, k, swiglu):
     return ys, model
 
 
-def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """r4d_silu_mul's bits: the sigmoid in f64 rounded once to f32, then two f32 products."""
-    sig = (1.0 / (1.0 + np.exp(-gate.astype(np.float64)))).astype(np.float32)
-    return (gate * sig) * up
-
-
 @needs_gxx
 @pytest.mark.parametrize("m,rows,k", [(200, (300, 128, 100), 520), (130, (256,), 64), (17 * 128 + 5, (136, 40), 128),
                                       (200, (1024, 4096 + 64, 100), 64), (200, (100, 136), 4096)])
@@ -292,4 +286,4 @@ def test_the_swiglu_form_gives_the_unfused_chains_bits(m, n, k):
     plain_gate, _, _ = run(lib, "bf16", x, gate_w, m, n, k)
     plain_up, _, _ = run(lib, "bf16", x, up_w, m, n, k)
     assert np.array_equal(up.view(np.uint32), plain_up.view(np.uint32))
-    assert np.array_equal(gate.view(np.uint32), silu_mul(plain_gate, plain_up).view(np.uint32))
+    assert np.array_equal(gate.view(np.uint32), FAKES.silu_mul_values(plain_gate, plain_up).view(np.uint32))

@@ -8,20 +8,11 @@ within f32 reassociation. Skips where no card is visible; without one: tests/tes
 import numpy as np
 import pytest
 
-from test_device_rows_support import Card, card
+from test_device_batch_rows import DEVICE, on_card, pytestmark  # noqa: F401 (the card, its fixture, its skip)
 from test_libr4d_support import activations, make_weight, registry, rel_err  # noqa: F401 (registry)
 from test_prefill_rows import FFN, QKV, launched, tc, with_add
 
-DEVICE, STREAM, WHY = card()
-pytestmark = pytest.mark.skipif(DEVICE is None, reason=f"device rows need a card: {WHY}")
 HIDDEN, NQ, NK, NF = 4096, 4096, 1024, 14336
-
-
-@pytest.fixture(scope="module")
-def on_card():
-    c = Card(DEVICE, STREAM)
-    yield c
-    c.close()
 
 
 def eight_b_case(m, ffn):

@@ -90,6 +90,10 @@ def _model_cases(label: str, model: Model, tp: int, m: int) -> list[tuple[str, s
                                                "N.2": kv * hd, "wdtype": model.wdtype, **f32}, {}),
         ("rmsnorm_gemm2_silu_mul.ffn", "rmsnorm_gemm2_silu_mul",
          {**base, "n.0": h, "eps": EPS, "K": h, "N.1": ffn, "N.2": ffn, "wdtype": model.wdtype, **f32}, {}),
+        ("add_rmsnorm_gemm3.qkv", "add_rmsnorm_gemm3", {**base, "n": h, "eps": EPS, "K": h, "N.2": heads * hd,
+                                                        "N.3": kv * hd, "N.4": kv * hd, "wdtype": model.wdtype, **f32}, {}),
+        ("add_rmsnorm_gemm2_silu_mul.ffn", "add_rmsnorm_gemm2_silu_mul",
+         {**base, "n.1": h, "eps": EPS, "K": h, "N.2": ffn, "N.3": ffn, "wdtype": model.wdtype, **f32}, {}),
     ]
     if tp == 1:
         cases.append(("gemm.q.bf16", "gemm", gemm(heads * hd, h, "bf16"), {}))

@@ -20,7 +20,9 @@ from . import device_kernels as dk
 from . import device_tensor_cores as tc
 from .device_batch_rows import PRIORITY, tc_gemm_scratch, tc_gemm_steps
 from .device_formats import layout_as_stored
-from .device_rows import F32_ACTIVATIONS, DeviceWeight, ScratchTooSmall, Step, _address, _planned, _vendor, chained
+from .device_rows import (
+    F32_ACTIVATIONS, DeviceWeight, ScratchTooSmall, Step, _address, _planned, _vendor, chained, elementwise_step,
+)
 from .rows import REPLACES
 
 FROM = tc.TMA_FROM  # below it gemm_skinny.cu and the streamed GEMM serve, which fuse nothing here
@@ -134,9 +136,7 @@ def _chain(a, pairs: list, swiglu: bool, add: bool) -> list:
 
 def silu_mul_step(gate: int, up: int, count: int, multiprocessors: int) -> Step:
     """r4d_silu_mul_dev in place: gate = silu_mul(gate, up) over `count` f32 values."""
-    grid, block = dk.flat_grid(count, multiprocessors)
-    args = KernelArgs("r4d_silu_mul_dev").pointer(gate).pointer(up).pointer(gate).i64(count)
-    return Step("r4d_silu_mul_dev", "elementwise", grid, block, args)
+    return elementwise_step("r4d_silu_mul_dev", gate, up, gate, count, multiprocessors)
 
 
 def _build(swiglu: bool, add: bool):

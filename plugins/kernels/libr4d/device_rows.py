@@ -449,13 +449,18 @@ def _rope(a):
     return [Step("r4d_rope_dev", "elementwise", (m, 1, 1), (dk.ELEMENTWISE_THREADS, 1, 1), args)]  # a block a token
 
 
+def elementwise_step(kernel: str, first: int, second: int, y: int, count: int, multiprocessors: int) -> Step:
+    """elementwise.cu's two-input kernels (r4d_add_dev, r4d_silu_mul_dev) over `count` f32 values."""
+    grid, block = dk.flat_grid(count, multiprocessors)
+    args = KernelArgs(kernel).pointer(first).pointer(second).pointer(y).i64(count)
+    return Step(kernel, "elementwise", grid, block, args)
+
+
 def _elementwise(kernel):
     def build(a):
         first, second, y = a.t
-        count = int(a.params["M"]) * int(a.params["n"])
-        grid, block = dk.flat_grid(count, getattr(a.stream, "multiprocessors", 1))
-        args = KernelArgs(kernel).pointer(_address(first)).pointer(_address(second)).pointer(_address(y)).i64(count)
-        return [Step(kernel, "elementwise", grid, block, args)]
+        return [elementwise_step(kernel, _address(first), _address(second), _address(y),
+                                 int(a.params["M"]) * int(a.params["n"]), getattr(a.stream, "multiprocessors", 1))]
     return build
 
 
