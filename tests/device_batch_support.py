@@ -83,4 +83,4 @@ class NvidiaFake(FakeDevice):
 def nvidia_fake(target="sm_89", kernels=None) -> NvidiaFake:
     # its own compiler version: the compile cache must not hand it a plain fake's code (no options line)
     return NvidiaFake({**FAKES.kernels(), **(kernels or {})}, target=target, device_bytes=1 << 31,
-                      compiler_version="fake-3+options")
+                      compiler_version="fake-4+options")

@@ -35,15 +35,22 @@ def test_the_tma_cuts_fit_the_launch_rule_and_say_what_is_wrong(registry):
         assert cut.threads == (288 if cut.rows == 128 else 384) and cut.blocks == (2 if (cut.rows, cut.cols) == (128, 128) else 1)
     assert tc.TmaCut.parse("128,64,3").shared == 3 * 256 * 64 + 3 * 16 + 16 and str(tc.TmaCut.parse("256,32,4,128")) == "256,32,4"
     assert tc.TmaCut.parse("256,32,4,192").defines()[0] == "-DWG_WARPGROUPS=3"
-    for text, match in [("128,64", "three or four"), ("128,x,3", "three or four"), ("192,64,3", "cols 128 or 256"),
+    cluster = tc.TmaCut.parse("128,64,3,128,2,2")
+    assert (cluster.cluster, cluster.x_box, cluster.w_box, str(cluster)) == (4, 64, 64, "128,64,3,128,2,2")
+    assert "-DTM_CLUSTER_M=2" in cluster.defines() and "-DTM_CLUSTER_N=1" in tc.TmaCut.parse("128,64,3,128,2,1").defines()
+    # a cluster's tiles: 2048 x 6144 is 8 x 48 of 2 x 1; 300 rows leave the second block of each cluster past M
+    assert tc.TmaCut.parse("128,64,3,128,2,1").blocks_for(2048, 6144) == 16 * 48
+    assert tc.TmaCut.parse("128,64,3,128,2,2").blocks_for(300, 200) == 2 * 1 * 4
+    for text, match in [("128,64", "three, four or six"), ("128,x,3", "three, four or six"), ("192,64,3", "cols 128 or 256"),
                         ("128,16,3", "k_bytes"), ("128,64,1", "stages >= 2"), ("128,64,4", "65536"),
                         ("256,128,2", "65536"), ("128,64,2,192", "192 with 256"), ("256,32,4,256", "rows 128 or 192"),
-                        ("256,32,5,192", "65536")]:
+                        ("256,32,5,192", "65536"), ("128,64,3,128,2", "three, four or six"),
+                        ("128,64,3,128,4,1", "cluster_m and cluster_n 1 or 2"), ("256,32,4,192,2,1", "128 rows only")]:
         with pytest.raises(ValueError, match=match):
             tc.TmaCut.parse(text)
 
 
-@pytest.mark.parametrize("cut", ["128,64,3", "256,32,5", "256,32,4,192"])
+@pytest.mark.parametrize("cut", ["128,64,3", "256,32,5", "256,32,4,192", "128,64,3,128,2,2"])
 def test_a_tma_plan_narrows_x_builds_its_maps_then_runs_the_gemm_on_them(registry, monkeypatch, cut):
     tc = module(registry, "device_tensor_cores")
     monkeypatch.setattr(tc, "KERNEL", "tma")
@@ -63,12 +70,13 @@ def test_a_tma_plan_narrows_x_builds_its_maps_then_runs_the_gemm_on_them(registr
     assert at % 128 == 0 and layout["total"] >= layout["maps"] + 256 and layout["total"] <= need
     assert layout["maps"] >= layout["codes"] + 2 * 300 * 4096
     splits, per = tc.split(300, 4096, 4096, "bf16", "tma")
-    tiles = -(-300 // cut.rows) * 4096 // cut.cols
+    # the clusters' tiles in clusters: 2 x 1 tiles of 128 x 128 for 2 x 2 clusters (the second row past M at 300)
+    tiles = -(-300 // (cut.rows * cut.cluster_m)) * -(-4096 // (cut.cols * cut.cluster_n)) * cut.cluster
     assert (kernel, grid, block) == ("r4d_tma_gemm_bf16", (tiles, 1, splits), (cut.threads, 1, 1))
     assert splits == (1 if tiles >= 132 * cut.blocks else splits) and per * splits * cut.k_bytes // 2 >= 4096
     assert stream.shared == cut.shared
     assert pointers(args, [0, 4]) == [at, 0x2000] and ints(args, [7, 8, 9, 10]) == [300, 4096, 4096, per]
-    options = ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", *cut.defines(), "-DWG_GROUP=16")
+    options = ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", *tc.tma_defines(cut), "-DWG_GROUP=16")
     assert stream.compiled == [("r4d_narrow_bf16_dev", ()), ("r4d_tma_maps", (*options[:2], "-DR4D_TM_ONLY=3", *options[2:])),
                                ("r4d_tma_gemm_bf16", (*options[:2], "-DR4D_TM_ONLY=1", *options[2:]))]
     assert launch(row, [x, w, y], dict(params), stream, 0x9000000, layout["total"] - 1) == RAD_E_NOMEM
@@ -145,8 +153,8 @@ def nvcc_build(only: int, cut: str):
     folder.mkdir(exist_ok=True)
     source, cubin = folder / "gemm_tma.cu", folder / f"gemm_tma_{only}_{cut.replace(',', '_')}.cubin"
     source.write_text(dk.source("gemm_tma"))
-    options = [o for o in tc.options(tc.TMA_ENTRIES[only - 1])[1:] if not o.startswith("-DWG_")]
-    options += [*tc.TmaCut.parse(cut).defines(), f"-DWG_GROUP={tc.WGMMA_GROUP}"]
+    options = [o for o in tc.options(tc.TMA_ENTRIES[only - 1])[1:] if not o.startswith(("-DWG_", "-DTM_"))]
+    options += [*tc.tma_defines(tc.TmaCut.parse(cut)), f"-DWG_GROUP={tc.WGMMA_GROUP}"]
     return subprocess.run([NVCC, "-arch=sm_90a", "-fmad=false", *options, "-cubin", "-Xptxas", "-v", "-o", str(cubin),
                            str(source)], capture_output=True, text=True)
 

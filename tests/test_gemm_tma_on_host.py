@@ -7,7 +7,9 @@ refilling a stage only after every consumer warp's MMAs on it have retired (the 
 a stage rewritten under an MMA in flight as a race), the boxes' coordinates along K and down the
 rows, TMA's zero fill past M, N and K, the swizzled stages read back through wgmma's descriptors,
 split K and its counters, e4m3's scales, and r4d_tma_maps' fields as the GEMM's loads use them; in
-every cut the bench offers (device_tensor_cores.TMA_CUTS). Against a float64 product of the same
+every cut the bench offers (device_tensor_cores.TMA_CUTS) but its clusters (the model runs a grid's
+blocks one after another, and a cluster's blocks run together: their multicast loads and releases
+into each other are checked on a card, tests/test_gemm_tma_cluster.py). Against a float64 product of the same
 bf16 or e4m3 values; the kernel with a stage's release taken out, released before its MMAs
 retire, or a ring parity flipped, must be caught. Skipped, saying so, where g++ is missing."""
 
@@ -37,12 +39,16 @@ REPLACED = {"extern __shared__ __align__(1024) u8 wg_shared[];": "u8* wg_shared 
             # gemm_wgmma.cu's entries, which R4D_WG_ONLY=3 leaves out (the host build's table of
             # entries is read from the text, #if or not)
             "WG_GEMM_ENTRY(TC_BF16, r4d_wgmma_gemm_bf16)": "", "WG_GEMM_ENTRY(TC_E4M3, r4d_wgmma_gemm_e4m3)": ""}
-# the kernel with one of its orderings broken, which the model must notice
-BROKEN = {"no release of a stage": ("            if (i > 0 && lane == 0) tm_arrive(empty + (i - 1) % WG_STAGES);\n", "\n"),
+# the kernel with one of its orderings broken, which the model must notice (the first two in the late
+# release, R4D_TMA_RELEASE=late, whose lines they change; the early release's own after them)
+BROKEN = {"no release of a stage": ("            if (i > 0 && lane == 0) tm_release(empty + (i - 1) % WG_STAGES, rank);\n", "\n"),
           "a stage released before its MMAs retire": (
               "            wg_wait<1>();\n            __syncwarp();  // every lane past its wait (wait_group is .aligned: this only says so)\n"
-              "            if (i > 0 && lane == 0) tm_arrive(empty + (i - 1) % WG_STAGES);\n",
+              "            if (i > 0 && lane == 0) tm_release(empty + (i - 1) % WG_STAGES, rank);\n",
               "            if (lane == 0) tm_arrive(empty + i % WG_STAGES);\n            wg_wait<1>();\n"),
+          # (the early release moved before its wait<0> goes unseen: the model runs a warp until it
+          # blocks, and that wait retires the MMAs at once, before the producer runs again)
+          "early: no release of a stage": ("                if (lane == 0) tm_release(empty + s, rank);\n", "\n"),
           "the producer's parity flipped": ("                tm_wait(empty + s, (round & 1) ^ 1);\n",
                                             "                tm_wait(empty + s, round & 1);\n"),
           "the consumers' parity flipped": ("            tm_wait(full + s, (u32)(i / WG_STAGES) & 1);\n",
@@ -56,10 +62,15 @@ BROKEN = {"no release of a stage": ("            if (i > 0 && lane == 0) tm_arri
               "                int back = (i - 1) % WG_STAGES, k = (t0 + i - 1 + WG_STAGES) * WG_KB;\n",
               "                int back = i % WG_STAGES, k = (t0 + i + WG_STAGES) * WG_KB;\n")}
 LOADER_CUT = next(cut for cut in tc.TMA_CUTS if cut.rows == 192)
+HOST_CUTS = [cut for cut in tc.TMA_CUTS if cut.cluster == 1]  # the model's blocks run one at a time
 
 
 def broken_cut(broken: str):
     return LOADER_CUT if "loader" in broken else tc.TMA_CUTS[0]
+
+
+def broken_release(broken: str) -> str:
+    return "late" if broken in ("no release of a stage", "a stage released before its MMAs retire") else "early"
 
 
 def cut_out(text: str, markers: tuple, put: str = "") -> str:
@@ -91,22 +102,27 @@ def host_source(broken: str | None = None) -> str:
     return text
 
 
-def build(broken: str | None, cut):
-    return ON_HOST.build(host_source(broken), ("-DR4D_WG_ONLY=3", "-DR4D_TM_ONLY=0", *cut.defines(), "-DWG_GROUP=16"))
+def build(broken: str | None, cut, release: str):
+    """The text built as the engine's options build it (device_tensor_cores.tma_defines) in `release`."""
+    return ON_HOST.build(host_source(broken), ("-DR4D_WG_ONLY=3", "-DR4D_TM_ONLY=0", *tc.tma_defines(cut, release),
+                                               "-DWG_GROUP=16"))
 
 
-def build_name(broken, cut) -> str:
-    return f"g++:gemm_tma:{broken or 'as written'}:cut {cut}"
+def build_name(broken, cut, release) -> str:
+    return f"g++:gemm_tma:{broken or 'as written'}:cut {cut}:release {release}"
 
 
+RELEASE = tc.TMA_RELEASE  # the process's (early unless R4D_TMA_RELEASE says otherwise)
 EARLY_BUILDS = {}
 if ON_HOST.why() is None:
-    EARLY_BUILDS.update({build_name(None, cut): functools.partial(build, None, cut) for cut in tc.TMA_CUTS})
-    EARLY_BUILDS.update({build_name(b, broken_cut(b)): functools.partial(build, b, broken_cut(b)) for b in BROKEN})
+    EARLY_BUILDS.update({build_name(None, cut, RELEASE): functools.partial(build, None, cut, RELEASE) for cut in HOST_CUTS})
+    EARLY_BUILDS[build_name(None, tc.TMA_CUTS[0], "late")] = functools.partial(build, None, tc.TMA_CUTS[0], "late")
+    EARLY_BUILDS.update({build_name(b, broken_cut(b), broken_release(b)): functools.partial(build, b, broken_cut(b), broken_release(b))
+                         for b in BROKEN})
 
 
-def library(broken=None, cut=tc.TMA_CUTS[0]):
-    return early_builds.result(build_name(broken, cut), functools.partial(build, broken, cut))
+def library(broken=None, cut=tc.TMA_CUTS[0], release=RELEASE):
+    return early_builds.result(build_name(broken, cut, release), functools.partial(build, broken, cut, release))
 
 
 def counter(lib, name: str) -> int:
@@ -170,7 +186,7 @@ CASES = [("bf16", 200, 300, 520, 1, True), ("bf16", 37, 256, 1024, 3, True), ("b
          ("bf16", 17 * 128 + 5, 136, 128, 2, True), ("e4m3", 150, 136, 528, 1, True), ("e4m3", 20, 200, 1024, 2, False)]
 
 
-def check(kind, m, n, k, splits, per_row, cut):
+def check(kind, m, n, k, splits, per_row, cut, release=RELEASE):
     x, w, xv, wv = operands(kind, m, n, k, m + n + k)
     rng = np.random.default_rng(k)
     x_scale = w_scale = None
@@ -179,7 +195,7 @@ def check(kind, m, n, k, splits, per_row, cut):
         x_scale = rng.uniform(0.5, 2, m).astype(np.float32)
         w_scale = rng.uniform(0.5, 2, n if per_row else 1).astype(np.float32)
         want = want * x_scale[:, None] * (w_scale[None, :] if per_row else w_scale[0])
-    y, model, blocks = run(library(None, cut), kind, x, w, m, n, k, splits, x_scale, w_scale, int(per_row), cut)
+    y, model, blocks = run(library(None, cut, release), kind, x, w, m, n, k, splits, x_scale, w_scale, int(per_row), cut)
     assert (model["wgmma_faults"], model["wgmma_races"], model["left"], model["tma_faults"], model["tma_hangs"]) == (0,) * 5
     steps = -(-k // (cut.k_bytes // (2 if kind == "bf16" else 1)))
     tiles = -(-m // cut.rows) * -(-n // cut.cols)
@@ -197,7 +213,14 @@ def test_the_kernel_as_written_computes_the_product_on_the_modelled_card(kind, m
 
 
 @needs_gxx
-@pytest.mark.parametrize("cut", [str(cut) for cut in tc.TMA_CUTS[1:]])
+@pytest.mark.parametrize("kind,m,n,k,splits,per_row", [CASES[0], CASES[3], CASES[5]])
+def test_the_late_release_computes_the_product_on_the_modelled_card(kind, m, n, k, splits, per_row):
+    """R4D_TMA_RELEASE=late (a stage released after the next one's MMAs are issued), the bench's comparison."""
+    check(kind, m, n, k, splits, per_row, tc.TMA_CUTS[0], "late")
+
+
+@needs_gxx
+@pytest.mark.parametrize("cut", [str(cut) for cut in HOST_CUTS[1:]])
 @pytest.mark.parametrize("kind,m,n,k,splits,per_row", [CASES[0], CASES[5]])
 def test_every_cut_offered_computes_the_product_on_the_modelled_card(cut, kind, m, n, k, splits, per_row):
     """The bench's other cuts: 32-byte stages in a ring of seven, 256 columns, 192 rows (three
@@ -213,7 +236,7 @@ def test_the_model_catches_a_ring_out_of_order(broken):
     flipped parity either hangs or reads a stage before or after its round."""
     x, w, xv, wv = operands("bf16", 130, 256, 512, 5)
     cut = broken_cut(broken)
-    y, model, _ = run(library(broken, cut), "bf16", x, w, 130, 256, 512, cut=cut)
+    y, model, _ = run(library(broken, cut, broken_release(broken)), "bf16", x, w, 130, 256, 512, cut=cut)
     wrong = not np.isfinite(y).all() or np.abs(y - xv @ wv.T).max() > 1e-3
     assert model["tma_hangs"] + model["wgmma_races"] + model["tma_faults"] > 0 or wrong, (broken, model)
 

@@ -41,7 +41,10 @@ import numpy as np
 from .base import Device, DeviceError, Kernel
 from .kernel_args import PackedArgs
 
-GLOBAL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\(")
+# an entry's name after its attributes: __launch_bounds__(...), and __cluster_dims__(...) or a macro in
+# capitals standing for it (gemm_tma.cu's TM_CLUSTER_DIMS)
+GLOBAL = re.compile(r"__global__\s+void\s+(?:(?:__cluster_dims__\s*\([^)]*\)|[A-Z][A-Z0-9_]*)\s+)?"
+                    r"(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\(")
 MACRO = re.compile(r"^#define\s+([A-Za-z_]\w*)\(([^)]*)\)(.*)$", re.M)
 KERNELS_VARIABLE = "RADIANCE_TEST_FAKE_KERNELS"
 ALIGNMENT = 256  # like cudaMalloc, every allocation starts 256-byte aligned (an mmap is page aligned)
@@ -100,7 +103,7 @@ class FakeDevice(Device):
 
     def __init__(self, kernels: dict[str, Callable | FakeKernel] | None = None, *, target: str = "fake_90",
                  device_bytes: int = 1 << 30, integrated: bool = False, host_bytes: int | None = None,
-                 cache=None, compiler_version: str = "fake-3", ipc: bool = True, programmatic: bool = True):
+                 cache=None, compiler_version: str = "fake-4", ipc: bool = True, programmatic: bool = True):
         super().__init__(target=target, device_bytes=device_bytes, integrated=integrated,
                          compiler_version=compiler_version, host_bytes=host_bytes, cache=cache)
         self.kernels = {name: k if isinstance(k, FakeKernel) else FakeKernel(k) for name, k in (kernels or {}).items()}

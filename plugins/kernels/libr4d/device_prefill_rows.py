@@ -80,7 +80,7 @@ def group_steps(rows: int, maps: int, weights: list, outputs: list, m: int, k: i
     The benches and the entries' own tests plan the launches here too."""
     padded = weights + [weights[0]] * (3 - len(weights))  # unread past `weights`
     counts = [weights[at][1] if at < len(weights) else 0 for at in range(3)]
-    box = tc.TMA_CUT.cols // 2 if swiglu else tc.TMA_CUT.cols
+    box = tc.TMA_CUT.cols // 2 if swiglu else tc.TMA_CUT.w_box  # a block's share of w's tile
     args = KernelArgs(tc.TMA_MAPS_GROUP).pointer(rows)
     for codes, _ in padded:
         args.pointer(codes)

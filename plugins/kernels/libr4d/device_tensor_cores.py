@@ -161,6 +161,14 @@ WGMMA_GROUP = int(os.environ.get("R4D_WG_GROUP") or 16)
 # R4D_WG_PAIRS=0: the wgmma and TMA GEMMs store their outputs one float at a time, not in pairs
 # (gemm_wgmma.cu's WG_PAIRS; the bench's comparison in one call)
 WG_PAIRS = os.environ.get("R4D_WG_PAIRS", "1") != "0"
+# gemm_tma.cu's consumers release a stage as soon as its MMAs retire (TM_EARLY; "early", the default), or
+# after the next stage's bytes have landed and its MMAs are issued (R4D_TMA_RELEASE=late, the kernel of
+# 2026-12-04b). On an H200 a layer's four 8B GEMMs at M = 2048 took 1660 us early against 1909 late in one
+# call (0.68x against 0.59x cuBLAS; bench/results/h200_card_runs_2026-12-04c.md): late, a stage that was
+# done stayed held while its consumer waited for the next one's bytes, so the ring refilled it a load late.
+TMA_RELEASE = os.environ.get("R4D_TMA_RELEASE", "early")
+if TMA_RELEASE not in ("early", "late"):
+    raise ValueError(f"R4D_TMA_RELEASE={TMA_RELEASE!r}: early or late")
 NARROW_THREADS = 256    # r4d_narrow_bf16_dev: 8 values a thread a step
 NARROW_MAX_BLOCKS = 4096
 TC_KERNELS = ("mma", "wgmma", "tma", "skinny")
@@ -174,11 +182,15 @@ class TmaCut:
     thread; 256: one, 128; 192 rows only with 256 columns), `k_bytes` of K a stage of each row (128,
     64 or 32: the tensor maps' swizzle and wgmma's layout of that width), a ring of `stages`
     stages. The stages, 16 bytes of mbarriers a stage and 16 more within RAD_MAX_SHARED_BYTES (64
-    KiB a launch)."""
+    KiB a launch). In clusters of `cluster_m` x `cluster_n` blocks (1 or 2 each; 128 rows only): the
+    blocks down M of a cluster share w's tile, those across N x's, each loading its share of both and
+    TMA multicasting it to the others (gemm_tma.cu's TM_CLUSTER_M, TM_CLUSTER_N)."""
     cols: int = 128
     k_bytes: int = 64
     stages: int = 3
     rows: int = 128
+    cluster_m: int = 1
+    cluster_n: int = 1
 
     @property
     def threads(self) -> int:
@@ -196,30 +208,56 @@ class TmaCut:
     def blocks(self) -> int:
         return 2 if (self.rows, self.cols) == (128, 128) else 1
 
+    @property
+    def cluster(self) -> int:
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def x_box(self) -> int:
+        """x's rows a block loads a stage (its share of the tile's rows)."""
+        return self.rows // self.cluster_n
+
+    @property
+    def w_box(self) -> int:
+        """w's rows a block loads a stage (its share of the tile's columns)."""
+        return self.cols // self.cluster_m
+
+    def blocks_for(self, m: int, n: int, cols: int = 0) -> int:
+        """A launch's blocks over M x N outputs in tiles of `cols` (the cut's): the clusters' tiles of
+        cluster_m x cluster_n tiles, in clusters (gemm_tma.cu's tm_blocks)."""
+        rows_c, cols_c = self.rows * self.cluster_m, (cols or self.cols) * self.cluster_n
+        return -(-m // rows_c) * -(-n // cols_c) * self.cluster
+
     def defines(self) -> tuple:
         # WG_DEPTH=1: gemm_wgmma.cu's own check of its macros holds for two stages (gemm_tma.cu keeps one
         # group of MMAs in flight whatever it says)
         return (f"-DWG_WARPGROUPS={self.rows // 64}", f"-DWG_BN={self.cols}", f"-DWG_KB={self.k_bytes}",
-                f"-DWG_STAGES={self.stages}", "-DWG_DEPTH=1")
+                f"-DWG_STAGES={self.stages}", "-DWG_DEPTH=1", f"-DTM_CLUSTER_M={self.cluster_m}",
+                f"-DTM_CLUSTER_N={self.cluster_n}")
 
     def __str__(self) -> str:
-        return f"{self.cols},{self.k_bytes},{self.stages}" + (f",{self.rows}" if self.rows != 128 else "")
+        text = f"{self.cols},{self.k_bytes},{self.stages}"
+        if self.cluster > 1:
+            return text + f",{self.rows},{self.cluster_m},{self.cluster_n}"
+        return text + (f",{self.rows}" if self.rows != 128 else "")
 
     @classmethod
     def parse(cls, text: str) -> "TmaCut":
-        """'cols,k_bytes,stages[,rows]' (R4D_TMA_CUT): ValueError naming what is wrong."""
+        """'cols,k_bytes,stages[,rows[,cluster_m,cluster_n]]' (R4D_TMA_CUT): ValueError naming what is wrong."""
         try:
             parts = [int(part) for part in text.split(",")]
-            if len(parts) not in (3, 4):
+            if len(parts) not in (3, 4, 6):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"R4D_TMA_CUT={text!r}: expected 'cols,k_bytes,stages[,rows]', three or four "
-                             "integers") from None
+            raise ValueError(f"R4D_TMA_CUT={text!r}: expected 'cols,k_bytes,stages[,rows[,cluster_m,cluster_n]]', "
+                             "three, four or six integers") from None
         cut = cls(*parts)
         if not (cut.cols in (128, 256) and cut.rows in (128, 192) and (cut.rows, cut.cols) != (192, 128)
-                and cut.k_bytes in (32, 64, 128) and cut.stages >= 2 and cut.shared <= 65536):
+                and cut.k_bytes in (32, 64, 128) and cut.stages >= 2 and cut.shared <= 65536
+                and cut.cluster_m in (1, 2) and cut.cluster_n in (1, 2) and (cut.cluster == 1 or cut.rows == 128)):
             raise ValueError(f"R4D_TMA_CUT={text!r}: cols 128 or 256, rows 128 or 192 (192 with 256 cols), k_bytes "
-                             f"32, 64 or 128, stages >= 2, stages x ((rows + cols) x k_bytes + 16) + 16 <= 65536")
+                             f"32, 64 or 128, stages >= 2, stages x ((rows + cols) x k_bytes + 16) + 16 <= 65536, "
+                             f"cluster_m and cluster_n 1 or 2 (clusters with 128 rows only)")
         return cut
 
 
@@ -229,10 +267,12 @@ class TmaCut:
 # Why the wider ones: a block reads (rows + cols) x 2 bytes of L2 a K step for 2 rows cols flops, 1
 # byte for 64 flops at 128 x 128 (~12 TB/s at the card's 790 TFLOP/s), for 85 at 128 x 256, for 110
 # at 192 x 256 (~7 TB/s); gemm_wgmma.cu's 128 x 128 moved ~6 TB/s. Against that, 192 rows leave
-# N = 4096 at 176 tiles, 1.3 waves of 132. A consumer keeps one stage's MMAs in flight, so stages - 1
-# are loaded ahead.
-TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "128,32,7", "256,32,5", "256,32,4,192", "256,64,2,192"))
-# R4D_TMA_CUT="cols,k_bytes,stages[,rows]" cuts gemm_tma.cu's work otherwise for a process; read at
+# N = 4096 at 176 tiles, 1.3 waves of 132. Then the default's tile in clusters of 2 x 1, 1 x 2 and
+# 2 x 2 blocks sharing their x and w tiles by TMA multicast: the same bits, 4-12 % slower on an H200
+# (bench/results/h200_card_runs_2026-12-04c.md), so L2's bytes are not what binds the default.
+TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "128,32,7", "256,32,5", "256,32,4,192", "256,64,2,192",
+                                                  "128,64,3,128,2,1", "128,64,3,128,1,2", "128,64,3,128,2,2"))
+# R4D_TMA_CUT="cols,k_bytes,stages[,rows[,cluster_m,cluster_n]]" cuts gemm_tma.cu's work otherwise for a process; read at
 # every launch's plan (the bench sets TMA_CUT between shapes)
 TMA_CUT = TmaCut.parse(os.environ["R4D_TMA_CUT"]) if os.environ.get("R4D_TMA_CUT") else TMA_CUTS[0]
 TMA_ENTRIES = ("r4d_tma_gemm_bf16", "r4d_tma_gemm_e4m3", "r4d_tma_maps")
@@ -517,8 +557,15 @@ def options(name: str, m: int = 0) -> tuple:
                 f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     if name in TMA_ONLY:  # gemm_wgmma.cu's PTX before it, none of its entries (R4D_WG_ONLY=3)
         return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", f"-DR4D_TM_ONLY={TMA_ONLY[name]}",
-                *TMA_CUT.defines(), f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
+                *tma_defines(TMA_CUT), f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
+
+
+def tma_defines(cut: TmaCut, release: str = "") -> tuple:
+    """gemm_tma.cu's macros for `cut` and the consumers' release (TMA_RELEASE unless given): early
+    (TM_EARLY) where the cut has a producer warp (128 rows); the 192-row cut's loader releases late."""
+    early = (release or TMA_RELEASE) == "early" and cut.rows == 128
+    return (*cut.defines(), *(("-DTM_EARLY=1",) if early else ()))
 
 
 def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -> tuple:
@@ -529,6 +576,8 @@ def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -
     if kernel == "skinny":
         return (-(-n // SKINNY_CUT.rows), -(-m // skinny_variant(m)), splits), (SKINNY_CUT.threads, 1, 1)
     cut = hopper_cut(kernel, kind)
+    if kernel == "tma":  # in its clusters
+        return (cut.blocks_for(m, n), 1, splits), (cut.threads, 1, 1)
     if cut:
         return (-(-n // cut.cols) * -(-m // cut.rows), 1, splits), (cut.threads, 1, 1)
     return (-(-n // TILE_N), -(-m // tile_m(m, kernel)), splits), (THREADS, 1, 1)
@@ -552,15 +601,14 @@ def group_grid(m: int, rows: tuple) -> tuple:
     refuse_without_groups(TMA_GROUP)
     if not 1 <= len(rows) <= 3:
         raise ValueError(f"{TMA_GROUP}: 1 to 3 weights of one x, not {len(rows)}")
-    tiles = sum(-(-n // TMA_CUT.cols) for n in rows) * -(-m // TMA_CUT.rows)
-    return (tiles, 1, 1), (TMA_CUT.threads, 1, 1)
+    return (sum(TMA_CUT.blocks_for(m, n) for n in rows), 1, 1), (TMA_CUT.threads, 1, 1)
 
 
 def swiglu_grid(m: int, n: int) -> tuple:
     """r4d_tma_gemm_bf16_swiglu's: tiles of the cut's rows by half its columns of outputs (a tile's
     columns are that many of gate's weight and as many of up's)."""
     refuse_without_groups(TMA_SWIGLU)
-    return (-(-n // (TMA_CUT.cols // 2)) * -(-m // TMA_CUT.rows), 1, 1), (TMA_CUT.threads, 1, 1)
+    return (TMA_CUT.blocks_for(m, n, TMA_CUT.cols // 2), 1, 1), (TMA_CUT.threads, 1, 1)
 
 
 def shared_bytes(m: int, kernel: str = "mma", kind: str = "bf16") -> int:

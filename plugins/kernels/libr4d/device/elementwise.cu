@@ -66,26 +66,44 @@ extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float
 // r4d_rmsnorm_dev, as the chain leaves `residual` and `normed`), and where `rows` is given the same
 // values rounded to bf16 (nearest even) into it, the tensor-core GEMMs' x. A warp a row (norm_grid),
 // n % 4 == 0, residual, x, y 16-byte and rows 8-byte aligned.
+#define R4D_NORM_BATCH 4  // float4s a lane loads before it stores any (stores could alias the next loads)
 extern "C" __global__ void r4d_add_rmsnorm_bf16_dev(float* residual, const float* x, const u8* w, int fmt, float* y,
                                                     u16* rows, int M, int n, float eps) { R4D_CHAIN_PROLOGUE();
-    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP, lane = threadIdx.x % R4D_WARP;
-    float* row = residual + (long long)m * n;
+    int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP, lane = threadIdx.x % R4D_WARP, n4 = n / 4;
+    float4* row = (float4*)(residual + (long long)m * n);
     if (x && m < M)
-        for (int c = lane; c < n / 4; c += R4D_WARP) {
-            float4 a = ((const float4*)row)[c], b = ((const float4*)(x + (long long)m * n))[c];
-            ((float4*)row)[c] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        for (int base = lane; base < n4; base += R4D_NORM_BATCH * R4D_WARP) {
+            float4 a[R4D_NORM_BATCH], b[R4D_NORM_BATCH];
+#pragma unroll
+            for (int u = 0; u < R4D_NORM_BATCH; ++u)
+                if (base + u * R4D_WARP < n4) {
+                    a[u] = row[base + u * R4D_WARP];
+                    b[u] = ((const float4*)(x + (long long)m * n))[base + u * R4D_WARP];
+                }
+#pragma unroll
+            for (int u = 0; u < R4D_NORM_BATCH; ++u)
+                if (base + u * R4D_WARP < n4)
+                    row[base + u * R4D_WARP] = make_float4(a[u].x + b[u].x, a[u].y + b[u].y, a[u].z + b[u].z, a[u].w + b[u].w);
         }
     __syncthreads();  // every lane's sums in before any lane reads the row back
     if (m >= M) return;
-    float scale = 1.0f / sqrtf(r4d_row_squares(row, n) / (float)n + eps);
-    for (int c = lane; c < n / 4; c += R4D_WARP) {
-        float4 h = ((const float4*)row)[c];
-        float4 v = make_float4((h.x * scale) * r4d_norm_weight(w, fmt, 4 * c), (h.y * scale) * r4d_norm_weight(w, fmt, 4 * c + 1),
-                               (h.z * scale) * r4d_norm_weight(w, fmt, 4 * c + 2), (h.w * scale) * r4d_norm_weight(w, fmt, 4 * c + 3));
-        ((float4*)(y + (long long)m * n))[c] = v;
-        if (rows)
-            ((uint2*)(rows + (long long)m * n))[c] = make_uint2(r4d_bf16_bits(v.x) | r4d_bf16_bits(v.y) << 16,
-                                                                 r4d_bf16_bits(v.z) | r4d_bf16_bits(v.w) << 16);
+    float scale = 1.0f / sqrtf(r4d_row_squares((const float*)row, n) / (float)n + eps);
+    for (int base = lane; base < n4; base += R4D_NORM_BATCH * R4D_WARP) {
+        float4 h[R4D_NORM_BATCH];
+#pragma unroll
+        for (int u = 0; u < R4D_NORM_BATCH; ++u)
+            if (base + u * R4D_WARP < n4) h[u] = row[base + u * R4D_WARP];
+#pragma unroll
+        for (int u = 0; u < R4D_NORM_BATCH; ++u) {
+            int c = base + u * R4D_WARP;
+            if (c >= n4) continue;
+            float4 v = make_float4((h[u].x * scale) * r4d_norm_weight(w, fmt, 4 * c), (h[u].y * scale) * r4d_norm_weight(w, fmt, 4 * c + 1),
+                                   (h[u].z * scale) * r4d_norm_weight(w, fmt, 4 * c + 2), (h[u].w * scale) * r4d_norm_weight(w, fmt, 4 * c + 3));
+            ((float4*)(y + (long long)m * n))[c] = v;
+            if (rows)
+                ((uint2*)(rows + (long long)m * n))[c] = make_uint2(r4d_bf16_bits(v.x) | r4d_bf16_bits(v.y) << 16,
+                                                                     r4d_bf16_bits(v.z) | r4d_bf16_bits(v.w) << 16);
+        }
     }
 }
 

@@ -18,6 +18,13 @@
 //                  descriptor names (wg_desc's layout type): x's 128 rows then w's WG_BN rows
 //   WG_STAGES      stages in the ring; every stage plus the barriers within the 64 KiB a launch may
 //                  have (RAD_MAX_SHARED_BYTES, abi/rad_stream.h)
+// and its own, TM_CLUSTER_M x TM_CLUSTER_N (1 or 2 each; a producer warp's cuts only): a cluster of
+// that many blocks, TM_CLUSTER_M tiles down M that read the same tile of w and TM_CLUSTER_N across N
+// that read the same tile of x. Each block loads its 1 / TM_CLUSTER_M share of w's tile and its
+// 1 / TM_CLUSTER_N of x's, and TMA multicasts each share into every block of the cluster that reads
+// it, so L2 serves a k-tile's shared operand once a cluster, not once a block (the 64 KiB a launch
+// keeps a block at 128 x 128 tiles). On an H200 they give the same bits and are 4-12 % slower than
+// the unclustered cut: the bench's cuts, not the default (bench/results/h200_card_runs_2026-12-04c.md).
 //
 // The tensor maps. TMA reads a matrix through a 128-byte CUtensorMap. The plugin calls no driver
 // function: r4d_tma_maps (a one-warp launch before the GEMM, the same stream) builds both maps in
@@ -39,9 +46,35 @@
 #define TM_BLOCKS (WG_BN == 128 && TM_CONSUMERS == 2 ? 2 : 1)  // 2 x 288 threads of at most 96 registers: 64 accumulators
 #define TM_SWIZZLE (WG_KB == 128 ? 3 : WG_KB == 64 ? 2 : 1)  // tensormap.replace's swizzle_mode: 128, 64, 32 bytes
 #define TM_ARRIVALS (4 * TM_CONSUMERS)                // a stage's release: lane 0 of every consumer warp
+#ifndef TM_CLUSTER_M
+#define TM_CLUSTER_M 1
+#endif
+#ifndef TM_CLUSTER_N
+#define TM_CLUSTER_N 1
+#endif
+#define TM_CLUSTER (TM_CLUSTER_M * TM_CLUSTER_N)      // a cluster's blocks: rank r is (r % TM_CLUSTER_M, r / TM_CLUSTER_M)
+#define TM_X_BOX (TM_BM / TM_CLUSTER_N)               // x's rows a block loads a stage (its share of the tile)
+#define TM_W_BOX (WG_BN / TM_CLUSTER_M)               // w's rows a block loads a stage
+#define TM_RELEASERS (TM_CLUSTER_M + TM_CLUSTER_N - 1)  // blocks whose loads land in a block's stage: itself and its peers
 #if (WG_WARPGROUPS != 2 && !(WG_WARPGROUPS == 3 && WG_BN == 256)) || WG_STAGES < 2 || TM_SHARED > 65536 || \
-    (WG_BN != 128 && WG_BN != 256)
+    (WG_BN != 128 && WG_BN != 256) || TM_CLUSTER_M < 1 || TM_CLUSTER_M > 2 || TM_CLUSTER_N < 1 || TM_CLUSTER_N > 2 || \
+    (TM_CLUSTER > 1 && !TM_OWN_PRODUCER)
 #error "gemm_tma.cu: a cut outside what the kernel is written for (device_tensor_cores.TmaCut says which)"
+#endif
+// TM_EARLY (a producer warp's cuts): a consumer waits for its step's MMAs to retire and releases
+// that stage at once, not after it has waited for the next stage's bytes and issued their MMAs
+// (which keeps one group in flight across the wait, but holds a stage that is done until the next
+// one lands: where loads are late, the ring then refills a stage a load later than it could)
+#ifndef TM_EARLY
+#define TM_EARLY 0
+#endif
+#if TM_EARLY && !TM_OWN_PRODUCER
+#error "gemm_tma.cu: TM_EARLY with a producer warp alone"
+#endif
+#if TM_CLUSTER > 1
+#define TM_CLUSTER_DIMS __cluster_dims__(TM_CLUSTER, 1, 1)
+#else
+#define TM_CLUSTER_DIMS
 #endif
 
 // ---- the mbarriers' and TMA's PTX (tests/test_gemm_tma_on_host.py puts host forms in place of this part)
@@ -63,25 +96,54 @@ __device__ __forceinline__ void tm_expect(u64* barrier, u32 bytes) {
 // never lands is a bug to be reported. The loop is the asm's own: a C++ loop around try_wait is
 // divergent code to ptxas, which then serialises the wgmmas around it (C7518, "compiler-inserted
 // WG.DP in divergent path") in the three-warpgroup cut.
-__device__ __forceinline__ void tm_wait(u64* barrier, u32 parity) {
-    asm volatile("{\n\t.reg .pred p, late;\n\t.reg .u64 start, now;\n\t"
-                 "mov.u64 start, %%globaltimer;\n"
-                 "TM_WAIT_%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-                 "@p bra TM_DONE_%=;\n\t"
-                 "mov.u64 now, %%globaltimer;\n\t"
-                 "sub.u64 now, now, start;\n\t"
-                 "setp.gt.u64 late, now, 4000000000;\n\t"
-                 "@late trap;\n\t"
-                 "bra TM_WAIT_%=;\n"
-                 "TM_DONE_%=:\n}\n" ::"r"(r4d_smem(barrier)), "r"(parity)
-                 : "memory");
-}
+#define TM_WAIT(TRY_WAIT)                                                                       \
+    asm volatile("{\n\t.reg .pred p, late;\n\t.reg .u64 start, now;\n\t"                               \
+                 "mov.u64 start, %%globaltimer;\n"                                                   \
+                 "TM_WAIT_%=:\n\t" TRY_WAIT " p, [%0], %1;\n\t"                                       \
+                 "@p bra TM_DONE_%=;\n\t"                                                            \
+                 "mov.u64 now, %%globaltimer;\n\t"                                                   \
+                 "sub.u64 now, now, start;\n\t"                                                      \
+                 "setp.gt.u64 late, now, 4000000000;\n\t"                                            \
+                 "@late trap;\n\t"                                                                   \
+                 "bra TM_WAIT_%=;\n"                                                                 \
+                 "TM_DONE_%=:\n}\n" ::"r"(r4d_smem(barrier)), "r"(parity)                               \
+                 : "memory")
+__device__ __forceinline__ void tm_wait(u64* barrier, u32 parity) { TM_WAIT("mbarrier.try_wait.parity.shared::cta.b64"); }
 // The box of the map at (byte k of a row, row `row`) into `into`, completing its bytes on `barrier`
 __device__ __forceinline__ void tm_load(void* into, const void* map, int k, int row, u64* barrier) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(r4d_smem(into)), "l"(map), "r"(k), "r"(row), "r"(r4d_smem(barrier))
                  : "memory");
+}
+// The box into `into` of this block and of every block of the cluster in `blocks` (a bit a rank), each
+// at the same offset of its own shared memory, completing its bytes on each one's barrier at `barrier`'s offset
+__device__ __forceinline__ void tm_load_multicast(void* into, const void* map, int k, int row, u64* barrier, u16 blocks) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 ::"r"(r4d_smem(into)), "l"(map), "r"(k), "r"(row), "r"(r4d_smem(barrier)), "h"(blocks)
+                 : "memory");
+}
+// An arrival on the barrier at `barrier`'s offset in the cluster's block `rank` (this one's included).
+// The arrival's own (release at the CTA's scope) order: what it releases is a stage the MMAs of
+// this block read, retired by wgmma's wait_group before it, and TMA, which writes over it next, is
+// ordered after the producer's wait on it. A release at the cluster's scope would also wait for this
+// thread's every memory access to be seen cluster-wide: on an H200 the clustered GEMM then ran at
+// 0.45x the unclustered one (bench/results/h200_card_runs_2026-12-04c.md).
+__device__ __forceinline__ void tm_arrive_at(u64* barrier, u32 rank) {
+    asm volatile("{\n\t.reg .b32 at;\n\tmapa.shared::cluster.u32 at, %0, %1;\n\t"
+                 "mbarrier.arrive.shared::cluster.b64 _, [at];\n}\n" ::"r"(r4d_smem(barrier)), "r"(rank)
+                 : "memory");
+}
+// Every thread of the cluster's blocks: what each did before is seen by all after (the barriers'
+// init before any peer's load or arrival; no block gone while a peer may still arrive on its barriers)
+__device__ __forceinline__ void tm_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// This block's rank in its cluster (the launch's 1-D grid in clusters of TM_CLUSTER: blockIdx.x % TM_CLUSTER)
+__device__ __forceinline__ u32 tm_cluster_rank() {
+    u32 rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
 }
 // A map another launch wrote (r4d_tma_maps' release) acquired by the tensormap proxy before TMA
 // reads it. The bulk-group commit and wait after it: Triton's workaround for ptxas leaving out a
@@ -105,13 +167,43 @@ __device__ __forceinline__ void tm_refill(bool issue, u8* into, const u8* map_x,
 }
 // ---- end of the mbarriers' and TMA's PTX
 
-// A block's output tile in a GEMM of M x N outputs: gemm_wgmma.cu's order (groups of WG_GROUP row
-// tiles, then right), `cols` outputs a tile across (WG_BN; half of it for SwiGLU's paired tiles)
+// A block's output tile in a GEMM of M x N outputs, `cols` outputs a tile across (WG_BN; half of it
+// for SwiGLU's paired tiles): the clusters' tiles of TM_CLUSTER_M x TM_CLUSTER_N tiles in
+// gemm_wgmma.cu's order (groups of WG_GROUP row tiles, then right), a block's tile in its cluster's by
+// its rank. Where M or N does not fill a cluster's tile, a block's may lie past them: it loads its
+// shares for its peers (TMA fills its own rows with zeros) and stores nothing.
 __device__ __forceinline__ void tm_tile(int M, int N, int cols, int block, int* m0, int* n0) {
-    int tiles_m = (M + TM_BM - 1) / TM_BM, tiles_n = (N + cols - 1) / cols;
-    int span = WG_GROUP * tiles_n, first = block / span * WG_GROUP, group = min(WG_GROUP, tiles_m - first);
-    *m0 = (first + block % span % group) * TM_BM;
-    *n0 = block % span / group * cols;
+    int rows_c = TM_BM * TM_CLUSTER_M, cols_c = cols * TM_CLUSTER_N, rank = block % TM_CLUSTER, cluster = block / TM_CLUSTER;
+    int tiles_m = (M + rows_c - 1) / rows_c, tiles_n = (N + cols_c - 1) / cols_c;
+    int span = WG_GROUP * tiles_n, first = cluster / span * WG_GROUP, group = min(WG_GROUP, tiles_m - first);
+    *m0 = (first + cluster % span % group) * rows_c + rank % TM_CLUSTER_M * TM_BM;
+    *n0 = cluster % span / group * cols_c + rank / TM_CLUSTER_M * cols;
+}
+
+// The blocks of a cluster, a bit a rank, that read the x tile of block `rank` (its row: the same rank %
+// TM_CLUSTER_M) or its w tile (its column: the same rank / TM_CLUSTER_M); itself in both
+__device__ __forceinline__ u16 tm_row_blocks(u32 rank) {
+    u16 blocks = 0;
+    for (int j = 0; j < TM_CLUSTER_N; ++j) blocks |= (u16)(1u << (rank % TM_CLUSTER_M + TM_CLUSTER_M * j));
+    return blocks;
+}
+__device__ __forceinline__ u16 tm_column_blocks(u32 rank) {
+    u16 blocks = 0;
+    for (int j = 0; j < TM_CLUSTER_M; ++j) blocks |= (u16)(1u << (j + rank / TM_CLUSTER_M * TM_CLUSTER_M));
+    return blocks;
+}
+// This block's share of a tile a stage: a plain load where no other block reads it, else multicast
+__device__ __forceinline__ void tm_share(void* into, const void* map, int k, int row, u64* barrier, u16 blocks) {
+    if (TM_CLUSTER == 1) tm_load(into, map, k, row, barrier);
+    else tm_load_multicast(into, map, k, row, barrier, blocks);
+}
+// A consumer warp's release of a stage: its block's empty[] alone, or in a cluster that of every block
+// whose loads land in this block's stages (its row and column: the blocks this block's loads land in)
+__device__ __forceinline__ void tm_release(u64* barrier, u32 rank) {
+    if (TM_CLUSTER == 1) return tm_arrive(barrier);
+    u32 peers = tm_row_blocks(rank) | tm_column_blocks(rank);
+    for (u32 r = 0; r < TM_CLUSTER; ++r)
+        if (peers >> r & 1) tm_arrive_at(barrier, r);
 }
 
 // The tiles' epilogues: TM_STORE y = the sums (gemm_wgmma.cu's wg_store, split K included);
@@ -146,14 +238,17 @@ __device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warpgroup = warp / 4, g = lane / 4, tq = lane % 4;
     int tiles = (p.K * (KIND == TC_BF16 ? 2 : 1) + WG_KB - 1) / WG_KB;  // k-tiles of WG_KB bytes
     int t0 = blockIdx.z * p.tiles_per_split, t1 = min(tiles, t0 + p.tiles_per_split), count = max(0, t1 - t0);
+    u32 rank = blockIdx.x % TM_CLUSTER;  // tm_tile's; the cluster's own, checked below
     if (threadIdx.x == 0) {
+        if (TM_CLUSTER > 1 && tm_cluster_rank() != rank) __trap();  // a grid not in clusters of TM_CLUSTER
         for (int s = 0; s < WG_STAGES; ++s) {
-            tm_init(full + s, 1);             // the producer's expect_tx arrival (and TMA's bytes)
-            tm_init(empty + s, TM_ARRIVALS);  // lane 0 of each consumer warp
+            tm_init(full + s, 1);                            // the producer's expect_tx arrival (and TMA's bytes)
+            tm_init(empty + s, TM_ARRIVALS * TM_RELEASERS);  // lane 0 of each consumer warp of each releasing block
         }
         tm_init_fence();
     }
-    __syncthreads();
+    if (TM_CLUSTER > 1) tm_cluster_sync();  // no peer's load or release before this block's barriers exist
+    else __syncthreads();
     R4D_CHAIN_PROLOGUE();  // the maps, x's rows (and e4m3's scales) are the launches' before this one
     // k-tile i lives in stage s = i % WG_STAGES, its round r = i / WG_STAGES: the r-th time stage s
     // is filled, which completes phase r of full[s]; the consumers' release of it completes phase r
@@ -163,9 +258,15 @@ __device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m
     // starts empty); in round r > 0 it is phase r - 1, the consumers' release of round r - 1. A
     // barrier cannot run two phases ahead of a waiter: stage s is not refilled (full[s]'s next phase)
     // before every consumer warp has released it (empty[s]), which each does only after its own wait
-    // on full[s] in that round.
+    // on full[s] in that round. In a cluster every block's stage s is filled by its own producer and
+    // its peers' (full[s] expects the whole stage's bytes all the same), so empty[s] counts the
+    // releases of every block this block's loads land in, and each consumer warp releases into
+    // every block whose loads land in its own (the same blocks: a row and a column of the cluster).
+    // A peer's bytes may complete on full[s] before this block's expect_tx: the phase cannot end
+    // before that arrival, and no peer loads round r + 1 into this block before it released round r.
     if (TM_OWN_PRODUCER && warp == TM_PRODUCER) {
         if (lane == 0 && count > 0) {
+            u16 row_blocks = tm_row_blocks(rank), column_blocks = tm_column_blocks(rank);
             tm_acquire(map_x);
             tm_acquire(map_w);
             if (FORM == TM_SWIGLU) tm_acquire(map_u);
@@ -174,14 +275,19 @@ __device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m
                 u32 round = (u32)(i / WG_STAGES);
                 tm_wait(empty + s, (round & 1) ^ 1);
                 u8* stage = tm_shared + s * TM_STAGE_BYTES;
-                tm_expect(full + s, TM_STAGE_BYTES);  // both boxes, zero-filled parts included
-                int k = (t0 + i) * WG_KB;
-                tm_load(stage, map_x, k, m0, full + s);
-                if (FORM == TM_SWIGLU) {  // boxes of WG_BN / 2 rows: gate's, then up's below them
-                    tm_load(stage + TM_X_BYTES, map_w, k, n0, full + s);
-                    tm_load(stage + TM_X_BYTES + WG_BN / 2 * WG_KB, map_u, k, n0, full + s);
-                } else {
-                    tm_load(stage + TM_X_BYTES, map_w, k, n0, full + s);
+                tm_expect(full + s, TM_STAGE_BYTES);  // every box of the stage, zero-filled parts included
+                int k = (t0 + i) * WG_KB, across = rank / TM_CLUSTER_M, down = rank % TM_CLUSTER_M;
+                // x's rows m0 + across * TM_X_BOX.., to the blocks of this row of the cluster
+                tm_share(stage + across * TM_X_BOX * WG_KB, map_x, k, m0 + across * TM_X_BOX, full + s, row_blocks);
+                if (FORM == TM_SWIGLU && TM_CLUSTER_M == 1) {  // boxes of WG_BN / 2 rows: gate's, then up's below them
+                    tm_share(stage + TM_X_BYTES, map_w, k, n0, full + s, column_blocks);
+                    tm_share(stage + TM_X_BYTES + WG_BN / 2 * WG_KB, map_u, k, n0, full + s, column_blocks);
+                } else if (FORM == TM_SWIGLU) {  // two down M: the first loads gate's half, the second up's
+                    tm_share(stage + TM_X_BYTES + down * TM_W_BOX * WG_KB, down ? map_u : map_w, k, n0, full + s,
+                             column_blocks);
+                } else {  // w's rows n0 + down * TM_W_BOX.., to the blocks of this column
+                    tm_share(stage + TM_X_BYTES + down * TM_W_BOX * WG_KB, map_w, k, n0 + down * TM_W_BOX, full + s,
+                             column_blocks);
                 }
             }
         }
@@ -219,9 +325,15 @@ __device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m
 #pragma unroll
             for (int j = 0; j < WG_KB / 32; ++j) wg_mma<KIND, WG_BN>(d, a + 2 * j, b + 2 * j);
             wg_commit();
+            if (TM_EARLY) {  // this step's MMAs retired, its stage released at once
+                wg_wait<0>();
+                __syncwarp();
+                if (lane == 0) tm_release(empty + s, rank);
+                continue;
+            }
             wg_wait<1>();
             __syncwarp();  // every lane past its wait (wait_group is .aligned: this only says so)
-            if (i > 0 && lane == 0) tm_arrive(empty + (i - 1) % WG_STAGES);
+            if (i > 0 && lane == 0) tm_release(empty + (i - 1) % WG_STAGES, rank);
             if (!TM_OWN_PRODUCER && i > 0 && i - 1 + WG_STAGES < count) {
                 // the stage tile i - 1 leaves, refilled with tile i - 1 + WG_STAGES once every warp
                 // has released it (its round's phase of empty[]). Every thread waits, the same code
@@ -234,6 +346,10 @@ __device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m
         }
         wg_wait<0>();
         wg_pin(d);
+    }
+    if (TM_CLUSTER > 1) {  // no block of the cluster leaves while a peer may still arrive on its barriers
+        __syncwarp();
+        tm_cluster_sync();
     }
     bool split = gridDim.z > 1, consumer = warp < TM_PRODUCER;
     if (FORM == TM_SWIGLU) {
@@ -287,8 +403,8 @@ __device__ __forceinline__ void tm_publish(u8* to, u32* staged) {
 #endif
 
 // The maps the GEMMs read, one warp, maps 128-aligned (the scratch's parts are 256-aligned): x's
-// ([M, row_bytes], boxes of TM_BM rows) at maps[0..127], then each weight's ([rows, row_bytes],
-// boxes of `box` rows) after it
+// ([M, row_bytes], boxes of TM_X_BOX rows: a block's share of x's tile) at maps[0..127], then each
+// weight's ([rows, row_bytes], boxes of `box` rows) after it
 __device__ __forceinline__ void tm_maps(const void* x, const void* w0, const void* w1, const void* w2, int M, int n0,
                                         int n1, int n2, int weights, int row_bytes, int box, u8* maps) {
     __shared__ __align__(128) u32 staged[4][32];
@@ -299,7 +415,7 @@ __device__ __forceinline__ void tm_maps(const void* x, const void* w0, const voi
         if (threadIdx.x == 0) {
             const void* base = which == 0 ? x : which == 1 ? w0 : which == 2 ? w1 : w2;
             int rows = which == 0 ? M : which == 1 ? n0 : which == 2 ? n1 : n2;
-            tm_fill(staged[which], base, rows, row_bytes, which ? box : TM_BM);
+            tm_fill(staged[which], base, rows, row_bytes, which ? box : TM_X_BOX);
         }
         __syncwarp();  // lane 0's fields in before the warp's copy
         tm_publish(maps + 128 * which, staged[which]);
@@ -307,12 +423,12 @@ __device__ __forceinline__ void tm_maps(const void* x, const void* w0, const voi
 }
 
 #if R4D_TM_ONLY == 0 || R4D_TM_ONLY == 3
-// x's map, then w's (boxes of WG_BN rows)
+// x's map, then w's (boxes of TM_W_BOX rows: a block's share of w's tile)
 extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps(const void* x, const void* w, int M, int N, int row_bytes,
                                                               u8* maps) {
-    tm_maps(x, w, nullptr, nullptr, M, N, 0, 0, 1, row_bytes, WG_BN, maps);
+    tm_maps(x, w, nullptr, nullptr, M, N, 0, 0, 1, row_bytes, TM_W_BOX, maps);
 }
-// x's map, then `weights` (1..3) weights' (boxes of `box` rows: WG_BN for r4d_tma_gemm_bf16_group,
+// x's map, then `weights` (1..3) weights' (boxes of `box` rows: TM_W_BOX for r4d_tma_gemm_bf16_group,
 // WG_BN / 2 for r4d_tma_gemm_bf16_swiglu)
 extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps_group(const void* x, const void* w0, const void* w1,
                                                                     const void* w2, int M, int n0, int n1, int n2,
@@ -323,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps_group(const void* 
 #endif
 
 #define TM_GEMM_ENTRY(KIND, NAME)                                                                               \
-    extern "C" __global__ void __launch_bounds__(TM_THREADS, TM_BLOCKS) NAME(                                        \
+    extern "C" __global__ void TM_CLUSTER_DIMS __launch_bounds__(TM_THREADS, TM_BLOCKS) NAME(                        \
         const u8* maps, const float* x_scale, const float* w_scale, int w_stride, float* y, float* partial,      \
         u32* counters, int M, int N, int K, int tiles_per_split) {                                             \
         TcGemm p = {nullptr, x_scale, nullptr, w_scale, w_stride, y, partial, counters, M, N, K, tiles_per_split}; \
@@ -332,14 +448,20 @@ extern "C" __global__ void __launch_bounds__(32) r4d_tma_maps_group(const void* 
         tm_gemm<KIND, TM_STORE>(maps, maps + 128, nullptr, m0, n0, p, nullptr);                                \
     }
 
+// The blocks of a GEMM of M x N outputs in tiles `cols` across: its clusters' tiles (tm_tile's), in clusters
+__device__ __forceinline__ int tm_blocks(int M, int N, int cols) {
+    int rows_c = TM_BM * TM_CLUSTER_M, cols_c = cols * TM_CLUSTER_N;
+    return (M + rows_c - 1) / rows_c * ((N + cols_c - 1) / cols_c) * TM_CLUSTER;
+}
+
 // q, k and v (or any 1..3 weights of one x) in one launch: y_g = x . w_g^T, f32 [M, n_g], the blocks
-// of each weight's tiles after the one before's (its tiles in tm_tile's order); never split.
-// maps: r4d_tma_maps_group's with boxes of WG_BN rows.
+// of each weight's tiles after the one before's (its tiles in tm_tile's order: a cluster never spans
+// two weights); never split. maps: r4d_tma_maps_group's with boxes of TM_W_BOX rows.
 __device__ void tm_gemm_group(const u8* maps, float* y0, float* y1, float* y2, int M, int n0, int n1, int n2, int weights,
                               int K) {
-    int block = blockIdx.x, tiles_m = (M + TM_BM - 1) / TM_BM, which = 0, N = n0, m0, c0;
-    while (which < weights - 1 && block >= tiles_m * ((N + WG_BN - 1) / WG_BN)) {
-        block -= tiles_m * ((N + WG_BN - 1) / WG_BN);
+    int block = blockIdx.x, which = 0, N = n0, m0, c0;
+    while (which < weights - 1 && block >= tm_blocks(M, N, WG_BN)) {
+        block -= tm_blocks(M, N, WG_BN);
         N = ++which == 1 ? n1 : n2;
     }
     float* y = which == 0 ? y0 : which == 1 ? y1 : y2;
@@ -365,12 +487,12 @@ TM_GEMM_ENTRY(TC_BF16, r4d_tma_gemm_bf16)
 // the grouped blocks and the paired tiles: the cuts of a producer warp and 128 columns alone
 // (device_tensor_cores.groups_serve; the plan never launches them in another)
 #define TM_GROUPS (TM_OWN_PRODUCER && WG_BN == 128)
-extern "C" __global__ void __launch_bounds__(TM_THREADS, TM_BLOCKS) r4d_tma_gemm_bf16_group(
+extern "C" __global__ void TM_CLUSTER_DIMS __launch_bounds__(TM_THREADS, TM_BLOCKS) r4d_tma_gemm_bf16_group(
     const u8* maps, float* y0, float* y1, float* y2, int M, int n0, int n1, int n2, int weights, int K) {
     if (!TM_GROUPS) __trap();
     tm_gemm_group(maps, y0, y1, y2, M, n0, n1, n2, weights, K);
 }
-extern "C" __global__ void __launch_bounds__(TM_THREADS, TM_BLOCKS) r4d_tma_gemm_bf16_swiglu(
+extern "C" __global__ void TM_CLUSTER_DIMS __launch_bounds__(TM_THREADS, TM_BLOCKS) r4d_tma_gemm_bf16_swiglu(
     const u8* maps, float* gate, float* up, int M, int N, int K) {
     if (!TM_GROUPS) __trap();
     tm_gemm_swiglu(maps, gate, up, M, N, K);
