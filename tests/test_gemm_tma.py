@@ -32,7 +32,9 @@ def test_the_tma_cuts_fit_the_launch_rule_and_say_what_is_wrong(registry):
     assert tc.TMA_CUT == tc.TMA_CUTS[0] and len(set(tc.TMA_CUTS)) == len(tc.TMA_CUTS)
     for cut in tc.TMA_CUTS:
         assert tc.TmaCut.parse(str(cut)) == cut and cut.shared <= 64 << 10
-        assert cut.threads == (288 if cut.rows == 128 else 384) and cut.blocks == (2 if (cut.rows, cut.cols) == (128, 128) else 1)
+        # a consumer warpgroup a 64 rows, and a producer warp where there are one or two
+        assert cut.threads == {64: 128 + 32, 128: 256 + 32, 192: 384}[cut.rows]
+        assert cut.blocks == {(64, 128): 4, (128, 128): 2}.get((cut.rows, cut.cols), 1)
     assert tc.TmaCut.parse("128,64,3").shared == 3 * 256 * 64 + 3 * 16 + 16 and str(tc.TmaCut.parse("256,32,4,128")) == "256,32,4"
     assert tc.TmaCut.parse("256,32,4,192").defines()[0] == "-DWG_WARPGROUPS=3"
     cluster = tc.TmaCut.parse("128,64,3,128,2,2")
@@ -43,9 +45,10 @@ def test_the_tma_cuts_fit_the_launch_rule_and_say_what_is_wrong(registry):
     assert tc.TmaCut.parse("128,64,3,128,2,2").blocks_for(300, 200) == 2 * 1 * 4
     for text, match in [("128,64", "three, four or six"), ("128,x,3", "three, four or six"), ("192,64,3", "cols 128 or 256"),
                         ("128,16,3", "k_bytes"), ("128,64,1", "stages >= 2"), ("128,64,4", "65536"),
-                        ("256,128,2", "65536"), ("128,64,2,192", "192 with 256"), ("256,32,4,256", "rows 128 or 192"),
+                        ("256,128,2", "65536"), ("128,64,2,192", "192 with 256"), ("256,32,4,256", "rows 64, 128 or 192"),
                         ("256,32,5,192", "65536"), ("128,64,3,128,2", "three, four or six"),
-                        ("128,64,3,128,4,1", "cluster_m and cluster_n 1 or 2"), ("256,32,4,192,2,1", "128 rows only")]:
+                        ("128,64,3,128,4,1", "cluster_m and cluster_n 1 or 2"), ("256,32,4,192,2,1", "a producer warp"),
+                        ("256,32,4,64", "64 with 128 cols")]:
         with pytest.raises(ValueError, match=match):
             tc.TmaCut.parse(text)
 

@@ -194,7 +194,7 @@ class TmaCut:
 
     @property
     def threads(self) -> int:
-        return 288 if self.rows == 128 else 384
+        return {64: 160, 128: 288}.get(self.rows, 384)
 
     @property
     def stage_bytes(self) -> int:
@@ -206,7 +206,7 @@ class TmaCut:
 
     @property
     def blocks(self) -> int:
-        return 2 if (self.rows, self.cols) == (128, 128) else 1
+        return {(64, 128): 4, (128, 128): 2}.get((self.rows, self.cols), 1)
 
     @property
     def cluster(self) -> int:
@@ -252,12 +252,12 @@ class TmaCut:
             raise ValueError(f"R4D_TMA_CUT={text!r}: expected 'cols,k_bytes,stages[,rows[,cluster_m,cluster_n]]', "
                              "three, four or six integers") from None
         cut = cls(*parts)
-        if not (cut.cols in (128, 256) and cut.rows in (128, 192) and (cut.rows, cut.cols) != (192, 128)
+        if not (cut.cols in (128, 256) and cut.rows in (64, 128, 192) and (cut.rows, cut.cols) not in ((192, 128), (64, 256))
                 and cut.k_bytes in (32, 64, 128) and cut.stages >= 2 and cut.shared <= 65536
-                and cut.cluster_m in (1, 2) and cut.cluster_n in (1, 2) and (cut.cluster == 1 or cut.rows == 128)):
-            raise ValueError(f"R4D_TMA_CUT={text!r}: cols 128 or 256, rows 128 or 192 (192 with 256 cols), k_bytes "
-                             f"32, 64 or 128, stages >= 2, stages x ((rows + cols) x k_bytes + 16) + 16 <= 65536, "
-                             f"cluster_m and cluster_n 1 or 2 (clusters with 128 rows only)")
+                and cut.cluster_m in (1, 2) and cut.cluster_n in (1, 2) and (cut.cluster == 1 or cut.rows <= 128)):
+            raise ValueError(f"R4D_TMA_CUT={text!r}: cols 128 or 256, rows 64, 128 or 192 (64 with 128 cols, 192 with "
+                             f"256), k_bytes 32, 64 or 128, stages >= 2, stages x ((rows + cols) x k_bytes + 16) + 16 "
+                             f"<= 65536, cluster_m and cluster_n 1 or 2 (clusters with a producer warp: 64 or 128 rows)")
         return cut
 
 
@@ -269,9 +269,13 @@ class TmaCut:
 # at 192 x 256 (~7 TB/s); gemm_wgmma.cu's 128 x 128 moved ~6 TB/s. Against that, 192 rows leave
 # N = 4096 at 176 tiles, 1.3 waves of 132. Then the default's tile in clusters of 2 x 1, 1 x 2 and
 # 2 x 2 blocks sharing their x and w tiles by TMA multicast: the same bits, 4-12 % slower on an H200
-# (bench/results/h200_card_runs_2026-12-04c.md), so L2's bytes are not what binds the default.
+# (bench/results/h200_card_runs_2026-12-04c.md), so L2's bytes are not what binds the default. Last, 64 x
+# 128 in 4 stages of 64 (one consumer warpgroup and a producer warp, four blocks a multiprocessor: 16
+# stages on it against the default's 6, for 1.5x its L2 bytes a flop), alone and in 2 x 1 clusters
+# sharing w's tile (the default's L2 bytes a flop): not yet timed on a card.
 TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "128,32,7", "256,32,5", "256,32,4,192", "256,64,2,192",
-                                                  "128,64,3,128,2,1", "128,64,3,128,1,2", "128,64,3,128,2,2"))
+                                                  "128,64,3,128,2,1", "128,64,3,128,1,2", "128,64,3,128,2,2",
+                                                  "128,64,4,64", "128,64,4,64,2,1"))
 # R4D_TMA_CUT="cols,k_bytes,stages[,rows[,cluster_m,cluster_n]]" cuts gemm_tma.cu's work otherwise for a process; read at
 # every launch's plan (the bench sets TMA_CUT between shapes)
 TMA_CUT = TmaCut.parse(os.environ["R4D_TMA_CUT"]) if os.environ.get("R4D_TMA_CUT") else TMA_CUTS[0]
@@ -563,8 +567,8 @@ def options(name: str, m: int = 0) -> tuple:
 
 def tma_defines(cut: TmaCut, release: str = "") -> tuple:
     """gemm_tma.cu's macros for `cut` and the consumers' release (TMA_RELEASE unless given): early
-    (TM_EARLY) where the cut has a producer warp (128 rows); the 192-row cut's loader releases late."""
-    early = (release or TMA_RELEASE) == "early" and cut.rows == 128
+    (TM_EARLY) where the cut has a producer warp (64 or 128 rows); the 192-row cut's loader releases late."""
+    early = (release or TMA_RELEASE) == "early" and cut.rows <= 128
     return (*cut.defines(), *(("-DTM_EARLY=1",) if early else ()))
 
 
@@ -584,15 +588,15 @@ def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -
 
 
 def groups_serve() -> bool:
-    """Whether this process's TMA cut has the grouped and SwiGLU forms (two consumer warpgroups and
-    a producer warp, 128 columns: gemm_tma.cu builds them there alone)."""
-    return (TMA_CUT.rows, TMA_CUT.cols) == (128, 128)
+    """Whether this process's TMA cut has the grouped and SwiGLU forms (one or two consumer warpgroups
+    and a producer warp, 128 columns: gemm_tma.cu builds them there alone)."""
+    return TMA_CUT.rows <= 128 and TMA_CUT.cols == 128
 
 
 def refuse_without_groups(entry: str) -> None:
     """A plan of a grouped or SwiGLU launch in a cut gemm_tma.cu builds them not in (its kernel traps)."""
     if not groups_serve():
-        raise ValueError(f"{entry}: the TMA cut {TMA_CUT} has no grouped or SwiGLU forms (only a cut of 128 rows "
+        raise ValueError(f"{entry}: the TMA cut {TMA_CUT} has no grouped or SwiGLU forms (only a cut of 64 or 128 rows "
                          f"and 128 columns does: R4D_TMA_CUT={TMA_CUTS[0]}, the default)")
 
 

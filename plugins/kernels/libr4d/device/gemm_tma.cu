@@ -9,7 +9,10 @@
 // entries): its wgmma PTX (wg_desc, wg_mma, wg_fence, wg_commit, wg_wait, wg_pin) is the one this
 // kernel runs, in the cut given by the same WG_* macros (device_tensor_cores.TmaCut.defines):
 //   WG_WARPGROUPS  the consumer warpgroups, 64 rows of x each: 2 (a block is TM_BM = 128 rows, and a
-//                  producer warp is the block's ninth) or 3 (192 rows, with 256 columns; no producer
+//                  producer warp is the block's ninth), 1 (64 rows and a producer warp, 128 columns:
+//                  four blocks a multiprocessor, so twice the stages in flight on it for 1.5x the
+//                  L2 bytes a flop; 2 x 1 clusters bring those back to the 128-row tile's) or 3
+//                  (192 rows, with 256 columns; no producer
 //                  warp: thread 0 issues the loads between its warpgroup's steps, as 13 warps would
 //                  leave a thread 128 registers and a warpgroup's 128 accumulators need ~155)
 //   WG_BN          columns of a block (w's rows): 128 (two blocks a multiprocessor) or 256 (one)
@@ -37,13 +40,14 @@
 #define TM_CONSUMERS WG_WARPGROUPS
 #define TM_BM (64 * TM_CONSUMERS)
 #define TM_PRODUCER (4 * TM_CONSUMERS)                // the producer's warp: the one after the consumers'
-#define TM_OWN_PRODUCER (TM_CONSUMERS == 2)           // a producer warp (else thread 0 loads)
+#define TM_OWN_PRODUCER (TM_CONSUMERS <= 2)           // a producer warp (else thread 0 loads)
 #define TM_THREADS (128 * TM_CONSUMERS + (TM_OWN_PRODUCER ? 32 : 0))
 #define TM_X_BYTES (TM_BM * WG_KB)                    // x's tile in a stage, then w's (WG_BN * WG_KB)
 #define TM_STAGE_BYTES ((TM_BM + WG_BN) * WG_KB)
 #define TM_BARRIERS (WG_STAGES * TM_STAGE_BYTES)      // full[WG_STAGES], empty[WG_STAGES], then the split flag
 #define TM_SHARED (TM_BARRIERS + 16 * WG_STAGES + 16)  // device_tensor_cores.TmaCut.shared
-#define TM_BLOCKS (WG_BN == 128 && TM_CONSUMERS == 2 ? 2 : 1)  // 2 x 288 threads of at most 96 registers: 64 accumulators
+// blocks a multiprocessor: 2 x 288 or 4 x 160 threads of at most 96 registers (64 accumulators) at 128 columns
+#define TM_BLOCKS (WG_BN != 128 ? 1 : TM_CONSUMERS == 1 ? 4 : TM_CONSUMERS == 2 ? 2 : 1)
 #define TM_SWIZZLE (WG_KB == 128 ? 3 : WG_KB == 64 ? 2 : 1)  // tensormap.replace's swizzle_mode: 128, 64, 32 bytes
 #define TM_ARRIVALS (4 * TM_CONSUMERS)                // a stage's release: lane 0 of every consumer warp
 #ifndef TM_CLUSTER_M
@@ -56,7 +60,8 @@
 #define TM_X_BOX (TM_BM / TM_CLUSTER_N)               // x's rows a block loads a stage (its share of the tile)
 #define TM_W_BOX (WG_BN / TM_CLUSTER_M)               // w's rows a block loads a stage
 #define TM_RELEASERS (TM_CLUSTER_M + TM_CLUSTER_N - 1)  // blocks whose loads land in a block's stage: itself and its peers
-#if (WG_WARPGROUPS != 2 && !(WG_WARPGROUPS == 3 && WG_BN == 256)) || WG_STAGES < 2 || TM_SHARED > 65536 || \
+#if (WG_WARPGROUPS != 2 && !(WG_WARPGROUPS == 3 && WG_BN == 256) && !(WG_WARPGROUPS == 1 && WG_BN == 128)) || \
+    WG_STAGES < 2 || TM_SHARED > 65536 || \
     (WG_BN != 128 && WG_BN != 256) || TM_CLUSTER_M < 1 || TM_CLUSTER_M > 2 || TM_CLUSTER_N < 1 || TM_CLUSTER_N > 2 || \
     (TM_CLUSTER > 1 && !TM_OWN_PRODUCER)
 #error "gemm_tma.cu: a cut outside what the kernel is written for (device_tensor_cores.TmaCut says which)"
