@@ -19,7 +19,7 @@ from test_device_rows_support import Card
 from test_attention_tiles_on_host import host_source as attention_tiles_host_source
 from test_device_tensor_cores import attention_operands
 from test_libr4d_kquants import TYPES, gguf_weight
-from test_libr4d_support import activations, plain_weight, registry, rel_err, row_of  # noqa: F401 (registry)
+from test_libr4d_support import activations, make_weight, plain_weight, registry, rel_err, row_of  # noqa: F401 (registry)
 from test_libr4d_support import launch as host_launch
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -287,6 +287,26 @@ def test_elementwise_cu_add_rmsnorm_is_the_device_chain_bit_for_bit(registry, on
     np.testing.assert_array_equal(got[3][:m], normed)
     np.testing.assert_array_equal(got[0][m:], residual[m:])
     assert (got[3][m:] == 3.0).all() and not np.array_equal(got[0][:m], residual[:m])
+
+
+@pytest.mark.parametrize("m,n", [(260, 4096), (33, 102)])
+def test_elementwise_cu_add_rmsnorm_is_the_add_then_the_norm(registry, on_host, m, n):
+    """r4d_add_rmsnorm_dev (the add + rmsnorm row above the GEMV band), built from elementwise.cu: the
+    residual r4d_add_dev's bits and y r4d_rmsnorm_dev's, both built from elementwise.cu; rows of 4096
+    (the float4 loads r4d_add_rmsnorm_bf16_dev shares, a lane's batches whole) and of 102 (not a
+    multiple of 4: the scalar loop). 260 rows: a tail in the last block's warps."""
+    residual, x = activations(m, n, 21), activations(m, n, 22)
+    weight = make_weight("f32", 1, n, 23)
+    params = {"M": m, "n": n, "eps": 1e-5, "dtype": "f32"}
+    got = on_host.run(device_row(registry, "r4dchain_add_rmsnorm_dev"), [residual.copy(), x, None, np.zeros((m, n), np.float32)],
+                      params, {2: weight}, read=(0, 3))
+    summed = on_host.run(device_row(registry, "r4dchain_add_dev"), [residual, x, np.zeros((m, n), np.float32)],
+                         {"M": m, "n": n, "dtype": "f32"}, read=(2,))[2]
+    normed = on_host.run(device_row(registry, "r4dchain_rmsnorm_dev"), [summed, None, np.zeros((m, n), np.float32)],
+                         params, {1: weight}, read=(2,))[2]
+    assert not np.array_equal(summed, residual)
+    np.testing.assert_array_equal(got[0].view(np.uint32), summed.view(np.uint32))
+    np.testing.assert_array_equal(got[3].view(np.uint32), normed.view(np.uint32))
 
 
 @pytest.mark.parametrize("add", [False, True])

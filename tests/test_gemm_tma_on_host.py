@@ -41,14 +41,14 @@ REPLACED = {"extern __shared__ __align__(1024) u8 wg_shared[];": "u8* wg_shared 
             "WG_GEMM_ENTRY(TC_BF16, r4d_wgmma_gemm_bf16)": "", "WG_GEMM_ENTRY(TC_E4M3, r4d_wgmma_gemm_e4m3)": ""}
 # the kernel with one of its orderings broken, which the model must notice (the first two in the late
 # release, R4D_TMA_RELEASE=late, whose lines they change; the early release's own after them)
-BROKEN = {"no release of a stage": ("            if (i > 0 && lane == 0) tm_release(empty + (i - 1) % WG_STAGES, rank);\n", "\n"),
+BROKEN = {"no release of a stage": ("            if (i > 0 && lane == 0) tm_release(empty + (i - 1) % WG_STAGES, peers);\n", "\n"),
           "a stage released before its MMAs retire": (
               "            wg_wait<1>();\n            __syncwarp();  // every lane past its wait (wait_group is .aligned: this only says so)\n"
-              "            if (i > 0 && lane == 0) tm_release(empty + (i - 1) % WG_STAGES, rank);\n",
+              "            if (i > 0 && lane == 0) tm_release(empty + (i - 1) % WG_STAGES, peers);\n",
               "            if (lane == 0) tm_arrive(empty + i % WG_STAGES);\n            wg_wait<1>();\n"),
           # (the early release moved before its wait<0> goes unseen: the model runs a warp until it
           # blocks, and that wait retires the MMAs at once, before the producer runs again)
-          "early: no release of a stage": ("                if (lane == 0) tm_release(empty + s, rank);\n", "\n"),
+          "early: no release of a stage": ("                if (lane == 0) tm_release(empty + s, peers);\n", "\n"),
           "the producer's parity flipped": ("                tm_wait(empty + s, (round & 1) ^ 1);\n",
                                             "                tm_wait(empty + s, round & 1);\n"),
           "the consumers' parity flipped": ("            tm_wait(full + s, (u32)(i / WG_STAGES) & 1);\n",

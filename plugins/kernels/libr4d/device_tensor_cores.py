@@ -176,15 +176,16 @@ TC_KERNELS = ("mma", "wgmma", "tma", "skinny")
 
 @dataclass(frozen=True)
 class TmaCut:
-    """gemm_tma.cu's cut (the WG_* macros it shares with gemm_wgmma.cu's PTX): a block of `rows` (128:
-    two consumer warpgroups of 64 and a producer warp, 288 threads; 192: three, 384 threads, thread 0
-    issuing the loads) x `cols` columns (128: two blocks a multiprocessor, 64 f32 accumulators a
-    thread; 256: one, 128; 192 rows only with 256 columns), `k_bytes` of K a stage of each row (128,
-    64 or 32: the tensor maps' swizzle and wgmma's layout of that width), a ring of `stages`
-    stages. The stages, 16 bytes of mbarriers a stage and 16 more within RAD_MAX_SHARED_BYTES (64
-    KiB a launch). In clusters of `cluster_m` x `cluster_n` blocks (1 or 2 each; 128 rows only): the
-    blocks down M of a cluster share w's tile, those across N x's, each loading its share of both and
-    TMA multicasting it to the others (gemm_tma.cu's TM_CLUSTER_M, TM_CLUSTER_N)."""
+    """gemm_tma.cu's cut (the WG_* macros it shares with gemm_wgmma.cu's PTX): a block of `rows` (64 or
+    128: one or two consumer warpgroups of 64 rows and a producer warp, 160 or 288 threads; 192: three,
+    384 threads, thread 0 issuing the loads) x `cols` columns (128: four blocks a multiprocessor at 64
+    rows, two at 128, 64 f32 accumulators a thread; 256: one, 128; 64 rows only with 128 columns, 192
+    only with 256), `k_bytes` of K a stage of each row (128, 64 or 32: the tensor maps' swizzle and
+    wgmma's layout of that width), a ring of `stages` stages. The stages, 16 bytes of mbarriers a
+    stage and 16 more within RAD_MAX_SHARED_BYTES (64 KiB a launch). In clusters of `cluster_m` x
+    `cluster_n` blocks (1 or 2 each; the cuts with a producer warp): the blocks down M of a cluster
+    share w's tile, those across N x's, each loading its share of both and TMA multicasting it to the
+    others (gemm_tma.cu's TM_CLUSTER_M, TM_CLUSTER_N)."""
     cols: int = 128
     k_bytes: int = 64
     stages: int = 3
@@ -193,8 +194,13 @@ class TmaCut:
     cluster_n: int = 1
 
     @property
+    def producer(self) -> bool:
+        """A producer warp issues the loads (64 and 128 rows): the cuts that release early and cluster."""
+        return self.rows <= 128
+
+    @property
     def threads(self) -> int:
-        return {64: 160, 128: 288}.get(self.rows, 384)
+        return 128 * self.rows // 64 + (32 if self.producer else 0)
 
     @property
     def stage_bytes(self) -> int:
@@ -254,7 +260,7 @@ class TmaCut:
         cut = cls(*parts)
         if not (cut.cols in (128, 256) and cut.rows in (64, 128, 192) and (cut.rows, cut.cols) not in ((192, 128), (64, 256))
                 and cut.k_bytes in (32, 64, 128) and cut.stages >= 2 and cut.shared <= 65536
-                and cut.cluster_m in (1, 2) and cut.cluster_n in (1, 2) and (cut.cluster == 1 or cut.rows <= 128)):
+                and cut.cluster_m in (1, 2) and cut.cluster_n in (1, 2) and (cut.cluster == 1 or cut.producer)):
             raise ValueError(f"R4D_TMA_CUT={text!r}: cols 128 or 256, rows 64, 128 or 192 (64 with 128 cols, 192 with "
                              f"256), k_bytes 32, 64 or 128, stages >= 2, stages x ((rows + cols) x k_bytes + 16) + 16 "
                              f"<= 65536, cluster_m and cluster_n 1 or 2 (clusters with a producer warp: 64 or 128 rows)")
@@ -568,7 +574,7 @@ def options(name: str, m: int = 0) -> tuple:
 def tma_defines(cut: TmaCut, release: str = "") -> tuple:
     """gemm_tma.cu's macros for `cut` and the consumers' release (TMA_RELEASE unless given): early
     (TM_EARLY) where the cut has a producer warp (64 or 128 rows); the 192-row cut's loader releases late."""
-    early = (release or TMA_RELEASE) == "early" and cut.rows <= 128
+    early = (release or TMA_RELEASE) == "early" and cut.producer
     return (*cut.defines(), *(("-DTM_EARLY=1",) if early else ()))
 
 
@@ -590,7 +596,7 @@ def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -
 def groups_serve() -> bool:
     """Whether this process's TMA cut has the grouped and SwiGLU forms (one or two consumer warpgroups
     and a producer warp, 128 columns: gemm_tma.cu builds them there alone)."""
-    return TMA_CUT.rows <= 128 and TMA_CUT.cols == 128
+    return TMA_CUT.producer and TMA_CUT.cols == 128
 
 
 def refuse_without_groups(entry: str) -> None:

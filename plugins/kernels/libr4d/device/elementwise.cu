@@ -60,31 +60,37 @@ extern "C" __global__ void r4d_rmsnorm_dev(const float* x, const float* w, float
     r4d_rmsnorm_row(x + (long long)m * n, w, y + (long long)m * n, n, eps);
 }
 
+// row += add over n4 float4s, a warp's lanes across them (r4d_add_dev's sums): R4D_NORM_BATCH float4s a
+// lane loaded before it stores any (a store could alias the next loads as far as the compiler knows:
+// one at a time would leave a lane one load in flight). Both add + norm kernels' first pass.
+#define R4D_NORM_BATCH 4
+__device__ __forceinline__ void r4d_add_row4(float4* row, const float4* add, int n4, int lane) {
+    for (int base = lane; base < n4; base += R4D_NORM_BATCH * R4D_WARP) {
+        float4 a[R4D_NORM_BATCH], b[R4D_NORM_BATCH];
+#pragma unroll
+        for (int u = 0; u < R4D_NORM_BATCH; ++u)
+            if (base + u * R4D_WARP < n4) {
+                a[u] = row[base + u * R4D_WARP];
+                b[u] = add[base + u * R4D_WARP];
+            }
+#pragma unroll
+        for (int u = 0; u < R4D_NORM_BATCH; ++u)
+            if (base + u * R4D_WARP < n4)
+                row[base + u * R4D_WARP] = make_float4(a[u].x + b[u].x, a[u].y + b[u].y, a[u].z + b[u].z, a[u].w + b[u].w);
+    }
+}
+
 // The norm of the fused prefill rows (device_prefill_rows.py), the norm's weight as stored (fmt:
 // FMT_F32, FMT_BF16, FMT_F16): where `x` is given, residual += x first (the add of add_rmsnorm's
 // chains); then y = (residual * scale) * w with r4d_rmsnorm_row's scale (the bits of r4d_add_dev then
 // r4d_rmsnorm_dev, as the chain leaves `residual` and `normed`), and where `rows` is given the same
 // values rounded to bf16 (nearest even) into it, the tensor-core GEMMs' x. A warp a row (norm_grid),
 // n % 4 == 0, residual, x, y 16-byte and rows 8-byte aligned.
-#define R4D_NORM_BATCH 4  // float4s a lane loads before it stores any (stores could alias the next loads)
 extern "C" __global__ void r4d_add_rmsnorm_bf16_dev(float* residual, const float* x, const u8* w, int fmt, float* y,
                                                     u16* rows, int M, int n, float eps) { R4D_CHAIN_PROLOGUE();
     int m = blockIdx.x * (blockDim.x / R4D_WARP) + threadIdx.x / R4D_WARP, lane = threadIdx.x % R4D_WARP, n4 = n / 4;
     float4* row = (float4*)(residual + (long long)m * n);
-    if (x && m < M)
-        for (int base = lane; base < n4; base += R4D_NORM_BATCH * R4D_WARP) {
-            float4 a[R4D_NORM_BATCH], b[R4D_NORM_BATCH];
-#pragma unroll
-            for (int u = 0; u < R4D_NORM_BATCH; ++u)
-                if (base + u * R4D_WARP < n4) {
-                    a[u] = row[base + u * R4D_WARP];
-                    b[u] = ((const float4*)(x + (long long)m * n))[base + u * R4D_WARP];
-                }
-#pragma unroll
-            for (int u = 0; u < R4D_NORM_BATCH; ++u)
-                if (base + u * R4D_WARP < n4)
-                    row[base + u * R4D_WARP] = make_float4(a[u].x + b[u].x, a[u].y + b[u].y, a[u].z + b[u].z, a[u].w + b[u].w);
-        }
+    if (x && m < M) r4d_add_row4(row, (const float4*)(x + (long long)m * n), n4, lane);
     __syncthreads();  // every lane's sums in before any lane reads the row back
     if (m >= M) return;
     float scale = 1.0f / sqrtf(r4d_row_squares((const float*)row, n) / (float)n + eps);
@@ -119,17 +125,7 @@ extern "C" __global__ void r4d_add_rmsnorm_dev(float* residual, const float* x, 
     const float* add = x + (long long)m * n;
     if (m < M) {
         if (n % 4 == 0 && (((unsigned long long)row | (unsigned long long)add) & 15) == 0) {
-            for (int base = lane; base < n / 4; base += 4 * R4D_WARP) {
-                float4 a[4], b[4];
-#pragma unroll
-                for (int u = 0; u < 4; ++u)
-                    if (base + u * R4D_WARP < n / 4) { a[u] = ((const float4*)row)[base + u * R4D_WARP]; b[u] = ((const float4*)add)[base + u * R4D_WARP]; }
-#pragma unroll
-                for (int u = 0; u < 4; ++u)
-                    if (base + u * R4D_WARP < n / 4)
-                        ((float4*)row)[base + u * R4D_WARP] = make_float4(a[u].x + b[u].x, a[u].y + b[u].y, a[u].z + b[u].z,
-                                                                          a[u].w + b[u].w);
-            }
+            r4d_add_row4((float4*)row, (const float4*)add, n / 4, lane);
         } else {
             for (int c = lane; c < n; c += R4D_WARP) row[c] = row[c] + add[c];
         }

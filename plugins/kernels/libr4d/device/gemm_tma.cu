@@ -10,8 +10,8 @@
 // kernel runs, in the cut given by the same WG_* macros (device_tensor_cores.TmaCut.defines):
 //   WG_WARPGROUPS  the consumer warpgroups, 64 rows of x each: 2 (a block is TM_BM = 128 rows, and a
 //                  producer warp is the block's ninth), 1 (64 rows and a producer warp, 128 columns:
-//                  four blocks a multiprocessor, so twice the stages in flight on it for 1.5x the
-//                  L2 bytes a flop; 2 x 1 clusters bring those back to the 128-row tile's) or 3
+//                  four blocks a multiprocessor, so 16 stages in flight on it against 6, for 1.5x
+//                  the L2 bytes a flop; 2 x 1 clusters bring those back to the 128-row tile's) or 3
 //                  (192 rows, with 256 columns; no producer
 //                  warp: thread 0 issues the loads between its warpgroup's steps, as 13 warps would
 //                  leave a thread 128 registers and a warpgroup's 128 accumulators need ~155)
@@ -101,19 +101,20 @@ __device__ __forceinline__ void tm_expect(u64* barrier, u32 bytes) {
 // never lands is a bug to be reported. The loop is the asm's own: a C++ loop around try_wait is
 // divergent code to ptxas, which then serialises the wgmmas around it (C7518, "compiler-inserted
 // WG.DP in divergent path") in the three-warpgroup cut.
-#define TM_WAIT(TRY_WAIT)                                                                       \
-    asm volatile("{\n\t.reg .pred p, late;\n\t.reg .u64 start, now;\n\t"                               \
-                 "mov.u64 start, %%globaltimer;\n"                                                   \
-                 "TM_WAIT_%=:\n\t" TRY_WAIT " p, [%0], %1;\n\t"                                       \
-                 "@p bra TM_DONE_%=;\n\t"                                                            \
-                 "mov.u64 now, %%globaltimer;\n\t"                                                   \
-                 "sub.u64 now, now, start;\n\t"                                                      \
-                 "setp.gt.u64 late, now, 4000000000;\n\t"                                            \
-                 "@late trap;\n\t"                                                                   \
-                 "bra TM_WAIT_%=;\n"                                                                 \
-                 "TM_DONE_%=:\n}\n" ::"r"(r4d_smem(barrier)), "r"(parity)                               \
-                 : "memory")
-__device__ __forceinline__ void tm_wait(u64* barrier, u32 parity) { TM_WAIT("mbarrier.try_wait.parity.shared::cta.b64"); }
+__device__ __forceinline__ void tm_wait(u64* barrier, u32 parity) {
+    asm volatile("{\n\t.reg .pred p, late;\n\t.reg .u64 start, now;\n\t"
+                 "mov.u64 start, %%globaltimer;\n"
+                 "TM_WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@p bra TM_DONE_%=;\n\t"
+                 "mov.u64 now, %%globaltimer;\n\t"
+                 "sub.u64 now, now, start;\n\t"
+                 "setp.gt.u64 late, now, 4000000000;\n\t"
+                 "@late trap;\n\t"
+                 "bra TM_WAIT_%=;\n"
+                 "TM_DONE_%=:\n}\n" ::"r"(r4d_smem(barrier)), "r"(parity)
+                 : "memory");
+}
 // The box of the map at (byte k of a row, row `row`) into `into`, completing its bytes on `barrier`
 __device__ __forceinline__ void tm_load(void* into, const void* map, int k, int row, u64* barrier) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
@@ -203,10 +204,10 @@ __device__ __forceinline__ void tm_share(void* into, const void* map, int k, int
     else tm_load_multicast(into, map, k, row, barrier, blocks);
 }
 // A consumer warp's release of a stage: its block's empty[] alone, or in a cluster that of every block
-// whose loads land in this block's stages (its row and column: the blocks this block's loads land in)
-__device__ __forceinline__ void tm_release(u64* barrier, u32 rank) {
+// in `peers` (tm_row_blocks | tm_column_blocks: those whose loads land in this block's stages, the
+// same blocks this block's loads land in)
+__device__ __forceinline__ void tm_release(u64* barrier, u32 peers) {
     if (TM_CLUSTER == 1) return tm_arrive(barrier);
-    u32 peers = tm_row_blocks(rank) | tm_column_blocks(rank);
     for (u32 r = 0; r < TM_CLUSTER; ++r)
         if (peers >> r & 1) tm_arrive_at(barrier, r);
 }
@@ -244,6 +245,10 @@ __device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m
     int tiles = (p.K * (KIND == TC_BF16 ? 2 : 1) + WG_KB - 1) / WG_KB;  // k-tiles of WG_KB bytes
     int t0 = blockIdx.z * p.tiles_per_split, t1 = min(tiles, t0 + p.tiles_per_split), count = max(0, t1 - t0);
     u32 rank = blockIdx.x % TM_CLUSTER;  // tm_tile's; the cluster's own, checked below
+    // the blocks that read this block's x tile and its w tile (itself alone unclustered): where its
+    // loads land, and whose loads land in it (the blocks its consumers release stages into)
+    u16 row_blocks = tm_row_blocks(rank), column_blocks = tm_column_blocks(rank);
+    u32 peers = row_blocks | column_blocks;
     if (threadIdx.x == 0) {
         if (TM_CLUSTER > 1 && tm_cluster_rank() != rank) __trap();  // a grid not in clusters of TM_CLUSTER
         for (int s = 0; s < WG_STAGES; ++s) {
@@ -271,7 +276,7 @@ __device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m
     // before that arrival, and no peer loads round r + 1 into this block before it released round r.
     if (TM_OWN_PRODUCER && warp == TM_PRODUCER) {
         if (lane == 0 && count > 0) {
-            u16 row_blocks = tm_row_blocks(rank), column_blocks = tm_column_blocks(rank);
+            int across = rank / TM_CLUSTER_M, down = rank % TM_CLUSTER_M;  // this block's shares of x's and w's tiles
             tm_acquire(map_x);
             tm_acquire(map_w);
             if (FORM == TM_SWIGLU) tm_acquire(map_u);
@@ -281,7 +286,7 @@ __device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m
                 tm_wait(empty + s, (round & 1) ^ 1);
                 u8* stage = tm_shared + s * TM_STAGE_BYTES;
                 tm_expect(full + s, TM_STAGE_BYTES);  // every box of the stage, zero-filled parts included
-                int k = (t0 + i) * WG_KB, across = rank / TM_CLUSTER_M, down = rank % TM_CLUSTER_M;
+                int k = (t0 + i) * WG_KB;
                 // x's rows m0 + across * TM_X_BOX.., to the blocks of this row of the cluster
                 tm_share(stage + across * TM_X_BOX * WG_KB, map_x, k, m0 + across * TM_X_BOX, full + s, row_blocks);
                 if (FORM == TM_SWIGLU && TM_CLUSTER_M == 1) {  // boxes of WG_BN / 2 rows: gate's, then up's below them
@@ -333,12 +338,12 @@ __device__ void tm_gemm(const u8* map_x, const u8* map_w, const u8* map_u, int m
             if (TM_EARLY) {  // this step's MMAs retired, its stage released at once
                 wg_wait<0>();
                 __syncwarp();
-                if (lane == 0) tm_release(empty + s, rank);
+                if (lane == 0) tm_release(empty + s, peers);
                 continue;
             }
             wg_wait<1>();
             __syncwarp();  // every lane past its wait (wait_group is .aligned: this only says so)
-            if (i > 0 && lane == 0) tm_release(empty + (i - 1) % WG_STAGES, rank);
+            if (i > 0 && lane == 0) tm_release(empty + (i - 1) % WG_STAGES, peers);
             if (!TM_OWN_PRODUCER && i > 0 && i - 1 + WG_STAGES < count) {
                 // the stage tile i - 1 leaves, refilled with tile i - 1 + WG_STAGES once every warp
                 // has released it (its round's phase of empty[]). Every thread waits, the same code
