@@ -173,15 +173,20 @@ def tabulate(kernels: list, steps: int, top: int, what: str):
     busy = sum(event.time_range.elapsed_us() for event in kernels)
     span = kernels[-1].time_range.end - kernels[0].time_range.start
     per_name = collections.defaultdict(lambda: [0.0, 0])
-    for event in kernels:
+    gaps = collections.defaultdict(float)  # by name: the card idle (or, chained, overlapping: < 0) before it
+    for index, event in enumerate(kernels):
         per_name[event.name][0] += event.time_range.elapsed_us()
         per_name[event.name][1] += 1
+        if index:
+            gaps[event.name] += event.time_range.start - kernels[index - 1].time_range.end
     rows = sorted(per_name.items(), key=lambda item: -item[1][0])
     print(f"    ... kernels of {steps} {what}: {len(kernels) / steps:.0f} a step, "
           f"busy {busy / steps / 1e3:.3f} ms a step, span {span / steps / 1e3:.3f} ms "
-          f"(kernels overlap under chained launches, so busy can exceed the span)")
+          f"(kernels overlap under chained launches, so busy can exceed the span; 'before': the mean time from "
+          f"the previous kernel's end to its start)")
     for name, (us, calls) in rows[:top]:
-        print(f"      {us / steps:9.1f} us/step  {calls / steps:5.0f}x  {us / calls:8.2f} us each  {name[:90]}")
+        print(f"      {us / steps:9.1f} us/step  {calls / steps:5.0f}x  {us / calls:8.2f} us each  "
+              f"{gaps[name] / calls:7.2f} us before  {name[:90]}")
     return busy, span, rows
 
 

@@ -34,7 +34,10 @@ def test_the_tma_cuts_fit_the_launch_rule_and_say_what_is_wrong(registry):
         assert tc.TmaCut.parse(str(cut)) == cut and cut.shared <= 64 << 10
         # a consumer warpgroup a 64 rows, and a producer warp where there are one or two
         assert cut.threads == {64: 128 + 32, 128: 256 + 32, 192: 384}[cut.rows]
-        assert cut.blocks == {(64, 128): 4, (128, 128): 2}.get((cut.rows, cut.cols), 1)
+        assert cut.blocks == {(64, 128): 4, (128, 112): 2, (128, 128): 2}.get((cut.rows, cut.cols), 1)
+    # SwiGLU's: two stages of 128 bytes of K, which 128 columns would pass 64 KiB with by their barriers
+    assert tc.SWIGLU_CUT == tc.TMA_CUTS[1] and tc.SWIGLU_CUT.shared == 2 * 240 * 128 + 2 * 16 + 16
+    assert tc.TmaCut(128, 128, 2).stage_bytes * 2 == 65536
     assert tc.TmaCut.parse("128,64,3").shared == 3 * 256 * 64 + 3 * 16 + 16 and str(tc.TmaCut.parse("256,32,4,128")) == "256,32,4"
     assert tc.TmaCut.parse("256,32,4,192").defines()[0] == "-DWG_WARPGROUPS=3"
     cluster = tc.TmaCut.parse("128,64,3,128,2,2")
@@ -43,17 +46,18 @@ def test_the_tma_cuts_fit_the_launch_rule_and_say_what_is_wrong(registry):
     # a cluster's tiles: 2048 x 6144 is 8 x 48 of 2 x 1; 300 rows leave the second block of each cluster past M
     assert tc.TmaCut.parse("128,64,3,128,2,1").blocks_for(2048, 6144) == 16 * 48
     assert tc.TmaCut.parse("128,64,3,128,2,2").blocks_for(300, 200) == 2 * 1 * 4
-    for text, match in [("128,64", "three, four or six"), ("128,x,3", "three, four or six"), ("192,64,3", "cols 128 or 256"),
+    for text, match in [("128,64", "three, four or six"), ("128,x,3", "three, four or six"), ("192,64,3", "cols 112, 128 or 256"),
                         ("128,16,3", "k_bytes"), ("128,64,1", "stages >= 2"), ("128,64,4", "65536"),
                         ("256,128,2", "65536"), ("128,64,2,192", "192 with 256"), ("256,32,4,256", "rows 64, 128 or 192"),
                         ("256,32,5,192", "65536"), ("128,64,3,128,2", "three, four or six"),
                         ("128,64,3,128,4,1", "cluster_m and cluster_n 1 or 2"), ("256,32,4,192,2,1", "a producer warp"),
-                        ("256,32,4,64", "64 with 128 cols")]:
+                        ("256,32,4,64", "64 with 128 cols"), ("128,128,2", "65536"), ("112,128,2,64", "112 cols with 128 rows"),
+                        ("112,64,3,128,2,1", "112 cols with 128 rows and no cluster")]:
         with pytest.raises(ValueError, match=match):
             tc.TmaCut.parse(text)
 
 
-@pytest.mark.parametrize("cut", ["128,64,3", "256,32,5", "256,32,4,192", "128,64,3,128,2,2"])
+@pytest.mark.parametrize("cut", ["112,128,2", "128,64,3", "256,32,5", "256,32,4,192", "128,64,3,128,2,2"])
 def test_a_tma_plan_narrows_x_builds_its_maps_then_runs_the_gemm_on_them(registry, monkeypatch, cut):
     tc = module(registry, "device_tensor_cores")
     monkeypatch.setattr(tc, "KERNEL", "tma")

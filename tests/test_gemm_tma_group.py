@@ -70,7 +70,8 @@ def test_the_grouped_entry_gives_each_weights_plain_bits(hopper, m, rows, k):
     x, weights = drawn(m, rows, k, m + k)
     case = Case(hopper, x, weights)
     grid, _ = case.fused_steps()[-1].grid, None
-    assert grid[0] == sum(-(-n // 128) for n in rows) * -(-m // 128)
+    cut = tc.TMA_CUT
+    assert grid[0] == sum(-(-n // cut.cols) for n in rows) * -(-m // cut.rows)
     fused, plain = ran(hopper, case)
     for y, want, w in zip(fused, plain, weights):
         assert np.isfinite(y).all(), (m, rows, k)
@@ -96,14 +97,21 @@ def test_the_swiglu_entry_gives_the_unfused_chains_bits(hopper, m, n, k):
 
 
 def test_the_grouped_forms_refuse_a_cut_without_them(monkeypatch):
-    """Only a cut of 128 rows and 128 columns (a producer warp) builds them: elsewhere the plan says so."""
+    """Only a cut of a producer warp and 112 or 128 columns builds them: elsewhere the plan says so."""
     monkeypatch.setattr(tc, "TMA_CUT", tc.TmaCut.parse("256,32,5"))
     with pytest.raises(ValueError, match="no grouped or SwiGLU forms"):
         tc.group_grid(2048, (4096, 1024, 1024))
+    assert not tc.groups_serve() and tc.swiglu_grid(2048, 14336)  # SwiGLU's own cut still has its form
+    monkeypatch.setattr(tc, "SWIGLU_CUT", tc.TmaCut.parse("256,32,5"))
     with pytest.raises(ValueError, match="no grouped or SwiGLU forms"):
         tc.swiglu_grid(2048, 14336)
     monkeypatch.setattr(tc, "TMA_CUT", tc.TMA_CUTS[0])
+    monkeypatch.setattr(tc, "SWIGLU_CUT", tc.TmaCut.parse("112,128,2"))
+    assert tc.groups_serve()
     with pytest.raises(ValueError, match="1 to 3 weights"):
         tc.group_grid(2048, (1024,) * 4)
+    # 1024, 4160 and 100 columns in tiles of 128; SwiGLU's 4160 in tiles of 56 of each weight
     assert tc.group_grid(200, (1024, 4160, 100)) == ((2 * (8 + 33 + 1), 1, 1), (288, 1, 1))
+    assert tc.swiglu_grid(200, 4160) == ((2 * 75, 1, 1), (288, 1, 1))
+    monkeypatch.setattr(tc, "SWIGLU_CUT", tc.TmaCut.parse("128,64,3"))
     assert tc.swiglu_grid(200, 4160) == ((2 * 65, 1, 1), (288, 1, 1))

@@ -243,15 +243,16 @@ def test_the_model_catches_a_ring_out_of_order(broken):
 
 def run_forms(lib, x, weights, m, k, swiglu):
     """r4d_tma_maps_group then r4d_tma_gemm_bf16_group (swiglu False: every weight's y) or
-    r4d_tma_gemm_bf16_swiglu (gate's weight then up's: gate's y, up's y), in the default cut, as the
-    fused prefill rows plan them; and the models' counters."""
+    r4d_tma_gemm_bf16_swiglu (gate's weight then up's: gate's y, up's y), in the default cuts (`lib`
+    built in TMA_CUT, or SWIGLU_CUT for swiglu), as the fused prefill rows plan them; and the models'
+    counters."""
     rows = [w.shape[0] for w in weights]
     ys = [np.full((m, rows[0] if swiglu else n), np.nan, np.float32) for n in rows]
     maps = np.zeros(4 * 128 // 8, np.uint64)
     ptr = Pointers()
     padded = [*weights, *[weights[0]] * (3 - len(weights))]
     counts = [*rows, *[0] * (3 - len(rows))]
-    box = tc.TMA_CUT.cols // 2 if swiglu else tc.TMA_CUT.cols
+    box = tc.SWIGLU_CUT.cols // 2 if swiglu else tc.TMA_CUT.cols
     launch(lib, tc.TMA_MAPS_GROUP, (1, 1, 1), (32, 1, 1),
            [ptr(x), *[ptr(w) for w in padded], ctypes.c_int(m), *[ctypes.c_int(n) for n in counts],
             ctypes.c_int(len(weights)), ctypes.c_int(2 * k), ctypes.c_int(box), ptr(maps)])
@@ -297,16 +298,17 @@ def test_the_grouped_form_gives_each_weights_plain_product_bit_for_bit(m, rows, 
 @needs_gxx
 @pytest.mark.parametrize("m,n,k", [(200, 300, 520), (130, 64, 64), (300, 1000, 128), (200, 4096 + 64, 64), (200, 100, 4096)])
 def test_the_swiglu_form_gives_the_unfused_chains_bits(m, n, k):
-    """gate and up paired in a tile (64 rows of each weight a box): up is up's plain product, gate is
-    r4d_silu_mul of the plain products, bit for bit; three boxes a k-step of each tile."""
-    lib = library()
+    """gate and up paired in a tile (half the cut's columns of each weight a box): up is up's plain product, gate is
+    r4d_silu_mul of the plain products, bit for bit; three boxes a k-step of each tile. In SwiGLU's own
+    cut (112 columns: 56 rows of each weight a box)."""
+    lib = library(cut=tc.SWIGLU_CUT)
     x, _, _, _ = operands("bf16", m, 8, k, m + k)
     gate_w, up_w = (operands("bf16", 8, n, k, n + seed)[1] for seed in (1, 2))
     (gate, up), model = run_forms(lib, x, [gate_w, up_w], m, k, swiglu=True)
     assert (model["wgmma_faults"], model["wgmma_races"], model["left"], model["tma_faults"], model["tma_hangs"]) == (0,) * 5
-    steps, cut = -(-k // (tc.TMA_CUT.k_bytes // 2)), tc.TMA_CUT
+    steps, cut = -(-k // (tc.SWIGLU_CUT.k_bytes // 2)), tc.SWIGLU_CUT
     assert model["tma_loads"] == 3 * steps * -(-m // cut.rows) * -(-n // (cut.cols // 2))
-    plain_gate, _, _ = run(lib, "bf16", x, gate_w, m, n, k)
-    plain_up, _, _ = run(lib, "bf16", x, up_w, m, n, k)
+    plain_gate, _, _ = run(lib, "bf16", x, gate_w, m, n, k, cut=tc.SWIGLU_CUT)
+    plain_up, _, _ = run(lib, "bf16", x, up_w, m, n, k, cut=tc.SWIGLU_CUT)
     assert np.array_equal(up.view(np.uint32), plain_up.view(np.uint32))
     assert np.array_equal(gate.view(np.uint32), FAKES.silu_mul_values(plain_gate, plain_up).view(np.uint32))

@@ -76,11 +76,12 @@ def _norm(a, add: bool, rows: int) -> Step:
 def group_steps(rows: int, maps: int, weights: list, outputs: list, m: int, k: int, swiglu: bool) -> list:
     """r4d_tma_maps_group then r4d_tma_gemm_bf16_group or r4d_tma_gemm_bf16_swiglu over x's bf16 rows
     [m, k] at `rows`: `weights` (codes address, rows) 1..3 of them (SwiGLU: gate's then up's), each
-    with its f32 output (SwiGLU: gate, up), the maps written at `maps` (4 x 128 bytes, 128-aligned).
-    The benches and the entries' own tests plan the launches here too."""
+    with its f32 output (SwiGLU: gate, up), the maps written at `maps` (4 x 128 bytes, 128-aligned);
+    in tc.SWIGLU_CUT for SwiGLU, else tc.TMA_CUT. The benches and the entries' own tests plan the launches here too."""
     padded = weights + [weights[0]] * (3 - len(weights))  # unread past `weights`
     counts = [weights[at][1] if at < len(weights) else 0 for at in range(3)]
-    box = tc.TMA_CUT.cols // 2 if swiglu else tc.TMA_CUT.w_box  # a block's share of w's tile
+    cut = tc.SWIGLU_CUT if swiglu else tc.TMA_CUT  # the maps' boxes and the GEMM's ring are its
+    box = cut.cols // 2 if swiglu else cut.w_box  # a block's share of w's tile
     args = KernelArgs(tc.TMA_MAPS_GROUP).pointer(rows)
     for codes, _ in padded:
         args.pointer(codes)
@@ -88,13 +89,13 @@ def group_steps(rows: int, maps: int, weights: list, outputs: list, m: int, k: i
     for count in counts:
         args.i32(count)
     args.i32(len(weights)).i32(2 * k).i32(box).pointer(maps)
-    steps = [Step(tc.TMA_MAPS_GROUP, "gemm_tma", (1, 1, 1), (32, 1, 1), args, 0, tc.options(tc.TMA_MAPS_GROUP))]
-    shared = tc.shared_bytes(m, "tma", "bf16")
+    steps = [Step(tc.TMA_MAPS_GROUP, "gemm_tma", (1, 1, 1), (32, 1, 1), args, 0, tc.options(tc.TMA_MAPS_GROUP, cut=cut))]
+    shared = cut.shared
     if swiglu:
         gate, up = outputs
         grid, block = tc.swiglu_grid(m, counts[0])
         gemm = KernelArgs(tc.TMA_SWIGLU).pointer(maps).pointer(gate).pointer(up).i32(m).i32(counts[0]).i32(k)
-        return steps + [Step(tc.TMA_SWIGLU, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_SWIGLU))]
+        return steps + [Step(tc.TMA_SWIGLU, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_SWIGLU, cut=cut))]
     gemm = KernelArgs(tc.TMA_GROUP).pointer(maps)
     for y in outputs + [outputs[0]] * (3 - len(outputs)):
         gemm.pointer(y)
@@ -103,7 +104,7 @@ def group_steps(rows: int, maps: int, weights: list, outputs: list, m: int, k: i
         gemm.i32(count)
     gemm.i32(len(weights)).i32(k)
     grid, block = tc.group_grid(m, tuple(counts[:len(weights)]))
-    return steps + [Step(tc.TMA_GROUP, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_GROUP))]
+    return steps + [Step(tc.TMA_GROUP, "gemm_tma", grid, block, gemm, shared, tc.options(tc.TMA_GROUP, cut=cut))]
 
 
 def _grouped(a, pairs: list, swiglu: bool, add: bool) -> list:

@@ -179,8 +179,8 @@ class TmaCut:
     """gemm_tma.cu's cut (the WG_* macros it shares with gemm_wgmma.cu's PTX): a block of `rows` (64 or
     128: one or two consumer warpgroups of 64 rows and a producer warp, 160 or 288 threads; 192: three,
     384 threads, thread 0 issuing the loads) x `cols` columns (128: four blocks a multiprocessor at 64
-    rows, two at 128, 64 f32 accumulators a thread; 256: one, 128; 64 rows only with 128 columns, 192
-    only with 256), `k_bytes` of K a stage of each row (128, 64 or 32: the tensor maps' swizzle and
+    rows, two at 128, 64 f32 accumulators a thread; 112: two at 128 rows, 56, unclustered, so that two
+    stages of 128 bytes of K fit; 256: one, 128; 64 rows only with 128 columns, 192 only with 256), `k_bytes` of K a stage of each row (128, 64 or 32: the tensor maps' swizzle and
     wgmma's layout of that width), a ring of `stages` stages. The stages, 16 bytes of mbarriers a
     stage and 16 more within RAD_MAX_SHARED_BYTES (64 KiB a launch). In clusters of `cluster_m` x
     `cluster_n` blocks (1 or 2 each; the cuts with a producer warp): the blocks down M of a cluster
@@ -212,7 +212,7 @@ class TmaCut:
 
     @property
     def blocks(self) -> int:
-        return {(64, 128): 4, (128, 128): 2}.get((self.rows, self.cols), 1)
+        return {(64, 128): 4, (128, 112): 2, (128, 128): 2}.get((self.rows, self.cols), 1)
 
     @property
     def cluster(self) -> int:
@@ -258,17 +258,28 @@ class TmaCut:
             raise ValueError(f"R4D_TMA_CUT={text!r}: expected 'cols,k_bytes,stages[,rows[,cluster_m,cluster_n]]', "
                              "three, four or six integers") from None
         cut = cls(*parts)
-        if not (cut.cols in (128, 256) and cut.rows in (64, 128, 192) and (cut.rows, cut.cols) not in ((192, 128), (64, 256))
+        if not (cut.cols in (112, 128, 256) and cut.rows in (64, 128, 192)
+                and (cut.rows, cut.cols) not in ((192, 128), (64, 256), (64, 112), (192, 112))
                 and cut.k_bytes in (32, 64, 128) and cut.stages >= 2 and cut.shared <= 65536
-                and cut.cluster_m in (1, 2) and cut.cluster_n in (1, 2) and (cut.cluster == 1 or cut.producer)):
-            raise ValueError(f"R4D_TMA_CUT={text!r}: cols 128 or 256, rows 64, 128 or 192 (64 with 128 cols, 192 with "
-                             f"256), k_bytes 32, 64 or 128, stages >= 2, stages x ((rows + cols) x k_bytes + 16) + 16 "
-                             f"<= 65536, cluster_m and cluster_n 1 or 2 (clusters with a producer warp: 64 or 128 rows)")
+                and cut.cluster_m in (1, 2) and cut.cluster_n in (1, 2) and (cut.cluster == 1 or cut.producer)
+                and (cut.cluster == 1 or cut.cols != 112)):
+            raise ValueError(f"R4D_TMA_CUT={text!r}: cols 112, 128 or 256, rows 64, 128 or 192 (64 with 128 cols, 192 with "
+                             f"256, 112 cols with 128 rows and no cluster), k_bytes 32, 64 or 128, stages >= 2, stages x "
+                             f"((rows + cols) x k_bytes + 16) + 16 <= 65536, cluster_m and cluster_n 1 or 2 (clusters with "
+                             f"a producer warp: 64 or 128 rows)")
         return cut
 
 
 # The cuts bench/card_prefill_gemm.py --tma-cuts all compares, the first the default: 128 x 128 in 3
-# stages of 64 bytes of K (two blocks a multiprocessor: six stages on it), 128 x 128 in 7 of 32
+# stages of 64 bytes of K (two blocks a multiprocessor: six stages on it). Then SwiGLU's default
+# (SWIGLU_CUT below), 128 x 112 in 2 stages of 128 bytes of K: past the 64 KiB a launch may have,
+# 128 x 128 in 2 stages of 128 bytes ran the 8B shapes' GEMMs at M 2048 13 % faster than in 3 of 64,
+# and 4 or 6 stages of 64 no faster than 3 (bench/results/h200_card_runs_2026-12-04d.md): what binds
+# is the bytes of K a stage (four MMAs between a consumer's waits, not two; whole 128-byte lines a
+# row), not the ring's depth. 112 columns bring that stage within 64 KiB with its barriers, for 0.81x
+# a tile's time at 0.875x its flops: faster where a launch runs many waves of tiles (SwiGLU's 2 x
+# 14336 columns: 16 waves of 264 blocks against 14), slower where a few whole waves become more
+# (N = 4096: 592 tiles, 2.2 waves, against 512 in 1.9). Then 128 x 128 in 7 of 32
 # (more, smaller loads ahead), 128 x 256 in 5 of 32, 192 x 256 in 4 of 32 and in 2 of 64 (one block).
 # Why the wider ones: a block reads (rows + cols) x 2 bytes of L2 a K step for 2 rows cols flops, 1
 # byte for 64 flops at 128 x 128 (~12 TB/s at the card's 790 TFLOP/s), for 85 at 128 x 256, for 110
@@ -277,14 +288,17 @@ class TmaCut:
 # 2 x 2 blocks sharing their x and w tiles by TMA multicast: the same bits, 4-12 % slower on an H200
 # (bench/results/h200_card_runs_2026-12-04c.md), so L2's bytes are not what binds the default. Last, 64 x
 # 128 in 4 stages of 64 (one consumer warpgroup and a producer warp, four blocks a multiprocessor: 16
-# stages on it against the default's 6, for 1.5x its L2 bytes a flop), alone and in 2 x 1 clusters
-# sharing w's tile (the default's L2 bytes a flop): not yet timed on a card.
-TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "128,32,7", "256,32,5", "256,32,4,192", "256,64,2,192",
+# stages on it against 128 x 128's 6, for 1.5x its L2 bytes a flop), alone and in 2 x 1 clusters
+# sharing w's tile: 1.42x and 1.16x slower than 128 x 128 in 3 of 64 (h200_card_runs_2026-12-04d.md).
+TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "112,128,2", "128,32,7", "256,32,5", "256,32,4,192", "256,64,2,192",
                                                   "128,64,3,128,2,1", "128,64,3,128,1,2", "128,64,3,128,2,2",
                                                   "128,64,4,64", "128,64,4,64,2,1"))
 # R4D_TMA_CUT="cols,k_bytes,stages[,rows[,cluster_m,cluster_n]]" cuts gemm_tma.cu's work otherwise for a process; read at
 # every launch's plan (the bench sets TMA_CUT between shapes)
 TMA_CUT = TmaCut.parse(os.environ["R4D_TMA_CUT"]) if os.environ.get("R4D_TMA_CUT") else TMA_CUTS[0]
+# The SwiGLU form's cut (and its maps'), R4D_TMA_SWIGLU_CUT in TmaCut's words: its launch runs many waves
+SWIGLU_CUT = (TmaCut.parse(os.environ["R4D_TMA_SWIGLU_CUT"]) if os.environ.get("R4D_TMA_SWIGLU_CUT")
+              else TmaCut.parse("112,128,2"))
 TMA_ENTRIES = ("r4d_tma_gemm_bf16", "r4d_tma_gemm_e4m3", "r4d_tma_maps")
 # gemm_tma.cu's forms over several weights of one x (the fused prefill rows'), compiled with the
 # entry of the same R4D_TM_ONLY: q, k, v in one launch; gate and up paired, silu * mul in the epilogue
@@ -555,10 +569,11 @@ def source(kernel: str) -> str:
     return {"wgmma": "gemm_wgmma", "tma": "gemm_tma", "skinny": "gemm_skinny"}.get(kernel, "gemm_mma")
 
 
-def options(name: str, m: int = 0) -> tuple:
+def options(name: str, m: int = 0, cut: TmaCut | None = None) -> tuple:
     """Compile only the entry a launch needs: each takes nvrtc seconds (R4D_TC_ONLY, R4D_WG_ONLY);
     wgmma needs sm_90a, which replaces the card's sm_90 (radiance.device.cuda.nvrtc_compile), and
-    its cut's macros; the skinny kernel its cut's for M's SK_MX."""
+    its cut's macros; the skinny kernel its cut's for M's SK_MX; gemm_tma.cu's entries `cut`'s
+    (default: SWIGLU_CUT for the SwiGLU form, else TMA_CUT; the SwiGLU form's maps: SWIGLU_CUT's)."""
     if name == SKINNY_ENTRY:
         return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", *SKINNY_CUT.defines(skinny_variant(m)))
     if name in WGMMA_ENTRIES:
@@ -567,7 +582,7 @@ def options(name: str, m: int = 0) -> tuple:
                 f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     if name in TMA_ONLY:  # gemm_wgmma.cu's PTX before it, none of its entries (R4D_WG_ONLY=3)
         return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", f"-DR4D_TM_ONLY={TMA_ONLY[name]}",
-                *tma_defines(TMA_CUT), f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
+                *tma_defines(cut or (SWIGLU_CUT if name == TMA_SWIGLU else TMA_CUT)), f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
 
@@ -593,32 +608,37 @@ def grid(m: int, n: int, splits: int, kernel: str = "mma", kind: str = "bf16") -
     return (-(-n // TILE_N), -(-m // tile_m(m, kernel)), splits), (THREADS, 1, 1)
 
 
+def has_groups(cut: TmaCut) -> bool:
+    """Whether gemm_tma.cu builds the grouped and SwiGLU forms in `cut` (one or two consumer
+    warpgroups and a producer warp, 112 or 128 columns)."""
+    return cut.producer and cut.cols in (112, 128)
+
+
 def groups_serve() -> bool:
-    """Whether this process's TMA cut has the grouped and SwiGLU forms (one or two consumer warpgroups
-    and a producer warp, 128 columns: gemm_tma.cu builds them there alone)."""
-    return TMA_CUT.producer and TMA_CUT.cols == 128
+    """Whether this process's cuts (TMA_CUT's grouped form, SWIGLU_CUT's SwiGLU form) have them."""
+    return has_groups(TMA_CUT) and has_groups(SWIGLU_CUT)
 
 
-def refuse_without_groups(entry: str) -> None:
+def refuse_without_groups(entry: str, cut: TmaCut) -> None:
     """A plan of a grouped or SwiGLU launch in a cut gemm_tma.cu builds them not in (its kernel traps)."""
-    if not groups_serve():
-        raise ValueError(f"{entry}: the TMA cut {TMA_CUT} has no grouped or SwiGLU forms (only a cut of 64 or 128 rows "
-                         f"and 128 columns does: R4D_TMA_CUT={TMA_CUTS[0]}, the default)")
+    if not has_groups(cut):
+        raise ValueError(f"{entry}: the TMA cut {cut} has no grouped or SwiGLU forms (only a cut of 64 or 128 rows "
+                         f"and 112 or 128 columns does: R4D_TMA_CUT={TMA_CUTS[0]}, the default)")
 
 
 def group_grid(m: int, rows: tuple) -> tuple:
     """r4d_tma_gemm_bf16_group's grid and block: every weight's tiles of the cut, one after another."""
-    refuse_without_groups(TMA_GROUP)
+    refuse_without_groups(TMA_GROUP, TMA_CUT)
     if not 1 <= len(rows) <= 3:
         raise ValueError(f"{TMA_GROUP}: 1 to 3 weights of one x, not {len(rows)}")
     return (sum(TMA_CUT.blocks_for(m, n) for n in rows), 1, 1), (TMA_CUT.threads, 1, 1)
 
 
 def swiglu_grid(m: int, n: int) -> tuple:
-    """r4d_tma_gemm_bf16_swiglu's: tiles of the cut's rows by half its columns of outputs (a tile's
+    """r4d_tma_gemm_bf16_swiglu's: tiles of SWIGLU_CUT's rows by half its columns of outputs (a tile's
     columns are that many of gate's weight and as many of up's)."""
-    refuse_without_groups(TMA_SWIGLU)
-    return (TMA_CUT.blocks_for(m, n, TMA_CUT.cols // 2), 1, 1), (TMA_CUT.threads, 1, 1)
+    refuse_without_groups(TMA_SWIGLU, SWIGLU_CUT)
+    return (SWIGLU_CUT.blocks_for(m, n, SWIGLU_CUT.cols // 2), 1, 1), (SWIGLU_CUT.threads, 1, 1)
 
 
 def shared_bytes(m: int, kernel: str = "mma", kind: str = "bf16") -> int:

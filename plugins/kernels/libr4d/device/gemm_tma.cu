@@ -15,7 +15,12 @@
 //                  (192 rows, with 256 columns; no producer
 //                  warp: thread 0 issues the loads between its warpgroup's steps, as 13 warps would
 //                  leave a thread 128 registers and a warpgroup's 128 accumulators need ~155)
-//   WG_BN          columns of a block (w's rows): 128 (two blocks a multiprocessor) or 256 (one)
+//   WG_BN          columns of a block (w's rows): 112 or 128 (two blocks a multiprocessor) or 256 (one).
+//                  112, the default, with two consumer warpgroups alone: two stages of 128 bytes of K
+//                  ((128 + 112) x 128 bytes each) and their barriers fit in the 64 KiB a launch may have,
+//                  which 128 x 128's do not by 48 bytes; a stage of 128 bytes of K (four MMAs between a
+//                  consumer's waits, whole 128-byte lines a row) made the 8B shapes' GEMMs 13 % faster
+//                  than 64 (bench/results/h200_card_runs_2026-12-04d.md)
 //   WG_KB          bytes of K a stage holds of each row: 128, 64 or 32; TMA writes the tiles in the
 //                  swizzle of that width (the tensor map's swizzle mode), which is the layout wgmma's
 //                  descriptor names (wg_desc's layout type): x's 128 rows then w's WG_BN rows
@@ -46,8 +51,8 @@
 #define TM_STAGE_BYTES ((TM_BM + WG_BN) * WG_KB)
 #define TM_BARRIERS (WG_STAGES * TM_STAGE_BYTES)      // full[WG_STAGES], empty[WG_STAGES], then the split flag
 #define TM_SHARED (TM_BARRIERS + 16 * WG_STAGES + 16)  // device_tensor_cores.TmaCut.shared
-// blocks a multiprocessor: 2 x 288 or 4 x 160 threads of at most 96 registers (64 accumulators) at 128 columns
-#define TM_BLOCKS (WG_BN != 128 ? 1 : TM_CONSUMERS == 1 ? 4 : TM_CONSUMERS == 2 ? 2 : 1)
+// blocks a multiprocessor: 2 x 288 or 4 x 160 threads of at most 96 registers (64 accumulators) at 112 or 128 columns
+#define TM_BLOCKS (WG_BN > 128 ? 1 : TM_CONSUMERS == 1 ? 4 : TM_CONSUMERS == 2 ? 2 : 1)
 #define TM_SWIZZLE (WG_KB == 128 ? 3 : WG_KB == 64 ? 2 : 1)  // tensormap.replace's swizzle_mode: 128, 64, 32 bytes
 #define TM_ARRIVALS (4 * TM_CONSUMERS)                // a stage's release: lane 0 of every consumer warp
 #ifndef TM_CLUSTER_M
@@ -61,8 +66,8 @@
 #define TM_W_BOX (WG_BN / TM_CLUSTER_M)               // w's rows a block loads a stage
 #define TM_RELEASERS (TM_CLUSTER_M + TM_CLUSTER_N - 1)  // blocks whose loads land in a block's stage: itself and its peers
 #if (WG_WARPGROUPS != 2 && !(WG_WARPGROUPS == 3 && WG_BN == 256) && !(WG_WARPGROUPS == 1 && WG_BN == 128)) || \
-    WG_STAGES < 2 || TM_SHARED > 65536 || \
-    (WG_BN != 128 && WG_BN != 256) || TM_CLUSTER_M < 1 || TM_CLUSTER_M > 2 || TM_CLUSTER_N < 1 || TM_CLUSTER_N > 2 || \
+    WG_STAGES < 2 || TM_SHARED > 65536 || (WG_BN == 112 && (WG_WARPGROUPS != 2 || TM_CLUSTER_M * TM_CLUSTER_N != 1)) || \
+    (WG_BN != 112 && WG_BN != 128 && WG_BN != 256) || TM_CLUSTER_M < 1 || TM_CLUSTER_M > 2 || TM_CLUSTER_N < 1 || TM_CLUSTER_N > 2 || \
     (TM_CLUSTER > 1 && !TM_OWN_PRODUCER)
 #error "gemm_tma.cu: a cut outside what the kernel is written for (device_tensor_cores.TmaCut says which)"
 #endif
@@ -494,9 +499,9 @@ __device__ void tm_gemm_swiglu(const u8* maps, float* gate, float* up, int M, in
 // the compile test)
 #if R4D_TM_ONLY == 0 || R4D_TM_ONLY == 1
 TM_GEMM_ENTRY(TC_BF16, r4d_tma_gemm_bf16)
-// the grouped blocks and the paired tiles: the cuts of a producer warp and 128 columns alone
+// the grouped blocks and the paired tiles: the cuts of a producer warp and 112 or 128 columns alone
 // (device_tensor_cores.groups_serve; the plan never launches them in another)
-#define TM_GROUPS (TM_OWN_PRODUCER && WG_BN == 128)
+#define TM_GROUPS (TM_OWN_PRODUCER && WG_BN <= 128)
 extern "C" __global__ void TM_CLUSTER_DIMS __launch_bounds__(TM_THREADS, TM_BLOCKS) r4d_tma_gemm_bf16_group(
     const u8* maps, float* y0, float* y1, float* y2, int M, int n0, int n1, int n2, int weights, int K) {
     if (!TM_GROUPS) __trap();

@@ -12,6 +12,7 @@
 // The cut (device_tensor_cores.WgmmaCut passes these; R4D_WG_CUT picks one for a process):
 //   WG_WARPGROUPS  warpgroups of 128 threads, 64 rows of x each: a block is WG_BM = 64 WG_WARPGROUPS rows
 //   WG_BN          columns of a block (w's rows): 128 or 256, m64nWG_BN MMAs, WG_BN / 2 f32 accumulators a thread
+//                  (112: gemm_tma.cu's cut alone, whose two stages of 128 bytes of K must leave room for barriers)
 //   WG_KB          bytes of K a stage holds of each row: 128, 64 or 32, stored in the swizzle of that
 //                  width (the 16-byte chunk c of byte b of a tile at c ^ ((b >> 7) & (WG_KB / 16 - 1)),
 //                  8-row atoms of 8 WG_KB bytes); WG_KB / 32 MMAs a stage (each reads 32 bytes of K:
@@ -56,7 +57,7 @@
 #define WG_BLOCKS (WG_THREADS * WG_ACC <= 256 * 64 ? 2 : 1)
 // the descriptor's layout type of the swizzle: 1 = 128-byte, 2 = 64-byte, 3 = 32-byte
 #define WG_LAYOUT (WG_KB == 128 ? 1 : WG_KB == 64 ? 2 : 3)
-#if (WG_KB != 128 && WG_KB != 64 && WG_KB != 32) || (WG_BN != 128 && WG_BN != 256) || WG_WARPGROUPS < 1 || \
+#if (WG_KB != 128 && WG_KB != 64 && WG_KB != 32) || (WG_BN != 112 && WG_BN != 128 && WG_BN != 256) || WG_WARPGROUPS < 1 || \
     WG_WARPGROUPS > 3 || WG_DEPTH < 1 || WG_DEPTH > 2 || WG_STAGES < WG_DEPTH + 1 ||                         \
     WG_STAGES * WG_STAGE_BYTES > 65536
 #error "gemm_wgmma.cu: a cut outside what the kernel is written for (device_tensor_cores.WgmmaCut says which)"
@@ -102,6 +103,7 @@ __device__ __forceinline__ void wg_pin(float* d) {
 #define WG_D16 WG_F16(0)
 #define WG_D32 WG_F16(0), WG_F16(16)
 #define WG_D64 WG_F16(0), WG_F16(16), WG_F16(32), WG_F16(48)
+#define WG_D56 WG_F16(0), WG_F16(16), WG_F16(32), WG_F4(48), WG_F4(52)
 #define WG_D128 WG_D64, WG_F16(64), WG_F16(80), WG_F16(96), WG_F16(112)
 #define WG_D4_TEXT "{%0, %1, %2, %3}"
 #define WG_D8_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7}"
@@ -111,6 +113,9 @@ __device__ __forceinline__ void wg_pin(float* d) {
 #define WG_D64_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
     "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, " \
     "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_D56_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, " \
+    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}"
 #define WG_D128_TEXT "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
     "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, " \
     "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, " \
@@ -120,13 +125,14 @@ __device__ __forceinline__ void wg_pin(float* d) {
     "%124, %125, %126, %127}"
 
 // d[N / 2] += A . B^T, A 64 x K and B N x K from their descriptors (K-major both), f32 accumulation:
-// m64nNk16 of bf16 (N 8, 16, 32, 64: gemm_skinny.cu's few rows of x; 128, 256), m64nNk32 of e4m3 (N
-// 128, 256). The immediates: scale d 1, A and B not negated, neither transposed (bf16 only: fp8 is
-// K-major always). d has N / 2 elements: only the branch of this N is compiled (if constexpr).
+// m64nNk16 of bf16 (N 8, 16, 32, 64: gemm_skinny.cu's few rows of x; 112: gemm_tma.cu's default; 128,
+// 256), m64nNk32 of e4m3 (N 112, 128, 256). The immediates: scale d 1, A and B not negated, neither
+// transposed (bf16 only: fp8 is K-major always). d has N / 2 elements: only the branch of this N is compiled (if constexpr).
 template <int KIND, int N>
 __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b) {
-    static_assert(KIND == TC_BF16 ? N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256 : N == 128 || N == 256,
-                  "wg_mma: m64n8, n16, n32, n64, n128, n256 of bf16; n128, n256 of e4m3");
+    static_assert(KIND == TC_BF16 ? N == 8 || N == 16 || N == 32 || N == 64 || N == 112 || N == 128 || N == 256
+                                  : N == 112 || N == 128 || N == 256,
+                  "wg_mma: m64n8, n16, n32, n64, n112, n128, n256 of bf16; n112, n128, n256 of e4m3");
     if constexpr (KIND == TC_BF16 && N == 8)
         asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 " WG_D4_TEXT ", %4, %5, 1, 1, 1, 0, 0;\n"
                      : WG_D4
@@ -143,6 +149,10 @@ __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b) {
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32_TEXT ", %32, %33, 1, 1, 1, 0, 0;\n"
                      : WG_D32
                      : "l"(a), "l"(b));
+    else if constexpr (KIND == TC_BF16 && N == 112)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 " WG_D56_TEXT ", %56, %57, 1, 1, 1, 0, 0;\n"
+                     : WG_D56
+                     : "l"(a), "l"(b));
     else if constexpr (KIND == TC_BF16 && N == 128)
         asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64_TEXT ", %64, %65, 1, 1, 1, 0, 0;\n"
                      : WG_D64
@@ -150,6 +160,10 @@ __device__ __forceinline__ void wg_mma(float* d, u64 a, u64 b) {
     else if constexpr (KIND == TC_BF16)
         asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_D128_TEXT ", %128, %129, 1, 1, 1, 0, 0;\n"
                      : WG_D128
+                     : "l"(a), "l"(b));
+    else if constexpr (N == 112)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n112k32.f32.e4m3.e4m3 " WG_D56_TEXT ", %56, %57, 1, 1, 1;\n"
+                     : WG_D56
                      : "l"(a), "l"(b));
     else if constexpr (N == 128)
         asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WG_D64_TEXT ", %64, %65, 1, 1, 1;\n"
