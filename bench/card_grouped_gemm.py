@@ -81,10 +81,10 @@ def main():
     device, stream, registry, lib = libr4d_on_card()
     row = next(r for r in lib.rows if r.name == ROW)
     torch, peer = torch_or_none()
-    print(f"card {getattr(device, 'name', '?')} ({device.target}); TMA cut {tc.TMA_CUT}; grouped forms serve: "
-          f"{tc.groups_serve()}; {peer}", flush=True)
-    results = {"card": getattr(device, "name", "?"), "target": device.target, "cut": str(tc.TMA_CUT), "peer": peer,
-               "cases": []}
+    print(f"card {getattr(device, 'name', '?')} ({device.target}); TMA cut {tc.TMA_CUT}, SwiGLU's {tc.SWIGLU_CUT}; "
+          f"grouped forms serve: {tc.groups_serve()}; {peer}", flush=True)
+    results = {"card": getattr(device, "name", "?"), "target": device.target, "cut": str(tc.TMA_CUT),
+               "swiglu_cut": str(tc.SWIGLU_CUT), "peer": peer, "cases": []}
     for name, rows, swiglu in GROUPS:
         rng = np.random.default_rng(sum(rows))
         weights = [(rng.standard_normal((n, HIDDEN)) * 0.02).astype(np.float32) for n in rows]
