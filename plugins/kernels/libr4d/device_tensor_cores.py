@@ -180,7 +180,8 @@ class TmaCut:
     128: one or two consumer warpgroups of 64 rows and a producer warp, 160 or 288 threads; 192: three,
     384 threads, thread 0 issuing the loads) x `cols` columns (128: four blocks a multiprocessor at 64
     rows, two at 128, 64 f32 accumulators a thread; 112: two at 128 rows, 56, unclustered, so that two
-    stages of 128 bytes of K fit; 256: one, 128; 64 rows only with 128 columns, 192 only with 256), `k_bytes` of K a stage of each row (128, 64 or 32: the tensor maps' swizzle and
+    stages of 128 bytes of K fit; 256: one, 128; 64 rows only with 128 columns, 192 only with 256),
+    `k_bytes` of K a stage of each row (128, 64 or 32: the tensor maps' swizzle and
     wgmma's layout of that width), a ring of `stages` stages. The stages, 16 bytes of mbarriers a
     stage and 16 more within RAD_MAX_SHARED_BYTES (64 KiB a launch). In clusters of `cluster_m` x
     `cluster_n` blocks (1 or 2 each; the cuts with a producer warp): the blocks down M of a cluster
@@ -297,8 +298,9 @@ TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "112,128,2", "128,3
 # every launch's plan (the bench sets TMA_CUT between shapes)
 TMA_CUT = TmaCut.parse(os.environ["R4D_TMA_CUT"]) if os.environ.get("R4D_TMA_CUT") else TMA_CUTS[0]
 # The SwiGLU form's cut (and its maps'), R4D_TMA_SWIGLU_CUT in TmaCut's words: its launch runs many waves
+SWIGLU_DEFAULT = TMA_CUTS[1]
 SWIGLU_CUT = (TmaCut.parse(os.environ["R4D_TMA_SWIGLU_CUT"]) if os.environ.get("R4D_TMA_SWIGLU_CUT")
-              else TmaCut.parse("112,128,2"))
+              else SWIGLU_DEFAULT)
 TMA_ENTRIES = ("r4d_tma_gemm_bf16", "r4d_tma_gemm_e4m3", "r4d_tma_maps")
 # gemm_tma.cu's forms over several weights of one x (the fused prefill rows'), compiled with the
 # entry of the same R4D_TM_ONLY: q, k, v in one launch; gate and up paired, silu * mul in the epilogue
@@ -582,7 +584,8 @@ def options(name: str, m: int = 0, cut: TmaCut | None = None) -> tuple:
                 f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     if name in TMA_ONLY:  # gemm_wgmma.cu's PTX before it, none of its entries (R4D_WG_ONLY=3)
         return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", f"-DR4D_TM_ONLY={TMA_ONLY[name]}",
-                *tma_defines(cut or (SWIGLU_CUT if name == TMA_SWIGLU else TMA_CUT)), f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
+                *tma_defines(cut or (SWIGLU_CUT if name == TMA_SWIGLU else TMA_CUT)), f"-DWG_GROUP={WGMMA_GROUP}",
+                *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
 
@@ -623,7 +626,8 @@ def refuse_without_groups(entry: str, cut: TmaCut) -> None:
     """A plan of a grouped or SwiGLU launch in a cut gemm_tma.cu builds them not in (its kernel traps)."""
     if not has_groups(cut):
         raise ValueError(f"{entry}: the TMA cut {cut} has no grouped or SwiGLU forms (only a cut of 64 or 128 rows "
-                         f"and 112 or 128 columns does: R4D_TMA_CUT={TMA_CUTS[0]}, the default)")
+                         f"and 112 or 128 columns does: R4D_TMA_CUT={TMA_CUTS[0]} and R4D_TMA_SWIGLU_CUT={SWIGLU_DEFAULT}, "
+                         f"the defaults)")
 
 
 def group_grid(m: int, rows: tuple) -> tuple:

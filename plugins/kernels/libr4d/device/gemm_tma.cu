@@ -16,7 +16,7 @@
 //                  warp: thread 0 issues the loads between its warpgroup's steps, as 13 warps would
 //                  leave a thread 128 registers and a warpgroup's 128 accumulators need ~155)
 //   WG_BN          columns of a block (w's rows): 112 or 128 (two blocks a multiprocessor) or 256 (one).
-//                  112, the default, with two consumer warpgroups alone: two stages of 128 bytes of K
+//                  112 (the SwiGLU form's cut) with two consumer warpgroups alone, unclustered: two stages of 128 bytes of K
 //                  ((128 + 112) x 128 bytes each) and their barriers fit in the 64 KiB a launch may have,
 //                  which 128 x 128's do not by 48 bytes; a stage of 128 bytes of K (four MMAs between a
 //                  consumer's waits, whole 128-byte lines a row) made the 8B shapes' GEMMs 13 % faster

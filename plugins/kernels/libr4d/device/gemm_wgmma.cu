@@ -125,7 +125,7 @@ __device__ __forceinline__ void wg_pin(float* d) {
     "%124, %125, %126, %127}"
 
 // d[N / 2] += A . B^T, A 64 x K and B N x K from their descriptors (K-major both), f32 accumulation:
-// m64nNk16 of bf16 (N 8, 16, 32, 64: gemm_skinny.cu's few rows of x; 112: gemm_tma.cu's default; 128,
+// m64nNk16 of bf16 (N 8, 16, 32, 64: gemm_skinny.cu's few rows of x; 112: gemm_tma.cu's SwiGLU cut; 128,
 // 256), m64nNk32 of e4m3 (N 112, 128, 256). The immediates: scale d 1, A and B not negated, neither
 // transposed (bf16 only: fp8 is K-major always). d has N / 2 elements: only the branch of this N is compiled (if constexpr).
 template <int KIND, int N>
