@@ -291,9 +291,12 @@ class TmaCut:
 # 128 in 4 stages of 64 (one consumer warpgroup and a producer warp, four blocks a multiprocessor: 16
 # stages on it against 128 x 128's 6, for 1.5x its L2 bytes a flop), alone and in 2 x 1 clusters
 # sharing w's tile: 1.42x and 1.16x slower than 128 x 128 in 3 of 64 (h200_card_runs_2026-12-04d.md).
+# Last, the same 64 x 128 tile in 2 stages of 128 bytes of K (the stage that made 128 x 128 faster, at
+# 48 KiB: four blocks a multiprocessor, 8 such stages on it), alone and in 2 x 1 clusters: checked on
+# the host model and the fake card, not yet timed on a card.
 TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "112,128,2", "128,32,7", "256,32,5", "256,32,4,192", "256,64,2,192",
                                                   "128,64,3,128,2,1", "128,64,3,128,1,2", "128,64,3,128,2,2",
-                                                  "128,64,4,64", "128,64,4,64,2,1"))
+                                                  "128,64,4,64", "128,64,4,64,2,1", "128,128,2,64", "128,128,2,64,2,1"))
 # R4D_TMA_CUT="cols,k_bytes,stages[,rows[,cluster_m,cluster_n]]" cuts gemm_tma.cu's work otherwise for a process; read at
 # every launch's plan (the bench sets TMA_CUT between shapes)
 TMA_CUT = TmaCut.parse(os.environ["R4D_TMA_CUT"]) if os.environ.get("R4D_TMA_CUT") else TMA_CUTS[0]
