@@ -53,12 +53,16 @@ def _streaming_rank(rank):
     statuses = []
     with LinkScheduler(gate, chunk_bytes=256 << 10) as scheduler:
         rank.sync()
-        transfer = scheduler.copy(dst, src, "weights")
         plan = _launch_plan(kernel, peers, rank.rank, rank.world)
+        transfer = None
         for i in range(90):
             name, colour, args = plan[i % len(plan)]
             launch = next(info.launch for info, _ in kernel.HOST_ROWS if info.name == name)
             statuses.append(scheduler.launch_collective(launch, args, colour, name))
+            if transfer is None:
+                # the load starts once both ranks are past a first hold: on a busy machine a peer that
+                # came late to it could otherwise leave the whole load before it, and nothing between holds
+                transfer = scheduler.copy(dst, src, "weights")
             if i % 3 == 0:  # the compute between collectives, when bulk chunks move: let one through
                 moved, deadline = len(scheduler.chunks), time.monotonic() + 2
                 while len(scheduler.chunks) == moved and not transfer.done and time.monotonic() < deadline:
