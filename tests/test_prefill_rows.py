@@ -120,6 +120,24 @@ def test_the_rows_launch_one_grouped_gemm_on_hopper_and_the_chain_elsewhere_with
         assert np.isfinite(got[i]).all() and err <= held, (case[1], i, err)
 
 
+
+@pytest.mark.parametrize("without", ["grouped", "swiglu"])
+def test_each_form_leaves_its_rows_to_the_chain_alone_where_its_own_cut_lacks_it(registry, card, monkeypatch, without):
+    """The grouped form is planned in TMA_CUT and SwiGLU's in SWIGLU_CUT: a cut without the forms (256
+    columns) for one of them sends that form's rows to the chain's launches and leaves the other's grouped."""
+    if card.device.target != "sm_90":
+        pytest.skip("the grouped forms are Hopper's")
+    monkeypatch.delenv("R4D_PREFILL_FUSED", raising=False)
+    package = next(lib for lib in registry.hierarchy if lib.name == "libr4d").module.__name__  # the rows' own modules
+    cuts = importlib.import_module(f"{package}.device_tensor_cores")
+    monkeypatch.setattr(cuts, "TMA_CUT" if without == "grouped" else "SWIGLU_CUT", cuts.TmaCut.parse("256,32,5"))
+    importlib.import_module(f"{package}.device_rows")._PLANS.clear()
+    _, qkv = launched(card, registry, qkv_case(300))
+    _, ffn = launched(card, registry, ffn_case(300))
+    grouped, chained = (ffn, qkv) if without == "grouped" else (qkv, ffn)
+    assert grouped[1:] == [tc.TMA_MAPS_GROUP, tc.TMA_SWIGLU if without == "grouped" else tc.TMA_GROUP], grouped
+    assert tc.TMA_MAPS_GROUP not in chained and "r4d_tma_gemm_bf16" in chained, chained
+
 def test_the_rows_serve_from_the_tma_kernels_rows_and_below_leave_the_chain_to_the_band_rows(registry):
     """From TMA_FROM rows (where Hopper's bf16 GEMMs are gemm_tma.cu's) on bf16 weights; below, the
     skinny and streamed GEMMs keep the chain (add_rmsnorm's fusion and the plain GEMM rows)."""

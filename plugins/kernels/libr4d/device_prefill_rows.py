@@ -34,11 +34,11 @@ def fused() -> bool:
     return os.environ.get("R4D_PREFILL_FUSED", "1") != "0"
 
 
-def serves(a) -> bool:
-    """gemm_tma.cu's grouped and SwiGLU forms serve this launch: the card's GEMM at M is the TMA
-    kernel, in a cut that has them, and they are not turned off."""
+def serves(a, swiglu: bool) -> bool:
+    """gemm_tma.cu's grouped (or, `swiglu`, SwiGLU) form serves this launch: the card's GEMM at M is the
+    TMA kernel, the form's cut (tc.form_cut) has it, and the forms are not turned off."""
     m = int(a.params["M"])
-    return (fused() and tc.groups_serve()
+    return (fused() and tc.has_groups(tc.form_cut(swiglu))
             and tc.kernel_for(_vendor(a), getattr(a.stream, "target", ""), "bf16", m) == "tma")
 
 
@@ -80,7 +80,7 @@ def group_steps(rows: int, maps: int, weights: list, outputs: list, m: int, k: i
     in tc.SWIGLU_CUT for SwiGLU, else tc.TMA_CUT. The benches and the entries' own tests plan the launches here too."""
     padded = weights + [weights[0]] * (3 - len(weights))  # unread past `weights`
     counts = [weights[at][1] if at < len(weights) else 0 for at in range(3)]
-    cut = tc.SWIGLU_CUT if swiglu else tc.TMA_CUT  # the maps' boxes and the GEMM's ring are its
+    cut = tc.form_cut(swiglu)  # the maps' boxes and the GEMM's ring are its
     box = cut.cols // 2 if swiglu else cut.w_box  # a block's share of w's tile
     args = KernelArgs(tc.TMA_MAPS_GROUP).pointer(rows)
     for codes, _ in padded:
@@ -144,7 +144,7 @@ def _build(swiglu: bool, add: bool):
     def build(a):
         operands = a.t[4 if add else 3:]
         pairs = [(operands[i], _address(operands[i + 1])) for i in range(0, len(operands), 2)]
-        return (_grouped if serves(a) else _chain)(a, pairs, swiglu, add)
+        return (_grouped if serves(a, swiglu) else _chain)(a, pairs, swiglu, add)
     return build
 
 

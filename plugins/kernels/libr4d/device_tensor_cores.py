@@ -291,7 +291,7 @@ class TmaCut:
 # 128 in 4 stages of 64 (one consumer warpgroup and a producer warp, four blocks a multiprocessor: 16
 # stages on it against 128 x 128's 6, for 1.5x its L2 bytes a flop), alone and in 2 x 1 clusters
 # sharing w's tile: 1.42x and 1.16x slower than 128 x 128 in 3 of 64 (h200_card_runs_2026-12-04d.md).
-# Last, the same 64 x 128 tile in 2 stages of 128 bytes of K (the stage that made 128 x 128 faster, at
+# Then the same 64 x 128 tile in 2 stages of 128 bytes of K (the stage that made 128 x 128 faster, at
 # 48 KiB: four blocks a multiprocessor, 8 such stages on it), alone and in 2 x 1 clusters: checked on
 # the host model and the fake card, not yet timed on a card.
 TMA_CUTS = tuple(TmaCut.parse(text) for text in ("128,64,3", "112,128,2", "128,32,7", "256,32,5", "256,32,4,192", "256,64,2,192",
@@ -578,7 +578,7 @@ def options(name: str, m: int = 0, cut: TmaCut | None = None) -> tuple:
     """Compile only the entry a launch needs: each takes nvrtc seconds (R4D_TC_ONLY, R4D_WG_ONLY);
     wgmma needs sm_90a, which replaces the card's sm_90 (radiance.device.cuda.nvrtc_compile), and
     its cut's macros; the skinny kernel its cut's for M's SK_MX; gemm_tma.cu's entries `cut`'s
-    (default: SWIGLU_CUT for the SwiGLU form, else TMA_CUT; the SwiGLU form's maps: SWIGLU_CUT's)."""
+    (default TMA_CUT; the SwiGLU form and its maps' launch are planned in form_cut(True))."""
     if name == SKINNY_ENTRY:
         return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", *SKINNY_CUT.defines(skinny_variant(m)))
     if name in WGMMA_ENTRIES:
@@ -587,7 +587,7 @@ def options(name: str, m: int = 0, cut: TmaCut | None = None) -> tuple:
                 f"-DWG_GROUP={WGMMA_GROUP}", *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     if name in TMA_ONLY:  # gemm_wgmma.cu's PTX before it, none of its entries (R4D_WG_ONLY=3)
         return ("--gpu-architecture=sm_90a", "-DR4D_WG_ONLY=3", f"-DR4D_TM_ONLY={TMA_ONLY[name]}",
-                *tma_defines(cut or (SWIGLU_CUT if name == TMA_SWIGLU else TMA_CUT)), f"-DWG_GROUP={WGMMA_GROUP}",
+                *tma_defines(cut or TMA_CUT), f"-DWG_GROUP={WGMMA_GROUP}",
                 *(() if WG_PAIRS else ("-DWG_PAIRS=0",)))
     return (f"-DR4D_TC_ONLY={ENTRIES.index(name) + 1}",)
 
@@ -620,9 +620,14 @@ def has_groups(cut: TmaCut) -> bool:
     return cut.producer and cut.cols in (112, 128)
 
 
+def form_cut(swiglu: bool) -> TmaCut:
+    """The cut a grouped (TMA_CUT) or SwiGLU (SWIGLU_CUT) launch and its maps' launch are planned in."""
+    return SWIGLU_CUT if swiglu else TMA_CUT
+
+
 def groups_serve() -> bool:
-    """Whether this process's cuts (TMA_CUT's grouped form, SWIGLU_CUT's SwiGLU form) have them."""
-    return has_groups(TMA_CUT) and has_groups(SWIGLU_CUT)
+    """Whether this process's cuts have both forms (the grouped in TMA_CUT, SwiGLU's in SWIGLU_CUT)."""
+    return has_groups(form_cut(False)) and has_groups(form_cut(True))
 
 
 def refuse_without_groups(entry: str, cut: TmaCut) -> None:
@@ -644,8 +649,9 @@ def group_grid(m: int, rows: tuple) -> tuple:
 def swiglu_grid(m: int, n: int) -> tuple:
     """r4d_tma_gemm_bf16_swiglu's: tiles of SWIGLU_CUT's rows by half its columns of outputs (a tile's
     columns are that many of gate's weight and as many of up's)."""
-    refuse_without_groups(TMA_SWIGLU, SWIGLU_CUT)
-    return (SWIGLU_CUT.blocks_for(m, n, SWIGLU_CUT.cols // 2), 1, 1), (SWIGLU_CUT.threads, 1, 1)
+    cut = form_cut(True)
+    refuse_without_groups(TMA_SWIGLU, cut)
+    return (cut.blocks_for(m, n, cut.cols // 2), 1, 1), (cut.threads, 1, 1)
 
 
 def shared_bytes(m: int, kernel: str = "mma", kind: str = "bf16") -> int:
